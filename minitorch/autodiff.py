@@ -1,0 +1,123 @@
+"""Reverse-mode automatic differentiation shared by Scalar and Tensor.
+
+A value that takes part in autodiff follows the `Variable` protocol: it has a unique id, knows
+whether it is a leaf (made by the user) or constant (no history), who its parents are, and how to
+turn the derivative of its output into derivatives of its inputs (`chain_rule`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, List, Protocol, Tuple
+
+
+def central_difference(f: Any, *vals: Any, arg: int = 0, epsilon: float = 1e-6) -> Any:
+    """(f(.., x + eps, ..) - f(.., x - eps, ..)) / (2 eps) for argument number `arg`."""
+    up = list(vals)
+    down = list(vals)
+    up[arg] = up[arg] + epsilon
+    down[arg] = down[arg] - epsilon
+    return (f(*up) - f(*down)) / (2.0 * epsilon)
+
+
+class Variable(Protocol):
+    """What backpropagate needs of a value."""
+
+    def accumulate_derivative(self, x: Any) -> None: ...
+
+    @property
+    def unique_id(self) -> int: ...
+
+    def is_leaf(self) -> bool: ...
+
+    def is_constant(self) -> bool: ...
+
+    @property
+    def parents(self) -> Iterable["Variable"]: ...
+
+    def chain_rule(self, d_output: Any) -> Iterable[Tuple["Variable", Any]]: ...
+
+
+def topological_sort(variable: Variable) -> List[Variable]:
+    """All non-constant variables reachable from `variable`, each after every variable using it.
+
+    Iterative, so a graph thousands of ops deep does not hit Python's recursion limit.
+    """
+    order: List[Variable] = []
+    seen = set()
+    stack: List[Tuple[Variable, bool]] = [(variable, False)]
+    while stack:
+        var, expanded = stack.pop()
+        if expanded:
+            order.append(var)
+            continue
+        if var.unique_id in seen or var.is_constant():
+            continue
+        seen.add(var.unique_id)
+        stack.append((var, True))
+        if not var.is_leaf():
+            for parent in var.parents:
+                if parent.unique_id not in seen and not parent.is_constant():
+                    stack.append((parent, False))
+    order.reverse()
+    return order
+
+
+def backpropagate(variable: Variable, deriv: Any) -> None:
+    """Run the chain rule from `variable` (whose derivative is `deriv`) back to the leaves.
+
+    Leaves accumulate their derivative; intermediate derivatives are summed per variable and dropped
+    as soon as they have been passed on.
+    """
+    derivs = {variable.unique_id: deriv}
+    for var in topological_sort(variable):
+        d = derivs.pop(var.unique_id, None)
+        if d is None:
+            continue
+        if var.is_leaf():
+            var.accumulate_derivative(d)
+            continue
+        for parent, d_parent in var.chain_rule(d):
+            if parent.is_constant():
+                continue
+            key = parent.unique_id
+            derivs[key] = d_parent if key not in derivs else derivs[key] + d_parent
+
+
+_grad_enabled = [True]
+
+
+def is_grad_enabled() -> bool:
+    """Whether new operations record history for backward."""
+    return _grad_enabled[0]
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """Context in which operations record no history (evaluation, optimizer updates)."""
+    previous = _grad_enabled[0]
+    _grad_enabled[0] = False
+    try:
+        yield
+    finally:
+        _grad_enabled[0] = previous
+
+
+@dataclass
+class Context:
+    """Per-call storage a Function's forward leaves for its backward."""
+
+    no_grad: bool = False
+    saved_values: Tuple[Any, ...] = field(default_factory=tuple)
+
+    def save_for_backward(self, *values: Any) -> None:
+        """Keep values for backward (skipped when no backward will run)."""
+        if self.no_grad:
+            return
+        self.saved_values = values
+
+    @property
+    def saved_tensors(self) -> Tuple[Any, ...]:
+        """The saved values, as tensors are named in PyTorch."""
+        return self.saved_values

@@ -1,0 +1,144 @@
+"""Module and Parameter: a tree of layers holding trainable tensors."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+
+class Parameter:
+    """A trainable value held by a Module; `update` swaps in a new tensor and keeps it trainable."""
+
+    def __init__(self, x: Any, name: Optional[str] = None):
+        self.value = x
+        self.name = name
+        if hasattr(x, "requires_grad_"):
+            self.value.requires_grad_(True)
+            if self.name:
+                self.value.name = self.name
+
+    def update(self, x: Any) -> None:
+        """Replace the value (e.g. after an optimizer step)."""
+        self.value = x
+        if hasattr(x, "requires_grad_"):
+            self.value.requires_grad_(True)
+            if self.name:
+                self.value.name = self.name
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Module:
+    """Base class of layers.  Attributes that are Modules or Parameters are registered
+    automatically; `training` switches dropout and similar behaviour."""
+
+    _modules: Dict[str, "Module"]
+    _parameters: Dict[str, Parameter]
+    training: bool
+
+    def __init__(self) -> None:
+        self.__dict__["_modules"] = {}
+        self.__dict__["_parameters"] = {}
+        self.__dict__["training"] = True
+
+    def modules(self) -> List["Module"]:
+        """The direct children."""
+        return list(self.__dict__["_modules"].values())
+
+    def children(self) -> List["Module"]:
+        return self.modules()
+
+    def train(self) -> None:
+        """Training mode for this module and every descendant."""
+        self.__dict__["training"] = True
+        for m in self.modules():
+            m.train()
+
+    def eval(self) -> None:
+        """Evaluation mode for this module and every descendant."""
+        self.__dict__["training"] = False
+        for m in self.modules():
+            m.eval()
+
+    def named_parameters(self) -> List[Tuple[str, Parameter]]:
+        """Every parameter of the tree with a dotted name ("layers.0.ln.weights")."""
+        out = list(self.__dict__["_parameters"].items())
+        for name, m in self.__dict__["_modules"].items():
+            out.extend((f"{name}.{n}", p) for n, p in m.named_parameters())
+        return out
+
+    def parameters(self) -> List[Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    def add_parameter(self, k: str, v: Any) -> Parameter:
+        """Register a trainable value under a name."""
+        val = Parameter(v, k)
+        self.__dict__["_parameters"][k] = val
+        return val
+
+    def state_dict(self) -> Dict[str, np.ndarray]:
+        """Parameter values as numpy arrays, by dotted name."""
+        return {name: p.value.to_numpy() for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state: Dict[str, np.ndarray]) -> None:
+        """Load values saved by state_dict (names and shapes must match)."""
+        from .tensor import tensor_from_numpy
+
+        own = dict(self.named_parameters())
+        missing = sorted(set(own) - set(state))
+        extra = sorted(set(state) - set(own))
+        if missing or extra:
+            raise KeyError(f"state dict mismatch: missing {missing}, unexpected {extra}")
+        for name, p in own.items():
+            arr = np.asarray(state[name])
+            if tuple(arr.shape) != tuple(p.value.shape):
+                raise ValueError(f"parameter {name}: saved shape {arr.shape} differs from {p.value.shape}")
+            p.update(tensor_from_numpy(arr, backend=p.value.backend))
+
+    def __setattr__(self, key: str, val: Any) -> None:
+        if isinstance(val, Parameter):
+            self.__dict__["_parameters"][key] = val
+        elif isinstance(val, Module):
+            self.__dict__["_modules"][key] = val
+        else:
+            super().__setattr__(key, val)
+
+    def __getattr__(self, key: str) -> Any:
+        if key in self.__dict__["_parameters"]:
+            return self.__dict__["_parameters"][key]
+        if key in self.__dict__["_modules"]:
+            return self.__dict__["_modules"][key]
+        raise AttributeError(f"{type(self).__name__} has no attribute {key!r}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}("]
+        for name, m in self.__dict__["_modules"].items():
+            sub = repr(m).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {sub}")
+        return "\n".join(lines) + ")" if len(lines) > 1 else f"{type(self).__name__}()"
+
+
+class ModuleList(Module):
+    """A list of modules registered under their positions ("0", "1", ...)."""
+
+    def __init__(self, modules: Sequence[Module] = ()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, m: Module) -> None:
+        self.__dict__["_modules"][str(len(self))] = m
+
+    def __len__(self) -> int:
+        return len(self.__dict__["_modules"])
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self.__dict__["_modules"].values())
+
+    def __getitem__(self, i: int) -> Module:
+        return self.__dict__["_modules"][str(i if i >= 0 else len(self) + i)]

@@ -1,0 +1,91 @@
+"""Functional layer: softmax family, dropout, GELU, one-hot and losses, built from tensor ops."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .tensor import Tensor, rand
+from .tensor_data import IndexingError
+
+
+def max(input: Tensor, dim: int) -> Tensor:
+    """Max over dim (kept with size 1); its gradient goes to the max elements."""
+    return input.max(dim)
+
+
+def argmax(input: Tensor, dim: int) -> Tensor:
+    """A 1/0 tensor of input's shape marking the max of each slice along dim."""
+    return input == input.max(dim).detach()
+
+
+def softmax(input: Tensor, dim: int) -> Tensor:
+    """exp(x) / sum(exp(x)) along dim, shifted by the (constant) max for stability."""
+    e = (input - input.max(dim).detach()).exp()
+    return e / e.sum(dim)
+
+
+def logsumexp(input: Tensor, dim: int, keepdim: bool = True) -> Tensor:
+    """log(sum(exp(x))) along dim with the max trick; keepdim=False drops the reduced dim."""
+    m = input.max(dim).detach()
+    out = m + (input - m).exp().sum(dim).log()
+    if keepdim:
+        return out
+    shape = tuple(s for i, s in enumerate(out.shape) if i != input._dim(dim))
+    return out.view(*(shape or (1,)))
+
+
+def logsoftmax(input: Tensor, dim: int) -> Tensor:
+    """log(softmax(x)) computed as x - logsumexp(x)."""
+    return input - logsumexp(input, dim)
+
+
+def dropout(input: Tensor, p: float, training: bool = True) -> Tensor:
+    """Inverted dropout: zero each element with probability p and scale the rest by 1 / (1 - p).
+
+    The mask is drawn on the tensor's own device; identity when not training or p == 0.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return input
+    if p == 1.0:
+        return input * 0.0
+    keep = rand(input.shape, backend=input.backend) < (1.0 - p)
+    return input * (keep * (1.0 / (1.0 - p)))
+
+
+def gelu(input: Tensor) -> Tensor:
+    """GELU, tanh approximation."""
+    return input.gelu()
+
+
+def one_hot(ids: Tensor, num_classes: int) -> Tensor:
+    """[..., num_classes] rows of 0/1 with a 1 at each integral id."""
+    flat = ids.contiguous().view(*ids.shape, 1)
+    return flat == ids._arange(num_classes).view(*([1] * ids.dims), num_classes)
+
+
+def softmax_loss(logits: Tensor, target: Tensor) -> Tensor:
+    """Cross-entropy of each row: logsumexp(logits) - logits[target]; shape target.shape.
+
+    logits [..., V]; target [...] holding integral class ids.
+    """
+    if logits.shape[:-1] != target.shape:
+        raise IndexingError(f"softmax_loss: logits {logits.shape} need targets of shape {logits.shape[:-1]}, got {target.shape}")
+    V = logits.shape[-1]
+    picked = (logits * one_hot(target, V)).sum(logits.dims - 1)
+    loss = logsumexp(logits, logits.dims - 1) - picked
+    return loss.view(*target.shape)
+
+
+def cross_entropy(logits: Tensor, target: Tensor, weights: Optional[Tensor] = None) -> Tensor:
+    """Mean cross-entropy, or with per-token weights sum(loss * w) / sum(w) (shape (1,)).
+
+    Weights of 0 leave a token out (padding, source tokens).
+    """
+    loss = softmax_loss(logits, target)
+    if weights is None:
+        return loss.mean()
+    if weights.shape != target.shape:
+        raise IndexingError(f"cross_entropy: weights {weights.shape} must match targets {target.shape}")
+    return (loss * weights).sum() / weights.sum()

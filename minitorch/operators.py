@@ -1,0 +1,184 @@
+"""Scalar math used by every layer of minitorch, and its derivatives.
+
+Each function takes and returns Python floats.  The backends compile these same functions
+(numba on the CPU) or map them to opcodes of their kernels (CUDA), so a function here is the single
+definition of an operation's meaning.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, List
+
+GELU_C = math.sqrt(2.0 / math.pi)
+EPS = 1e-6
+
+
+def mul(x: float, y: float) -> float:
+    """x * y"""
+    return x * y
+
+
+def id(x: float) -> float:
+    """The identity."""
+    return x
+
+
+def add(x: float, y: float) -> float:
+    """x + y"""
+    return x + y
+
+
+def neg(x: float) -> float:
+    """-x"""
+    return -x
+
+
+def lt(x: float, y: float) -> float:
+    """1.0 if x < y else 0.0"""
+    return 1.0 if x < y else 0.0
+
+
+def eq(x: float, y: float) -> float:
+    """1.0 if x == y else 0.0"""
+    return 1.0 if x == y else 0.0
+
+
+def max(x: float, y: float) -> float:
+    """The larger of x and y."""
+    return x if x > y else y
+
+
+def is_close(x: float, y: float) -> float:
+    """1.0 if |x - y| < 1e-2 else 0.0"""
+    return 1.0 if abs(x - y) < 1e-2 else 0.0
+
+
+def sigmoid(x: float) -> float:
+    """1 / (1 + e^-x), computed without overflow for large |x|."""
+    if x >= 0.0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def relu(x: float) -> float:
+    """max(x, 0)"""
+    return x if x > 0.0 else 0.0
+
+
+def log(x: float) -> float:
+    """Natural log; -inf at 0, like the other backends."""
+    return math.log(x) if x > 0.0 else (-math.inf if x == 0.0 else math.nan)
+
+
+def exp(x: float) -> float:
+    """e^x; inf on overflow, like the other backends."""
+    return math.exp(x) if x < 709.0 else math.inf
+
+
+def inv(x: float) -> float:
+    """1 / x"""
+    return 1.0 / x if x != 0.0 else math.copysign(math.inf, x)
+
+
+def pow(x: float, y: float) -> float:
+    """x ** y (nan where a negative base meets a fractional exponent)."""
+    if x < 0.0 and y != math.floor(y):
+        return math.nan
+    if x == 0.0 and y < 0.0:
+        return math.inf
+    return x**y
+
+
+def tanh(x: float) -> float:
+    """Hyperbolic tangent."""
+    return math.tanh(x)
+
+
+def gelu(x: float) -> float:
+    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + math.tanh(GELU_C * (x + 0.044715 * x * x * x)))
+
+
+def log_back(x: float, d: float) -> float:
+    """d * d/dx log(x)"""
+    return d / x
+
+
+def inv_back(x: float, d: float) -> float:
+    """d * d/dx (1/x)"""
+    return -d / (x * x)
+
+
+def relu_back(x: float, d: float) -> float:
+    """d * d/dx relu(x)"""
+    return d if x > 0.0 else 0.0
+
+
+def sigmoid_back(y: float, d: float) -> float:
+    """d * sigmoid'(x) written in terms of the output y = sigmoid(x)."""
+    return d * y * (1.0 - y)
+
+
+def tanh_back(y: float, d: float) -> float:
+    """d * tanh'(x) written in terms of the output y = tanh(x)."""
+    return d * (1.0 - y * y)
+
+
+def gelu_back(x: float, d: float) -> float:
+    """d * d/dx gelu(x) for the tanh approximation."""
+    inner = GELU_C * (x + 0.044715 * x * x * x)
+    t = math.tanh(inner)
+    dinner = GELU_C * (1.0 + 3.0 * 0.044715 * x * x)
+    return d * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)
+
+
+def map(fn: Callable[[float], float]) -> Callable[[Iterable[float]], List[float]]:
+    """Lift fn to act on each element of a list."""
+
+    def apply(ls: Iterable[float]) -> List[float]:
+        return [fn(x) for x in ls]
+
+    return apply
+
+
+def zipWith(fn: Callable[[float, float], float]) -> Callable[[Iterable[float], Iterable[float]], List[float]]:
+    """Lift a binary fn to act on pairs of elements of two lists."""
+
+    def apply(ls1: Iterable[float], ls2: Iterable[float]) -> List[float]:
+        return [fn(x, y) for x, y in zip(ls1, ls2)]
+
+    return apply
+
+
+def reduce(fn: Callable[[float, float], float], start: float) -> Callable[[Iterable[float]], float]:
+    """Fold a list with fn, starting from start."""
+
+    def apply(ls: Iterable[float]) -> float:
+        acc = start
+        for x in ls:
+            acc = fn(acc, x)
+        return acc
+
+    return apply
+
+
+def negList(ls: Iterable[float]) -> List[float]:
+    """Negate every element."""
+    return map(neg)(ls)
+
+
+def addLists(ls1: Iterable[float], ls2: Iterable[float]) -> List[float]:
+    """Elementwise sum of two lists."""
+    return zipWith(add)(ls1, ls2)
+
+
+def sum(ls: Iterable[float]) -> float:
+    """Sum of a list (0 for empty)."""
+    return reduce(add, 0.0)(ls)
+
+
+def prod(ls: Iterable[float]) -> float:
+    """Product of a list (1 for empty)."""
+    return reduce(mul, 1.0)(ls)

@@ -1,0 +1,574 @@
+"""Tensor: an n-dimensional float32 array with reverse-mode autodiff, on any backend."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Sequence, Tuple, Type, Union
+
+import numpy as np
+
+from . import tensor_functions as F
+from .autodiff import Context, backpropagate, no_grad
+from .fast_ops import FastOps
+from .tensor_data import IndexingError, TensorData, UserShape, prod, shape_broadcast
+from .tensor_ops import TensorBackend
+
+TensorLike = Union[float, int, "Tensor"]
+_ids = itertools.count(1)
+_seed_rng = [np.random.default_rng()]
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the generator behind rand() and dropout on every backend."""
+    _seed_rng[0] = np.random.default_rng(seed)
+
+
+def get_rng_state() -> dict:
+    """State of the generator behind rand() and dropout (for exact resume)."""
+    return _seed_rng[0].bit_generator.state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore a state from get_rng_state()."""
+    rng = np.random.default_rng()
+    rng.bit_generator.state = state
+    _seed_rng[0] = rng
+
+
+def next_seed() -> int:
+    """A fresh 63-bit seed for a backend's random kernels."""
+    return int(_seed_rng[0].integers(0, 2**63 - 1))
+
+
+def default_backend() -> TensorBackend:
+    """The CPU default: numba-parallel FastOps."""
+    return TensorBackend(FastOps)
+
+
+@dataclass
+class History:
+    """How a tensor was made: the Function, its context and its inputs (None fn for a leaf)."""
+
+    last_fn: Optional[Type[F.Function]] = None
+    ctx: Optional[Context] = None
+    inputs: Sequence["Tensor"] = field(default_factory=tuple)
+
+
+class Tensor:
+    """A float32 array with a shape, strides, a backend, and optional autodiff history."""
+
+    __array_priority__ = 1000
+
+    def __init__(
+        self,
+        v: TensorData,
+        back: Optional[History] = None,
+        name: Optional[str] = None,
+        backend: Optional[TensorBackend] = None,
+    ):
+        self._tensor = v
+        self.history = back
+        self.backend = backend if backend is not None else default_backend()
+        self.grad: Optional[Tensor] = None
+        self.unique_id = next(_ids)
+        self.name = name if name is not None else str(self.unique_id)
+
+    # ---- properties and autodiff flags -------------------------------------------------------
+    @property
+    def shape(self) -> UserShape:
+        return self._tensor.shape
+
+    @property
+    def size(self) -> int:
+        return self._tensor.size
+
+    @property
+    def dims(self) -> int:
+        return self._tensor.dims
+
+    def requires_grad_(self, flag: bool = True) -> "Tensor":
+        """Make this tensor a leaf that collects .grad (flag=True) or a constant (False)."""
+        if flag:
+            if self.history is None:
+                self.history = History()
+        else:
+            self.history = None
+        return self
+
+    def requires_grad(self) -> bool:
+        return self.history is not None
+
+    def is_leaf(self) -> bool:
+        return self.history is not None and self.history.last_fn is None
+
+    def is_constant(self) -> bool:
+        return self.history is None
+
+    def is_contiguous(self) -> bool:
+        return self._tensor.is_contiguous()
+
+    def detach(self) -> "Tensor":
+        """The same data with no history."""
+        return Tensor(self._tensor, backend=self.backend)
+
+    # ---- construction helpers used by ops ----------------------------------------------------
+    def _new(self, td: TensorData) -> "Tensor":
+        return Tensor(td, backend=self.backend)
+
+    def _new_empty(self, shape: UserShape) -> "Tensor":
+        """Uninitialized contiguous tensor on this backend."""
+        shape = tuple(int(s) for s in shape)
+        return self._new(TensorData(self.backend.ops.storage_empty(prod(shape)), shape))
+
+    def zeros(self, shape: Optional[UserShape] = None) -> "Tensor":
+        """Zeros of a shape (default: this tensor's) on this backend."""
+        out = self._new_empty(self.shape if shape is None else shape)
+        self.backend.ops.fill(out, 0.0)
+        return out
+
+    def _arange(self, n: int) -> "Tensor":
+        out = self._new_empty((n,))
+        self.backend.ops.arange(out)
+        return out
+
+    def _view(self, shape: Sequence[int]) -> "Tensor":
+        shape = _resolve_shape(tuple(int(s) for s in shape), self.size, self.shape)
+        if not self._tensor.is_contiguous():
+            raise IndexingError(
+                f"view of a non-contiguous tensor (shape {self.shape}, strides {self._tensor.strides}) "
+                f"to {shape}: call .contiguous() first, or use .reshape()"
+            )
+        return self._new(TensorData(self._tensor._storage, shape))
+
+    # ---- conversions -------------------------------------------------------------------------
+    def to_numpy(self) -> np.ndarray:
+        """A float32 numpy copy of the values (a device->host copy for GPU tensors)."""
+        flat = self.backend.ops.storage_to_numpy(self._tensor._storage)
+        if self.size == 0:
+            return np.zeros(self.shape, dtype=np.float32)
+        item = flat.itemsize
+        view = np.lib.stride_tricks.as_strided(
+            flat, shape=self.shape, strides=tuple(s * item for s in self._tensor.strides)
+        )
+        return np.array(view, dtype=np.float32, copy=True)
+
+    def item(self) -> float:
+        """The single value of a one-element tensor."""
+        if self.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+        return float(self.to_numpy().reshape(-1)[0])
+
+    def to(self, backend: TensorBackend) -> "Tensor":
+        """A copy on another backend (the same tensor if it is already there).
+
+        The copy is a new leaf: it keeps the requires_grad flag but not the history.
+        """
+        if backend.ops is self.backend.ops:
+            return self
+        out = tensor_from_numpy(self.to_numpy(), backend=backend)
+        return out.requires_grad_(self.requires_grad())
+
+    def to_torch(self) -> Any:
+        """A torch tensor sharing this tensor's memory (zero-copy on both CPU and GPU)."""
+        import torch
+
+        storage = self._tensor._storage
+        base = torch.from_numpy(storage) if isinstance(storage, np.ndarray) else storage
+        return base.as_strided(self.shape, self._tensor.strides)
+
+    # ---- printing and indexing ---------------------------------------------------------------
+    def __repr__(self) -> str:
+        text = np.array2string(self.to_numpy(), precision=4, separator=", ", threshold=200, edgeitems=3)
+        extra = f", backend={self.backend.ops.__name__}"
+        if self.requires_grad():
+            extra += ", requires_grad=True"
+        return f"tensor({text}{extra})"
+
+    def __getitem__(self, key: Union[int, Sequence[int]]) -> float:
+        key2 = (key,) if isinstance(key, int) else tuple(key)
+        position = self._tensor.index(key2)
+        storage = self._tensor._storage
+        if isinstance(storage, np.ndarray):
+            return float(storage[position])
+        return float(self.backend.ops.storage_to_numpy(storage[position : position + 1])[0])
+
+    def __setitem__(self, key: Union[int, Sequence[int]], val: float) -> None:
+        key2 = (key,) if isinstance(key, int) else tuple(key)
+        self._tensor.set(key2, val)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    # ---- arithmetic --------------------------------------------------------------------------
+    def _ensure(self, b: TensorLike) -> "Tensor":
+        if isinstance(b, Tensor):
+            if b.backend.ops is not self.backend.ops:
+                raise TypeError(
+                    f"cannot combine a {self.backend.ops.__name__} tensor {self.shape} with a "
+                    f"{b.backend.ops.__name__} tensor {b.shape}: move one with .to(backend)"
+                )
+            return b
+        return tensor([float(b)], backend=self.backend)
+
+    def __add__(self, b: TensorLike) -> "Tensor":
+        if isinstance(b, (int, float)):
+            return F.AddScalar.apply(self, float(b))
+        return F.Add.apply(self, self._ensure(b))
+
+    def __radd__(self, b: TensorLike) -> "Tensor":
+        return self + b
+
+    def __sub__(self, b: TensorLike) -> "Tensor":
+        if isinstance(b, (int, float)):
+            return F.AddScalar.apply(self, -float(b))
+        return F.Add.apply(self, -self._ensure(b))
+
+    def __rsub__(self, b: TensorLike) -> "Tensor":
+        return F.AddScalar.apply(-self, float(b)) if isinstance(b, (int, float)) else self._ensure(b) - self
+
+    def __mul__(self, b: TensorLike) -> "Tensor":
+        if isinstance(b, (int, float)):
+            return F.MulScalar.apply(self, float(b))
+        return F.Mul.apply(self, self._ensure(b))
+
+    def __rmul__(self, b: TensorLike) -> "Tensor":
+        return self * b
+
+    def __truediv__(self, b: TensorLike) -> "Tensor":
+        if isinstance(b, (int, float)):
+            return F.MulScalar.apply(self, 1.0 / float(b))
+        return F.Mul.apply(self, F.Inv.apply(self._ensure(b)))
+
+    def __rtruediv__(self, b: TensorLike) -> "Tensor":
+        if isinstance(b, (int, float)):
+            return F.MulScalar.apply(F.Inv.apply(self), float(b))
+        return self._ensure(b) / self
+
+    def __matmul__(self, b: "Tensor") -> "Tensor":
+        b = self._ensure(b)
+        if self.dims < 2 or b.dims < 2:
+            raise IndexingError(f"matmul needs tensors of at least 2 dims, got {self.shape} @ {b.shape}")
+        if self.shape[-1] != b.shape[-2]:
+            raise IndexingError(
+                f"matmul shapes {self.shape} @ {b.shape}: inner sizes {self.shape[-1]} and {b.shape[-2]} differ"
+            )
+        shape_broadcast(self.shape[:-2], b.shape[:-2])
+        return F.MatMul.apply(self, b)
+
+    def __lt__(self, b: TensorLike) -> "Tensor":
+        if isinstance(b, (int, float)):
+            return F.LTScalar.apply(self, float(b))
+        return F.LT.apply(self, self._ensure(b))
+
+    def __gt__(self, b: TensorLike) -> "Tensor":
+        if isinstance(b, (int, float)):
+            return F.LTScalar.apply(-self, -float(b))
+        return F.LT.apply(self._ensure(b), self)
+
+    def __eq__(self, b: TensorLike) -> "Tensor":  # type: ignore[override]
+        if isinstance(b, (int, float)):
+            return F.EQScalar.apply(self, float(b))
+        return F.EQ.apply(self, self._ensure(b))
+
+    __hash__ = object.__hash__
+
+    def __neg__(self) -> "Tensor":
+        return F.Neg.apply(self)
+
+    def __pow__(self, p: float) -> "Tensor":
+        if not isinstance(p, (int, float)):
+            raise TypeError(f"tensor ** p needs a Python number p, got {type(p).__name__}")
+        return F.PowerScalar.apply(self, float(p))
+
+    def is_close(self, b: "Tensor") -> "Tensor":
+        return F.IsClose.apply(self, self._ensure(b))
+
+    def sigmoid(self) -> "Tensor":
+        return F.Sigmoid.apply(self)
+
+    def relu(self) -> "Tensor":
+        return F.ReLU.apply(self)
+
+    def gelu(self) -> "Tensor":
+        """GELU with the tanh approximation."""
+        return F.GELU.apply(self)
+
+    def log(self) -> "Tensor":
+        return F.Log.apply(self)
+
+    def exp(self) -> "Tensor":
+        return F.Exp.apply(self)
+
+    def tanh(self) -> "Tensor":
+        return F.Tanh.apply(self)
+
+    # ---- reductions (a reduced dim is kept with size 1; no dim: shape (1,)) -------------------
+    def _dim(self, dim: int) -> int:
+        d = dim + self.dims if dim < 0 else dim
+        if not 0 <= d < self.dims:
+            raise IndexingError(f"dim {dim} is out of range for shape {self.shape}")
+        return d
+
+    def _flat(self) -> "Tensor":
+        return self.contiguous().view(self.size)
+
+    def sum(self, dim: Optional[int] = None) -> "Tensor":
+        """Sum over dim (kept with size 1), or over everything (shape (1,))."""
+        if dim is None:
+            return F.Sum.apply(self._flat(), 0)
+        return F.Sum.apply(self, self._dim(dim))
+
+    def mean(self, dim: Optional[int] = None) -> "Tensor":
+        """Mean over dim (kept with size 1), or over everything."""
+        n = self.size if dim is None else self.shape[self._dim(dim)]
+        return self.sum(dim) * (1.0 / n)
+
+    def var(self, dim: Optional[int] = None, unbiased: bool = True) -> "Tensor":
+        """Variance over dim (kept with size 1) or everything; unbiased (n - 1) like torch.var."""
+        n = self.size if dim is None else self.shape[self._dim(dim)]
+        centered = (self._flat() if dim is None else self) - self.mean(dim)
+        return (centered * centered).sum(0 if dim is None else dim) * (1.0 / (n - 1 if unbiased else n))
+
+    def max(self, dim: Optional[int] = None) -> "Tensor":
+        """Max over dim (kept with size 1), or over everything (shape (1,))."""
+        if dim is None:
+            return F.Max.apply(self._flat(), 0)
+        return F.Max.apply(self, self._dim(dim))
+
+    def all(self, dim: Optional[int] = None) -> "Tensor":
+        """1.0 where every element (over dim, or overall) is non-zero."""
+        nonzero = 1.0 - (self == 0.0)
+        flat = nonzero._flat() if dim is None else nonzero
+        return flat.backend.mul_reduce(flat, 0 if dim is None else self._dim(dim))
+
+    # ---- views and layout --------------------------------------------------------------------
+    def view(self, *shape: Union[int, Sequence[int]]) -> "Tensor":
+        """Same data with another shape (one size may be -1); the tensor must be contiguous."""
+        return F.View.apply(self, _shape_args(shape))
+
+    def reshape(self, *shape: Union[int, Sequence[int]]) -> "Tensor":
+        """view() after a contiguous copy when one is needed."""
+        return self.contiguous().view(*shape)
+
+    def permute(self, *order: Union[int, Sequence[int]]) -> "Tensor":
+        """Dims reordered (a view)."""
+        dims = tuple(self._dim(d) for d in _shape_args(order))
+        return F.Permute.apply(self, dims)
+
+    def transpose(self, dim0: int = -2, dim1: int = -1) -> "Tensor":
+        """Two dims swapped (a view)."""
+        order = list(range(self.dims))
+        a, b = self._dim(dim0), self._dim(dim1)
+        order[a], order[b] = order[b], order[a]
+        return self.permute(*order)
+
+    def contiguous(self) -> "Tensor":
+        """This tensor if its layout is row-major, else a row-major copy."""
+        if self.is_contiguous():
+            return self
+        return F.Copy.apply(self)
+
+    def expand(self, shape: Sequence[int]) -> "Tensor":
+        """A broadcast view of this tensor with a larger shape (stride 0 on broadcast dims)."""
+        shape = tuple(int(s) for s in shape)
+        if shape_broadcast(self.shape, shape) != shape:
+            raise IndexingError(f"cannot expand shape {self.shape} to {shape}")
+        return F.Expand.apply(self, shape)
+
+    def _expand_view(self, shape: UserShape) -> "Tensor":
+        offset = len(shape) - self.dims
+        strides = [0] * offset
+        for size, own, stride in zip(shape[offset:], self.shape, self._tensor.strides):
+            strides.append(stride if own == size else 0)
+        return self._new(TensorData(self._tensor._storage, shape, tuple(strides)))
+
+    def _sum_to(self, shape: UserShape) -> "Tensor":
+        """Sum a broadcast gradient back to the shape of the input it belongs to."""
+        if self.shape == tuple(shape):
+            return self
+        out = self
+        offset = self.dims - len(shape)
+        for d in range(self.dims):
+            if d < offset or shape[d - offset] == 1 and self.shape[d] != 1:
+                out = out.backend.add_reduce(out, d)
+        return out.contiguous()._view(shape)
+
+    # ---- fused ops ---------------------------------------------------------------------------
+    def attn_softmax(self, mask: Optional["Tensor"] = None, causal: bool = False) -> "Tensor":
+        """Softmax over the last dim of attention scores [B, H, Tq, Tk] (out of place).
+
+        mask: additive, broadcastable to [B, 1, 1, Tk] (e.g. [B, Tk] viewed as [B,1,1,Tk]); -inf
+        removes a key, finite values (-1e8) are added as they are; it takes no gradient.
+        causal: key j of query i is kept only when j <= i + (Tk - Tq).  A row with every key
+        removed gives zeros.
+        """
+        if self.dims != 4:
+            raise IndexingError(f"attn_softmax expects scores [B, H, Tq, Tk], got shape {self.shape}")
+        B, _, _, Tk = self.shape
+        flat_mask = None
+        if mask is not None:
+            mask = self._ensure(mask)
+            if mask.dims > 4:
+                raise IndexingError(f"attn_softmax mask of shape {mask.shape} has more than 4 dims")
+            if mask.shape == (B, Tk):
+                mask4 = mask.reshape(B, 1, 1, Tk)
+            else:
+                mask4 = mask.reshape(*((1,) * (4 - mask.dims) + mask.shape))
+            try:
+                ok = shape_broadcast(mask4.shape, (B, 1, 1, Tk)) == (B, 1, 1, Tk)
+            except IndexingError:
+                ok = False
+            if not ok:
+                raise IndexingError(
+                    f"attn_softmax mask of shape {mask.shape} does not broadcast to [B, 1, 1, Tk] = {(B, 1, 1, Tk)} "
+                    f"for scores {self.shape}"
+                )
+            flat_mask = mask4.detach()._expand_view((B, 1, 1, Tk)).contiguous()._view((B, Tk))
+        return F.Attn_Softmax.apply(self.contiguous(), flat_mask, bool(causal))
+
+    def layernorm(self, gamma: "Tensor", beta: "Tensor", eps: float = 1e-5) -> "Tensor":
+        """LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * gamma + beta."""
+        gamma, beta = self._ensure(gamma), self._ensure(beta)
+        C = self.shape[-1] if self.dims else 0
+        if gamma.shape != (C,) or beta.shape != (C,):
+            raise IndexingError(
+                f"layernorm of input {self.shape} needs gamma and beta of shape ({C},), "
+                f"got {gamma.shape} and {beta.shape}"
+            )
+        if eps <= 0.0:
+            raise ValueError(f"layernorm eps must be positive, got {eps}")
+        return F.LayerNorm.apply(self.contiguous(), gamma.contiguous(), beta.contiguous(), float(eps))
+
+    # ---- autodiff ----------------------------------------------------------------------------
+    @property
+    def parents(self) -> Iterable["Tensor"]:
+        assert self.history is not None
+        return self.history.inputs
+
+    def chain_rule(self, d_output: Any) -> Iterable[Tuple["Tensor", Any]]:
+        h = self.history
+        assert h is not None and h.last_fn is not None and h.ctx is not None
+        grads = h.last_fn._backward(h.ctx, d_output)
+        return [(inp, g._sum_to(inp.shape)) for inp, g in zip(h.inputs, grads)]
+
+    def accumulate_derivative(self, x: "Tensor") -> None:
+        """Add x to .grad of this leaf (kept contiguous)."""
+        if not self.is_leaf():
+            raise RuntimeError("only leaf tensors accumulate derivatives")
+        x = x.contiguous()
+        self.grad = x if self.grad is None else self.backend.add_zip(self.grad, x)
+
+    def backward(self, grad_output: Optional["Tensor"] = None) -> None:
+        """Backpropagate from this tensor; grad_output defaults to 1 for a one-element tensor."""
+        if grad_output is None:
+            if self.size != 1:
+                raise RuntimeError(f"backward() without a gradient needs a one-element tensor, got shape {self.shape}")
+            grad_output = self._new_empty(self.shape)
+            self.backend.ops.fill(grad_output, 1.0)
+        elif grad_output.shape != self.shape:
+            raise IndexingError(f"backward gradient of shape {grad_output.shape} for a tensor of shape {self.shape}")
+        with no_grad():
+            backpropagate(self, grad_output)
+
+    def zero_grad_(self) -> None:
+        """Drop the accumulated gradient."""
+        self.grad = None
+
+
+def _shape_args(shape: Sequence[Any]) -> Tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(int(s) for s in shape[0])
+    return tuple(int(s) for s in shape)
+
+
+def _resolve_shape(shape: Tuple[int, ...], size: int, old: UserShape) -> Tuple[int, ...]:
+    if shape.count(-1) > 1:
+        raise IndexingError(f"view shape {shape} has more than one -1")
+    if -1 in shape:
+        known = prod(s for s in shape if s != -1)
+        if known == 0 or size % known:
+            raise IndexingError(f"cannot view shape {old} ({size} elements) as {shape}")
+        shape = tuple(size // known if s == -1 else s for s in shape)
+    if prod(shape) != size:
+        raise IndexingError(f"cannot view shape {old} ({size} elements) as {shape} ({prod(shape)} elements)")
+    return shape
+
+
+# ---- constructors --------------------------------------------------------------------------------
+def tensor_from_numpy(
+    arr: Any, backend: Optional[TensorBackend] = None, requires_grad: bool = False
+) -> Tensor:
+    """A tensor holding a float32 copy of a numpy array (any strides or memory order)."""
+    backend = backend if backend is not None else default_backend()
+    a = np.asarray(arr)
+    if a.dtype.kind not in "fiub":
+        raise TypeError(f"cannot make a tensor from a numpy array of dtype {a.dtype}")
+    shape = a.shape
+    flat = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
+    t = Tensor(TensorData(backend.ops.storage_from_numpy(flat), shape), backend=backend)
+    return t.requires_grad_(requires_grad)
+
+
+def tensor(data: Any, backend: Optional[TensorBackend] = None, requires_grad: bool = False) -> Tensor:
+    """A tensor from (nested lists of) numbers."""
+    try:
+        arr = np.array(data, dtype=np.float32)
+    except ValueError as e:
+        raise ValueError(f"tensor() needs a rectangular nested list of numbers: {e}") from None
+    return tensor_from_numpy(arr, backend=backend, requires_grad=requires_grad)
+
+
+def _filled(shape: Sequence[int], value: float, backend: Optional[TensorBackend]) -> Tensor:
+    backend = backend if backend is not None else default_backend()
+    shape = tuple(int(s) for s in shape)
+    out = Tensor(TensorData(backend.ops.storage_empty(prod(shape)), shape), backend=backend)
+    backend.ops.fill(out, value)
+    return out
+
+
+def zeros(shape: Sequence[int], backend: Optional[TensorBackend] = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of zeros."""
+    return _filled(shape, 0.0, backend).requires_grad_(requires_grad)
+
+
+def ones(shape: Sequence[int], backend: Optional[TensorBackend] = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ones."""
+    return _filled(shape, 1.0, backend).requires_grad_(requires_grad)
+
+
+def full(shape: Sequence[int], value: float, backend: Optional[TensorBackend] = None) -> Tensor:
+    """A tensor filled with one value."""
+    return _filled(shape, float(value), backend)
+
+
+def rand(shape: Sequence[int], backend: Optional[TensorBackend] = None, requires_grad: bool = False) -> Tensor:
+    """Uniform [0, 1) numbers, drawn on the tensor's own device (seeded by manual_seed)."""
+    backend = backend if backend is not None else default_backend()
+    shape = tuple(int(s) for s in shape)
+    out = Tensor(TensorData(backend.ops.storage_empty(prod(shape)), shape), backend=backend)
+    backend.ops.uniform(out, next_seed())
+    return out.requires_grad_(requires_grad)
+
+
+def from_torch(t: Any, backend: Optional[TensorBackend] = None) -> Tensor:
+    """A minitorch tensor over a float32 torch tensor's memory (zero-copy when it is contiguous).
+
+    A CUDA torch tensor needs the CUDA backend (the default for it); a CPU one a CPU backend.
+    """
+    import torch
+
+    if t.dtype != torch.float32:
+        raise TypeError(f"from_torch needs a float32 tensor, got {t.dtype}")
+    if backend is None:
+        if t.is_cuda:
+            from .cuda_kernel_ops import CudaKernelOps
+
+            backend = TensorBackend(CudaKernelOps)
+        else:
+            backend = default_backend()
+    if t.is_cuda != bool(backend.ops.is_cuda):
+        raise TypeError(f"a {'CUDA' if t.is_cuda else 'CPU'} torch tensor cannot back a {backend.ops.__name__} tensor")
+    flat = t.detach().contiguous().reshape(-1)
+    storage = flat if t.is_cuda else flat.numpy()
+    return Tensor(TensorData(storage, tuple(t.shape)), backend=backend)

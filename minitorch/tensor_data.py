@@ -1,0 +1,186 @@
+"""Shape, strides and index arithmetic, and TensorData: a storage viewed with a shape and strides.
+
+Storage is backend-specific: a 1-D float32 numpy array for the CPU backends, a 1-D float32 torch
+buffer on the GPU for the CUDA backend.  Nothing here reads a GPU storage element by element.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Iterable, Optional, Sequence, Tuple
+
+import numpy as np
+
+MAX_DIMS = 8
+
+Index = np.ndarray
+Shape = np.ndarray
+Strides = np.ndarray
+UserShape = Tuple[int, ...]
+UserIndex = Sequence[int]
+UserStrides = Tuple[int, ...]
+
+
+class IndexingError(RuntimeError):
+    """An index, shape or stride that does not fit the tensor."""
+
+
+def index_to_position(index: Index, strides: Strides) -> int:
+    """Storage position of a multidimensional index."""
+    position = 0
+    for i in range(len(index)):
+        position += index[i] * strides[i]
+    return position
+
+
+def to_index(ordinal: int, shape: Shape, out_index: Index) -> None:
+    """Write into out_index the index of the ordinal-th element in row-major order of shape."""
+    rest = ordinal
+    for i in range(len(shape) - 1, -1, -1):
+        out_index[i] = rest % shape[i]
+        rest = rest // shape[i]
+
+
+def broadcast_index(big_index: Index, big_shape: Shape, shape: Shape, out_index: Index) -> None:
+    """Map an index of the broadcast shape big_shape to the index of a smaller shape.
+
+    Dimensions of size 1 in `shape` take index 0; leading dimensions `shape` lacks are dropped.
+    """
+    offset = len(big_shape) - len(shape)
+    for i in range(len(shape)):
+        out_index[i] = big_index[i + offset] if shape[i] > 1 else 0
+
+
+def shape_broadcast(shape1: UserShape, shape2: UserShape) -> UserShape:
+    """The numpy-style broadcast of two shapes; IndexingError naming both when they clash."""
+    n = max(len(shape1), len(shape2))
+    a = (1,) * (n - len(shape1)) + tuple(shape1)
+    b = (1,) * (n - len(shape2)) + tuple(shape2)
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise IndexingError(f"shapes {tuple(shape1)} and {tuple(shape2)} cannot be broadcast together")
+    return tuple(out)
+
+
+def prod(shape: Iterable[int]) -> int:
+    """Number of elements of a shape."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def strides_from_shape(shape: UserShape) -> UserStrides:
+    """Row-major (contiguous) strides of a shape."""
+    strides = []
+    acc = 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+class TensorData:
+    """A storage with a shape and strides (in elements); several TensorData may share a storage."""
+
+    def __init__(self, storage: Any, shape: UserShape, strides: Optional[UserStrides] = None):
+        shape = tuple(int(s) for s in shape)
+        if len(shape) > MAX_DIMS:
+            raise IndexingError(f"shape {shape} has {len(shape)} dims; at most {MAX_DIMS} are supported")
+        if any(s < 0 for s in shape):
+            raise IndexingError(f"shape {shape} has a negative size")
+        strides = strides_from_shape(shape) if strides is None else tuple(int(s) for s in strides)
+        if len(strides) != len(shape):
+            raise IndexingError(f"strides {strides} do not match shape {shape}")
+        self._storage = storage
+        self._shape = shape
+        self._strides = strides
+        self.size = prod(shape)
+        self.dims = len(shape)
+        self._np_shape: Optional[np.ndarray] = None
+        self._np_strides: Optional[np.ndarray] = None
+
+    @property
+    def shape(self) -> UserShape:
+        return self._shape
+
+    @property
+    def strides(self) -> UserStrides:
+        return self._strides
+
+    @property
+    def np_shape(self) -> np.ndarray:
+        """Shape as an int64 array (what the compiled CPU kernels take); cached."""
+        if self._np_shape is None:
+            self._np_shape = np.array(self._shape, dtype=np.int64)
+        return self._np_shape
+
+    @property
+    def np_strides(self) -> np.ndarray:
+        """Strides as an int64 array; cached."""
+        if self._np_strides is None:
+            self._np_strides = np.array(self._strides, dtype=np.int64)
+        return self._np_strides
+
+    def is_contiguous(self) -> bool:
+        """True when the strides are the row-major strides of the shape (size-1 dims ignored)."""
+        expected = 1
+        for size, stride in zip(reversed(self._shape), reversed(self._strides)):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    def index(self, index: UserIndex) -> int:
+        """Storage position of a full index, checked against the shape."""
+        idx = tuple(int(i) for i in index)
+        if len(idx) != self.dims:
+            raise IndexingError(f"index {idx} has {len(idx)} dims but the shape {self._shape} has {self.dims}")
+        for i, s in zip(idx, self._shape):
+            if i < 0 or i >= s:
+                raise IndexingError(f"index {idx} is out of range for shape {self._shape}")
+        return sum(i * st for i, st in zip(idx, self._strides))
+
+    def indices(self) -> Iterable[UserIndex]:
+        """Every index of the shape in row-major order."""
+        idx = np.zeros(self.dims, dtype=np.int64)
+        shape = np.array(self._shape, dtype=np.int64)
+        for ordinal in range(self.size):
+            to_index(ordinal, shape, idx)
+            yield tuple(int(i) for i in idx)
+
+    def sample(self) -> UserIndex:
+        """A random valid index."""
+        return tuple(random.randint(0, s - 1) for s in self._shape)
+
+    def _host(self) -> np.ndarray:
+        if not isinstance(self._storage, np.ndarray):
+            raise TypeError("element access works on CPU storage only; read GPU tensors with to_numpy()")
+        return self._storage
+
+    def get(self, key: UserIndex) -> float:
+        """The element at an index (CPU storage)."""
+        return float(self._host()[self.index(key)])
+
+    def set(self, key: UserIndex, val: float) -> None:
+        """Set the element at an index (CPU storage)."""
+        self._host()[self.index(key)] = val
+
+    def permute(self, *order: int) -> "TensorData":
+        """A view with dims reordered; order must be a permutation of range(dims)."""
+        if sorted(order) != list(range(self.dims)):
+            raise IndexingError(f"permute order {order} is not a permutation of the {self.dims} dims of {self._shape}")
+        return TensorData(
+            self._storage,
+            tuple(self._shape[i] for i in order),
+            tuple(self._strides[i] for i in order),
+        )
+
+    def to_string(self, values: np.ndarray) -> str:
+        """Nested-list text of the values (given as a numpy array of this shape)."""
+        return np.array2string(values, precision=4, separator=", ", threshold=200, edgeitems=3)
