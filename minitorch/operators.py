@@ -73,8 +73,10 @@ def log(x: float) -> float:
 
 
 def exp(x: float) -> float:
-    """e^x; inf on overflow, like the other backends."""
-    return math.exp(x) if x < 709.0 else math.inf
+    """e^x; inf on overflow (nan stays nan), like the other backends."""
+    if x >= 709.0:
+        return math.inf
+    return math.exp(x)
 
 
 def inv(x: float) -> float:

@@ -118,8 +118,9 @@ class Tensor:
 
     def _new_empty(self, shape: UserShape) -> "Tensor":
         """Uninitialized contiguous tensor on this backend."""
-        shape = tuple(int(s) for s in shape)
-        return self._new(TensorData(self.backend.ops.storage_empty(prod(shape)), shape))
+        if type(shape) is not tuple:
+            shape = tuple(int(s) for s in shape)
+        return Tensor(TensorData(self.backend.ops.storage_empty(prod(shape)), shape), backend=self.backend)
 
     def zeros(self, shape: Optional[UserShape] = None) -> "Tensor":
         """Zeros of a shape (default: this tensor's) on this backend."""

@@ -6,6 +6,7 @@ buffer on the GPU for the CUDA backend.  Nothing here reads a GPU storage elemen
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any, Iterable, Optional, Sequence, Tuple
 
@@ -85,22 +86,39 @@ def strides_from_shape(shape: UserShape) -> UserStrides:
     return tuple(reversed(strides))
 
 
+@functools.lru_cache(maxsize=4096)
+def _contiguous_layout(shape: UserShape) -> Tuple[UserStrides, int]:
+    """Row-major strides and size of a valid shape (cached: ops make the same shapes over and over)."""
+    if len(shape) > MAX_DIMS:
+        raise IndexingError(f"shape {shape} has {len(shape)} dims; at most {MAX_DIMS} are supported")
+    if any(s < 0 for s in shape):
+        raise IndexingError(f"shape {shape} has a negative size")
+    return strides_from_shape(shape), prod(shape)
+
+
+def _checked_layout(shape: Any, strides: Optional[Any]) -> Tuple[UserShape, Optional[UserStrides]]:
+    shape = tuple(int(s) for s in shape)
+    _contiguous_layout(shape)
+    if strides is None:
+        return shape, None
+    strides = tuple(int(s) for s in strides)
+    if len(strides) != len(shape):
+        raise IndexingError(f"strides {strides} do not match shape {shape}")
+    return shape, strides
+
+
 class TensorData:
     """A storage with a shape and strides (in elements); several TensorData may share a storage."""
 
     def __init__(self, storage: Any, shape: UserShape, strides: Optional[UserStrides] = None):
-        shape = tuple(int(s) for s in shape)
-        if len(shape) > MAX_DIMS:
-            raise IndexingError(f"shape {shape} has {len(shape)} dims; at most {MAX_DIMS} are supported")
-        if any(s < 0 for s in shape):
-            raise IndexingError(f"shape {shape} has a negative size")
-        strides = strides_from_shape(shape) if strides is None else tuple(int(s) for s in strides)
-        if len(strides) != len(shape):
-            raise IndexingError(f"strides {strides} do not match shape {shape}")
+        if type(shape) is not tuple or strides is not None:
+            shape, strides = _checked_layout(shape, strides)
         self._storage = storage
         self._shape = shape
-        self._strides = strides
-        self.size = prod(shape)
+        if strides is None:
+            self._strides, self.size = _contiguous_layout(shape)
+        else:
+            self._strides, self.size = strides, prod(shape)
         self.dims = len(shape)
         self._np_shape: Optional[np.ndarray] = None
         self._np_strides: Optional[np.ndarray] = None

@@ -1,0 +1,264 @@
+"""Benchmark of the general CUDA kernels (src/combine.cu) against PyTorch on the same GPU, fp32.
+
+Measured side by side in one run:
+  - device-to-device copy bandwidth (torch clone of 64M floats; bytes read + written): the floor
+    every memory-bound kernel is judged against;
+  - map (neg, exp, id = our strided-copy kernel) and zip (add) over 64M contiguous floats, and a
+    sum over the last dim of [16384, 4096]: GB/s and % of the copy bandwidth, next to torch's;
+  - matmul [4096]^3 and batched [96, 1024, 64] @ [96, 64, 1024]: TFLOP/s and ratio to torch.matmul
+    (TF32 off on both sides);
+  - host overhead per call of a tiny add (10k calls, wall clock): our backend op, our Tensor op
+    (with autodiff bookkeeping), torch.
+
+GPU times are medians over many runs timed with CUDA events after warm-up.  Results go to
+<out>/bench_ops.json and <out>/bench_ops.png (default out: benchmarks/results).
+
+    python benchmarks/bench_ops.py [--out DIR] [--reps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import minitorch  # noqa: E402
+from minitorch import cuda_kernel_ops  # noqa: E402
+
+BIG = 64 * 1024 * 1024
+REDUCE_SHAPE = (16384, 4096)
+MATMULS = [((4096, 4096), (4096, 4096)), ((96, 1024, 64), (96, 64, 1024))]
+OVERHEAD_CALLS = 10_000
+
+
+def gpu_time(torch: Any, fn: Callable[[], Any], reps: int, warmup: int = 3) -> float:
+    """Median seconds of fn() on the GPU, each run bracketed by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def host_time_per_call(torch: Any, fns: Dict[str, Callable[[], Any]], calls: int, rounds: int = 5) -> Dict[str, float]:
+    """Wall-clock seconds per call of each fn: median over `rounds` rounds of calls // rounds
+    back-to-back calls (each round ends with a synchronize).  The fns take turns round by round, so
+    a drifting CPU clock affects them alike."""
+    per_round = calls // rounds
+    samples: Dict[str, List[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        for _ in range(200):
+            fn()
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                fn()
+            torch.cuda.synchronize()
+            samples[name].append((time.perf_counter() - t0) / per_round)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def max_rel_err(torch: Any, ours: Any, ref: Any) -> float:
+    ref64 = ref.double()
+    return float((ours.double() - ref64).abs().max() / ref64.abs().max().clamp_min(1e-30))
+
+
+def run(reps: int) -> Dict[str, Any]:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cuda = minitorch.TensorBackend(minitorch.CudaKernelOps)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape: int) -> Any:
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    def ours(x: Any) -> minitorch.Tensor:
+        return minitorch.from_torch(x, backend=cuda)
+
+    rows: List[Dict[str, Any]] = []
+
+    # ---- bandwidth ----------------------------------------------------------------------------
+    x, y = randn(BIG), randn(BIG)
+    mx, my = ours(x), ours(y)
+    copy_s = gpu_time(torch, lambda: x.clone(), reps)
+    copy_gbps = 2 * BIG * 4 / copy_s / 1e9
+
+    def bandwidth(name: str, nbytes: int, ours_fn: Callable, torch_fn: Callable, check: Callable) -> None:
+        t_ours = gpu_time(torch, ours_fn, reps)
+        t_torch = gpu_time(torch, torch_fn, reps)
+        rows.append({
+            "name": name, "kind": "bandwidth", "bytes": nbytes,
+            "ours_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3,
+            "ours_gbps": nbytes / t_ours / 1e9, "torch_gbps": nbytes / t_torch / 1e9,
+            "ours_pct_copy": 100 * nbytes / t_ours / 1e9 / copy_gbps,
+            "torch_pct_copy": 100 * nbytes / t_torch / 1e9 / copy_gbps,
+            "max_rel_err": check(),
+        })  # fmt: skip
+
+    bandwidth("copy (map id) [64M]", 2 * BIG * 4, lambda: cuda.id_map(mx), lambda: x.clone(),
+              lambda: max_rel_err(torch, cuda.id_map(mx).to_torch(), x))
+    bandwidth("neg [64M]", 2 * BIG * 4, lambda: cuda.neg_map(mx), lambda: torch.neg(x),
+              lambda: max_rel_err(torch, cuda.neg_map(mx).to_torch(), -x))
+    bandwidth("exp [64M]", 2 * BIG * 4, lambda: cuda.exp_map(mx), lambda: torch.exp(x),
+              lambda: max_rel_err(torch, cuda.exp_map(mx).to_torch(), torch.exp(x.double())))
+    bandwidth("add [64M]", 3 * BIG * 4, lambda: cuda.add_zip(mx, my), lambda: torch.add(x, y),
+              lambda: max_rel_err(torch, cuda.add_zip(mx, my).to_torch(), x.double() + y.double()))
+    del x, y, mx, my
+    r = randn(*REDUCE_SHAPE)
+    mr = ours(r)
+    bandwidth(f"sum last dim {list(REDUCE_SHAPE)}", r.numel() * 4 + REDUCE_SHAPE[0] * 4,
+              lambda: cuda.add_reduce(mr, 1), lambda: r.sum(1, keepdim=True),
+              lambda: max_rel_err(torch, cuda.add_reduce(mr, 1).to_torch(), r.double().sum(1, keepdim=True)))
+    del r, mr
+
+    # ---- matmul -------------------------------------------------------------------------------
+    for sa, sb in MATMULS:
+        a, b = randn(*sa), randn(*sb)
+        ma, mb = ours(a), ours(b)
+        flops = 2.0 * a.numel() * sb[-1]  # batch * M * K multiply-adds per output column
+        t_ours = gpu_time(torch, lambda: cuda.matrix_multiply(ma, mb), reps)
+        t_torch = gpu_time(torch, lambda: torch.matmul(a, b), reps)
+        err = max_rel_err(torch, cuda.matrix_multiply(ma, mb).to_torch(), torch.matmul(a.double(), b.double()))
+        rows.append({
+            "name": f"matmul {list(sa)} @ {list(sb)}", "kind": "matmul", "flops": flops,
+            "ours_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3,
+            "ours_tflops": flops / t_ours / 1e12, "torch_tflops": flops / t_torch / 1e12,
+            "ratio_to_torch": t_torch / t_ours, "max_rel_err": err,
+        })  # fmt: skip
+        del a, b, ma, mb
+
+    # ---- host overhead ------------------------------------------------------------------------
+    s, u = randn(16), randn(16)
+    ms, mu = ours(s), ours(u)
+    per_call = host_time_per_call(
+        torch,
+        {"ours_backend_us": lambda: cuda.add_zip(ms, mu), "ours_tensor_us": lambda: ms + mu, "torch_us": lambda: s + u},
+        OVERHEAD_CALLS,
+    )
+    overhead: Dict[str, Any] = {"calls": OVERHEAD_CALLS, **{k: 1e6 * v for k, v in per_call.items()}}
+    overhead["ours_backend_vs_torch"] = overhead["ours_backend_us"] / overhead["torch_us"]
+    overhead["ours_tensor_vs_torch"] = overhead["ours_tensor_us"] / overhead["torch_us"]
+
+    return {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "dtype": "float32",
+        "tf32": False,
+        "reps": reps,
+        "copy_gbps": copy_gbps,
+        "rows": rows,
+        "overhead": overhead,
+    }
+
+
+def print_table(res: Dict[str, Any]) -> None:
+    print(f"{res['device']}  torch {res['torch']}  fp32, TF32 off  median of {res['reps']} runs")
+    print(f"device-to-device copy (torch clone, 64M floats): {res['copy_gbps']:.0f} GB/s")
+    print(f"{'op':44s} {'ours':>12s} {'torch':>12s} {'ours/copy':>10s} {'torch/copy':>10s} {'rel err':>9s}")
+    for row in res["rows"]:
+        if row["kind"] == "bandwidth":
+            print(f"{row['name']:44s} {row['ours_gbps']:8.0f} GB/s {row['torch_gbps']:7.0f} GB/s "
+                  f"{row['ours_pct_copy']:9.1f}% {row['torch_pct_copy']:9.1f}% {row['max_rel_err']:9.1e}")
+    print(f"{'op':44s} {'ours':>12s} {'torch':>12s} {'ours/torch':>10s}")
+    for row in res["rows"]:
+        if row["kind"] == "matmul":
+            print(f"{row['name']:44s} {row['ours_tflops']:6.1f} TFLOP/s {row['torch_tflops']:5.1f} TFLOP/s "
+                  f"{100 * row['ratio_to_torch']:9.1f}% {row['max_rel_err']:9.1e}")
+    o = res["overhead"]
+    print(f"host overhead of a tiny add ({o['calls']} calls): backend op {o['ours_backend_us']:.1f} us, "
+          f"Tensor op {o['ours_tensor_us']:.1f} us, torch {o['torch_us']:.1f} us "
+          f"(backend / torch = {o['ours_backend_vs_torch']:.2f}x, Tensor / torch = {o['ours_tensor_vs_torch']:.2f}x)")
+
+
+def plot(res: Dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bw = [r for r in res["rows"] if r["kind"] == "bandwidth"]
+    mm = [r for r in res["rows"] if r["kind"] == "matmul"]
+    o = res["overhead"]
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5), gridspec_kw={"width_ratios": [3, 1.4, 1.2]})
+    width = 0.38
+
+    ax = axes[0]
+    pos = list(range(len(bw)))
+    ax.bar([p - width / 2 for p in pos], [r["ours_pct_copy"] for r in bw], width, label="minitorch")
+    ax.bar([p + width / 2 for p in pos], [r["torch_pct_copy"] for r in bw], width, label="torch")
+    ax.axhline(100, color="gray", lw=0.8, ls="--")
+    ax.set_xticks(pos, [r["name"] for r in bw], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(f"% of copy bandwidth ({res['copy_gbps']:.0f} GB/s)")
+    ax.set_ylim(0, max(125.0, 1.1 * max(max(r["ours_pct_copy"], r["torch_pct_copy"]) for r in bw)))
+    ax.set_title("memory-bound kernels")
+    ax.legend(loc="upper left", ncol=2)
+
+    ax = axes[1]
+    pos = list(range(len(mm)))
+    ax.bar([p - width / 2 for p in pos], [r["ours_tflops"] for r in mm], width, label="minitorch")
+    ax.bar([p + width / 2 for p in pos], [r["torch_tflops"] for r in mm], width, label="torch")
+    ax.set_xticks(pos, [r["name"].replace("matmul ", "").replace(" @ ", "\n@ ") for r in mm], fontsize=8)
+    ax.set_ylabel("TFLOP/s (fp32, no TF32)")
+    ax.set_title("matmul")
+    ax.legend()
+
+    ax = axes[2]
+    names = ["minitorch\nbackend op", "minitorch\nTensor op", "torch"]
+    ax.bar(names, [o["ours_backend_us"], o["ours_tensor_us"], o["torch_us"]], color=["C0", "C0", "C1"])
+    ax.set_ylabel("host time per call (us)")
+    ax.set_title(f"tiny add, {o['calls']} calls")
+
+    fig.suptitle(f"minitorch CUDA kernels vs torch on {res['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="directory for JSON and PNG")
+    parser.add_argument("--reps", type=int, default=30, help="timed runs per measurement (median reported)")
+    args = parser.parse_args()
+    reason = cuda_kernel_ops.unavailable_reason()
+    if reason is not None:
+        print(f"bench_ops: cannot run: {reason}", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_ops: needs a torch CUDA device", file=sys.stderr)
+        return 2
+    res = run(args.reps)
+    print_table(res)
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / "bench_ops.json"
+    tmp = json_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(res, indent=2) + "\n")
+    os.replace(tmp, json_path)
+    plot(res, args.out / "bench_ops.png")
+    print(f"wrote {json_path} and {args.out / 'bench_ops.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+// Helpers shared by the fused row kernels (softmax_kernel.cu, layernorm_kernel.cu).
+//
+// Both files process a matrix row by row with a "team" of LANES consecutive threads per row:
+//   LANES <= 32 (a power of two): several teams share a warp and reduce with xor shuffles, no
+//                                 barrier at all;
+//   LANES  > 32 (a multiple of 32): the team is the whole block and reduces through shared memory.
+// Thread `lane` of a team holds ITERS vectors of VEC floats of its row, vector `it` being the
+// elements [(it * LANES + lane) * VEC, ... + VEC): consecutive lanes touch consecutive 16-byte (or
+// 4-byte) words, so each load instruction of a warp is coalesced.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "reduce.cuh"
+#include "vec.cuh"
+
+namespace fused {
+
+// Load / store VEC consecutive floats (VEC = 4: one 128-bit access, the address 16-byte aligned).
+template <int VEC>
+__device__ __forceinline__ void load_vec(float (&dst)[VEC], const float* src) {
+  static_assert(VEC == 1 || VEC == 4, "VEC is 1 or 4");
+  if constexpr (VEC == 4) {
+    const float4 t = mt::load_float4(src);
+    dst[0] = t.x;
+    dst[1] = t.y;
+    dst[2] = t.z;
+    dst[3] = t.w;
+  } else {
+    dst[0] = *src;
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_vec(float* dst, const float (&src)[VEC]) {
+  static_assert(VEC == 1 || VEC == 4, "VEC is 1 or 4");
+  if constexpr (VEC == 4) {
+    mt::store_float4(dst, make_float4(src[0], src[1], src[2], src[3]));
+  } else {
+    *dst = src[0];
+  }
+}
+
+// Threads of the block that row kernels launch for a team of LANES threads (at least 4 warps so
+// that short rows still fill a block with several teams).
+template <int LANES>
+constexpr int kTeamBlockThreads = LANES > 32 ? LANES : 128;
+
+// All-reduce of v over the team of LANES threads holding one row; every thread of the team gets
+// the same value. All threads of the block must call it (inactive teams too), the same number of
+// times. scratch: __shared__ storage of 32 T, used only by block-wide teams.
+template <int LANES, class T, class Op>
+__device__ __forceinline__ T team_allreduce(T v, Op op, T identity, T* scratch) {
+  static_assert((LANES <= 32 && (LANES & (LANES - 1)) == 0) || (LANES % 32 == 0 && LANES <= 1024),
+                "a team is a power of two <= 32 lanes or a whole block of whole warps");
+  if constexpr (LANES <= 32) {
+    return mt::warp_allreduce<LANES>(v, op);
+  } else {
+    return mt::block_allreduce(v, op, identity, scratch);
+  }
+}
+
+}  // namespace fused
