@@ -10,6 +10,7 @@ from .cuda_kernel_ops import CudaKernelOps
 from .fast_ops import FastOps
 from .module import Module, ModuleList, Parameter
 from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
+from .modules_transformer import DecoderLM, FeedForward, MultiHeadAttention, TransformerLayer
 from .optim import SGD, Adam
 from .scalar import Scalar, ScalarHistory, derivative_check
 from .tensor import (
@@ -46,6 +47,10 @@ __all__ = [
     "Embedding",
     "LayerNorm1d",
     "Linear",
+    "DecoderLM",
+    "FeedForward",
+    "MultiHeadAttention",
+    "TransformerLayer",
     "SGD",
     "Adam",
     "Scalar",

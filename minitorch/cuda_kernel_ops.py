@@ -18,6 +18,7 @@ integer in [0, num_embeddings) gives a row of zeros in `embedding_fw` and is ski
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -55,6 +56,8 @@ SOFTMAX_SYMBOLS = ("minitorch_error_string", "launch_attn_softmax", "launch_attn
 LAYERNORM_SYMBOLS = (
     "minitorch_error_string", "launch_layernorm", "layernorm_bw_workspace_floats", "launch_layernorm_bw",
 )  # fmt: skip
+CLASSIFIER_SYMBOLS = ("minitorch_error_string", "launch_fused_classifier", "fused_loss_vocab_splits")
+OPTIMIZER_SYMBOLS = ("minitorch_error_string", "launch_adamw")
 
 
 class MtLayout(ctypes.Structure):
@@ -107,6 +110,15 @@ _SIGNATURES: Dict[str, Dict[str, Tuple[Any, List[Any]]]] = {
         "launch_layernorm": (_I, [_P, _P, _P, _P, _P, _P, _I, _I, _F, _P]),
         "layernorm_bw_workspace_floats": (_LL, [_I, _I]),
         "launch_layernorm_bw": (_I, [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P]),
+    },
+    "classifier_kernel": {
+        "minitorch_error_string": (ctypes.c_char_p, [_I]),
+        "launch_fused_classifier": (_I, [_P, _P, _P, _P, _P, _P, _I, _I, _I, _P]),
+        "fused_loss_vocab_splits": (_I, [_I, _I, _I]),
+    },
+    "optimizer_kernel": {
+        "minitorch_error_string": (ctypes.c_char_p, [_I]),
+        "launch_adamw": (_I, [_P, _P, _P, _P, _LL, _F, _F, _F, _F, _F, _I, _P]),
     },
 }
 
@@ -166,6 +178,7 @@ class _Runtime:
         self.float32 = torch.float32
         self.device = torch.device("cuda")
         self.fused: Dict[str, ctypes.CDLL] = {}
+        self.sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         get_device = getattr(torch._C, "_cuda_getDevice", None)
         if get_raw is not None and get_device is not None:
@@ -218,6 +231,19 @@ def reset_transfer_stats() -> None:
     """Zero the transfer counters."""
     for k in _transfers:
         _transfers[k] = 0
+
+
+def cuda_memory_stats(reset: bool = False) -> Dict[str, int]:
+    """Device memory held by tensors, in bytes: {"current": now, "peak": the most since the last
+    reset}.  All CUDA storage comes from PyTorch's caching allocator, so these are
+    torch.cuda.memory_allocated() and max_memory_allocated() (memory the allocator keeps cached
+    but no tensor holds is not counted).  reset=True starts a new peak window after the reading."""
+    rt = _rt or _runtime()
+    cuda = rt.torch.cuda
+    stats = {"current": int(cuda.memory_allocated()), "peak": int(cuda.max_memory_allocated())}
+    if reset:
+        cuda.reset_peak_memory_stats()
+    return stats
 
 
 # ---- layouts --------------------------------------------------------------------------------------
@@ -520,9 +546,13 @@ class CudaKernelOps(TensorOps):
         if plan is None:
             plan = _remember(_matmul_plans, key, _matmul_plan(a.shape, a._tensor.strides, b.shape, b._tensor.strides))
         out_shape, strides, a_batch, b_batch = plan
+        n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+        if len(out_shape) == 2:
+            split = _split_k(n, m, k, rt.sm_count)
+            if split > 1:
+                return _matmul_split_k(rt, a, b, strides, split)
         out = a._new_empty(out_shape)
         if out.size:
-            n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
             code = rt.combine.launch_matmul(
                 _ptr(out), _ptr(a), _ptr(b), n, m, k, *strides, a_batch, b_batch, rt.stream()
             )
@@ -657,6 +687,55 @@ class CudaKernelOps(TensorOps):
             CudaKernelOps.fill(dbeta, 0.0)
         return dinp, dgamma, dbeta
 
+    @staticmethod
+    def fused_linear_cross_entropy_fw(
+        hidden: "Tensor",
+        weight: "Tensor",
+        bias: Optional["Tensor"],
+        targets: "Tensor",
+        token_weights: "Tensor",
+        chunk_size: int,
+        need_grad: bool,
+    ) -> Tuple["Tensor", Optional["Tensor"], Optional["Tensor"], Optional["Tensor"]]:
+        """Chunked LM head + fused classifier (src/classifier_kernel.cu); see TensorOps for the
+        contract.  A target outside [0, V) on a token with a non-zero weight makes the loss NaN."""
+        _require_cuda("fused_linear_cross_entropy", hidden, weight, targets, token_weights, *(() if bias is None else (bias,)))
+        return _fused_linear_cross_entropy(hidden, weight, bias, targets, token_weights, chunk_size, need_grad)
+
+    @staticmethod
+    def adamw_step(
+        param: "Tensor",
+        grad: "Tensor",
+        exp_avg: "Tensor",
+        exp_avg_sq: "Tensor",
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        step: int,
+    ) -> None:
+        """Fused AdamW (src/optimizer_kernel.cu): param, exp_avg and exp_avg_sq updated in place in
+        one pass (28 bytes per element)."""
+        rt = _rt or _runtime()
+        lib = rt.fused_lib("optimizer_kernel")
+        _require_cuda("adamw_step", param, grad, exp_avg, exp_avg_sq)
+        for name, t in (("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+            if t.shape != param.shape:
+                raise CudaShapeError(f"adamw_step: {name} of shape {t.shape} for a parameter of shape {param.shape}")
+        for name, t in (("param", param), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+            if not t.is_contiguous():
+                raise CudaShapeError(
+                    f"adamw_step updates {name} in place and needs it contiguous, got shape {t.shape} "
+                    f"strides {t._tensor.strides}"
+                )
+        g = _contiguous(grad)
+        code = lib.launch_adamw(
+            _ptr(param), _ptr(g), _ptr(exp_avg), _ptr(exp_avg_sq), param.size, lr, beta1, beta2, eps,
+            weight_decay, int(step), rt.stream(),
+        )  # fmt: skip
+        _check(code, lib, f"adamw_step {param.shape}")
+
 
 def _reduce_plan(
     rt: _Runtime, op: str, shape: Tuple[int, ...], strides: Tuple[int, ...], dim: int
@@ -679,6 +758,36 @@ def _reduce_plan(
     return out_shape, out_l, in_l, n_out, reduce_len, reduce_stride, ws_len
 
 
+# Split-K: a product with few output tiles and a long inner dimension (the weight gradients
+# x^T @ dy: [C, tokens] @ [tokens, C']) would leave most SMs idle, so K is cut into `split` slices
+# computed as a batch of products (slice s reads A and B from s * K/split on) and then summed.
+_TILE = 128
+_SPLIT_K_MIN_SLICE = 256
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_k(n: int, m: int, k: int, sm_count: int) -> int:
+    """How many K slices fill about two waves of the GPU (1: no split); slices divide K evenly."""
+    tiles = -(-n // _TILE) * -(-m // _TILE)
+    if tiles >= sm_count or k < 2 * _SPLIT_K_MIN_SLICE:
+        return 1
+    want = min(-(-2 * sm_count // tiles), k // _SPLIT_K_MIN_SLICE)
+    return max((s for s in range(1, want + 1) if k % s == 0), default=1)
+
+
+def _matmul_split_k(rt: "_Runtime", a: "Tensor", b: "Tensor", strides: Tuple[int, int, int, int], split: int) -> "Tensor":
+    n, k, m = a.shape[0], a.shape[1], b.shape[1]
+    part = k // split
+    partial = a._new_empty((split, n, m))
+    a_slices = _layout((split,), (part * strides[1],))
+    b_slices = _layout((split,), (part * strides[2],))
+    code = rt.combine.launch_matmul(
+        _ptr(partial), _ptr(a), _ptr(b), n, m, part, *strides, a_slices, b_slices, rt.stream()
+    )
+    _check(code, rt.combine, f"matmul {a.shape} @ {b.shape} (split-K {split})")
+    return a.backend.add_reduce(partial, 0)._view((n, m))
+
+
 def _matmul_plan(
     a_shape: Tuple[int, ...], a_strides: Tuple[int, ...], b_shape: Tuple[int, ...], b_strides: Tuple[int, ...]
 ) -> Tuple[Tuple[int, ...], Tuple[int, int, int, int], MtLayout, MtLayout]:
@@ -697,3 +806,118 @@ def _matmul_plan(
         raise CudaShapeError(f"matmul {a_shape} @ {b_shape}: the result exceeds the CUDA kernels' 32-bit indexing")
     mat_strides = (a_strides[-2], a_strides[-1], b_strides[-2], b_strides[-1])
     return out_shape, mat_strides, _layout(merged, a_st), _layout(merged, b_st)
+
+
+# ---- fused linear cross-entropy ------------------------------------------------------------------
+# Everything [rows, V]-sized lives in one reused buffer: each chunk's logits, which the fused
+# classifier overwrites with their gradient.  The products run through combine.so's matmul launcher
+# directly, on raw pointers into row blocks of the inputs and outputs (no copies, no views).
+_F32 = 4  # bytes per element
+
+
+def _raw_matmul(
+    rt: _Runtime, out: int, a: int, b: int, M: int, N: int, K: int, a_strides: Tuple[int, int],
+    b_strides: Tuple[int, int], batch: int = 1, batch_offset: int = 0,
+) -> None:
+    """out[i] = A[i] @ B[i] for i < batch, out contiguous [batch, M, N]; A[i][r, k] =
+    a[i * batch_offset + r * a_strides[0] + k * a_strides[1]], B[i][k, c] likewise with b."""
+    slices = _layout((batch,), (batch_offset,))
+    code = rt.combine.launch_matmul(out, a, b, M, N, K, *a_strides, *b_strides, slices, slices, rt.stream())
+    _check(code, rt.combine, f"matmul [{M}, {K}] @ [{K}, {N}] x{batch}")
+
+
+def _column_sums(rt: _Runtime, out: int, a: int, n_out: int, n_rows: int, row_stride: int) -> None:
+    """out[o] = sum over r < n_rows of a[o + r * row_stride], for o < n_out (deterministic)."""
+    ws_len = rt.combine.reduce_workspace_floats(n_out, n_rows, row_stride)
+    ws = rt.torch.empty(ws_len, dtype=rt.float32, device=rt.device) if ws_len else None
+    flat = _layout((n_out,), (1,))
+    code = rt.combine.launch_reduce(
+        _BINARY_CODES[operators.add], out, flat, a, flat, n_rows, row_stride, 0.0,
+        None if ws is None else ws.data_ptr(), ws_len, rt.stream(),
+    )  # fmt: skip
+    _check(code, rt.combine, f"column sums of [{n_rows}, {n_out}]")
+
+
+def _add_into(rt: _Runtime, dst: int, src: int, n: int) -> None:
+    """dst[i] += src[i] for i < n."""
+    flat = _layout((n,), (1,))
+    code = rt.combine.launch_zip(_BINARY_CODES[operators.add], dst, flat, dst, flat, src, flat, rt.stream())
+    _check(code, rt.combine, f"accumulate {n} floats")
+
+
+def _fused_linear_cross_entropy(
+    hidden: "Tensor", weight: "Tensor", bias: Optional["Tensor"], targets: "Tensor", token_weights: "Tensor",
+    chunk_size: int, need_grad: bool,
+) -> Tuple["Tensor", Optional["Tensor"], Optional["Tensor"], Optional["Tensor"]]:
+    rt = _rt or _runtime()
+    lib = rt.fused_lib("classifier_kernel")
+    if hidden.dims != 2 or weight.dims != 2 or hidden.shape[1] != weight.shape[0]:
+        raise CudaShapeError(f"fused_linear_cross_entropy: hidden {hidden.shape} @ weight {weight.shape}")
+    N, C = hidden.shape
+    V = weight.shape[1]
+    if N < 1 or C < 1 or V < 1 or chunk_size < 1:
+        raise CudaShapeError(f"fused_linear_cross_entropy: empty problem hidden {hidden.shape}, weight {weight.shape}")
+    if targets.shape != (N,) or token_weights.shape != (N,) or (bias is not None and bias.shape != (V,)):
+        raise CudaShapeError(
+            f"fused_linear_cross_entropy: hidden {hidden.shape}, weight {weight.shape} need targets and token weights "
+            f"({N},) and bias ({V},), got {targets.shape}, {token_weights.shape}, {None if bias is None else bias.shape}"
+        )
+    chunk = min(chunk_size, N)
+    if chunk * V >= _INT_LIMIT:
+        raise CudaShapeError(
+            f"fused_linear_cross_entropy: a chunk of {chunk} rows x {V} classes exceeds the kernels' 32-bit "
+            f"indexing; pass chunk_size <= {(_INT_LIMIT - 1) // V}"
+        )
+    h, w, ids, tw = (_contiguous(t) for t in (hidden, weight, targets, token_weights))
+    b = None if bias is None else _contiguous(bias)
+    hp, wp, bp = _ptr(h), _ptr(w), None if b is None else _ptr(b)
+    weight_sum = tw.backend.add_reduce(tw, 0)
+    losses = hidden._new_empty((N,))
+    logits = rt.torch.empty(chunk * V, dtype=rt.float32, device=rt.device)
+    lg = logits.data_ptr()
+    dhidden = dweight = dbias = partial = w_scratch = b_scratch = None
+    splits = slab = rest = n_parts = 0
+    if need_grad:
+        dhidden, dweight = hidden._new_empty((N, C)), weight._new_empty((C, V))
+        dbias = None if b is None else weight._new_empty((V,))
+        # dhidden = dlogits @ weight^T is split over `splits` vocab slabs of `slab` columns (one
+        # batched launch) plus, when slab does not divide V, a last short slab; the partial products
+        # are then summed into dhidden's rows.
+        splits = lib.fused_loss_vocab_splits(chunk, C, V)
+        slab = V // splits
+        rest = V - splits * slab
+        n_parts = splits + (1 if rest else 0)
+        partial = rt.torch.empty(n_parts * chunk * C, dtype=rt.float32, device=rt.device) if n_parts > 1 else None
+        # Later chunks' contributions to dweight and dbias go through a scratch buffer and are added.
+        w_scratch = rt.torch.empty(C * V, dtype=rt.float32, device=rt.device) if N > chunk else None
+        b_scratch = rt.torch.empty(V, dtype=rt.float32, device=rt.device) if N > chunk and b is not None else None
+    for n0 in range(0, N, chunk):
+        rows = min(chunk, N - n0)
+        h_rows = hp + _F32 * n0 * C
+        _raw_matmul(rt, lg, h_rows, wp, rows, V, C, (C, 1), (V, 1))
+        code = lib.launch_fused_classifier(
+            lg, _ptr(losses) + _F32 * n0, bp, _ptr(ids) + _F32 * n0, _ptr(tw) + _F32 * n0, _ptr(weight_sum),
+            rows, V, int(need_grad), rt.stream(),
+        )  # fmt: skip
+        _check(code, lib, f"fused classifier [{rows}, {V}]")
+        if dhidden is None or dweight is None:
+            continue
+        dh_rows = _ptr(dhidden) + _F32 * n0 * C
+        if partial is None:
+            _raw_matmul(rt, dh_rows, lg, wp, rows, C, V, (V, 1), (1, V))
+        else:
+            pp = partial.data_ptr()
+            _raw_matmul(rt, pp, lg, wp, rows, C, slab, (V, 1), (1, V), batch=splits, batch_offset=slab)
+            if rest:
+                off = _F32 * splits * slab
+                _raw_matmul(rt, pp + _F32 * splits * rows * C, lg + off, wp + off, rows, C, rest, (V, 1), (1, V))
+            _column_sums(rt, dh_rows, pp, rows * C, n_parts, rows * C)
+        first = n0 == 0
+        _raw_matmul(rt, _ptr(dweight) if first else w_scratch.data_ptr(), h_rows, lg, C, V, rows, (1, C), (V, 1))
+        if not first:
+            _add_into(rt, _ptr(dweight), w_scratch.data_ptr(), C * V)
+        if dbias is not None:
+            _column_sums(rt, _ptr(dbias) if first else b_scratch.data_ptr(), lg, V, rows, V)
+            if not first:
+                _add_into(rt, _ptr(dbias), b_scratch.data_ptr(), V)
+    return losses.backend.add_reduce(losses, 0), dhidden, dweight, dbias

@@ -72,9 +72,18 @@ class Tensor:
         self.backend = backend if backend is not None else default_backend()
         self.grad: Optional[Tensor] = None
         self.unique_id = next(_ids)
-        self.name = name if name is not None else str(self.unique_id)
+        self._name = name
 
     # ---- properties and autodiff flags -------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """A label for debugging (the unique id unless one was given)."""
+        return self._name if self._name is not None else str(self.unique_id)
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
+
     @property
     def shape(self) -> UserShape:
         return self._tensor.shape

@@ -16,6 +16,18 @@ if TYPE_CHECKING:
     from .tensor import Tensor
 
 
+_TYPES: List[Any] = []
+
+
+def _tensor_types() -> Tuple[Any, Any]:
+    """(Tensor, History): tensor.py imports this module, so the classes are fetched once, late."""
+    if not _TYPES:
+        from .tensor import History, Tensor
+
+        _TYPES.extend((Tensor, History))
+    return _TYPES[0], _TYPES[1]
+
+
 def _wrap(result: Any) -> Tuple[Any, ...]:
     return result if isinstance(result, tuple) else (result,)
 
@@ -30,8 +42,7 @@ class Function:
     @classmethod
     def apply(cls, *vals: Any) -> "Tensor":
         """Run forward on detached inputs; record (cls, ctx, inputs) when any input needs grad."""
-        from .tensor import History, Tensor
-
+        Tensor, History = _tensor_types()
         need_grad = False
         raw: List[Any] = []
         for v in vals:
@@ -405,3 +416,33 @@ class Embedding(Function):
         return (grad_output.backend.ops.embedding_bw(grad_output, ids, num_embeddings),)
 
 
+
+
+class FusedLinearCrossEntropy(Function):
+    """Token-weighted cross-entropy of hidden @ weight (+ bias), with its gradients computed in the
+    forward pass (the backend hook `fused_linear_cross_entropy_fw` works chunk by chunk, so the
+    [tokens, vocab] logits never exist).  The saved dhidden, dweight (and dbias) are the gradients
+    for an incoming gradient of 1; backward only scales them."""
+
+    @staticmethod
+    def forward(
+        ctx: Context,
+        hidden: "Tensor",
+        weight: "Tensor",
+        bias: Optional["Tensor"],
+        targets: "Tensor",
+        token_weights: "Tensor",
+        chunk_size: int,
+    ) -> "Tensor":
+        loss, dhidden, dweight, dbias = hidden.backend.ops.fused_linear_cross_entropy_fw(
+            hidden, weight, bias, targets, token_weights, chunk_size, not ctx.no_grad
+        )
+        ctx.save_for_backward(dhidden, dweight, dbias)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
+        dhidden, dweight, dbias = ctx.saved_values
+        mul = grad_output.backend.mul_zip
+        grads = (mul(dhidden, grad_output), mul(dweight, grad_output))
+        return grads if dbias is None else grads + (mul(dbias, grad_output),)

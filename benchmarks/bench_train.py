@@ -1,0 +1,251 @@
+"""Training-speed benchmark: the translation program's DecoderLM trained for N steps three ways.
+
+  minitorch unfused   DecoderLM(use_fused_kernel=False) on the CUDA backend
+  minitorch fused     DecoderLM(use_fused_kernel=True): fused attention softmax and LayerNorm
+  torch eager         the same architecture written in PyTorch below (fp32, TF32 off)
+
+All three train on the same random token batches of the program's shape (batch 128, T tokens,
+vocab 8000), with token-weighted cross-entropy and Adam, reading the loss every step as the program
+does. Reported: tokens/s (median step time after warm-up), peak GPU memory of a step, and for the
+minitorch paths a profile of one step: GPU kernel time (CUPTI, through torch.profiler) against the
+step's wall time; the difference is host time the GPU waits on (Python, autodiff, launches).
+
+Usage: python benchmarks/bench_train.py [--steps N] [--seq-len T] [--out DIR]
+Writes DIR/bench_train.json and DIR/bench_train.png (default DIR: benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import minitorch  # noqa: E402
+from minitorch import DecoderLM, nn  # noqa: E402
+
+CONFIG = dict(n_vocab=8000, n_embd=256, n_head=8, n_layers=4, batch=128)
+
+
+def make_batches(n: int, seq_len: int, seed: int) -> List[Dict[str, np.ndarray]]:
+    """Random token batches with the program's layout: ids, next-token targets, per-token weights
+    (the last third of each sequence, standing in for the English side)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        tokens = rng.integers(3, CONFIG["n_vocab"], size=(CONFIG["batch"], seq_len)).astype(np.float32)
+        targets = np.roll(tokens, -1, axis=1)
+        weights = np.zeros_like(tokens)
+        weights[:, seq_len // 3 : seq_len - 1] = 1.0
+        out.append(dict(tokens=tokens, targets=targets, weights=weights))
+    return out
+
+
+def minitorch_trainer(fused: bool, seq_len: int) -> Callable[[Dict[str, np.ndarray]], float]:
+    backend = minitorch.TensorBackend(minitorch.CudaKernelOps)
+    minitorch.manual_seed(0)
+    model = DecoderLM(
+        CONFIG["n_vocab"], CONFIG["n_embd"], CONFIG["n_head"], seq_len, n_layers=CONFIG["n_layers"],
+        p_dropout=0.1, backend=backend, use_fused_kernel=fused,
+    )
+    opt = minitorch.Adam(model.parameters(), lr=1e-3)
+
+    def step(batch: Dict[str, np.ndarray]) -> float:
+        tokens = minitorch.tensor_from_numpy(batch["tokens"], backend=backend)
+        targets = minitorch.tensor_from_numpy(batch["targets"].reshape(-1), backend=backend)
+        weights = minitorch.tensor_from_numpy(batch["weights"].reshape(-1), backend=backend)
+        logits = model(tokens)
+        B, T, V = logits.shape
+        loss = nn.cross_entropy(logits.view(B * T, V), targets, weights)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def torch_trainer(torch: Any, seq_len: int) -> Callable[[Dict[str, np.ndarray]], float]:
+    F = torch.nn.functional
+    C, H, V = CONFIG["n_embd"], CONFIG["n_head"], CONFIG["n_vocab"]
+
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln_1, self.ln_2 = torch.nn.LayerNorm(C), torch.nn.LayerNorm(C)
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(C, C) for _ in range(4))
+            self.ff_in, self.ff_out = torch.nn.Linear(C, 4 * C), torch.nn.Linear(4 * C, C)
+            self.drop = torch.nn.Dropout(0.1)
+
+        def forward(self, x: Any, causal: Any) -> Any:
+            B, T, _ = x.shape
+            h = self.ln_1(x)
+            q = (self.q(h) / math.sqrt(C // H)).view(B, T, H, -1).transpose(1, 2)
+            k = self.k(h).view(B, T, H, -1).transpose(1, 2)
+            v = self.v(h).view(B, T, H, -1).transpose(1, 2)
+            probs = torch.softmax(q @ k.transpose(-1, -2) + causal, dim=-1)
+            x = x + self.drop(self.o((probs @ v).transpose(1, 2).reshape(B, T, C)))
+            return x + self.drop(self.ff_out(F.gelu(self.ff_in(self.ln_2(x)), approximate="tanh")))
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok, self.pos = torch.nn.Embedding(V, C), torch.nn.Embedding(seq_len, C)
+            self.layers = torch.nn.ModuleList(Layer() for _ in range(CONFIG["n_layers"]))
+            self.ln, self.head, self.drop = torch.nn.LayerNorm(C), torch.nn.Linear(C, V), torch.nn.Dropout(0.1)
+
+        def forward(self, idx: Any) -> Any:
+            T = idx.shape[1]
+            causal = torch.full((T, T), float("-inf"), device=idx.device).triu(1)
+            x = self.drop(self.tok(idx) + self.pos(torch.arange(T, device=idx.device)))
+            for layer in self.layers:
+                x = layer(x, causal)
+            return self.head(self.ln(x))
+
+    torch.manual_seed(0)
+    model = Model().cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step(batch: Dict[str, np.ndarray]) -> float:
+        tokens = torch.from_numpy(batch["tokens"]).long().cuda()
+        targets = torch.from_numpy(batch["targets"].reshape(-1)).long().cuda()
+        weights = torch.from_numpy(batch["weights"].reshape(-1)).cuda()
+        logits = model(tokens)
+        loss = (F.cross_entropy(logits.view(-1, V), targets, reduction="none") * weights).sum() / weights.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def measure(torch: Any, step: Callable[[Dict[str, np.ndarray]], float], batches: List[Dict[str, np.ndarray]], warmup: int) -> Dict[str, Any]:
+    """Median wall time per step (each step ends by reading the loss, a synchronization) and the
+    step's peak GPU memory; losses are returned to show the run trains."""
+    losses = [step(b) for b in batches[:warmup]]
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for b in batches[warmup:]:
+        t0 = time.perf_counter()
+        losses.append(step(b))
+        times.append(time.perf_counter() - t0)
+    return dict(step_s=statistics.median(times), peak_bytes=torch.cuda.max_memory_allocated(), losses=losses)
+
+
+def profile_step(torch: Any, step: Callable[[Dict[str, np.ndarray]], float], batch: Dict[str, np.ndarray]) -> Dict[str, Any]:
+    """GPU kernel time, kernel count and wall time of one step, from torch.profiler (CUPTI sees
+    our ctypes-launched kernels as well as torch's)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step(batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        step(batch)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernel_s = sum(e.device_time for e in kernels) / 1e6
+    by_name: Dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time / 1e6
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    return dict(wall_s=wall, kernel_s=kernel_s, kernels=len(kernels), gpu_busy=kernel_s / wall, top_kernels=top)
+
+
+def main(argv: List[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per path (after warm-up)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--seq-len", type=int, default=48, help="tokens per sequence (Multi30k pairs average ~40)")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    batches = make_batches(args.warmup + args.steps, args.seq_len, seed=1)
+    tokens_per_step = CONFIG["batch"] * args.seq_len
+    results: Dict[str, Any] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, config=CONFIG,
+                                   seq_len=args.seq_len, steps=args.steps, paths={})
+    paths = {
+        "minitorch unfused": lambda: minitorch_trainer(False, args.seq_len),
+        "minitorch fused": lambda: minitorch_trainer(True, args.seq_len),
+        "torch eager": lambda: torch_trainer(torch, args.seq_len),
+    }
+    for name, make in paths.items():
+        torch.cuda.empty_cache()
+        step = make()
+        r = measure(torch, step, batches, args.warmup)
+        r["tokens_per_s"] = tokens_per_step / r["step_s"]
+        r["profile"] = profile_step(torch, step, batches[0])
+        results["paths"][name] = r
+        del step
+
+    p = results["paths"]
+    results["fused_vs_unfused"] = p["minitorch fused"]["tokens_per_s"] / p["minitorch unfused"]["tokens_per_s"]
+    results["fused_vs_torch"] = p["minitorch fused"]["tokens_per_s"] / p["torch eager"]["tokens_per_s"]
+
+    print(f"{results['device']}  torch {results['torch']}  fp32  batch {CONFIG['batch']} x T {args.seq_len}, "
+          f"n_embd {CONFIG['n_embd']}, {CONFIG['n_layers']} layers, vocab {CONFIG['n_vocab']}; median of {args.steps} steps")
+    print(f"{'path':20s} {'step ms':>9s} {'tokens/s':>10s} {'peak MiB':>9s} {'kernels':>8s} {'kernel ms':>10s} {'GPU busy':>9s}  loss first->last")
+    for name, r in p.items():
+        pr = r["profile"]
+        print(f"{name:20s} {1e3 * r['step_s']:9.1f} {r['tokens_per_s']:10.0f} {r['peak_bytes'] / 2**20:9.0f} "
+              f"{pr['kernels']:8d} {1e3 * pr['kernel_s']:10.1f} {100 * pr['gpu_busy']:8.0f}%  "
+              f"{r['losses'][0]:.3f}->{r['losses'][-1]:.3f}")
+    print(f"fused / unfused = {results['fused_vs_unfused']:.2f}x   fused / torch eager = {results['fused_vs_torch']:.2f}x")
+    for name, r in p.items():
+        print(f"top kernels of one step, {name}: " + ", ".join(f"{n[:40]} {1e3 * s:.2f} ms" for n, s in r["profile"]["top_kernels"][:5]))
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_train.json").write_text(json.dumps(results, indent=2))
+    plot(results, out / "bench_train.png")
+    print(f"wrote {out / 'bench_train.json'} and {out / 'bench_train.png'}")
+
+
+def plot(results: Dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["paths"])
+    r = [results["paths"][n] for n in names]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    colors = ["tab:gray", "tab:blue", "tab:orange"]
+    axes[0].bar(names, [x["tokens_per_s"] for x in r], color=colors)
+    axes[0].set_ylabel("tokens / s")
+    axes[0].set_title("training throughput")
+    axes[1].bar(names, [x["peak_bytes"] / 2**20 for x in r], color=colors)
+    axes[1].set_ylabel("peak GPU memory (MiB)")
+    axes[1].set_title("peak memory of a step")
+    kern = [1e3 * x["profile"]["kernel_s"] for x in r]
+    host = [1e3 * (x["profile"]["wall_s"] - x["profile"]["kernel_s"]) for x in r]
+    axes[2].bar(names, kern, label="GPU kernels", color="tab:green")
+    axes[2].bar(names, host, bottom=kern, label="GPU idle (host work)", color="tab:red")
+    axes[2].set_ylabel("ms per step")
+    axes[2].set_title("where a step's time goes")
+    axes[2].legend()
+    for ax in axes:
+        ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"DecoderLM training on {results['device']} (fp32)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

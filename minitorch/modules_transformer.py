@@ -1,0 +1,211 @@
+"""Transformer modules: MultiHeadAttention, FeedForward, TransformerLayer (pre-LN) and DecoderLM.
+
+Shapes: B batch, T sequence length, C = n_embd, H heads of size D = C / H, V vocabulary.
+Every tensor a forward pass builds (position ids, causal masks) comes from backend ops, so a CUDA
+model never moves data between host and device inside forward or backward.
+
+Dropout sits on the attention output (after its projection), on the feed-forward output and on
+the embeddings, never on the [B, H, T, T] attention probabilities: that keeps the naive and the
+fused attention paths (which never materialize the probabilities) the same model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional
+
+from . import nn
+from .module import Module, ModuleList
+from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
+from .tensor import Tensor
+from .tensor_data import IndexingError
+from .tensor_ops import TensorBackend
+
+# Added to the scores of future keys in the composed (unfused) path: finite, so a masked score
+# underflows to an exact 0 after the softmax's max shift, and no row becomes NaN.
+CAUSAL_MASK_VALUE = -1e9
+
+
+class MultiHeadAttention(Module):
+    """Multi-head self-attention: softmax((x Wq)(x Wk)^T / sqrt(D) + masks) (x Wv), then Wout.
+
+    forward(x [B, T, C], padding_mask=None) -> [B, T, C]. padding_mask is additive, shape [B, T]:
+    0 for a real key, a large negative value (-1e9) or -inf for a padded one. causal=True keeps
+    key j of query i only when j <= i.
+
+    use_fused_kernel=True runs the softmax as Tensor.attn_softmax (one fused op that applies the
+    causal mask itself, so no [T, T] mask tensor is built); otherwise nn.softmax runs over scores
+    plus explicit mask tensors. Both compute the same function.
+    """
+
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        causal: bool = True,
+        p_dropout: float = 0.1,
+        bias: bool = True,
+        backend: Optional[TensorBackend] = None,
+        use_fused_kernel: bool = False,
+    ):
+        super().__init__()
+        if n_head < 1 or n_embd % n_head:
+            raise ValueError(f"n_embd {n_embd} must be a positive multiple of n_head {n_head}")
+        self.n_embd = n_embd
+        self.n_head = n_head
+        self.head_dim = n_embd // n_head
+        self.causal = causal
+        self.use_fused_kernel = use_fused_kernel
+        self.q_projection = Linear(n_embd, n_embd, bias=bias, backend=backend)
+        self.k_projection = Linear(n_embd, n_embd, bias=bias, backend=backend)
+        self.v_projection = Linear(n_embd, n_embd, bias=bias, backend=backend)
+        self.out_projection = Linear(n_embd, n_embd, bias=bias, backend=backend)
+        self.dropout = Dropout(p_dropout)
+        self._causal_masks: Dict[int, Tensor] = {}
+
+    def causal_mask(self, like: Tensor, T: int) -> Tensor:
+        """Additive [T, T] mask (0 on and below the diagonal, CAUSAL_MASK_VALUE above), built
+        with backend ops on like's backend and kept per length."""
+        mask = self._causal_masks.get(T)
+        if mask is None:
+            rows = like._arange(T).view(T, 1)
+            cols = like._arange(T).view(1, T)
+            mask = ((rows < cols) * CAUSAL_MASK_VALUE).contiguous()
+            self._causal_masks[T] = mask
+        return mask
+
+    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
+        if x.dims != 3 or x.shape[2] != self.n_embd:
+            raise IndexingError(f"MultiHeadAttention(n_embd={self.n_embd}) expects [B, T, {self.n_embd}], got {x.shape}")
+        B, T, C = x.shape
+        if padding_mask is not None and padding_mask.shape != (B, T):
+            raise IndexingError(f"padding_mask must have shape [B, T] = {(B, T)}, got {padding_mask.shape}")
+        H, D = self.n_head, self.head_dim
+        # The 1/sqrt(D) scale goes on q ([B, T, C]) rather than on the [B, H, T, T] scores.
+        q = (self.q_projection(x) * (1.0 / math.sqrt(D))).view(B, T, H, D).permute(0, 2, 1, 3)
+        k_t = self.k_projection(x).view(B, T, H, D).permute(0, 2, 3, 1)
+        v = self.v_projection(x).view(B, T, H, D).permute(0, 2, 1, 3)
+        scores = q @ k_t
+        if self.use_fused_kernel:
+            probs = scores.attn_softmax(padding_mask, causal=self.causal)
+        else:
+            if padding_mask is not None:
+                scores = scores + padding_mask.view(B, 1, 1, T)
+            if self.causal:
+                scores = scores + self.causal_mask(x, T)
+            probs = nn.softmax(scores, 3)
+        attended = (probs @ v).permute(0, 2, 1, 3).contiguous().view(B, T, C)
+        return self.dropout(self.out_projection(attended))
+
+
+class FeedForward(Module):
+    """Linear(n_embd, middle_dim) -> GELU (tanh approximation) -> Linear(middle_dim, n_embd) -> dropout."""
+
+    def __init__(
+        self,
+        n_embd: int,
+        middle_dim: int = 256,
+        p_dropout: float = 0.1,
+        bias: bool = True,
+        backend: Optional[TensorBackend] = None,
+    ):
+        super().__init__()
+        self.linear_in = Linear(n_embd, middle_dim, bias=bias, backend=backend)
+        self.linear_out = Linear(middle_dim, n_embd, bias=bias, backend=backend)
+        self.dropout = Dropout(p_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.linear_out(nn.gelu(self.linear_in(x))))
+
+
+class TransformerLayer(Module):
+    """Pre-LN block: x + attention(ln_1(x)), then + feed_forward(ln_2(x)).
+
+    The feed-forward width is 4 * n_embd unless middle_dim says otherwise; use_fused_kernel
+    selects the fused softmax and the fused LayerNorm (Tensor.layernorm) together.
+    """
+
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        p_dropout: float = 0.1,
+        ln_eps: float = 1e-5,
+        bias: bool = True,
+        backend: Optional[TensorBackend] = None,
+        use_fused_kernel: bool = False,
+        causal: bool = True,
+        middle_dim: Optional[int] = None,
+    ):
+        super().__init__()
+        self.ln_1 = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=use_fused_kernel)
+        self.attention = MultiHeadAttention(
+            n_embd, n_head, causal=causal, p_dropout=p_dropout, bias=bias, backend=backend,
+            use_fused_kernel=use_fused_kernel,
+        )
+        self.ln_2 = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=use_fused_kernel)
+        self.ff = FeedForward(
+            n_embd, 4 * n_embd if middle_dim is None else middle_dim, p_dropout=p_dropout, bias=bias, backend=backend
+        )
+
+    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
+        x = x + self.attention(self.ln_1(x), padding_mask)
+        return x + self.ff(self.ln_2(x))
+
+
+class DecoderLM(Module):
+    """Decoder-only language model: token + position embeddings -> dropout -> n_layers pre-LN
+    TransformerLayers -> final LayerNorm -> LM head.
+
+    forward(idx [B, T] of integral token ids, padding_mask [B, T] additive, optional) -> logits
+    [B, T, n_vocab]; hidden_states gives the [B, T, n_embd] input of the LM head, so a caller that
+    needs a few positions' logits (greedy decoding) can apply lm_head to those alone.
+    """
+
+    def __init__(
+        self,
+        n_vocab: int,
+        n_embd: int,
+        n_head: int,
+        n_positions: int,
+        n_layers: int = 4,
+        p_dropout: float = 0.1,
+        ln_eps: float = 1e-5,
+        bias: bool = True,
+        backend: Optional[TensorBackend] = None,
+        use_fused_kernel: bool = False,
+    ):
+        super().__init__()
+        self.n_vocab = n_vocab
+        self.n_embd = n_embd
+        self.n_positions = n_positions
+        self.token_embeddings = Embedding(n_vocab, n_embd, backend=backend)
+        self.position_embeddings = Embedding(n_positions, n_embd, backend=backend)
+        self.dropout = Dropout(p_dropout)
+        self.layers = ModuleList(
+            [
+                TransformerLayer(
+                    n_embd, n_head, p_dropout=p_dropout, ln_eps=ln_eps, bias=bias, backend=backend,
+                    use_fused_kernel=use_fused_kernel,
+                )
+                for _ in range(n_layers)
+            ]
+        )
+        self.ln = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=use_fused_kernel)
+        self.lm_head = Linear(n_embd, n_vocab, bias=bias, backend=backend)
+
+    def hidden_states(self, idx: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
+        """[B, T] ids -> the final LayerNorm's output [B, T, n_embd]."""
+        if idx.dims != 2:
+            raise IndexingError(f"DecoderLM expects token ids of shape [B, T], got {idx.shape}")
+        T = idx.shape[1]
+        if T > self.n_positions:
+            raise ValueError(f"sequence length {T} exceeds the model's n_positions {self.n_positions}")
+        positions = self.position_embeddings(idx._arange(T))
+        x = self.dropout(self.token_embeddings(idx) + positions)
+        for layer in self.layers:
+            x = layer(x, padding_mask)
+        return self.ln(x)
+
+    def forward(self, idx: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
+        return self.lm_head(self.hidden_states(idx, padding_mask))

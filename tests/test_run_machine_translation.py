@@ -1,0 +1,199 @@
+"""Smoke tests of project/run_machine_translation.py: a tiny model on a few hundred pairs, CPU.
+
+The corpus is the first lines of the real Multi30k files cut to their first four words (so a
+pair stays a rough translation and fits max_len 40 with a 300-token vocabulary), or generated
+word-by-word "translations" where the real corpus is absent.
+"""
+
+import gzip
+import pickle
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+import pytest
+import torch
+
+import minitorch
+from minitorch_testing import FAST, assert_close, t64
+from project import mt_data
+from project import run_machine_translation as run_mt
+from project.mt_decode import greedy_decode
+from project.mt_train import build_model, clip_grad_norm, learning_rate
+
+REAL_DATA_DIR = Path(__file__).resolve().parent.parent / ".." / "shared" / "data" / "multi30k"
+SPLIT_SIZES = {"train": 240, "valid": 32, "test": 12}
+TINY = [
+    "--backend", "cpu", "--use-fused-kernel", "true", "--seed", "3",
+    "--n-embd", "32", "--n-head", "2", "--n-layers", "1", "--vocab-size", "300", "--max-len", "40",
+    "--batch-size", "16", "--samples-per-epoch", "128", "--lr", "3e-3", "--warmup-steps", "3",
+    "--eval-batch-size", "64",
+]
+# Fields of a metrics record that depend on the clock or the process, not on the computation.
+TIMING_FIELDS = {"tokens_per_s", "train_seconds", "eval_seconds", "seconds", "peak_memory_mb"}
+
+
+def generated_pairs(n: int, seed: int) -> List[Tuple[str, str]]:
+    words = [("Hund", "dog"), ("Mann", "man"), ("Frau", "woman"), ("Kind", "child"), ("rennt", "runs"),
+             ("sitzt", "sits"), ("rot", "red"), ("groß", "big"), ("Ball", "ball"), ("Wasser", "water")]
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(n):
+        chosen = [words[i] for i in rng.integers(0, len(words), rng.integers(2, 5))]
+        pairs.append((" ".join(de for de, _ in chosen), " ".join(en for _, en in chosen)))
+    return pairs
+
+
+def write_corpus(directory: Path) -> None:
+    real = not mt_data.missing_files(REAL_DATA_DIR)
+    for i, (split, n) in enumerate(SPLIT_SIZES.items()):
+        if real:
+            pairs = [tuple(" ".join(s.split()[:4]) for s in pair) for pair in mt_data.read_split(REAL_DATA_DIR, split)[:n]]
+        else:
+            pairs = generated_pairs(n, seed=i)
+        for side, lang in enumerate(mt_data.LANGUAGES):
+            with gzip.open(directory / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.writelines(pair[side] + "\n" for pair in pairs)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("corpus")
+    write_corpus(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def straight_run(corpus_dir, tmp_path_factory) -> Dict:
+    """Two epochs in one go."""
+    out = tmp_path_factory.mktemp("straight")
+    return run_mt.main(TINY + ["--epochs", "2", "--data-dir", str(corpus_dir), "--out-dir", str(out)])
+
+
+def load(out_dir: Path) -> Dict:
+    with open(out_dir / "checkpoint.pkl", "rb") as f:
+        return pickle.load(f)
+
+
+def test_training_learns_and_writes_every_output(straight_run) -> None:
+    history, out = straight_run["history"], straight_run["out_dir"]
+    assert [r["epoch"] for r in history] == [1, 2]
+    first, second = history
+    assert second["train_loss"] < first["train_loss"] < np.log(300) + 0.5
+    assert second["valid_loss"] < first["valid_loss"]
+    for record in history:
+        assert isinstance(record["bleu"], float) and 0.0 <= record["bleu"] <= 100.0
+        assert record["tokens_per_s"] > 0 and record["peak_memory_mb"] > 0
+    assert second["step"] == 16
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    for epoch in (1, 2):
+        text = (out / f"translations_epoch{epoch}.txt").read_text()
+        assert text.count("\nhyp: ") == SPLIT_SIZES["test"]
+    assert (out / "tokenizer-bpe300.json").is_file()
+    state = load(out)
+    assert state["epoch"] == 2 and state["step"] == 16
+    assert set(state) >= {"model", "optimizer", "batcher", "minitorch_rng", "numpy_rng", "args"}
+    assert not list(out.glob(".*part*")), "temporary checkpoint files left behind"
+
+
+class Preempted(Exception):
+    pass
+
+
+def test_resume_after_preemption_matches_straight_run(straight_run, corpus_dir, tmp_path, monkeypatch) -> None:
+    """Stop right after epoch 1's checkpoint, resume: parameters, optimizer state and metrics equal
+    the uninterrupted two-epoch run exactly (dropout RNG, batch order and schedule restored)."""
+    out = tmp_path / "resumed"
+    save = run_mt.save_checkpoint
+
+    def save_then_stop(path, state):
+        save(path, state)
+        raise Preempted
+
+    monkeypatch.setattr(run_mt, "save_checkpoint", save_then_stop)
+    with pytest.raises(Preempted):
+        run_mt.main(TINY + ["--epochs", "2", "--data-dir", str(corpus_dir), "--out-dir", str(out)])
+    monkeypatch.undo()
+    assert load(out)["epoch"] == 1
+
+    resumed = run_mt.main(["--resume", "--out-dir", str(out), "--data-dir", str(corpus_dir)])
+    straight_state, resumed_state = load(straight_run["out_dir"]), load(out)
+    for name, value in straight_state["model"].items():
+        np.testing.assert_array_equal(resumed_state["model"][name], value, err_msg=name)
+    for moment in ("m", "v"):
+        for i, value in straight_state["optimizer"][moment].items():
+            np.testing.assert_array_equal(resumed_state["optimizer"][moment][i], value)
+    assert resumed_state["optimizer"]["t"] == straight_state["optimizer"]["t"] == 16
+
+    def computed(history):
+        return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in history]
+
+    assert computed(resumed["history"]) == computed(straight_run["history"])
+    assert (out / "translations_epoch2.txt").read_text() == (
+        straight_run["out_dir"] / "translations_epoch2.txt"
+    ).read_text()
+
+
+def test_resume_and_fresh_run_guard_the_output_directory(straight_run) -> None:
+    out = str(straight_run["out_dir"])
+    with pytest.raises(SystemExit, match="already holds a checkpoint"):
+        run_mt.main(TINY + ["--out-dir", out])
+    with pytest.raises(SystemExit, match=r"--n-embd 64 \(saved: 32\)"):
+        run_mt.main(["--resume", "--out-dir", out, "--n-embd", "64"])
+
+
+def test_batched_greedy_decoding_equals_one_sentence_at_a_time(straight_run, corpus_dir) -> None:
+    """Batched, length-sorted decoding with per-row positions equals a plain loop that runs the
+    full model on one growing sentence and takes numpy's argmax of its last logits."""
+    out = straight_run["out_dir"]
+    state = load(out)
+    tokenizer = mt_data.load_tokenizer(mt_data.tokenizer_path(out, 300))
+    model = build_model(state["args"], tokenizer.get_vocab_size(), FAST)
+    model.load_state_dict(state["model"])
+    model.eval()
+    sources = [de for de, _ in mt_data.read_split(corpus_dir, "test")[:3]]
+    prompts = mt_data.encode_prompts(tokenizer, sources, 40)
+    batched = greedy_decode(model, prompts, 40, 2, FAST)
+    assert not model.training, "decoding must leave the model's mode as it found it"
+    for prompt, got in zip(prompts, batched):
+        ids = list(prompt)
+        while len(ids) < 40:
+            logits = model(minitorch.tensor_from_numpy(np.array([ids]), backend=FAST)).to_numpy()
+            ids.append(int(np.argmax(logits[0, -1])))
+            if ids[-1] == mt_data.EOS_EN_ID:
+                break
+        assert got.tolist() == ids[len(prompt) :]
+
+
+def test_defaults_match_the_reference_configuration() -> None:
+    args = run_mt.build_parser().parse_args([])
+    assert (args.n_embd, args.n_head, args.n_layers, args.vocab_size, args.dropout) == (256, 8, 4, 8000, 0.1)
+    assert (args.lr, args.batch_size, args.grad_clip, args.epochs) == (1e-3, 128, 1.0, 10)
+    assert args.use_fused_kernel is True and args.backend == "cuda"
+    assert run_mt.build_parser().parse_args(["--use-fused-kernel", "false"]).use_fused_kernel is False
+
+
+def test_learning_rate_warmup_then_cosine() -> None:
+    lrs = [learning_rate(s, 1e-3, 4, 20) for s in range(20)]
+    assert lrs[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert lrs[4] == pytest.approx(1e-3) and all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
+    assert learning_rate(12, 1e-3, 4, 20) == pytest.approx(5e-4)
+    assert learning_rate(20, 1e-3, 4, 20) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])
+def test_clip_grad_norm_matches_torch(max_norm: float) -> None:
+    rng = np.random.default_rng(0)
+    shapes = [(3, 4), (4,), (2, 2, 5)]
+    grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    params = [minitorch.Parameter(minitorch.zeros(s, backend=FAST)) for s in shapes]
+    for p, g in zip(params, grads):
+        p.value.grad = minitorch.tensor_from_numpy(g, backend=FAST)
+    ref = [t64(np.zeros(s), requires_grad=True) for s in shapes]
+    for r, g in zip(ref, grads):
+        r.grad = t64(g)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref, max_norm)
+    norm = clip_grad_norm(params, max_norm)
+    assert_close(norm, ref_norm.reshape(1), "norm")
+    for p, r in zip(params, ref):
+        assert_close(p.value.grad, r.grad, "clipped gradient")
