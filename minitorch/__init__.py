@@ -5,13 +5,16 @@ time a CUDA tensor is made and says how to build them if they are missing.
 """
 
 from . import nn, operators
-from .autodiff import Context, backpropagate, central_difference, no_grad, topological_sort
-from .cuda_kernel_ops import CudaKernelOps
+from .attention import fused_attention
+from .autodiff import Context, backpropagate, central_difference, enable_grad, no_grad, topological_sort
+from .checkpoint import checkpoint
+from .cuda_kernel_ops import CudaKernelOps, cuda_memory_stats
 from .fast_ops import FastOps
+from .fused_loss import fused_linear_cross_entropy
 from .module import Module, ModuleList, Parameter
 from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
 from .modules_transformer import DecoderLM, FeedForward, MultiHeadAttention, TransformerLayer
-from .optim import SGD, Adam
+from .optim import SGD, Adam, AdamW
 from .scalar import Scalar, ScalarHistory, derivative_check
 from .tensor import (
     History,
@@ -36,10 +39,15 @@ __all__ = [
     "Context",
     "backpropagate",
     "central_difference",
+    "enable_grad",
     "no_grad",
     "topological_sort",
+    "checkpoint",
     "CudaKernelOps",
+    "cuda_memory_stats",
     "FastOps",
+    "fused_linear_cross_entropy",
+    "fused_attention",
     "Module",
     "ModuleList",
     "Parameter",
@@ -53,6 +61,7 @@ __all__ = [
     "TransformerLayer",
     "SGD",
     "Adam",
+    "AdamW",
     "Scalar",
     "ScalarHistory",
     "derivative_check",

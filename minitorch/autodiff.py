@@ -104,6 +104,18 @@ def no_grad() -> Iterator[None]:
         _grad_enabled[0] = previous
 
 
+@contextlib.contextmanager
+def enable_grad() -> Iterator[None]:
+    """Context in which operations record history even inside no_grad (a recomputation that
+    backward itself runs, as gradient checkpointing does)."""
+    previous = _grad_enabled[0]
+    _grad_enabled[0] = True
+    try:
+        yield
+    finally:
+        _grad_enabled[0] = previous
+
+
 @dataclass
 class Context:
     """Per-call storage a Function's forward leaves for its backward."""

@@ -58,6 +58,11 @@ LAYERNORM_SYMBOLS = (
 )  # fmt: skip
 CLASSIFIER_SYMBOLS = ("minitorch_error_string", "launch_fused_classifier", "fused_loss_vocab_splits")
 OPTIMIZER_SYMBOLS = ("minitorch_error_string", "launch_adamw")
+ATTENTION_SYMBOLS = (
+    "minitorch_error_string", "launch_attention_fw", "attention_bw_workspace_floats", "launch_attention_bw",
+)  # fmt: skip
+ATTENTION_ACTIVATIONS = ("softmax", "relu")  # activation codes of attention_kernel.cu, by position
+ATTENTION_MAX_HEAD_DIM = 128
 
 
 class MtLayout(ctypes.Structure):
@@ -119,6 +124,12 @@ _SIGNATURES: Dict[str, Dict[str, Tuple[Any, List[Any]]]] = {
     "optimizer_kernel": {
         "minitorch_error_string": (ctypes.c_char_p, [_I]),
         "launch_adamw": (_I, [_P, _P, _P, _P, _LL, _F, _F, _F, _F, _F, _I, _P]),
+    },
+    "attention_kernel": {
+        "minitorch_error_string": (ctypes.c_char_p, [_I]),
+        "launch_attention_fw": (_I, [_P] * 6 + [_I] * 7 + [_F, _P]),
+        "attention_bw_workspace_floats": (_LL, [_I, _I, _I]),
+        "launch_attention_bw": (_I, [_P] * 11 + [_I] * 7 + [_F, _P]),
     },
 }
 
@@ -688,6 +699,60 @@ class CudaKernelOps(TensorOps):
         return dinp, dgamma, dbeta
 
     @staticmethod
+    def fused_attention_fw(
+        q: "Tensor", k: "Tensor", v: "Tensor", mask: Optional["Tensor"], causal: bool, activation: str, scale: float
+    ) -> Tuple["Tensor", "Tensor"]:
+        """Fused attention (src/attention_kernel.cu), see minitorch.fused_attention: (out [B, H, Tq, D],
+        lse [B, H, Tq]); lse is the softmax's log-sum-exp per query (-inf for a row with no key), 0 for relu."""
+        rt = _rt or _runtime()
+        lib = rt.fused_lib("attention_kernel")
+        _require_cuda("fused_attention_fw", q, k, v, *(() if mask is None else (mask,)))
+        B, H, Tq, Tk, D, act = _attention_sizes("fused_attention_fw", q, k, v, mask, activation)
+        out = q._new_empty(q.shape)
+        lse = q._new_empty((B, H, Tq))
+        if out.size:
+            qc, kc, vc = _contiguous(q), _contiguous(k), _contiguous(v)
+            mask_ptr = None if mask is None else _ptr(_contiguous(mask))
+            code = lib.launch_attention_fw(
+                _ptr(out), _ptr(lse), _ptr(qc), _ptr(kc), _ptr(vc), mask_ptr, B, H, Tq, Tk, D, int(bool(causal)), act,
+                float(scale), rt.stream(),
+            )  # fmt: skip
+            _check(code, lib, f"fused_attention_fw q {q.shape} k {k.shape}")
+        return out, lse
+
+    @staticmethod
+    def fused_attention_bw(
+        grad_out: "Tensor", q: "Tensor", k: "Tensor", v: "Tensor", out: "Tensor", lse: "Tensor",
+        mask: Optional["Tensor"], causal: bool, activation: str, scale: float,
+    ) -> Tuple["Tensor", "Tensor", "Tensor"]:
+        """Fused attention backward: (dq, dk, dv), recomputing the scores tile by tile from q, k, v and lse.
+        dq is accumulated with atomics, so its last bits may vary from run to run."""
+        rt = _rt or _runtime()
+        lib = rt.fused_lib("attention_kernel")
+        _require_cuda("fused_attention_bw", grad_out, q, k, v, out, lse, *(() if mask is None else (mask,)))
+        B, H, Tq, Tk, D, act = _attention_sizes("fused_attention_bw", q, k, v, mask, activation)
+        if grad_out.shape != q.shape or out.shape != q.shape or lse.shape != (B, H, Tq):
+            raise CudaShapeError(
+                f"fused_attention_bw: grad_out {grad_out.shape}, out {out.shape} and lse {lse.shape} must be "
+                f"{q.shape}, {q.shape} and {(B, H, Tq)}"
+            )
+        dq, dk, dv = q._new_empty(q.shape), k._new_empty(k.shape), v._new_empty(v.shape)
+        if q.size == 0:
+            CudaKernelOps.fill(dk, 0.0)
+            CudaKernelOps.fill(dv, 0.0)
+            return dq, dk, dv
+        ws_len = lib.attention_bw_workspace_floats(B, H, Tq) if act == 0 else 1
+        ws = rt.torch.empty(ws_len, dtype=rt.float32, device=rt.device)
+        tensors = tuple(_contiguous(t) for t in (grad_out, q, k, v, out, lse))
+        mask_ptr = None if mask is None else _ptr(_contiguous(mask))
+        code = lib.launch_attention_bw(
+            _ptr(dq), _ptr(dk), _ptr(dv), *(_ptr(t) for t in tensors), mask_ptr, ws.data_ptr(), B, H, Tq, Tk, D,
+            int(bool(causal)), act, float(scale), rt.stream(),
+        )  # fmt: skip
+        _check(code, lib, f"fused_attention_bw q {q.shape} k {k.shape}")
+        return dq, dk, dv
+
+    @staticmethod
     def fused_linear_cross_entropy_fw(
         hidden: "Tensor",
         weight: "Tensor",
@@ -735,6 +800,28 @@ class CudaKernelOps(TensorOps):
             weight_decay, int(step), rt.stream(),
         )  # fmt: skip
         _check(code, lib, f"adamw_step {param.shape}")
+
+
+def _attention_sizes(
+    op: str, q: "Tensor", k: "Tensor", v: "Tensor", mask: Optional["Tensor"], activation: str
+) -> Tuple[int, int, int, int, int, int]:
+    """(B, H, Tq, Tk, D, activation code) after checking the shapes the attention kernels take."""
+    if q.dims != 4 or k.dims != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise CudaShapeError(
+            f"{op}: q [B, H, Tq, D], k and v [B, H, Tk, D] expected, got q {q.shape}, k {k.shape}, v {v.shape}"
+        )
+    B, H, Tq, D = q.shape
+    Tk = k.shape[2]
+    if not 1 <= D <= ATTENTION_MAX_HEAD_DIM or Tk == 0:
+        raise CudaShapeError(
+            f"{op}: the CUDA kernels take head dims 1..{ATTENTION_MAX_HEAD_DIM} and at least one key, got q {q.shape}, "
+            f"k {k.shape}"
+        )
+    if mask is not None and mask.shape not in ((B, Tk), (B, 1, 1, Tk)):
+        raise CudaShapeError(f"{op}: mask of shape {mask.shape} must be [B, Tk] = {(B, Tk)} for k {k.shape}")
+    if activation not in ATTENTION_ACTIVATIONS:
+        raise ValueError(f"{op}: activation must be one of {ATTENTION_ACTIVATIONS}, got {activation!r}")
+    return B, H, Tq, Tk, D, ATTENTION_ACTIVATIONS.index(activation)
 
 
 def _reduce_plan(
@@ -876,18 +963,22 @@ def _fused_linear_cross_entropy(
     logits = rt.torch.empty(chunk * V, dtype=rt.float32, device=rt.device)
     lg = logits.data_ptr()
     dhidden = dweight = dbias = partial = w_scratch = b_scratch = None
-    splits = slab = rest = n_parts = 0
+    slabs: Dict[int, Tuple[int, int, int, int]] = {}
     if need_grad:
         dhidden, dweight = hidden._new_empty((N, C)), weight._new_empty((C, V))
         dbias = None if b is None else weight._new_empty((V,))
         # dhidden = dlogits @ weight^T is split over `splits` vocab slabs of `slab` columns (one
-        # batched launch) plus, when slab does not divide V, a last short slab; the partial products
-        # are then summed into dhidden's rows.
-        splits = lib.fused_loss_vocab_splits(chunk, C, V)
-        slab = V // splits
-        rest = V - splits * slab
-        n_parts = splits + (1 if rest else 0)
-        partial = rt.torch.empty(n_parts * chunk * C, dtype=rt.float32, device=rt.device) if n_parts > 1 else None
+        # batched launch) plus, when slab does not divide V, a last short slab of `rest` columns; the
+        # partial products are then summed into dhidden's rows. Planned per row count (the full
+        # chunks and the last one).
+        for rows in {chunk, N - (N - 1) // chunk * chunk}:
+            splits = lib.fused_loss_vocab_splits(rows, C, V)
+            slab = V // splits
+            rest = V - splits * slab
+            slabs[rows] = (splits, slab, rest, splits + (1 if rest else 0))
+        partial_len = max((n_parts * rows * C for rows, (_, _, _, n_parts) in slabs.items() if n_parts > 1), default=0)
+        if partial_len:
+            partial = rt.torch.empty(partial_len, dtype=rt.float32, device=rt.device)
         # Later chunks' contributions to dweight and dbias go through a scratch buffer and are added.
         w_scratch = rt.torch.empty(C * V, dtype=rt.float32, device=rt.device) if N > chunk else None
         b_scratch = rt.torch.empty(V, dtype=rt.float32, device=rt.device) if N > chunk and b is not None else None
@@ -903,7 +994,8 @@ def _fused_linear_cross_entropy(
         if dhidden is None or dweight is None:
             continue
         dh_rows = _ptr(dhidden) + _F32 * n0 * C
-        if partial is None:
+        splits, slab, rest, n_parts = slabs[rows]
+        if n_parts == 1:
             _raw_matmul(rt, dh_rows, lg, wp, rows, C, V, (V, 1), (1, V))
         else:
             pp = partial.data_ptr()

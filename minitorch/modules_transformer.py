@@ -15,6 +15,8 @@ import math
 from typing import Dict, Optional
 
 from . import nn
+from .attention import ACTIVATIONS, fused_attention
+from .checkpoint import checkpoint
 from .module import Module, ModuleList
 from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
 from .tensor import Tensor
@@ -24,6 +26,7 @@ from .tensor_ops import TensorBackend
 # Added to the scores of future keys in the composed (unfused) path: finite, so a masked score
 # underflows to an exact 0 after the softmax's max shift, and no row becomes NaN.
 CAUSAL_MASK_VALUE = -1e9
+ATTENTIONS = ("naive", "fused")  # MultiHeadAttention(attention=...): scores materialized or not
 
 
 class MultiHeadAttention(Module):
@@ -36,6 +39,11 @@ class MultiHeadAttention(Module):
     use_fused_kernel=True runs the softmax as Tensor.attn_softmax (one fused op that applies the
     causal mask itself, so no [T, T] mask tensor is built); otherwise nn.softmax runs over scores
     plus explicit mask tensors. Both compute the same function.
+
+    attention="fused" runs the whole of softmax(q k^T / sqrt(D) + masks) v as minitorch.fused_attention
+    (on CUDA: no [B, H, T, T] tensor in forward or backward); "naive" builds the scores as above.
+    activation="relu" replaces the softmax by relu(q k^T / sqrt(D) + masks) (masked keys give 0),
+    with either attention path.
     """
 
     def __init__(
@@ -47,10 +55,18 @@ class MultiHeadAttention(Module):
         bias: bool = True,
         backend: Optional[TensorBackend] = None,
         use_fused_kernel: bool = False,
+        attention: str = "naive",
+        activation: str = "softmax",
     ):
         super().__init__()
         if n_head < 1 or n_embd % n_head:
             raise ValueError(f"n_embd {n_embd} must be a positive multiple of n_head {n_head}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        self.attention_path = attention
+        self.activation = activation
         self.n_embd = n_embd
         self.n_head = n_head
         self.head_dim = n_embd // n_head
@@ -81,19 +97,29 @@ class MultiHeadAttention(Module):
         if padding_mask is not None and padding_mask.shape != (B, T):
             raise IndexingError(f"padding_mask must have shape [B, T] = {(B, T)}, got {padding_mask.shape}")
         H, D = self.n_head, self.head_dim
+        if self.attention_path == "fused":
+            q, k, v = (
+                proj(x).view(B, T, H, D).permute(0, 2, 1, 3)
+                for proj in (self.q_projection, self.k_projection, self.v_projection)
+            )
+            out = fused_attention(
+                q, k, v, padding_mask, causal=self.causal, activation=self.activation, scale=1.0 / math.sqrt(D)
+            )
+            attended = out.permute(0, 2, 1, 3).contiguous().view(B, T, C)
+            return self.dropout(self.out_projection(attended))
         # The 1/sqrt(D) scale goes on q ([B, T, C]) rather than on the [B, H, T, T] scores.
         q = (self.q_projection(x) * (1.0 / math.sqrt(D))).view(B, T, H, D).permute(0, 2, 1, 3)
         k_t = self.k_projection(x).view(B, T, H, D).permute(0, 2, 3, 1)
         v = self.v_projection(x).view(B, T, H, D).permute(0, 2, 1, 3)
         scores = q @ k_t
-        if self.use_fused_kernel:
+        if self.use_fused_kernel and self.activation == "softmax":
             probs = scores.attn_softmax(padding_mask, causal=self.causal)
         else:
             if padding_mask is not None:
                 scores = scores + padding_mask.view(B, 1, 1, T)
             if self.causal:
                 scores = scores + self.causal_mask(x, T)
-            probs = nn.softmax(scores, 3)
+            probs = nn.softmax(scores, 3) if self.activation == "softmax" else scores.relu()
         attended = (probs @ v).permute(0, 2, 1, 3).contiguous().view(B, T, C)
         return self.dropout(self.out_projection(attended))
 
@@ -122,7 +148,8 @@ class TransformerLayer(Module):
     """Pre-LN block: x + attention(ln_1(x)), then + feed_forward(ln_2(x)).
 
     The feed-forward width is 4 * n_embd unless middle_dim says otherwise; use_fused_kernel
-    selects the fused softmax and the fused LayerNorm (Tensor.layernorm) together.
+    selects the fused softmax and the fused LayerNorm (Tensor.layernorm) together; attention and
+    activation go to MultiHeadAttention.
     """
 
     def __init__(
@@ -136,12 +163,14 @@ class TransformerLayer(Module):
         use_fused_kernel: bool = False,
         causal: bool = True,
         middle_dim: Optional[int] = None,
+        attention: str = "naive",
+        activation: str = "softmax",
     ):
         super().__init__()
         self.ln_1 = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=use_fused_kernel)
         self.attention = MultiHeadAttention(
             n_embd, n_head, causal=causal, p_dropout=p_dropout, bias=bias, backend=backend,
-            use_fused_kernel=use_fused_kernel,
+            use_fused_kernel=use_fused_kernel, attention=attention, activation=activation,
         )
         self.ln_2 = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=use_fused_kernel)
         self.ff = FeedForward(
@@ -159,7 +188,13 @@ class DecoderLM(Module):
 
     forward(idx [B, T] of integral token ids, padding_mask [B, T] additive, optional) -> logits
     [B, T, n_vocab]; hidden_states gives the [B, T, n_embd] input of the LM head, so a caller that
-    needs a few positions' logits (greedy decoding) can apply lm_head to those alone.
+    needs a few positions' logits (greedy decoding) can apply lm_head to those alone, or hand it
+    with lm_head's weights to minitorch.fused_linear_cross_entropy, which never makes the logits.
+
+    checkpoint_layers=True runs each TransformerLayer under minitorch.checkpoint: backward
+    recomputes a layer's activations (same dropout masks) instead of keeping them from forward,
+    so training holds one layer's activations plus each layer's input; gradients are unchanged.
+    attention ("naive" | "fused") and activation ("softmax" | "relu") go to every MultiHeadAttention.
     """
 
     def __init__(
@@ -174,9 +209,13 @@ class DecoderLM(Module):
         bias: bool = True,
         backend: Optional[TensorBackend] = None,
         use_fused_kernel: bool = False,
+        checkpoint_layers: bool = False,
+        attention: str = "naive",
+        activation: str = "softmax",
     ):
         super().__init__()
         self.n_vocab = n_vocab
+        self.checkpoint_layers = checkpoint_layers
         self.n_embd = n_embd
         self.n_positions = n_positions
         self.token_embeddings = Embedding(n_vocab, n_embd, backend=backend)
@@ -186,7 +225,7 @@ class DecoderLM(Module):
             [
                 TransformerLayer(
                     n_embd, n_head, p_dropout=p_dropout, ln_eps=ln_eps, bias=bias, backend=backend,
-                    use_fused_kernel=use_fused_kernel,
+                    use_fused_kernel=use_fused_kernel, attention=attention, activation=activation,
                 )
                 for _ in range(n_layers)
             ]
@@ -204,7 +243,7 @@ class DecoderLM(Module):
         positions = self.position_embeddings(idx._arange(T))
         x = self.dropout(self.token_embeddings(idx) + positions)
         for layer in self.layers:
-            x = layer(x, padding_mask)
+            x = checkpoint(layer, x, padding_mask) if self.checkpoint_layers else layer(x, padding_mask)
         return self.ln(x)
 
     def forward(self, idx: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:

@@ -1,4 +1,4 @@
-"""Optimizers: SGD (with momentum) and Adam."""
+"""Optimizers: SGD (with momentum), Adam and AdamW (fused and in place on CUDA)."""
 
 from __future__ import annotations
 
@@ -102,3 +102,45 @@ class Adam(Optimizer):
         self.t = int(state["t"])
         self.m = {int(i): tensor_from_numpy(np.asarray(a), backend=self.parameters[int(i)].value.backend) for i, a in state["m"].items()}
         self.v = {int(i): tensor_from_numpy(np.asarray(a), backend=self.parameters[int(i)].value.backend) for i, a in state["v"].items()}
+
+
+class AdamW(Adam):
+    """AdamW (Loshchilov and Hutter), computed as torch.optim.AdamW:
+
+    p <- p (1 - lr wd);  m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;
+    p <- p - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+
+    Unlike Adam, it updates IN PLACE: each parameter keeps its tensor and storage, and its moments
+    are allocated once (zeros, at its first step) and overwritten after that, so a step allocates
+    nothing that outlives it.  The update is the backend's `adamw_step`: one fused kernel per
+    parameter on CUDA (reads p, g, m, v and writes p, m, v: 28 bytes per element), composed tensor
+    ops on the CPU backends.  state_dict / load_state_dict are Adam's (step count and moments).
+    """
+
+    def __init__(
+        self,
+        parameters: Sequence[Parameter],
+        lr: float = 1e-3,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ):
+        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+            raise ValueError(f"AdamW betas must be in [0, 1), got beta1={beta1}, beta2={beta2}")
+        if lr < 0.0 or eps < 0.0 or weight_decay < 0.0:
+            raise ValueError(f"AdamW needs lr, eps and weight_decay >= 0, got {lr}, {eps}, {weight_decay}")
+        super().__init__(parameters, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+
+    def step(self) -> None:
+        self.t += 1
+        with no_grad():
+            for i, p in self._params_with_grad():
+                value = p.value
+                if i not in self.m:
+                    self.m[i] = value.zeros()
+                    self.v[i] = value.zeros()
+                value.backend.ops.adamw_step(
+                    value, value.grad, self.m[i], self.v[i], float(self.lr), self.beta1, self.beta2, self.eps,
+                    self.weight_decay, self.t,
+                )  # fmt: skip

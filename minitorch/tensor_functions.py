@@ -387,6 +387,25 @@ class Attn_Softmax(Function):
         return (grad,)
 
 
+class FusedAttention(Function):
+    """Attention of q [B, H, Tq, D] over k, v [B, H, Tk, D] in one op (see minitorch.fused_attention);
+    saves q, k, v, the output and the per-row log-sum-exp, never the [Tq, Tk] weights."""
+
+    @staticmethod
+    def forward(
+        ctx: Context, q: "Tensor", k: "Tensor", v: "Tensor", mask: Optional["Tensor"], causal: bool,
+        activation: str, scale: float,
+    ) -> "Tensor":  # fmt: skip
+        out, lse = q.backend.ops.fused_attention_fw(q, k, v, mask, causal, activation, scale)
+        ctx.save_for_backward(q, k, v, out, lse, mask, causal, activation, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor", "Tensor"]:
+        q, k, v, out, lse, mask, causal, activation, scale = ctx.saved_values
+        return grad_output.backend.ops.fused_attention_bw(grad_output, q, k, v, out, lse, mask, causal, activation, scale)
+
+
 class LayerNorm(Function):
     """LayerNorm over the last dim with learned gamma and beta."""
 

@@ -3,8 +3,8 @@
 A backend is a class of static methods.  `map`, `map_scalar`, `zip` and `reduce` take a scalar
 function from `operators` and return a tensor op; the CPU backends compile that function, the CUDA
 backend maps it to an opcode of its kernels.  The fused hooks (attention softmax, LayerNorm,
-embedding) have composed reference implementations here, built from those ops, so every backend
-supports them; the CUDA backend overrides them with fused kernels.
+embedding, linear cross-entropy, AdamW) have composed reference implementations here, built from
+those ops, so every backend supports them; the CUDA backend overrides them with fused kernels.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 from . import operators
 from .tensor_data import (
     IndexingError,
+    TensorData,
     broadcast_index,
     index_to_position,
     shape_broadcast,
@@ -37,6 +38,37 @@ def _check_same_backend(name: str, *tensors: "Tensor") -> None:
                 f"{name}: tensor of shape {first.shape} is on {first.backend.ops.__name__} but tensor of "
                 f"shape {t.shape} is on {t.backend.ops.__name__}"
             )
+
+
+def _attention_weights(
+    q: "Tensor", k: "Tensor", mask: Optional["Tensor"], causal: bool, activation: str, scale: float
+) -> Tuple["Tensor", "Tensor"]:
+    """(weights [B, H, Tq, Tk], lse [B, H, Tq]) of attention from composed ops, with x = scale * q k^T + mask:
+    softmax over the kept keys (lse its log-sum-exp, -inf for a row without keys) or relu(x) (lse 0);
+    causally removed keys get weight 0."""
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[2]
+    x = (q @ k.transpose(2, 3)) * scale
+    if mask is not None:
+        x = x + mask.contiguous().view(B, 1, 1, Tk)
+    allowed = None
+    if causal:
+        cols = q._arange(Tk).view(1, Tk)
+        rows = q._arange(Tq).view(Tq, 1) + float(Tk - Tq) + 0.5
+        allowed = cols < rows
+    if activation == "relu":
+        weights = x.relu() if allowed is None else x.relu() * allowed
+        return weights, q.zeros((B, H, Tq))
+    if allowed is not None:
+        x = x + (allowed - 1.0) * (-NEG_BIG)
+    m = x.max(3)
+    m = m.backend.max_scalar(m, -3.0e38)  # a row of -inf keeps a finite shift, so x - m is never nan
+    e = (x - m).exp()
+    if allowed is not None:
+        e = e * allowed
+    s = e.sum(3)
+    # A row without keys has e = 0 and s = 0: weights 0, and log(0) = -inf makes its lse -inf.
+    return e / (s + (s == 0.0)), (m + s.log()).view(B, H, Tq)
 
 
 class TensorOps:
@@ -74,6 +106,34 @@ class TensorOps:
         """y * (g - sum(g * y)) over the last dim."""
         gy = grad_out * soft_out
         return (soft_out * (grad_out - gy.sum(soft_out.dims - 1))).contiguous()
+
+    @staticmethod
+    def fused_attention_fw(
+        q: "Tensor", k: "Tensor", v: "Tensor", mask: Optional["Tensor"], causal: bool, activation: str, scale: float
+    ) -> Tuple["Tensor", "Tensor"]:
+        """(out [B, H, Tq, D], lse [B, H, Tq]) of attention; see minitorch.fused_attention.  The composed
+        form: the [Tq, Tk] weights are materialized."""
+        weights, lse = _attention_weights(q, k, mask, causal, activation, scale)
+        return (weights @ v).contiguous(), lse
+
+    @staticmethod
+    def fused_attention_bw(
+        grad_out: "Tensor", q: "Tensor", k: "Tensor", v: "Tensor", out: "Tensor", lse: "Tensor",
+        mask: Optional["Tensor"], causal: bool, activation: str, scale: float,
+    ) -> Tuple["Tensor", "Tensor", "Tensor"]:
+        """(dq, dk, dv) of fused_attention_fw; the composed form recomputes the weights (out and lse,
+        which the fused kernels use, are not needed here)."""
+        weights, _ = _attention_weights(q, k, mask, causal, activation, scale)
+        dweights = grad_out @ v.transpose(2, 3)
+        if activation == "relu":
+            dscores = dweights * (weights > 0.0)
+        else:
+            dscores = TensorOps.attn_softmax_bw(dweights, weights)
+        dscores = dscores * scale
+        dq = dscores @ k
+        dk = dscores.transpose(2, 3) @ q
+        dv = weights.transpose(2, 3) @ grad_out
+        return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
     @staticmethod
     def layernorm_fw(
@@ -122,6 +182,90 @@ class TensorOps:
         flat = ids.contiguous().view(ids.size, 1)
         one_hot = flat == grad_out._arange(num_embeddings).view(1, num_embeddings)
         return one_hot.transpose(0, 1) @ grad_out.contiguous().view(ids.size, C)
+
+    @staticmethod
+    def fused_linear_cross_entropy_fw(
+        hidden: "Tensor",
+        weight: "Tensor",
+        bias: Optional["Tensor"],
+        targets: "Tensor",
+        token_weights: "Tensor",
+        chunk_size: int,
+        need_grad: bool,
+    ) -> Tuple["Tensor", Optional["Tensor"], Optional["Tensor"], Optional["Tensor"]]:
+        """(loss (1,), dhidden [N, C], dweight [C, V], dbias [V]) of the token-weighted cross-entropy
+        sum_r ce_r * w_r / sum(w) of logits = hidden @ weight (+ bias), with targets [N] and
+        token_weights [N].  The gradients (None unless need_grad; dbias None without a bias) are those
+        of the loss itself, computed in this same pass: chunk_size rows of logits at a time, so no
+        [N, V] tensor is ever made.  sum(w) == 0 gives a zero loss and zero gradients."""
+        N, C = hidden.shape
+        V = weight.shape[1]
+        h, ids, w = hidden.contiguous(), targets.contiguous(), token_weights.contiguous()
+        total = w.sum()
+        empty = total == 0.0
+        scale = (1.0 - empty) / (total + empty)  # 1 / sum(w), or 0 when sum(w) == 0
+        classes = hidden._arange(V).view(1, V)
+        weight_t = weight.transpose(0, 1)
+        loss: Optional["Tensor"] = None
+        dhidden = hidden._new_empty((N, C)) if need_grad else None
+        dweight: Optional["Tensor"] = None
+        dbias: Optional["Tensor"] = None
+        for n0 in range(0, N, chunk_size):
+            n1 = min(N, n0 + chunk_size)
+            rows = n1 - n0
+            h_rows = _row_block(h, n0, n1)
+            logits = h_rows @ weight
+            if bias is not None:
+                logits = logits + bias.view(1, V)
+            m = logits.max(1)
+            e = (logits - m).exp()
+            s = e.sum(1)
+            one_hot = _row_block(ids, n0, n1).view(rows, 1) == classes
+            row_scale = _row_block(w, n0, n1).view(rows, 1) * scale
+            part = ((s.log() + m - (logits * one_hot).sum(1)) * row_scale).sum(0)
+            loss = part if loss is None else loss + part
+            if dhidden is not None:
+                dlogits = (e / s - one_hot) * row_scale
+                hidden.backend.id_map(dlogits @ weight_t, out=_row_block(dhidden, n0, n1))
+                part_w = h_rows.transpose(0, 1) @ dlogits
+                dweight = part_w if dweight is None else dweight + part_w
+                if bias is not None:
+                    part_b = dlogits.sum(0).view(V)
+                    dbias = part_b if dbias is None else dbias + part_b
+        assert loss is not None, "fused_linear_cross_entropy_fw needs at least one row"
+        return loss.view(1), dhidden, dweight, dbias
+
+    @staticmethod
+    def adamw_step(
+        param: "Tensor",
+        grad: "Tensor",
+        exp_avg: "Tensor",
+        exp_avg_sq: "Tensor",
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        step: int,
+    ) -> None:
+        """One AdamW update as torch.optim.AdamW computes it, written IN PLACE into param, exp_avg
+        and exp_avg_sq (their storage is kept); step counts updates from 1, this one included."""
+        m = exp_avg * beta1 + grad * (1.0 - beta1)
+        v = exp_avg_sq * beta2 + grad * grad * (1.0 - beta2)
+        denom = v**0.5 * (1.0 / math.sqrt(1.0 - beta2**step)) + eps
+        new = param * (1.0 - lr * weight_decay) - m * (lr / (1.0 - beta1**step)) / denom
+        copy = param.backend.id_map
+        copy(m, out=exp_avg)
+        copy(v, out=exp_avg_sq)
+        copy(new, out=param)
+
+
+def _row_block(t: "Tensor", start: int, stop: int) -> "Tensor":
+    """Rows [start, stop) of a contiguous tensor as a view: every backend's storage is a 1-D array
+    (numpy or torch) whose slices are views of it."""
+    inner = t.size // t.shape[0]
+    storage = t._tensor._storage[start * inner : stop * inner]
+    return t._new(TensorData(storage, (stop - start,) + tuple(t.shape[1:])))
 
 
 # ---- pure-Python backend ----------------------------------------------------------------------

@@ -45,6 +45,9 @@ def build_model(config: Dict[str, Any], n_vocab: int, backend: TensorBackend) ->
         p_dropout=config["dropout"],
         backend=backend,
         use_fused_kernel=config["use_fused_kernel"],
+        checkpoint_layers=config.get("checkpoint", False),
+        attention=config.get("attention", "naive"),
+        activation=config.get("activation", "softmax"),
     )
 
 
@@ -84,9 +87,20 @@ def batch_tensors(batch: Batch, backend: TensorBackend) -> Tuple[Tensor, Tensor,
     return tokens, targets, weights
 
 
-def batch_loss(model: DecoderLM, batch: Batch, backend: TensorBackend) -> Tensor:
-    """Token-weighted mean cross-entropy of the batch's targets (English side and <eos_en>)."""
+def batch_loss(model: DecoderLM, batch: Batch, backend: TensorBackend, loss: str = "naive") -> Tensor:
+    """Token-weighted mean cross-entropy of the batch's targets (English side and <eos_en>).
+
+    loss "naive": the LM head's [B*T, V] logits, then nn.cross_entropy; "fused":
+    minitorch.fused_linear_cross_entropy on the LM head's input, which never makes the logits."""
     tokens, targets, weights = batch_tensors(batch, backend)
+    if loss == "fused":
+        hidden = model.hidden_states(tokens)
+        B, T, C = hidden.shape
+        head = model.lm_head
+        bias = None if head.bias is None else head.bias.value
+        return minitorch.fused_linear_cross_entropy(hidden.view(B * T, C), head.weights.value, targets, weights, bias=bias)
+    if loss != "naive":
+        raise ValueError(f"unknown loss {loss!r}: expected 'naive' or 'fused'")
     logits = model(tokens)
     B, T, V = logits.shape
     return nn.cross_entropy(logits.view(B * T, V), targets, weights)
@@ -104,9 +118,11 @@ def train_step(
     backend: TensorBackend,
     lr: float,
     grad_clip: Optional[float],
+    loss_kind: str = "naive",
 ) -> float:
-    """One update: forward, backward, optional global-norm clipping, Adam at this lr; the loss."""
-    loss = batch_loss(model, batch, backend)
+    """One update: forward, backward, optional global-norm clipping, the optimizer's step at this
+    lr; the loss.  loss_kind: see batch_loss."""
+    loss = batch_loss(model, batch, backend, loss_kind)
     optimizer.zero_grad()
     loss.backward()
     if grad_clip:
@@ -138,12 +154,11 @@ def validation_loss(model: DecoderLM, sequences: Sequence[np.ndarray], batch_siz
 
 
 def peak_memory_mb(backend: TensorBackend) -> Dict[str, Any]:
-    """Peak memory so far: the GPU allocator's peak on CUDA (tensors live in PyTorch's caching
-    allocator, used as a buffer provider), the process's peak resident size on the CPU."""
+    """Peak memory: on CUDA, the most device memory tensors held since the previous call
+    (minitorch.cuda_memory_stats, whose peak window this call restarts); on the CPU, the process's
+    peak resident size so far."""
     if backend.ops.is_cuda:
-        import torch
-
-        return {"peak_memory_mb": torch.cuda.max_memory_allocated() / 2**20, "memory_kind": "cuda_allocated"}
+        return {"peak_memory_mb": minitorch.cuda_memory_stats(reset=True)["peak"] / 2**20, "memory_kind": "cuda_allocated"}
     return {"peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "memory_kind": "host_rss"}
 
 

@@ -45,7 +45,11 @@ from project.mt_train import (
 METRICS_NAME = "metrics.jsonl"
 # Options a resumed run may change; all others are taken from the checkpoint (and must match it
 # when given on the command line), since they define the model, the data or the optimization.
-RUN_CONTROL = {"epochs", "backend", "use_fused_kernel", "data_dir", "eval_batch_size", "test_samples", "out_dir", "resume"}
+# --loss, --checkpoint and --attention change how the same function is computed (memory, speed), not the model.
+RUN_CONTROL = {
+    "epochs", "backend", "use_fused_kernel", "data_dir", "eval_batch_size", "test_samples", "out_dir", "resume",
+    "loss", "checkpoint", "attention",
+}  # fmt: skip
 
 
 def str2bool(value: str) -> bool:
@@ -72,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--use-fused-kernel", type=str2bool, default=True, metavar="true|false",
                    help="fused attention softmax and LayerNorm (CUDA kernels on --backend cuda)")
     p.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--loss", choices=("naive", "fused"), default="naive",
+                   help="naive: LM-head logits + cross_entropy; fused: fused_linear_cross_entropy (no logits tensor)")
+    p.add_argument("--checkpoint", type=str2bool, default=False, metavar="true|false",
+                   help="gradient checkpointing of every transformer layer (recomputed in backward)")
+    p.add_argument("--attention", choices=("naive", "fused"), default="naive",
+                   help="naive: scores, softmax and weights as [B, H, T, T] tensors; fused: minitorch.fused_attention")
+    p.add_argument("--activation", choices=("softmax", "relu"), default="softmax",
+                   help="attention weights: softmax, or relu(scores) without normalization")
     p.add_argument("--data-dir", default=None,
                    help=f"corpus directory (default: ${mt_data.DATA_DIR_ENV} or {mt_data.DEFAULT_DATA_DIR})")
     p.add_argument("--out-dir", default="runs/mt", help="metrics, translations, tokenizer and checkpoint")
@@ -81,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=128)
     p.add_argument("--samples-per-epoch", type=positive_int, default=None,
                    help="training pairs drawn per epoch (default: all)")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of Adam")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of AdamW")
     p.add_argument("--warmup-steps", type=int, default=200, help="linear warmup, then cosine decay to 0")
     p.add_argument("--weight-decay", type=float, default=0.01, help="decoupled (AdamW) weight decay")
     p.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
@@ -117,6 +129,9 @@ def resolve_config(argv: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], Optio
     explicit = vars(explicit_parser.parse_args(argv))
     checkpoint = load_checkpoint(checkpoint_path(out_dir))
     config = dict(checkpoint["args"])
+    for key in RUN_CONTROL:  # options newer than the checkpoint take their defaults
+        config.setdefault(key, parser.get_default(key))
+    config.setdefault("activation", "softmax")  # what checkpoints from before --activation trained
     conflicts = {
         key: (value, config[key])
         for key, value in explicit.items()
@@ -170,7 +185,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     prompts = mt_data.encode_prompts(tokenizer, sources, config["max_len"])
 
     model = build_model(config, tokenizer.get_vocab_size(), backend)
-    optimizer = minitorch.Adam(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
+    optimizer = minitorch.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
     batcher = mt_data.Batcher(
         train.sequences, config["batch_size"], seed=config["seed"], samples_per_epoch=config["samples_per_epoch"]
     )
@@ -190,7 +205,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     n_params = sum(p.value.size for p in model.parameters())
     print(
         f"{'resuming after epoch ' + str(epoch) if checkpoint else 'training'} on {config['backend']} "
-        f"(fused kernels: {config['use_fused_kernel']}): {n_params:,} parameters, vocab {tokenizer.get_vocab_size()}, "
+        f"(fused kernels: {config['use_fused_kernel']}, loss: {config['loss']}, checkpointing: {config['checkpoint']}, "
+        f"attention: {config['attention']} {config['activation']}): "
+        f"{n_params:,} parameters, vocab {tokenizer.get_vocab_size()}, "
         f"{len(train.sequences)} train pairs ({train.n_dropped} longer than {config['max_len']} dropped), "
         f"{len(valid.sequences)} valid, {len(prompts)} test; {len(batcher)} steps/epoch",
         flush=True,
@@ -201,7 +218,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         bar = tqdm(batcher.epoch(), total=len(batcher), desc=f"epoch {epoch}/{config['epochs']}", unit="batch")
         for batch in bar:
             lr = learning_rate(step, config["lr"], config["warmup_steps"], total_steps)
-            loss = train_step(model, optimizer, batch, backend, lr, config["grad_clip"])
+            loss = train_step(model, optimizer, batch, backend, lr, config["grad_clip"], config["loss"])
             step += 1
             loss_sum += loss * batch.n_targets
             n_targets += batch.n_targets
@@ -248,7 +265,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         )
         print(
             f"epoch {epoch}: train loss {record['train_loss']:.4f}, valid loss {valid_loss:.4f}, BLEU {bleu:.2f}, "
-            f"{record['tokens_per_s']:,.0f} tokens/s, {seconds:.1f}s; sample: {hypotheses[0]!r}",
+            f"{record['tokens_per_s']:,.0f} tokens/s, {seconds:.1f}s, peak memory {record['peak_memory_mb']:,.0f} MiB "
+            f"({record['memory_kind']}); sample: {hypotheses[0]!r}",
             flush=True,
         )
 

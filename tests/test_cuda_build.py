@@ -22,6 +22,9 @@ EXPECTED_SYMBOLS = {
     "combine": cko.COMBINE_SYMBOLS,
     "softmax_kernel": cko.SOFTMAX_SYMBOLS,
     "layernorm_kernel": cko.LAYERNORM_SYMBOLS,
+    "attention_kernel": cko.ATTENTION_SYMBOLS,
+    "classifier_kernel": cko.CLASSIFIER_SYMBOLS,
+    "optimizer_kernel": cko.OPTIMIZER_SYMBOLS,
 }
 
 needs_build = pytest.mark.skipif(

@@ -1,0 +1,305 @@
+"""Benchmark of fused attention (src/attention_kernel.cu) against the unfused paths, forward + backward.
+
+For each shape [B, H, T, D] (self-attention, fp32, no mask; --causal for causal masking) it measures:
+  fused            minitorch.fused_attention on the CUDA backend;
+  minitorch naive  (q * scale) @ k^T -> Tensor.attn_softmax -> @ v through minitorch tensors (our
+                   matmul and fused softmax kernels, the [T, T] scores and probabilities stored);
+  torch naive      the same three steps in PyTorch;
+  torch sdpa       torch.nn.functional.scaled_dot_product_attention.
+TF32 is off for PyTorch (torch.backends.cuda.matmul.allow_tf32 = False, cudnn too), so every path
+computes in fp32.
+Times: median GPU milliseconds of one forward (no autograd graph) and of one forward + backward,
+from CUDA events around back-to-back iterations queued behind a spin kernel (Python overhead hidden
+as long as the GPU is the bottleneck). Memory: torch.cuda.max_memory_allocated during one forward +
+backward after reset_peak_memory_stats (minitorch allocates through torch's caching allocator), as
+the total peak and as the peak beyond the inputs q, k, v and the output gradient. A path that cannot
+run a shape (out of memory, or minitorch's 32-bit element indexing for a [B, H, T, T] tensor) is
+skipped with the reason. TFLOP/s counts 4 B H T^2 D flops forward and 2.5x that backward (halved
+when causal), the usual FlashAttention convention.
+
+Usage: python benchmarks/bench_attention.py [--out DIR] [--causal] [--quick]
+Writes DIR/bench_attention.json and DIR/bench_attention.png (default DIR: benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+SHAPES = [(8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64)]
+METHODS = ["fused", "minitorch naive", "torch naive", "torch sdpa"]
+INT_LIMIT = 2**31  # minitorch's CUDA kernels index tensors with 32-bit ints
+
+
+class GpuTimer:
+    """Median GPU milliseconds of fn() over `repeats` batches of back-to-back calls."""
+
+    def __init__(self, torch: Any, repeats: int) -> None:
+        self.torch = torch
+        self.repeats = repeats
+        start, end = self._events()
+        start.record()
+        torch.cuda._sleep(20_000_000)
+        end.record()
+        end.synchronize()
+        self.sleep_cycles_per_ms = 20_000_000 / start.elapsed_time(end)
+
+    def _events(self):
+        return self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        torch = self.torch
+        fn()  # warm-up: kernel loading, allocator growth
+        torch.cuda.synchronize()
+        start, end = self._events()
+        t0 = time.perf_counter()
+        start.record()
+        fn()
+        end.record()
+        enqueue_ms = (time.perf_counter() - t0) * 1e3
+        end.synchronize()
+        calls = int(min(20, max(1, math.ceil(100.0 / max(start.elapsed_time(end), 1e-3)))))
+        times = []
+        for _ in range(self.repeats):
+            # The spin outlasts queueing the batch, so the timed kernels run back to back.
+            torch.cuda._sleep(int((2.0 * calls * enqueue_ms + 1.0) * self.sleep_cycles_per_ms))
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / calls)
+        return statistics.median(times)
+
+
+def make_paths(torch: Any, minitorch: Any, shape: tuple, causal: bool) -> Dict[str, Any]:
+    """For each method: (forward-only fn, forward+backward fn) on shared inputs, or a skip reason."""
+    import torch.nn.functional as F
+
+    B, H, T, D = shape
+    scale = 1.0 / math.sqrt(D)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, g = (torch.randn(shape, device="cuda", generator=gen) for _ in range(4))
+    paths: Dict[str, Any] = {}
+
+    mq, mk, mv = (minitorch.from_torch(t).requires_grad_(True) for t in (q, k, v))
+    mg = minitorch.from_torch(g)
+    leaves = (mq, mk, mv)
+
+    def fused_fw() -> None:
+        with minitorch.no_grad():
+            minitorch.fused_attention(mq, mk, mv, causal=causal)
+
+    def fused_fwbw() -> None:
+        for t in leaves:
+            t.zero_grad_()
+        minitorch.fused_attention(mq, mk, mv, causal=causal).backward(mg)
+
+    paths["fused"] = (fused_fw, fused_fwbw)
+
+    if B * H * T * T >= INT_LIMIT:
+        paths["minitorch naive"] = f"[{B}, {H}, {T}, {T}] scores exceed minitorch's 32-bit element indexing"
+    else:
+
+        def naive(q_, k_, v_):
+            scores = (q_ * scale) @ k_.permute(0, 1, 3, 2)
+            return scores.attn_softmax(None, causal=causal) @ v_
+
+        def naive_fw() -> None:
+            with minitorch.no_grad():
+                naive(mq, mk, mv)
+
+        def naive_fwbw() -> None:
+            for t in leaves:
+                t.zero_grad_()
+            naive(mq, mk, mv).backward(mg)
+
+        paths["minitorch naive"] = (naive_fw, naive_fwbw)
+
+    tq, tk, tv = (t.requires_grad_(True) for t in (q, k, v))  # the same buffers: nothing else stays alive
+
+    def torch_naive(q_, k_, v_):
+        s = (q_ @ k_.transpose(-1, -2)) * scale
+        if causal:
+            s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device="cuda").triu_(1), float("-inf"))
+        return torch.softmax(s, dim=-1) @ v_
+
+    def torch_naive_fw() -> None:
+        with torch.no_grad():
+            torch_naive(tq, tk, tv)
+
+    def torch_naive_fwbw() -> None:
+        for t in (tq, tk, tv):
+            t.grad = None
+        torch_naive(tq, tk, tv).backward(g)
+
+    paths["torch naive"] = (torch_naive_fw, torch_naive_fwbw)
+
+    def sdpa_fw() -> None:
+        with torch.no_grad():
+            F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+
+    def sdpa_fwbw() -> None:
+        for t in (tq, tk, tv):
+            t.grad = None
+        F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal).backward(g)
+
+    paths["torch sdpa"] = (sdpa_fw, sdpa_fwbw)
+    paths["_leaves"] = (mq, mk, mv, tq, tk, tv)
+    return paths
+
+
+def clear_grads(leaves: tuple) -> None:
+    for t in leaves:
+        if hasattr(t, "zero_grad_"):
+            t.zero_grad_()
+        else:
+            t.grad = None
+
+
+def run_shape(torch: Any, minitorch: Any, timer: GpuTimer, shape: tuple, causal: bool) -> List[Dict[str, Any]]:
+    B, H, T, D = shape
+    fw_flops = 4.0 * B * H * T * T * D * (0.5 if causal else 1.0)
+    paths = make_paths(torch, minitorch, shape, causal)
+    rows = []
+    for method in METHODS:
+        row: Dict[str, Any] = {"method": method, "shape": list(shape), "causal": causal}
+        path = paths[method]
+        if isinstance(path, str):
+            row["skipped"] = path
+            rows.append(row)
+            continue
+        fw, fwbw = path
+        try:
+            # Memory first, from a state where only the inputs (no gradients) are alive.
+            fwbw()
+            clear_grads(paths["_leaves"])
+            torch.cuda.empty_cache()
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            fwbw()
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated()
+            row["peak_mib"] = peak / 2**20
+            row["peak_beyond_inputs_mib"] = (peak - base) / 2**20
+            row["fw_ms"] = timer(fw)
+            row["fwbw_ms"] = timer(fwbw)
+            row["fwbw_tflops"] = 3.5 * fw_flops / (row["fwbw_ms"] * 1e-3) / 1e12
+        except torch.cuda.OutOfMemoryError:
+            row = {"method": method, "shape": list(shape), "causal": causal, "skipped": "out of GPU memory"}
+        rows.append(row)
+        torch.cuda.empty_cache()
+    del paths
+    torch.cuda.empty_cache()
+    by_method = {r["method"]: r for r in rows}
+    fused = by_method["fused"]
+    for r in rows:
+        if "fwbw_ms" in r and "fwbw_ms" in fused:
+            r["fused_speedup"] = r["fwbw_ms"] / fused["fwbw_ms"]
+            r["fused_memory_ratio"] = fused["peak_mib"] / r["peak_mib"]
+    return rows
+
+
+HEADER = (
+    f"{'shape':<20} {'method':<16} {'fw ms':>8} {'fw+bw ms':>9} {'TFLOP/s':>8} {'peak MiB':>9} "
+    f"{'beyond in':>10} {'fused speedup':>14} {'fused mem':>10}"
+)
+
+
+def print_row(r: Dict[str, Any]) -> None:
+    shape = "x".join(str(s) for s in r["shape"])
+    if "skipped" in r:
+        print(f"{shape:<20} {r['method']:<16} skipped: {r['skipped']}", flush=True)
+        return
+    speedup = f"{r['fused_speedup']:.2f}x" if "fused_speedup" in r else "-"
+    mem = f"{100 * r['fused_memory_ratio']:.0f}%" if "fused_memory_ratio" in r else "-"
+    print(f"{shape:<20} {r['method']:<16} {r['fw_ms']:>8.3f} {r['fwbw_ms']:>9.3f} {r['fwbw_tflops']:>8.1f} "
+          f"{r['peak_mib']:>9.0f} {r['peak_beyond_inputs_mib']:>10.0f} {speedup:>14} {mem:>10}", flush=True)
+
+
+def plot(results: List[Dict[str, Any]], device: str, causal: bool, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    shapes = sorted({tuple(r["shape"]) for r in results}, key=lambda s: s[2])
+    labels = ["x".join(str(v) for v in s) for s in shapes]
+    x = np.arange(len(shapes))
+    width = 0.8 / len(METHODS)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 9), sharex=True)
+    for i, method in enumerate(METHODS):
+        got = {tuple(r["shape"]): r for r in results if r["method"] == method and "skipped" not in r}
+        times = [got[s]["fwbw_ms"] if s in got else 0.0 for s in shapes]
+        mems = [got[s]["peak_mib"] / 1024 if s in got else 0.0 for s in shapes]
+        offset = (i - (len(METHODS) - 1) / 2) * width
+        ax1.bar(x + offset, times, width, label=method)
+        ax2.bar(x + offset, mems, width, label=method)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("forward + backward, ms (log)")
+    ax1.set_title(f"Attention fp32{' causal' if causal else ''}, {device} (missing bar: skipped)")
+    ax1.legend()
+    ax2.set_yscale("log")
+    ax2.set_ylabel("peak GPU memory, GiB (log)")
+    ax2.set_xticks(x)
+    ax2.set_xticklabels(labels)
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
+                        help="directory for bench_attention.json and bench_attention.png")
+    parser.add_argument("--causal", action="store_true", help="causal masking (default: none)")
+    parser.add_argument("--quick", action="store_true", help="only the first shape, fewer repeats")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_attention.py needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    import minitorch
+
+    timer = GpuTimer(torch, repeats=3 if args.quick else 7)
+    device = torch.cuda.get_device_name(0)
+    print(f"device: {device}; torch {torch.__version__}; fp32, TF32 off; causal={args.causal}")
+    print("fused speedup = this path's fw+bw time / fused's; fused mem = fused peak / this path's peak")
+    print(HEADER)
+    results: List[Dict[str, Any]] = []
+    for shape in SHAPES[:1] if args.quick else SHAPES:
+        rows = run_shape(torch, minitorch, timer, shape, args.causal)
+        for r in rows:
+            print_row(r)
+        results += rows
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "device": device,
+        "torch": torch.__version__,
+        "causal": args.causal,
+        "timing": "median GPU ms per call (CUDA events around back-to-back calls queued behind a spin kernel)",
+        "memory": "torch.cuda.max_memory_allocated during one fw+bw; peak_beyond_inputs subtracts q, k, v, grad",
+        "results": results,
+    }
+    (args.out / "bench_attention.json").write_text(json.dumps(report, indent=2))
+    plot(results, device, args.causal, args.out / "bench_attention.png")
+    print(f"wrote {args.out / 'bench_attention.json'} and {args.out / 'bench_attention.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""Benchmark of the fused attention-softmax and LayerNorm kernels (forward and backward).
+
+For each shape it times, on the GPU:
+  kernel   our launcher called directly through ctypes on torch buffers (data_ptr), the figure the
+           bandwidth columns use;
+  api      the same op through minitorch (CudaKernelOps on minitorch tensors that share those
+           buffers): the kernel plus whatever the binding launches around it;
+  torch    PyTorch's own ops: softmax(x + mask) / softmax(x), aten._softmax_backward_data,
+           layer_norm (native_layer_norm) and native_layer_norm_backward (what its autograd runs);
+  unfused  minitorch's composed implementation (TensorOps.*) on the CUDA backend.
+Times are medians of per-call GPU time: a spin kernel holds the GPU while a batch of calls is
+queued, so the CUDA events around the batch see back-to-back kernels and no Python overhead.
+Inputs (and the kernel's outputs) rotate over several buffers when one set fits in L2, so the
+figures are DRAM figures. Bandwidth = bytes the op must move / kernel time, shown against a
+device-to-device copy measured in the same run.
+
+Usage: python benchmarks/bench_fused.py [--out DIR] [--quick]
+Writes DIR/bench_fused.json and DIR/bench_fused.png (default DIR: benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+SOFTMAX_SHAPES = [(128, 8, 40, 40), (8, 12, 1024, 1024), (4, 16, 2048, 2048)]
+LAYERNORM_SHAPES = [(5120, 256), (16384, 768), (65536, 1024), (8192, 4096)]
+EPS = 1e-5
+
+
+class GpuTimer:
+    """Median GPU milliseconds per call of fn(i), i the call's index (for rotating buffers)."""
+
+    def __init__(self, torch: Any, repeats: int) -> None:
+        self.torch = torch
+        self.repeats = repeats
+        start, end = self._events()
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(20_000_000)
+        end.record()
+        end.synchronize()
+        self.sleep_cycles_per_ms = 20_000_000 / start.elapsed_time(end)
+
+    def _events(self):
+        return self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+
+    def __call__(self, fn: Callable[[int], Any]) -> float:
+        torch = self.torch
+        for i in range(3):
+            fn(i)
+        torch.cuda.synchronize()
+        start, end = self._events()
+        start.record()
+        fn(0)
+        end.record()
+        end.synchronize()
+        calls = int(min(200, max(5, math.ceil(3.0 / max(start.elapsed_time(end), 1e-3)))))
+        t0 = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        enqueue_ms = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(self.repeats):
+            # The spin must outlast queueing the batch, so the first timed kernel starts after it.
+            torch.cuda._sleep(int((2.0 * enqueue_ms + 1.0) * self.sleep_cycles_per_ms))
+            start.record()
+            for i in range(calls):
+                fn(i)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / calls)
+        return statistics.median(times)
+
+
+def copy_bandwidth(torch: Any, timer: GpuTimer) -> float:
+    """Device-to-device copy, GB/s (read + write bytes)."""
+    free, _ = torch.cuda.mem_get_info()
+    n = min(1 << 28, free // 16)  # 1 GiB of float32, or less on a small GPU
+    src = torch.empty(n, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ms = timer(lambda i: dst.copy_(src))
+    del src, dst
+    return 2 * n * 4 / (ms * 1e-3) / 1e9
+
+
+def rotation(torch: Any, set_bytes: int) -> int:
+    """How many buffer sets to rotate over so that consecutive calls miss L2."""
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) or (50 << 20)
+    return int(min(32, max(1, math.ceil(3 * l2 / max(set_bytes, 1)))))
+
+
+def softmax_cases(torch: Any, minitorch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str, Any]]:
+    stream = torch.cuda.current_stream().cuda_stream
+    cases = []
+    for shape in shapes:
+        B, H, Tq, Tk = shape
+        n = B * H * Tq * Tk
+        k = rotation(torch, 2 * n * 4)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        xs = [torch.randn(shape, device="cuda", generator=gen) for _ in range(k)]
+        ys = [torch.empty(shape, device="cuda") for _ in range(k)]
+        mask = torch.zeros(B, Tk, device="cuda")
+        mask[B // 2:, Tk // 2:] = float("-inf")
+        mask4 = mask.view(B, 1, 1, Tk)
+        xm = [minitorch.from_torch(x) for x in xs]
+        mm = minitorch.from_torch(mask)
+
+        for masked in (True, False):
+            mptr = mask.data_ptr() if masked else None
+            mmt = mm if masked else None
+
+            def kernel(i, mptr=mptr):
+                j = i % k
+                lib.launch_attn_softmax(ys[j].data_ptr(), xs[j].data_ptr(), mptr, B, H, Tq, Tk, 0, stream)
+
+            def api(i, mmt=mmt):
+                minitorch.CudaKernelOps.attn_softmax_fw(xm[i % k], mmt, False)
+
+            def reference(i, masked=masked):
+                x = xs[i % k]
+                torch.softmax(x + mask4 if masked else x, -1)
+
+            def unfused(i, mmt=mmt):
+                minitorch.TensorOps.attn_softmax_fw(xm[i % k], mmt, False)
+
+            cases.append({
+                "op": "softmax fw" + (" + mask" if masked else ""),
+                "shape": list(shape),
+                "bytes": 4 * (2 * n + (B * Tk if masked else 0)),
+                "fns": (kernel, api, reference, unfused),
+            })
+
+        # Backward: y a softmax output, g a random gradient; dx rotates with them.
+        gs = [torch.randn(shape, device="cuda", generator=gen) for _ in range(k)]
+        ss = [torch.softmax(x, -1) for x in xs]
+        gm = [minitorch.from_torch(g) for g in gs]
+        sm = [minitorch.from_torch(s) for s in ss]
+
+        def kernel_bw(i):
+            j = i % k
+            lib.launch_attn_softmax_bw(ys[j].data_ptr(), gs[j].data_ptr(), ss[j].data_ptr(), B * H * Tq, Tk, stream)
+
+        def api_bw(i):
+            minitorch.CudaKernelOps.attn_softmax_bw(gm[i % k], sm[i % k])
+
+        def reference_bw(i):
+            torch.ops.aten._softmax_backward_data(gs[i % k], ss[i % k], -1, torch.float32)
+
+        def unfused_bw(i):
+            minitorch.TensorOps.attn_softmax_bw(gm[i % k], sm[i % k])
+
+        cases.append({"op": "softmax bw", "shape": list(shape), "bytes": 4 * 3 * n,
+                      "fns": (kernel_bw, api_bw, reference_bw, unfused_bw)})
+    return cases
+
+
+def layernorm_cases(torch: Any, minitorch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str, Any]]:
+    stream = torch.cuda.current_stream().cuda_stream
+    cases = []
+    for rows, C in shapes:
+        n = rows * C
+        k = rotation(torch, 3 * n * 4)
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        xs = [torch.randn(rows, C, device="cuda", generator=gen) for _ in range(k)]
+        dys = [torch.randn(rows, C, device="cuda", generator=gen) for _ in range(k)]
+        outs = [torch.empty(rows, C, device="cuda") for _ in range(k)]
+        means = [torch.empty(rows, device="cuda") for _ in range(k)]
+        rstds = [torch.empty(rows, device="cuda") for _ in range(k)]
+        gamma = 1.0 + 0.1 * torch.randn(C, device="cuda", generator=gen)
+        beta = 0.1 * torch.randn(C, device="cuda", generator=gen)
+        dgamma, dbeta = torch.empty(C, device="cuda"), torch.empty(C, device="cuda")
+        ws = torch.empty(max(1, lib.layernorm_bw_workspace_floats(rows, C)), device="cuda")
+        for j in range(k):
+            lib.launch_layernorm(outs[j].data_ptr(), means[j].data_ptr(), rstds[j].data_ptr(), xs[j].data_ptr(),
+                                 gamma.data_ptr(), beta.data_ptr(), rows, C, EPS, stream)
+        xm, dym = [minitorch.from_torch(x) for x in xs], [minitorch.from_torch(d) for d in dys]
+        mm, rm = [minitorch.from_torch(m) for m in means], [minitorch.from_torch(r) for r in rstds]
+        gmt, bmt = minitorch.from_torch(gamma), minitorch.from_torch(beta)
+        tmean_rstd = [torch.ops.aten.native_layer_norm(x, (C,), gamma, beta, EPS)[1:] for x in xs]
+
+        def kernel(i):
+            j = i % k
+            lib.launch_layernorm(outs[j].data_ptr(), means[j].data_ptr(), rstds[j].data_ptr(), xs[j].data_ptr(),
+                                 gamma.data_ptr(), beta.data_ptr(), rows, C, EPS, stream)
+
+        def api(i):
+            minitorch.CudaKernelOps.layernorm_fw(xm[i % k], gmt, bmt, EPS)
+
+        def reference(i):
+            torch.nn.functional.layer_norm(xs[i % k], (C,), gamma, beta, EPS)
+
+        def unfused(i):
+            minitorch.TensorOps.layernorm_fw(xm[i % k], gmt, bmt, EPS)
+
+        cases.append({"op": "layernorm fw", "shape": [rows, C], "bytes": 4 * (2 * n + 2 * C + 2 * rows),
+                      "fns": (kernel, api, reference, unfused)})
+
+        def kernel_bw(i):
+            j = i % k
+            lib.launch_layernorm_bw(outs[j].data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), dys[j].data_ptr(),
+                                    xs[j].data_ptr(), gamma.data_ptr(), means[j].data_ptr(), rstds[j].data_ptr(),
+                                    ws.data_ptr(), rows, C, stream)
+
+        def api_bw(i):
+            j = i % k
+            minitorch.CudaKernelOps.layernorm_bw(dym[j], xm[j], gmt, mm[j], rm[j])
+
+        def reference_bw(i):
+            j = i % k
+            torch.ops.aten.native_layer_norm_backward(dys[j], xs[j], (C,), tmean_rstd[j][0], tmean_rstd[j][1],
+                                                      gamma, beta, [True, True, True])
+
+        def unfused_bw(i):
+            j = i % k
+            minitorch.TensorOps.layernorm_bw(dym[j], xm[j], gmt, mm[j], rm[j])
+
+        cases.append({"op": "layernorm bw", "shape": [rows, C], "bytes": 4 * (3 * n + 3 * C + 2 * rows),
+                      "fns": (kernel_bw, api_bw, reference_bw, unfused_bw)})
+    return cases
+
+
+def measure(torch: Any, timer: GpuTimer, cases: List[Dict[str, Any]], copy_gbps: float) -> List[Dict[str, Any]]:
+    results = []
+    for case in cases:
+        kernel, api, reference, unfused = case.pop("fns")
+        t = {name: timer(fn) for name, fn in
+             (("kernel", kernel), ("api", api), ("torch", reference), ("unfused", unfused))}
+        torch.cuda.synchronize()
+        gbps = case["bytes"] / (t["kernel"] * 1e-3) / 1e9
+        torch_gbps = case["bytes"] / (t["torch"] * 1e-3) / 1e9
+        row = dict(case)
+        row.update({
+            "kernel_us": t["kernel"] * 1e3, "api_us": t["api"] * 1e3, "torch_us": t["torch"] * 1e3,
+            "unfused_us": t["unfused"] * 1e3, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps,
+            "torch_gbps": torch_gbps, "torch_pct_copy": 100 * torch_gbps / copy_gbps,
+            "speedup_vs_torch": t["torch"] / t["kernel"], "speedup_vs_unfused": t["unfused"] / t["api"],
+        })
+        results.append(row)
+        print_row(row)
+    return results
+
+
+HEADER = (f"{'op':<18} {'shape':<20} {'kernel us':>10} {'GB/s':>7} {'%copy':>6} {'torch us':>10} "
+          f"{'%copy':>6} {'vs torch':>8} {'api us':>10} {'unfused us':>11} {'vs unfused':>10}")
+
+
+def print_row(r: Dict[str, Any]) -> None:
+    print(f"{r['op']:<18} {str(r['shape']):<20} {r['kernel_us']:>10.1f} {r['gbps']:>7.0f} {r['pct_copy']:>5.0f}% "
+          f"{r['torch_us']:>10.1f} {r['torch_pct_copy']:>5.0f}% {r['speedup_vs_torch']:>7.2f}x "
+          f"{r['api_us']:>10.1f} {r['unfused_us']:>11.1f} {r['speedup_vs_unfused']:>9.1f}x", flush=True)
+
+
+def plot(results: List[Dict[str, Any]], copy_gbps: float, device: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['op']}\n{'x'.join(str(s) for s in r['shape'])}" for r in results]
+    x = np.arange(len(results))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(10, 0.9 * len(results)), 9), sharex=True)
+    ax1.bar(x - 0.2, [r["pct_copy"] for r in results], 0.4, label="minitorch fused kernel")
+    ax1.bar(x + 0.2, [r["torch_pct_copy"] for r in results], 0.4, label="PyTorch")
+    ax1.axhline(100, color="gray", lw=0.8, ls="--")
+    ax1.set_ylabel(f"% of copy bandwidth ({copy_gbps:.0f} GB/s)")
+    ax1.set_title(f"Fused softmax / LayerNorm, fp32, {device}")
+    ax1.legend()
+    ax2.bar(x - 0.2, [r["speedup_vs_torch"] for r in results], 0.4, label="speedup vs PyTorch")
+    ax2.bar(x + 0.2, [r["speedup_vs_unfused"] for r in results], 0.4, label="speedup vs minitorch unfused")
+    ax2.axhline(1, color="gray", lw=0.8, ls="--")
+    ax2.set_yscale("log")
+    ax2.set_ylabel("speedup (x)")
+    ax2.legend()
+    ax2.set_xticks(x)
+    ax2.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
+                        help="directory for bench_fused.json and bench_fused.png")
+    parser.add_argument("--quick", action="store_true", help="only the first shape of each kernel, fewer repeats")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_fused.py needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    import minitorch
+    from minitorch.cuda_kernel_ops import load_library
+
+    softmax_lib = load_library("softmax_kernel")
+    layernorm_lib = load_library("layernorm_kernel")
+    timer = GpuTimer(torch, repeats=3 if args.quick else 9)
+    device = torch.cuda.get_device_name(0)
+    copy_gbps = copy_bandwidth(torch, timer)
+    print(f"device: {device}; torch {torch.__version__}; device-to-device copy {copy_gbps:.0f} GB/s")
+    print("kernel = our launcher through ctypes on torch buffers (GB/s and %copy use it); api = through minitorch;")
+    print("torch = PyTorch's ops; unfused = minitorch's composed TensorOps path; all median GPU time per call")
+    print(HEADER)
+
+    sm_shapes = SOFTMAX_SHAPES[:1] if args.quick else SOFTMAX_SHAPES
+    ln_shapes = LAYERNORM_SHAPES[:1] if args.quick else LAYERNORM_SHAPES
+    results = []
+    # One group at a time, so the buffers of a group are freed before the next is allocated.
+    for make, lib, shapes in ((softmax_cases, softmax_lib, sm_shapes), (layernorm_cases, layernorm_lib, ln_shapes)):
+        for shape in shapes:
+            results += measure(torch, timer, make(torch, minitorch, lib, [shape]), copy_gbps)
+            torch.cuda.empty_cache()
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "device": device,
+        "torch": torch.__version__,
+        "copy_gbps": copy_gbps,
+        "timing": "median GPU time per call (ms events around back-to-back calls queued behind a spin kernel)",
+        "kernel_column": "launch_* through ctypes on torch buffers",
+        "results": results,
+    }
+    (args.out / "bench_fused.json").write_text(json.dumps(report, indent=2))
+    plot(results, copy_gbps, device, args.out / "bench_fused.png")
+    print(f"wrote {args.out / 'bench_fused.json'} and {args.out / 'bench_fused.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

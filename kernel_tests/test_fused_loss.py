@@ -1,0 +1,225 @@
+"""fused_linear_cross_entropy on CUDA (src/classifier_kernel.cu with combine.cu's matmul) against torch
+float64, through the minitorch API, and the fused classifier launcher alone on torch buffers.
+
+Vocab sizes {7, 1000, 10000, 50257} (odd ones take the kernel's scalar path, multiples of 4 its float4
+path; 50257 is split into vocab slabs with a remainder for dhidden), hidden {64, 768}, ~30% of the
+tokens ignored (weight 0, target -100), chunk sizes that divide the token count, do not, exceed it,
+and the default.  The loss is multiplied by 1.7 before backward, so the saved gradients are scaled.
+"""
+
+from typing import Optional
+
+import numpy as np
+import pytest
+
+import minitorch
+from minitorch.cuda_kernel_ops import load_library
+from minitorch.fused_loss import fused_linear_cross_entropy
+
+torch = pytest.importorskip("torch")
+
+CUDA = minitorch.TensorBackend(minitorch.CudaKernelOps)
+N_TOKENS = 300
+VOCABS = [7, 1000, 10000, 50257]
+HIDDEN = [64, 768]
+CHUNKS = [None, 64, 97, 1000]  # default, divides 300 unevenly x2, larger than 300
+GRAD_SCALE = 1.7
+LOSS_TOL = 2e-5
+GRAD_TOL = 1e-4
+
+_lib = None
+
+
+def classifier_lib():
+    global _lib
+    if _lib is None:
+        _lib = load_library("classifier_kernel")
+    return _lib
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    """max|out - ref| / max|ref|; infinite when out has a nan or inf."""
+    out = np.asarray(out, dtype=np.float64)
+    if not np.isfinite(out).all():
+        return float("inf")
+    return float(np.abs(out - ref).max() / max(float(np.abs(ref).max()), 1e-30))
+
+
+def problem(N: int, C: int, V: int, seed: int, with_bias: bool, device: str = "cuda"):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    hidden = torch.randn(N, C, device=device, generator=gen)
+    weight = torch.randn(C, V, device=device, generator=gen) * (3.0 / C**0.5)
+    bias = torch.randn(V, device=device, generator=gen) if with_bias else None
+    targets = torch.randint(0, V, (N,), device=device, generator=gen).float()
+    weights = torch.rand(N, device=device, generator=gen) * 1.8 + 0.2
+    ignored = torch.rand(N, device=device, generator=gen) < 0.3
+    ignored[0] = True
+    weights[ignored] = 0.0
+    targets[ignored] = -100.0
+    return hidden, weight, bias, targets, weights
+
+
+def reference(hidden, weight, bias, targets, weights):
+    """float64 loss and gradients of GRAD_SCALE * loss, on the GPU (torch float64)."""
+    h = hidden.double().requires_grad_(True)
+    w = weight.double().requires_grad_(True)
+    b = bias.double().requires_grad_(True) if bias is not None else None
+    logits = h @ w + (b if b is not None else 0.0)
+    ce = torch.nn.functional.cross_entropy(logits, torch.where(weights != 0, targets, 0.0).long(), reduction="none")
+    tw = weights.double()
+    loss = (ce * tw).sum() / tw.sum()
+    (loss * GRAD_SCALE).backward()
+    grads = [h.grad, w.grad] + ([b.grad] if b is not None else [])
+    return loss.item(), [g.cpu().numpy() for g in grads]
+
+
+def run_minitorch(hidden, weight, bias, targets, weights, chunk_size: Optional[int]):
+    h = minitorch.from_torch(hidden.clone()).requires_grad_(True)
+    w = minitorch.from_torch(weight.clone()).requires_grad_(True)
+    b = minitorch.from_torch(bias.clone()).requires_grad_(True) if bias is not None else None
+    loss = fused_linear_cross_entropy(
+        h, w, minitorch.from_torch(targets), minitorch.from_torch(weights), chunk_size=chunk_size, bias=b
+    )
+    (loss * GRAD_SCALE).backward()
+    return loss, [h.grad.to_numpy(), w.grad.to_numpy()] + ([b.grad.to_numpy()] if b is not None else [])
+
+
+@pytest.mark.parametrize("chunk_size", CHUNKS)
+@pytest.mark.parametrize("hidden_size", HIDDEN)
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_fused_loss_matches_torch_float64(vocab: int, hidden_size: int, chunk_size: Optional[int]) -> None:
+    with_bias = chunk_size in (None, 97)
+    inputs = problem(N_TOKENS, hidden_size, vocab, seed=vocab + hidden_size, with_bias=with_bias)
+    loss, grads = run_minitorch(*inputs, chunk_size)
+    ref_loss, ref_grads = reference(*inputs)
+    label = f"V={vocab} C={hidden_size} chunk={chunk_size} bias={with_bias}"
+    assert loss.shape == (1,)
+    assert abs(loss.item() - ref_loss) / abs(ref_loss) < LOSS_TOL, f"{label}: loss {loss.item()} vs {ref_loss}"
+    for name, g, r in zip(("dhidden", "dweight", "dbias"), grads, ref_grads):
+        err = rel_err(g, r)
+        assert err < GRAD_TOL, f"{label}: {name} relative error {err:.3g}"
+    ignored = (inputs[4] == 0).cpu().numpy()
+    assert np.all(grads[0][ignored] == 0.0), f"{label}: an ignored token got a gradient"
+
+
+@pytest.mark.parametrize("vocab", [1000, 50257])
+def test_loss_without_grad_is_the_same_number(vocab: int) -> None:
+    hidden, weight, bias, targets, weights = problem(N_TOKENS, 64, vocab, seed=3, with_bias=True)
+    args = [minitorch.from_torch(t) for t in (hidden, weight, targets, weights)]
+    b = minitorch.from_torch(bias)
+    with_grad = fused_linear_cross_entropy(
+        args[0].requires_grad_(True), args[1].requires_grad_(True), args[2], args[3], chunk_size=97, bias=b
+    )
+    with minitorch.no_grad():
+        plain = fused_linear_cross_entropy(*args, chunk_size=97, bias=b)
+    assert plain.history is None
+    # The same arithmetic, but in another instantiation of the kernel: equal up to rounding.
+    assert abs(plain.item() - with_grad.item()) <= 1e-6 * abs(with_grad.item())
+
+
+def test_all_zero_weights_give_zero_loss_and_gradients() -> None:
+    hidden, weight, bias, targets, weights = problem(50, 64, 1000, seed=4, with_bias=True)
+    weights.zero_()
+    loss, grads = run_minitorch(hidden, weight, bias, targets, weights, 16)
+    assert loss.item() == 0.0
+    for name, g in zip(("dhidden", "dweight", "dbias"), grads):
+        assert np.all(g == 0.0), f"{name} is not zero for all-zero token weights"
+
+
+def test_bad_target_on_a_counted_token_makes_the_loss_nan() -> None:
+    hidden, weight, _, targets, weights = problem(20, 64, 100, seed=5, with_bias=False)
+    weights[7] = 1.0
+    targets[7] = 100.0  # == V
+    loss = fused_linear_cross_entropy(*(minitorch.from_torch(t) for t in (hidden, weight, targets, weights)))
+    assert np.isnan(loss.item())
+
+
+def test_no_host_device_copies() -> None:
+    from minitorch import cuda_kernel_ops as cko
+
+    inputs = problem(N_TOKENS, 64, 1000, seed=6, with_bias=True)
+    h, w, b, t, tw = (minitorch.from_torch(x) for x in inputs)
+    h.requires_grad_(True)
+    w.requires_grad_(True)
+    cko.reset_transfer_stats()
+    loss = fused_linear_cross_entropy(h, w, t, tw, chunk_size=97, bias=b)
+    loss.backward()
+    assert cko.transfer_stats()["h2d"] == 0 and cko.transfer_stats()["d2h"] == 0, cko.transfer_stats()
+
+
+def test_memory_stays_within_one_chunk_of_logits() -> None:
+    """With 4096 tokens x 50257 classes (823 MB of logits), a 256-row chunk must keep the extra
+    memory of the call to the gradients, the weight-sized scratch and about one chunk of logits."""
+    N, C, V, chunk = 4096, 256, 50257, 256
+    hidden, weight, _, targets, weights = problem(N, C, V, seed=7, with_bias=False)
+    h = minitorch.from_torch(hidden).requires_grad_(True)
+    w = minitorch.from_torch(weight).requires_grad_(True)
+    t, tw = minitorch.from_torch(targets), minitorch.from_torch(weights)
+    torch.cuda.synchronize()
+    base = minitorch.cuda_memory_stats(reset=True)["current"]
+    loss = fused_linear_cross_entropy(h, w, t, tw, chunk_size=chunk)
+    torch.cuda.synchronize()
+    extra = minitorch.cuda_memory_stats()["peak"] - base
+    grads_and_scratch = 4 * (N * C + 2 * C * V)
+    budget = grads_and_scratch + 4 * chunk * V * 1.5 + (16 << 20)
+    assert extra < budget, f"peak {extra / 2**20:.0f} MiB above the inputs, budget {budget / 2**20:.0f} MiB"
+    assert extra < 0.5 * 4 * N * V, "the call used as much memory as the full logits"
+    del loss
+
+
+# ---- the launcher alone -------------------------------------------------------------------------------
+@pytest.mark.parametrize("vocab", [7, 64, 1000, 1003, 50257])
+@pytest.mark.parametrize("misaligned", [False, True])
+@pytest.mark.parametrize("write_grad", [True, False])
+def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool) -> None:
+    """losses and dlogits (written over the logits) of the raw launcher, incl. a row offset by one
+    float (scalar path), a NaN-poisoned loss buffer, an ignored row and a bias."""
+    rows = 37
+    gen = torch.Generator(device="cuda").manual_seed(vocab)
+    off = 1 if misaligned else 0
+    sentinel = 12345.0
+    store = torch.full((rows * vocab + 2,), sentinel, device="cuda")  # a float on each side of the rows
+    logits = store[off : off + rows * vocab].view(rows, vocab)
+    logits.copy_(torch.randn(rows, vocab, device="cuda", generator=gen) * 4.0)
+    bias = torch.randn(vocab, device="cuda", generator=gen)
+    targets = torch.randint(0, vocab, (rows,), device="cuda", generator=gen).float()
+    weights = torch.rand(rows, device="cuda", generator=gen) + 0.5
+    weights[3] = 0.0
+    targets[3] = 1e9
+    total = weights.sum().reshape(1)
+    losses = torch.full((rows,), float("nan"), device="cuda")
+    x = (logits.double() + bias.double())
+    ref_losses = torch.nn.functional.cross_entropy(x, torch.where(weights != 0, targets, 0.0).long(), reduction="none")
+    ref_losses = ref_losses * weights.double() / total.double()
+    ref_grad = (torch.softmax(x, 1) - torch.nn.functional.one_hot(torch.where(weights != 0, targets, 0.0).long(), vocab))
+    ref_grad = ref_grad * (weights.double() / total.double())[:, None]
+    before = logits.clone()
+    stream = torch.cuda.current_stream().cuda_stream
+    code = classifier_lib().launch_fused_classifier(
+        logits.data_ptr(), losses.data_ptr(), bias.data_ptr(), targets.data_ptr(), weights.data_ptr(), total.data_ptr(),
+        rows, vocab, int(write_grad), stream,
+    )
+    assert code == 0
+    torch.cuda.synchronize()
+    assert rel_err(losses.cpu().numpy(), ref_losses.cpu().numpy()) < 1e-5
+    if write_grad:
+        assert rel_err(logits.cpu().numpy(), ref_grad.cpu().numpy()) < 1e-5
+        assert torch.all(logits[3] == 0.0)
+    else:
+        assert torch.equal(logits, before), "the loss-only launch wrote over the logits"
+    outside = torch.cat([store[:off], store[off + rows * vocab :]])
+    assert torch.all(outside == sentinel), "the launcher wrote outside the rows"
+
+
+def test_classifier_launcher_rejects_bad_sizes() -> None:
+    lib = classifier_lib()
+    buf = torch.zeros(16, device="cuda")
+    p = buf.data_ptr()
+    stream = torch.cuda.current_stream().cuda_stream
+    assert lib.launch_fused_classifier(p, p, None, p, p, p, 2, 0, 1, stream) != 0
+    assert lib.launch_fused_classifier(p, p, None, p, p, p, -1, 4, 1, stream) != 0
+    assert lib.launch_fused_classifier(None, p, None, p, p, p, 2, 4, 1, stream) != 0
+    assert lib.launch_fused_classifier(p, p, None, p, p, p, 0, 4, 1, stream) == 0
+    assert lib.fused_loss_vocab_splits(1024, 768, 50257) >= 1
+    assert lib.fused_loss_vocab_splits(1024, 768, 50257) <= 50257 // 1024
+    assert lib.fused_loss_vocab_splits(0, 768, 50257) == 1

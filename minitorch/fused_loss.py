@@ -1,0 +1,104 @@
+"""fused_linear_cross_entropy: an LM head and its cross-entropy without the [tokens, vocab] logits.
+
+The loss of a language model is usually `cross_entropy(hidden @ W + b, targets)`, whose logits (and
+the softmax and gradient tensors of the same size) dominate training memory: 16384 tokens of a
+50257-word vocabulary take 3.3 GB per copy in float32.  Here the logits are made `chunk_size` rows
+at a time and the gradients of hidden, W (and b) are computed right away in the forward pass (on
+CUDA the softmax, the loss and the gradient of each row of logits come from one fused kernel that
+writes the gradient over the logits), so only one chunk of logits exists at any moment.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .tensor import Tensor
+from .tensor_data import IndexingError
+from .tensor_functions import FusedLinearCrossEntropy
+
+# Floats of logits per chunk when chunk_size is not given (256 MiB of float32).
+DEFAULT_CHUNK_FLOATS = 1 << 26
+# Default chunks are a multiple of this many rows (the tile height of the CUDA matmul).
+CHUNK_ROW_MULTIPLE = 128
+
+
+def default_chunk_size(n_tokens: int, vocab: int) -> int:
+    """Rows per chunk when none is given: as many as keep a chunk of logits within
+    DEFAULT_CHUNK_FLOATS, rounded down to a multiple of CHUNK_ROW_MULTIPLE, at most n_tokens."""
+    rows = max(1, DEFAULT_CHUNK_FLOATS // max(vocab, 1))
+    if rows > CHUNK_ROW_MULTIPLE:
+        rows -= rows % CHUNK_ROW_MULTIPLE
+    return max(1, min(rows, n_tokens))
+
+
+def fused_linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    token_weights: Tensor,
+    chunk_size: Optional[int] = None,
+    bias: Optional[Tensor] = None,
+) -> Tensor:
+    """sum(loss * w) / sum(w), shape (1,), where loss[r] is the cross-entropy of the logits
+    hidden[r] @ weight (+ bias) against targets[r], and w = token_weights.
+
+    hidden [N, C]; weight [C, V] (minitorch's Linear layout: Linear(C, V).weights); targets [N]
+    holding integral class ids; token_weights [N] (0 leaves a token out: its target may then be any
+    value, e.g. padding); bias [V] or None; chunk_size: rows of logits made at a time (any positive
+    int, need not divide N; default: default_chunk_size(N, V)).  It equals
+    nn.cross_entropy(hidden @ weight + bias, targets, token_weights) up to float rounding.
+
+    Gradients flow to hidden, weight and bias; they are computed during this call (when any of them
+    requires grad), so backward is a cheap scaling.  All-zero weights (sum(w) == 0) give a loss of 0
+    and zero gradients, rather than 0/0.  A target outside [0, V) (or not an integer) on a token with
+    a non-zero weight raises ValueError on the CPU backends; on CUDA, where checking would need a
+    device-to-host copy, it makes the loss NaN.
+    """
+    for name, t in (("weight", weight), ("targets", targets), ("token_weights", token_weights)) + (
+        (("bias", bias),) if bias is not None else ()
+    ):
+        if not isinstance(t, Tensor) or t.backend.ops is not hidden.backend.ops:
+            raise TypeError(
+                f"fused_linear_cross_entropy: {name} must be a tensor on {hidden.backend.ops.__name__} like hidden"
+            )
+    if hidden.dims != 2 or weight.dims != 2 or hidden.shape[1] != weight.shape[0] or hidden.size == 0:
+        raise IndexingError(
+            f"fused_linear_cross_entropy: hidden [N, C] and weight [C, V] with N, C >= 1, got {hidden.shape} "
+            f"and {weight.shape}"
+        )
+    N, C = hidden.shape
+    V = weight.shape[1]
+    if V < 1:
+        raise IndexingError(f"fused_linear_cross_entropy: weight {weight.shape} has no classes")
+    if targets.shape != (N,) or token_weights.shape != (N,):
+        raise IndexingError(
+            f"fused_linear_cross_entropy: hidden {hidden.shape} needs targets and token_weights of shape ({N},), "
+            f"got {targets.shape} and {token_weights.shape}"
+        )
+    if bias is not None and bias.shape != (V,):
+        raise IndexingError(f"fused_linear_cross_entropy: bias must have shape ({V},), got {bias.shape}")
+    if chunk_size is None:
+        chunk_size = default_chunk_size(N, V)
+    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ValueError(f"fused_linear_cross_entropy: chunk_size must be a positive int, got {chunk_size!r}")
+    if not hidden.backend.cuda:
+        _check_targets(targets, token_weights, V)
+    return FusedLinearCrossEntropy.apply(
+        hidden.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
+        targets, token_weights, int(chunk_size),
+    )  # fmt: skip
+
+
+def _check_targets(targets: Tensor, token_weights: Tensor, vocab: int) -> None:
+    """Targets of the tokens that count must be integers in [0, vocab) (host check, CPU backends)."""
+    ids = targets.to_numpy().astype(np.float64)
+    counted = token_weights.to_numpy() != 0
+    bad = counted & ((ids < 0) | (ids >= vocab) | (ids != np.floor(ids)))
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"fused_linear_cross_entropy: targets must be integers in [0, {vocab}) where token_weights != 0; "
+            f"token {r} has target {ids[r]} with weight {float(token_weights.to_numpy()[r])}"
+        )

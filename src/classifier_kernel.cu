@@ -1,0 +1,236 @@
+// classifier_kernel.cu: the fused classifier behind minitorch.fused_linear_cross_entropy.
+//
+// Softmax, cross-entropy and the gradient of the logits in one kernel, in the manner of llm.c's
+// fused classifier. Shapes: logits [rows, V] (contiguous, a chunk of the tokens), one target id,
+// one token weight and one loss per row; weight_sum points at sum(token weights) over ALL tokens
+// of the loss (not just this chunk), so that the loss is sum(loss_r * w_r) / sum(w).
+//
+// Thread mapping: one block per row. Pass 1: every thread folds its elements of the row (lanes
+// consecutive, float4 when the row is 16-byte aligned, else scalar with four loads in flight) into
+// an online (max, sum of exp) pair; the pairs merge across the warp with shuffles, then across the
+// block through shared memory. Thread 0 reads the target's logit before anything is overwritten.
+// Pass 2 (when the gradient is wanted): each thread rereads its own elements (mostly from L2) and
+// writes, IN PLACE over the logits, dlogits = (softmax - onehot(target)) * w_r / sum(w). Nothing of
+// size [rows, V] besides the logits buffer itself is ever allocated.
+//
+// A row whose scale w_r / sum(w) is 0 (an ignored token, or sum(w) == 0) reads nothing: its loss is
+// 0 and its dlogits row is written as zeros. A row with a non-zero weight whose target is not an
+// integer in [0, V) gets a NaN loss (the device cannot raise; the CPU backends check on the host).
+//
+// Also here: the planner that tells the Python side how many vocab slabs to split the
+// dhidden = dlogits @ weight^T product into (see fused_loss_vocab_splits).
+#include <cmath>
+#include <cuda_runtime.h>
+
+#include "includes/cuda_check.cuh"
+#include "includes/device_info.cuh"
+#include "includes/reduce.cuh"
+#include "includes/vec.cuh"
+
+namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr int kElemsPerThread = 8;  // fewer threads than V / 8 only when V is small
+
+// The online-softmax state of a set of logits: m = their max, s = sum(exp(x - m)).
+// Merging two states rescales both sums to the larger max; (-inf, 0) is the empty set.
+struct MaxSumOp {
+  __device__ __forceinline__ float2 operator()(float2 a, float2 b) const {
+    const float m = fmaxf(a.x, b.x);
+    if (m == -INFINITY) return make_float2(-INFINITY, 0.f);
+    return make_float2(m, a.y * expf(a.x - m) + b.y * expf(b.x - m));
+  }
+};
+
+__device__ __forceinline__ void fold4(float& m, float& s, float a, float b, float c, float d) {
+  const float nm = fmaxf(m, fmaxf(fmaxf(a, b), fmaxf(c, d)));
+  s = s * expf(m - nm) + (expf(a - nm) + expf(b - nm)) + (expf(c - nm) + expf(d - nm));
+  m = nm;
+}
+
+__device__ __forceinline__ void fold1(float& m, float& s, float a) {
+  const float nm = fmaxf(m, a);
+  s = s * expf(m - nm) + expf(a - nm);
+  m = nm;
+}
+
+// The row's elements a thread owns: VEC: float4 groups q = tid, tid + T, ... (elements 4q..4q+3);
+// scalar: elements j = tid, tid + T, ... taken four at a time (j, j+T, j+2T, j+3T) for ILP.
+template <bool VEC, bool HAS_BIAS>
+__device__ __forceinline__ float2 row_max_sum(const float* x, const float* bias, int V) {
+  const int T = blockDim.x;
+  float m = -INFINITY, s = 0.f;
+  if (VEC) {
+    const int V4 = V >> 2;
+    for (int q = threadIdx.x; q < V4; q += T) {
+      float4 v = mt::load_float4(x + 4 * q);
+      if (HAS_BIAS) {
+        const float4 b = mt::load_float4(bias + 4 * q);
+        v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
+      }
+      fold4(m, s, v.x, v.y, v.z, v.w);
+    }
+  } else {
+    int j = threadIdx.x;
+    for (; j + 3 * T < V; j += 4 * T) {
+      float a = x[j], b = x[j + T], c = x[j + 2 * T], d = x[j + 3 * T];
+      if (HAS_BIAS) {
+        a += bias[j];
+        b += bias[j + T];
+        c += bias[j + 2 * T];
+        d += bias[j + 3 * T];
+      }
+      fold4(m, s, a, b, c, d);
+    }
+    for (; j < V; j += T) fold1(m, s, HAS_BIAS ? x[j] + bias[j] : x[j]);
+  }
+  return make_float2(m, s);
+}
+
+// dlogits over the same elements row_max_sum read: (exp(x - max) / sum - [j == target]) * scale.
+template <bool VEC, bool HAS_BIAS>
+__device__ __forceinline__ void row_dlogits(float* x, const float* bias, int V, int target, float max,
+                                            float inv_sum, float scale) {
+  const int T = blockDim.x;
+  if (VEC) {
+    const int V4 = V >> 2;
+    for (int q = threadIdx.x; q < V4; q += T) {
+      float4 v = mt::load_float4(x + 4 * q);
+      if (HAS_BIAS) {
+        const float4 b = mt::load_float4(bias + 4 * q);
+        v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
+      }
+      const int j = 4 * q;
+      mt::store_float4(x + j, make_float4((expf(v.x - max) * inv_sum - (j == target ? 1.f : 0.f)) * scale,
+                                          (expf(v.y - max) * inv_sum - (j + 1 == target ? 1.f : 0.f)) * scale,
+                                          (expf(v.z - max) * inv_sum - (j + 2 == target ? 1.f : 0.f)) * scale,
+                                          (expf(v.w - max) * inv_sum - (j + 3 == target ? 1.f : 0.f)) * scale));
+    }
+  } else {
+    for (int j = threadIdx.x; j < V; j += T) {
+      const float v = HAS_BIAS ? x[j] + bias[j] : x[j];
+      x[j] = (expf(v - max) * inv_sum - (j == target ? 1.f : 0.f)) * scale;
+    }
+  }
+}
+
+template <bool VEC>
+__device__ __forceinline__ void row_zero(float* x, int V) {
+  if (VEC) {
+    for (int q = threadIdx.x; q < (V >> 2); q += blockDim.x) {
+      mt::store_float4(x + 4 * q, make_float4(0.f, 0.f, 0.f, 0.f));
+    }
+  } else {
+    for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = 0.f;
+  }
+}
+
+// Grid: one block per row; blockDim.x a multiple of 32, at most kMaxThreads.
+template <bool VEC, bool HAS_BIAS, bool WRITE_GRAD>
+__global__ void __launch_bounds__(kMaxThreads)
+fused_classifier_kernel(float* logits, float* losses, const float* bias, const float* targets,
+                        const float* token_weights, const float* weight_sum, int V) {
+  __shared__ float2 scratch[32];
+  const int row = blockIdx.x;
+  float* x = logits + static_cast<long long>(row) * V;
+  const float total = *weight_sum;
+  const float scale = total != 0.f ? token_weights[row] / total : 0.f;
+  if (scale == 0.f) {  // uniform over the block: no barrier is skipped by only some threads
+    if (threadIdx.x == 0) losses[row] = 0.f;
+    if (WRITE_GRAD) row_zero<VEC>(x, V);
+    return;
+  }
+  const float t = targets[row];
+  const int target = (t >= 0.f && t < static_cast<float>(V) && t == floorf(t)) ? static_cast<int>(t) : -1;
+  float target_logit = 0.f;
+  if (threadIdx.x == 0) {
+    // Read before the block reduction's barriers, hence before pass 2 overwrites the row.
+    target_logit = target >= 0 ? x[target] + (HAS_BIAS ? bias[target] : 0.f) : NAN;
+  }
+  const float2 ms = mt::block_allreduce(row_max_sum<VEC, HAS_BIAS>(x, bias, V), MaxSumOp{},
+                                        make_float2(-INFINITY, 0.f), scratch);
+  if (threadIdx.x == 0) losses[row] = (ms.x + logf(ms.y) - target_logit) * scale;
+  if (WRITE_GRAD) row_dlogits<VEC, HAS_BIAS>(x, bias, V, target, ms.x, 1.f / ms.y, scale);
+}
+
+template <bool VEC, bool HAS_BIAS>
+void launch_classifier_variant(bool write_grad, int rows, int threads, float* logits, float* losses,
+                               const float* bias, const float* targets, const float* token_weights,
+                               const float* weight_sum, int V, cudaStream_t stream) {
+  if (write_grad) {
+    fused_classifier_kernel<VEC, HAS_BIAS, true><<<rows, threads, 0, stream>>>(
+        logits, losses, bias, targets, token_weights, weight_sum, V);
+  } else {
+    fused_classifier_kernel<VEC, HAS_BIAS, false><<<rows, threads, 0, stream>>>(
+        logits, losses, bias, targets, token_weights, weight_sum, V);
+  }
+}
+
+constexpr int kMatmulTile = 128;   // combine.cu's big matmul tile (rows and columns)
+constexpr int kBlocksPerSm = 2;    // big-tile matmul blocks resident per SM (its register budget)
+constexpr int kWaves = 2;          // waves of resident blocks the split product is sized to fill
+constexpr int kMinVocabSlab = 1024;
+
+long long ceil_div(long long x, long long y) { return (x + y - 1) / y; }
+
+}  // namespace
+
+// ================================================================================================
+// C ABI
+// ================================================================================================
+extern "C" {
+
+MT_DEFINE_ERROR_STRING()
+
+// For each row r < rows of logits [rows, vocab] (+ bias [vocab] when bias is not NULL):
+//   losses[r] = (logsumexp(row) - row[targets[r]]) * token_weights[r] / *weight_sum
+// and, when write_grad != 0, the row is overwritten with
+//   (softmax(row) - onehot(targets[r])) * token_weights[r] / *weight_sum.
+// weight_sum is a device pointer (no host read); a zero sum gives zero losses and gradients.
+// targets hold integral floats. All pointers are device pointers to contiguous float32.
+int launch_fused_classifier(float* logits, float* losses, const float* bias, const float* targets,
+                            const float* token_weights, const float* weight_sum, int rows, int vocab,
+                            int write_grad, cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(rows < 0 || vocab <= 0);
+  MT_RETURN_IF_INVALID(logits == nullptr || losses == nullptr || targets == nullptr ||
+                       token_weights == nullptr || weight_sum == nullptr);
+  if (rows == 0) return 0;
+  // Enough threads for kElemsPerThread elements each, in whole warps, at most kMaxThreads.
+  long long threads = ceil_div(ceil_div(vocab, kElemsPerThread), 32) * 32;
+  if (threads > kMaxThreads) threads = kMaxThreads;
+  const bool vec = vocab % 4 == 0 && mt::is_aligned16(logits) && (bias == nullptr || mt::is_aligned16(bias));
+  const bool wg = write_grad != 0;
+  const int t = static_cast<int>(threads);
+  if (vec) {
+    if (bias != nullptr) {
+      launch_classifier_variant<true, true>(wg, rows, t, logits, losses, bias, targets, token_weights, weight_sum, vocab, stream);
+    } else {
+      launch_classifier_variant<true, false>(wg, rows, t, logits, losses, bias, targets, token_weights, weight_sum, vocab, stream);
+    }
+  } else {
+    if (bias != nullptr) {
+      launch_classifier_variant<false, true>(wg, rows, t, logits, losses, bias, targets, token_weights, weight_sum, vocab, stream);
+    } else {
+      launch_classifier_variant<false, false>(wg, rows, t, logits, losses, bias, targets, token_weights, weight_sum, vocab, stream);
+    }
+  }
+  return mt_launch_status();
+}
+
+// Number of vocab slabs for dhidden[rows, hidden] = dlogits[rows, vocab] @ weight^T: this product
+// has few output tiles and a long inner dim, so unsplit it would occupy a fraction of the SMs. Each
+// slab (a run of vocab columns) becomes one batch matrix of a single matmul launch, and the slabs'
+// partial products are summed afterwards. As many slabs as fit in kWaves full waves of big tiles
+// (a last wave that is mostly empty would idle most SMs), none shorter than kMinVocabSlab
+// columns; 1 when splitting does not pay (or on error).
+int fused_loss_vocab_splits(int rows, int hidden, int vocab) {
+  int sms = 0;
+  if (rows <= 0 || hidden <= 0 || vocab <= 0 || mt::sm_count(&sms) != cudaSuccess || sms <= 0) return 1;
+  const long long tiles = ceil_div(rows, kMatmulTile) * ceil_div(hidden, kMatmulTile);
+  long long splits = static_cast<long long>(kWaves) * kBlocksPerSm * sms / tiles;
+  const long long most = vocab / kMinVocabSlab;
+  if (splits > most) splits = most;
+  return splits < 2 ? 1 : static_cast<int>(splits);
+}
+
+}  // extern "C"

@@ -1,0 +1,771 @@
+// LayerNorm over the last dim, forward and backward (LightSeq2-style fused row kernels).
+//
+// Shapes: inp, out, dout, dinp [rows, hidden]; gamma, beta, dgamma, dbeta [hidden]; mean, rstd
+// [rows]. VEC = 4 (float4 accesses) when hidden % 4 == 0 and every pointer is 16-byte aligned,
+// else 1 (scalar accesses, any hidden size).
+//
+// Forward: y = (x - mean) * rstd * gamma + beta, rstd = 1 / sqrt(var + eps), var biased.
+//   Accuracy: statistics are taken of z = x - x[row, 0] (exact when x is near x[row, 0]), so a row
+//   with mean 100 and std 0.01 keeps float32 precision in z - mean(z) instead of losing it to the
+//   rounding of 100. Each thread reduces its values to (count, mean, sum of squared deviations)
+//   exactly from its registers; one team reduction merges the triples (Chan et al.), which gives
+//   mean and variance together without the cancellation of E[x^2] - E[x]^2; var >= 0 by
+//   construction and clamped anyway. Saved: mean = x[row, 0] + mean(z), rstd.
+//   layernorm_fw_rows<VEC, LANES, ITERS>: a team of LANES threads per row holds the row in
+//     registers (lane l: vectors l, l + LANES, ...; see fused_utils.cuh), so x is read once.
+//     LANES <= 32: 128-thread blocks with several rows, shuffle reductions; LANES > 32: one row
+//     per block. Buckets (capacity LANES * ITERS * VEC elements):
+//       VEC 4: 4..64 (1..16 lanes x 1), 128/256/512/768/1024 (32 lanes x 1/2/4/6/8),
+//              2048/4096/8192/12288/16384 (128/256/512/768/1024 threads x 4);
+//       VEC 1: 1..32 (1..32 lanes x 1), 64..512 (32 lanes x 2..16),
+//              1024/2048/4096/8192/16384 (128/256/512/1024/1024 threads x 8/8/8/8/16).
+//   layernorm_fw_stream<VEC>: hidden > 16384, one 512-thread block per row, statistics merged
+//     chunk by chunk, then a second read of the row to write it.
+//
+// Backward: with xhat = (x - mean) * rstd and g = dout * gamma,
+//   dinp = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)), dgamma = sum_rows dout * xhat,
+//   dbeta = sum_rows dout.
+//   The saved mean is float32, so x - mean would carry its rounding (1e-5 at mean 100, a 1e-3
+//   error in xhat at std 0.01); the kernel recomputes the residual d = mean_j(x - mean) and uses
+//   xhat = (x - mean - d) * rstd. The three row sums (x - mean, g, g * (x - mean)) go through one
+//   team reduction.
+//   layernorm_bw_rows<VEC, LANES, ITERS>: a persistent grid of `parts` blocks; block p handles
+//     rows p * teams + t, stepping by parts * teams, with a team of LANES threads per row (teams of
+//     <= 32 lanes share 256-thread blocks; LANES > 32: the block is the team). Each thread owns the
+//     same columns in every row, so it accumulates dgamma/dbeta for them in registers while it
+//     writes dinp; at the end the block's teams are summed (shuffles, then shared memory across
+//     warps) into row p of workspace partial[parts][2 * hidden] (dgamma then dbeta). x and dout
+//     are read once. Buckets (VEC 4): 4..64 (1..16 lanes x 1), 128/256 (32 lanes x 1/2),
+//     512/768/1024/2048/4096/8192 (64/96/128/256/512/1024 threads x 2); (VEC 1): 1..32 (1..32
+//     lanes x 1), 64/128 (32 lanes x 2/4), 256/512 (64/128 threads x 4),
+//     1024/2048/4096/8192 (128/256/512/1024 threads x 8).
+//   hidden > 8192: layernorm_bw_dinp_stream<VEC> (one block per row, two reads; it also stores d
+//     per row in the workspace) and layernorm_bw_params_stream (32 x 32 threads per tile of 32
+//     columns and a slab of rows: each thread sums a column down its rows, the tile is transposed
+//     through shared memory and each warp shuffle-reduces one column into partial[slab]).
+//   layernorm_bw_params_reduce: dgamma/dbeta = column sums of partial, in a fixed order (the
+//     result is deterministic): 32 x 32 threads per 32 columns, each thread sums every 32nd part,
+//     then the same transpose + warp shuffle.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "includes/cuda_check.cuh"
+#include "includes/device_info.cuh"
+#include "includes/fused_utils.cuh"
+#include "includes/reduce.cuh"
+#include "includes/vec.cuh"
+
+namespace {
+
+constexpr int kStreamThreads = 512;
+constexpr int kStreamChunk = 4;          // vectors per thread in flight per step of a streaming kernel
+constexpr int kMaxRegisterRowFw = 16384;
+constexpr int kMaxRegisterRowBw = 8192;  // the backward also keeps dgamma/dbeta partials per thread
+constexpr int kRowsPerPartMin = 16;      // rows a backward block sums before writing its partial
+constexpr int kTile = 32;                // columns per block of the dgamma/dbeta column kernels
+
+// Count, mean and sum of squared deviations of a set of values. The merge is symmetric bit for bit
+// (explicitly rounded products, no contraction across the two sides), so every lane of a butterfly
+// ends with the same statistics.
+struct Stats {
+  float n;
+  float mean;
+  float m2;
+};
+
+__device__ __forceinline__ Stats shfl_xor(Stats v, int lane_mask, int width) {
+  return {__shfl_xor_sync(mt::kFullWarpMask, v.n, lane_mask, width),
+          __shfl_xor_sync(mt::kFullWarpMask, v.mean, lane_mask, width),
+          __shfl_xor_sync(mt::kFullWarpMask, v.m2, lane_mask, width)};
+}
+
+struct StatsMerge {
+  __device__ __forceinline__ Stats operator()(Stats a, Stats b) const {
+    const float n = __fadd_rn(a.n, b.n);
+    const float inv_n = n > 0.f ? __fdividef(1.f, n) : 0.f;
+    const float mean = __fmul_rn(__fadd_rn(__fmul_rn(a.n, a.mean), __fmul_rn(b.n, b.mean)), inv_n);
+    const float d = __fadd_rn(b.mean, -a.mean);
+    const float cross = __fmul_rn(__fmul_rn(d, d), __fmul_rn(__fmul_rn(a.n, b.n), inv_n));
+    return {n, mean, __fadd_rn(__fadd_rn(a.m2, b.m2), cross)};
+  }
+};
+
+// Statistics of the `count` live values among v (the others are zero) from one thread's registers:
+// a two-pass mean and sum of squares, exact up to rounding.
+template <int K, int VEC>
+__device__ __forceinline__ Stats local_stats(const float (&v)[K][VEC], const bool (&live)[K]) {
+  float count = 0.f;
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (live[k]) count += VEC;
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) sum += v[k][c];
+  }
+  const float mean = count > 0.f ? __fdividef(sum, count) : 0.f;
+  float m2 = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (live[k]) {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) m2 = fmaf(v[k][c] - mean, v[k][c] - mean, m2);
+    }
+  }
+  return {count, mean, m2};
+}
+
+// The three row sums of the backward: x - mean, g = dout * gamma, g * (x - mean).
+struct Sum3 {
+  float z;
+  float g;
+  float gz;
+};
+
+__device__ __forceinline__ Sum3 shfl_xor(Sum3 v, int lane_mask, int width) {
+  return {__shfl_xor_sync(mt::kFullWarpMask, v.z, lane_mask, width),
+          __shfl_xor_sync(mt::kFullWarpMask, v.g, lane_mask, width),
+          __shfl_xor_sync(mt::kFullWarpMask, v.gz, lane_mask, width)};
+}
+
+struct Sum3Op {
+  __device__ __forceinline__ Sum3 operator()(Sum3 a, Sum3 b) const {
+    return {a.z + b.z, a.g + b.g, a.gz + b.gz};
+  }
+};
+
+struct FwArgs {
+  float* out;
+  float* mean;
+  float* rstd;
+  const float* inp;
+  const float* gamma;
+  const float* beta;
+  int rows;
+  int hidden;
+  float inv_hidden;
+  float eps;
+};
+
+struct BwArgs {
+  float* dinp;
+  float* partial;  // workspace [parts][2 * hidden]
+  float* resid;    // workspace [rows] (streaming path only)
+  const float* dout;
+  const float* inp;
+  const float* gamma;
+  const float* mean;
+  const float* rstd;
+  int rows;
+  int hidden;
+  float inv_hidden;
+};
+
+// ---- forward, row in registers ---------------------------------------------------------------
+template <int VEC, int LANES, int ITERS>
+__global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
+    layernorm_fw_rows(const FwArgs a) {
+  constexpr int kTeams = fused::kTeamBlockThreads<LANES> / LANES;
+  __shared__ Stats scratch[32];
+  const int lane = threadIdx.x % LANES;
+  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
+  const bool active = row < static_cast<unsigned>(a.rows);
+  const int n = active ? a.hidden : 0;
+  const size_t offset = static_cast<size_t>(active ? row : 0) * a.hidden;
+  const float* x = a.inp + offset;
+  const float pivot = *x;
+
+  // Loads are not predicated (a dead vector re-reads the row's first one) so that all of them
+  // issue before the first use instead of waiting on scarce predicate registers.
+  float z[ITERS][VEC];
+  bool live[ITERS];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = (it * LANES + lane) * VEC;
+    live[it] = j < n;
+    fused::load_vec<VEC>(z[it], x + (live[it] ? j : 0));
+  }
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) z[it][c] = live[it] ? z[it][c] - pivot : 0.f;
+  }
+  const Stats st = fused::team_allreduce<LANES>(local_stats<ITERS, VEC>(z, live), StatsMerge{},
+                                                Stats{0.f, 0.f, 0.f}, scratch);
+  const float var = fmaxf(st.m2 * a.inv_hidden, 0.f);
+  const float r = rsqrtf(var + a.eps);
+  if (!active) return;
+  if (lane == 0) {
+    a.mean[row] = pivot + st.mean;
+    a.rstd[row] = r;
+  }
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = live[it] ? (it * LANES + lane) * VEC : 0;
+    float g[VEC], b[VEC];
+    fused::load_vec<VEC>(g, a.gamma + j);
+    fused::load_vec<VEC>(b, a.beta + j);
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) z[it][c] = fmaf((z[it][c] - st.mean) * r, g[c], b[c]);
+    if (live[it]) fused::store_vec<VEC>(a.out + offset + j, z[it]);
+  }
+}
+
+// ---- forward, streaming (any hidden size) ----------------------------------------------------
+template <int VEC>
+__device__ __forceinline__ void load_shifted_chunk(float (&z)[kStreamChunk][VEC],
+                                                   bool (&live)[kStreamChunk], const float* x,
+                                                   long long v0, long long vecs, float pivot) {
+#pragma unroll
+  for (int k = 0; k < kStreamChunk; ++k) {
+    const long long v = v0 + k * kStreamThreads + threadIdx.x;
+    live[k] = v < vecs;
+    if (live[k]) fused::load_vec<VEC>(z[k], x + v * VEC);
+  }
+#pragma unroll
+  for (int k = 0; k < kStreamChunk; ++k) {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) z[k][c] = live[k] ? z[k][c] - pivot : 0.f;
+  }
+}
+
+template <int VEC>
+__global__ void __launch_bounds__(kStreamThreads) layernorm_fw_stream(const FwArgs a) {
+  __shared__ Stats scratch[32];
+  const unsigned row = blockIdx.x;
+  const size_t offset = static_cast<size_t>(row) * a.hidden;
+  const float* x = a.inp + offset;
+  const float pivot = *x;
+  const long long vecs = a.hidden / VEC;
+  constexpr long long kStep = static_cast<long long>(kStreamChunk) * kStreamThreads;
+
+  Stats run = {0.f, 0.f, 0.f};
+  for (long long v0 = 0; v0 < vecs; v0 += kStep) {
+    float z[kStreamChunk][VEC];
+    bool live[kStreamChunk];
+    load_shifted_chunk<VEC>(z, live, x, v0, vecs, pivot);
+    run = StatsMerge{}(run, local_stats<kStreamChunk, VEC>(z, live));
+  }
+  const Stats st = mt::block_allreduce(run, StatsMerge{}, Stats{0.f, 0.f, 0.f}, scratch);
+  const float var = fmaxf(st.m2 * a.inv_hidden, 0.f);
+  const float r = rsqrtf(var + a.eps);
+  if (threadIdx.x == 0) {
+    a.mean[row] = pivot + st.mean;
+    a.rstd[row] = r;
+  }
+  for (long long v0 = 0; v0 < vecs; v0 += kStep) {
+    float z[kStreamChunk][VEC];
+    bool live[kStreamChunk];
+    load_shifted_chunk<VEC>(z, live, x, v0, vecs, pivot);
+#pragma unroll
+    for (int k = 0; k < kStreamChunk; ++k) {
+      if (live[k]) {
+        const long long j = (v0 + k * kStreamThreads + threadIdx.x) * VEC;
+        float g[VEC], b[VEC];
+        fused::load_vec<VEC>(g, a.gamma + j);
+        fused::load_vec<VEC>(b, a.beta + j);
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) z[k][c] = fmaf((z[k][c] - st.mean) * r, g[c], b[c]);
+        fused::store_vec<VEC>(a.out + offset + j, z[k]);
+      }
+    }
+  }
+}
+
+// ---- backward, rows in registers, dgamma/dbeta partials per block ----------------------------
+template <int LANES>
+constexpr int kBwBlockThreads = LANES > 32 ? LANES : 256;
+
+// Blocks per SM the backward grid is sized for (and the register budget is capped for): about
+// 1024 resident threads, i.e. at most 64 registers per thread.
+template <int LANES>
+constexpr int kBwBlocksPerSm = 1024 / kBwBlockThreads<LANES> > 0 ? 1024 / kBwBlockThreads<LANES> : 1;
+
+template <int VEC, int LANES, int ITERS>
+__global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES>)
+    layernorm_bw_rows(const BwArgs a) {
+  constexpr int kThreads = kBwBlockThreads<LANES>;
+  constexpr int kTeams = kThreads / LANES;
+  __shared__ Sum3 scratch[32];
+  const int lane = threadIdx.x % LANES;
+  const unsigned team = threadIdx.x / LANES;
+  const unsigned rows = static_cast<unsigned>(a.rows);
+
+  float acc_g[ITERS][VEC];
+  float acc_b[ITERS][VEC];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) acc_g[it][c] = acc_b[it][c] = 0.f;
+  }
+
+  // The loop bound is uniform across the block (base), so every team runs the same number of
+  // reductions; a team past the last row takes part with zeros.
+  for (unsigned base = blockIdx.x * kTeams; base < rows; base += gridDim.x * kTeams) {
+    const unsigned row = base + team;
+    const bool active = row < rows;
+    const int n = active ? a.hidden : 0;
+    const size_t offset = static_cast<size_t>(active ? row : 0) * a.hidden;
+    const float mu = a.mean[active ? row : 0];
+    const float rs = a.rstd[active ? row : 0];
+
+    float dy[ITERS][VEC], z[ITERS][VEC], g[ITERS][VEC];
+    bool live[ITERS];
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int j = (it * LANES + lane) * VEC;
+      live[it] = j < n;
+      const int jl = live[it] ? j : 0;  // unpredicated loads, as in the forward
+      fused::load_vec<VEC>(dy[it], a.dout + offset + jl);
+      fused::load_vec<VEC>(z[it], a.inp + offset + jl);
+      fused::load_vec<VEC>(g[it], a.gamma + jl);
+    }
+    Sum3 s = {0.f, 0.f, 0.f};
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) {
+        dy[it][c] = live[it] ? dy[it][c] : 0.f;
+        z[it][c] = live[it] ? z[it][c] - mu : 0.f;
+        g[it][c] = live[it] ? dy[it][c] * g[it][c] : 0.f;
+        s.z += z[it][c];
+        s.g += g[it][c];
+        s.gz = fmaf(g[it][c], z[it][c], s.gz);
+      }
+    }
+    s = fused::team_allreduce<LANES>(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch);
+    const float d = s.z * a.inv_hidden;
+    const float mean_g = s.g * a.inv_hidden;
+    const float mean_gxhat = rs * fmaf(-d, s.g, s.gz) * a.inv_hidden;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) {
+        const float xhat = (z[it][c] - d) * rs;
+        acc_g[it][c] = fmaf(dy[it][c], xhat, acc_g[it][c]);
+        acc_b[it][c] += dy[it][c];
+        g[it][c] = rs * fmaf(-xhat, mean_gxhat, g[it][c] - mean_g);
+      }
+      if (live[it]) {
+        fused::store_vec<VEC>(a.dinp + offset + (it * LANES + lane) * VEC, g[it]);
+      }
+    }
+  }
+
+  float* part = a.partial + static_cast<size_t>(blockIdx.x) * 2 * a.hidden;
+  if constexpr (LANES > 32) {
+    // The block is one team: each column has exactly one owner thread.
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int j = (it * LANES + lane) * VEC;
+      if (j < a.hidden) {
+        fused::store_vec<VEC>(part + j, acc_g[it]);
+        fused::store_vec<VEC>(part + a.hidden + j, acc_b[it]);
+      }
+    }
+  } else {
+    // Lanes l, l + LANES, ... of a warp own the same columns: fold them onto lanes < LANES.
+#pragma unroll
+    for (int o = LANES; o < 32; o *= 2) {
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) {
+          acc_g[it][c] += __shfl_xor_sync(mt::kFullWarpMask, acc_g[it][c], o);
+          acc_b[it][c] += __shfl_xor_sync(mt::kFullWarpMask, acc_b[it][c], o);
+        }
+      }
+    }
+    // Then sum the warps, in warp order, through shared memory.
+    constexpr int kWarps = kThreads / 32;
+    constexpr int kCap = LANES * ITERS * VEC;
+    __shared__ float warp_part[kWarps][2][kCap];
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 < LANES) {
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int j = (it * LANES + lane) * VEC;
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) {
+          warp_part[warp][0][j + c] = acc_g[it][c];
+          warp_part[warp][1][j + c] = acc_b[it][c];
+        }
+      }
+    }
+    __syncthreads();
+    for (int col = threadIdx.x; col < a.hidden; col += kThreads) {
+      float sg = 0.f, sb = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        sg += warp_part[w][0][col];
+        sb += warp_part[w][1][col];
+      }
+      part[col] = sg;
+      part[a.hidden + col] = sb;
+    }
+  }
+}
+
+// ---- backward, streaming (any hidden size) ---------------------------------------------------
+template <int VEC>
+__device__ __forceinline__ void load_bw_chunk(float (&dy)[kStreamChunk][VEC],
+                                              float (&z)[kStreamChunk][VEC],
+                                              float (&g)[kStreamChunk][VEC],
+                                              bool (&live)[kStreamChunk], const BwArgs& a,
+                                              size_t offset, long long v0, long long vecs,
+                                              float mu) {
+#pragma unroll
+  for (int k = 0; k < kStreamChunk; ++k) {
+    const long long v = v0 + k * kStreamThreads + threadIdx.x;
+    live[k] = v < vecs;
+    if (live[k]) {
+      fused::load_vec<VEC>(dy[k], a.dout + offset + v * VEC);
+      fused::load_vec<VEC>(z[k], a.inp + offset + v * VEC);
+      fused::load_vec<VEC>(g[k], a.gamma + v * VEC);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kStreamChunk; ++k) {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) {
+      dy[k][c] = live[k] ? dy[k][c] : 0.f;
+      z[k][c] = live[k] ? z[k][c] - mu : 0.f;
+      g[k][c] = live[k] ? dy[k][c] * g[k][c] : 0.f;
+    }
+  }
+}
+
+template <int VEC>
+__global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const BwArgs a) {
+  __shared__ Sum3 scratch[32];
+  const unsigned row = blockIdx.x;
+  const size_t offset = static_cast<size_t>(row) * a.hidden;
+  const float mu = a.mean[row];
+  const float rs = a.rstd[row];
+  const long long vecs = a.hidden / VEC;
+  constexpr long long kStep = static_cast<long long>(kStreamChunk) * kStreamThreads;
+
+  Sum3 s = {0.f, 0.f, 0.f};
+  for (long long v0 = 0; v0 < vecs; v0 += kStep) {
+    float dy[kStreamChunk][VEC], z[kStreamChunk][VEC], g[kStreamChunk][VEC];
+    bool live[kStreamChunk];
+    load_bw_chunk<VEC>(dy, z, g, live, a, offset, v0, vecs, mu);
+#pragma unroll
+    for (int k = 0; k < kStreamChunk; ++k) {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) {
+        s.z += z[k][c];
+        s.g += g[k][c];
+        s.gz = fmaf(g[k][c], z[k][c], s.gz);
+      }
+    }
+  }
+  s = mt::block_allreduce(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch);
+  const float d = s.z * a.inv_hidden;
+  const float mean_g = s.g * a.inv_hidden;
+  const float mean_gxhat = rs * fmaf(-d, s.g, s.gz) * a.inv_hidden;
+  if (threadIdx.x == 0) a.resid[row] = d;
+
+  for (long long v0 = 0; v0 < vecs; v0 += kStep) {
+    float dy[kStreamChunk][VEC], z[kStreamChunk][VEC], g[kStreamChunk][VEC];
+    bool live[kStreamChunk];
+    load_bw_chunk<VEC>(dy, z, g, live, a, offset, v0, vecs, mu);
+#pragma unroll
+    for (int k = 0; k < kStreamChunk; ++k) {
+      if (live[k]) {
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) {
+          const float xhat = (z[k][c] - d) * rs;
+          g[k][c] = rs * fmaf(-xhat, mean_gxhat, g[k][c] - mean_g);
+        }
+        fused::store_vec<VEC>(a.dinp + offset + (v0 + k * kStreamThreads + threadIdx.x) * VEC, g[k]);
+      }
+    }
+  }
+}
+
+// Sums a kTile x kTile tile of per-thread partials over threadIdx.y (shared-memory transpose, then
+// one warp per column) and returns the column sum on lane 0 of warp threadIdx.y.
+__device__ __forceinline__ float tile_column_sum(float v, float (&tile)[kTile][kTile + 1]) {
+  tile[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  const float t = mt::warp_allreduce(tile[threadIdx.x][threadIdx.y], mt::SumOp{});
+  __syncthreads();
+  return t;
+}
+
+// grid (ceil(hidden / 32), slabs), block (32, 32): partial[slab] = sums over the slab's rows.
+__global__ void __launch_bounds__(kTile * kTile) layernorm_bw_params_stream(const BwArgs a,
+                                                                            int rows_per_slab) {
+  __shared__ float tile[kTile][kTile + 1];
+  const long long col = static_cast<long long>(blockIdx.x) * kTile + threadIdx.x;
+  const long long r0 = static_cast<long long>(blockIdx.y) * rows_per_slab;
+  const long long r1 = r0 + rows_per_slab < a.rows ? r0 + rows_per_slab : a.rows;
+  float sg = 0.f, sb = 0.f;
+  if (col < a.hidden) {
+#pragma unroll 4
+    for (long long r = r0 + threadIdx.y; r < r1; r += kTile) {
+      const size_t i = static_cast<size_t>(r) * a.hidden + col;
+      const float dy = a.dout[i];
+      const float xhat = (a.inp[i] - a.mean[r] - a.resid[r]) * a.rstd[r];
+      sg = fmaf(dy, xhat, sg);
+      sb += dy;
+    }
+  }
+  const float tg = tile_column_sum(sg, tile);
+  const float tb = tile_column_sum(sb, tile);
+  const long long out_col = static_cast<long long>(blockIdx.x) * kTile + threadIdx.y;
+  if (threadIdx.x == 0 && out_col < a.hidden) {
+    float* part = a.partial + static_cast<size_t>(blockIdx.y) * 2 * a.hidden;
+    part[out_col] = tg;
+    part[a.hidden + out_col] = tb;
+  }
+}
+
+// grid ceil(2 * hidden / 32), block (32, 32): dgamma | dbeta = sum over parts of partial.
+__global__ void __launch_bounds__(kTile * kTile)
+    layernorm_bw_params_reduce(float* dgamma, float* dbeta, const float* partial, int parts,
+                               int hidden) {
+  __shared__ float tile[kTile][kTile + 1];
+  const long long cols = 2ll * hidden;
+  const long long col = static_cast<long long>(blockIdx.x) * kTile + threadIdx.x;
+  float s = 0.f;
+  if (col < cols) {
+#pragma unroll 8
+    for (int p = threadIdx.y; p < parts; p += kTile) s += partial[p * cols + col];
+  }
+  const float t = tile_column_sum(s, tile);
+  const long long out_col = static_cast<long long>(blockIdx.x) * kTile + threadIdx.y;
+  if (threadIdx.x == 0 && out_col < cols) {
+    if (out_col < hidden) {
+      dgamma[out_col] = t;
+    } else {
+      dbeta[out_col - hidden] = t;
+    }
+  }
+}
+
+// ---- launchers -------------------------------------------------------------------------------
+template <int VEC, int LANES, int ITERS>
+struct FwRows {
+  static int launch(const FwArgs& a, cudaStream_t stream) {
+    constexpr int kThreads = fused::kTeamBlockThreads<LANES>;
+    constexpr int kTeams = kThreads / LANES;
+    const unsigned blocks = static_cast<unsigned>((static_cast<long long>(a.rows) + kTeams - 1) / kTeams);
+    layernorm_fw_rows<VEC, LANES, ITERS><<<blocks, kThreads, 0, stream>>>(a);
+    return mt_launch_status();
+  }
+};
+
+template <int VEC>
+int launch_fw_stream(const FwArgs& a, cudaStream_t stream) {
+  layernorm_fw_stream<VEC><<<static_cast<unsigned>(a.rows), kStreamThreads, 0, stream>>>(a);
+  return mt_launch_status();
+}
+
+int launch_fw_vec4(const FwArgs& a, cudaStream_t s) {
+  const int n = a.hidden;
+  if (n <= 4) return FwRows<4, 1, 1>::launch(a, s);
+  if (n <= 8) return FwRows<4, 2, 1>::launch(a, s);
+  if (n <= 16) return FwRows<4, 4, 1>::launch(a, s);
+  if (n <= 32) return FwRows<4, 8, 1>::launch(a, s);
+  if (n <= 64) return FwRows<4, 16, 1>::launch(a, s);
+  if (n <= 128) return FwRows<4, 32, 1>::launch(a, s);
+  if (n <= 256) return FwRows<4, 32, 2>::launch(a, s);
+  if (n <= 512) return FwRows<4, 32, 4>::launch(a, s);
+  if (n <= 768) return FwRows<4, 32, 6>::launch(a, s);
+  if (n <= 1024) return FwRows<4, 32, 8>::launch(a, s);
+  if (n <= 2048) return FwRows<4, 128, 4>::launch(a, s);
+  if (n <= 4096) return FwRows<4, 256, 4>::launch(a, s);
+  if (n <= 8192) return FwRows<4, 512, 4>::launch(a, s);
+  if (n <= 12288) return FwRows<4, 768, 4>::launch(a, s);
+  if (n <= kMaxRegisterRowFw) return FwRows<4, 1024, 4>::launch(a, s);
+  return launch_fw_stream<4>(a, s);
+}
+
+int launch_fw_scalar(const FwArgs& a, cudaStream_t s) {
+  const int n = a.hidden;
+  if (n <= 1) return FwRows<1, 1, 1>::launch(a, s);
+  if (n <= 2) return FwRows<1, 2, 1>::launch(a, s);
+  if (n <= 4) return FwRows<1, 4, 1>::launch(a, s);
+  if (n <= 8) return FwRows<1, 8, 1>::launch(a, s);
+  if (n <= 16) return FwRows<1, 16, 1>::launch(a, s);
+  if (n <= 32) return FwRows<1, 32, 1>::launch(a, s);
+  if (n <= 64) return FwRows<1, 32, 2>::launch(a, s);
+  if (n <= 128) return FwRows<1, 32, 4>::launch(a, s);
+  if (n <= 256) return FwRows<1, 32, 8>::launch(a, s);
+  if (n <= 512) return FwRows<1, 32, 16>::launch(a, s);
+  if (n <= 1024) return FwRows<1, 128, 8>::launch(a, s);
+  if (n <= 2048) return FwRows<1, 256, 8>::launch(a, s);
+  if (n <= 4096) return FwRows<1, 512, 8>::launch(a, s);
+  if (n <= 8192) return FwRows<1, 1024, 8>::launch(a, s);
+  if (n <= kMaxRegisterRowFw) return FwRows<1, 1024, 16>::launch(a, s);
+  return launch_fw_stream<1>(a, s);
+}
+
+// A backward row kernel: how many rows a block takes per step, how many blocks fit an SM, and
+// its launch (grid = parts).
+struct BwRowsKernel {
+  int teams;
+  int blocks_per_sm;
+  int (*launch)(const BwArgs&, unsigned parts, cudaStream_t);
+};
+
+template <int VEC, int LANES, int ITERS>
+int launch_bw_rows(const BwArgs& a, unsigned parts, cudaStream_t stream) {
+  layernorm_bw_rows<VEC, LANES, ITERS><<<parts, kBwBlockThreads<LANES>, 0, stream>>>(a);
+  return mt_launch_status();
+}
+
+template <int VEC, int LANES, int ITERS>
+constexpr BwRowsKernel bw_rows() {
+  return {kBwBlockThreads<LANES> / LANES, kBwBlocksPerSm<LANES>, &launch_bw_rows<VEC, LANES, ITERS>};
+}
+
+// The bucket for a row of `n` floats; launch == nullptr: too long for registers (streaming path).
+BwRowsKernel select_bw_rows(int n, bool vec4) {
+  if (vec4) {
+    if (n <= 4) return bw_rows<4, 1, 1>();
+    if (n <= 8) return bw_rows<4, 2, 1>();
+    if (n <= 16) return bw_rows<4, 4, 1>();
+    if (n <= 32) return bw_rows<4, 8, 1>();
+    if (n <= 64) return bw_rows<4, 16, 1>();
+    if (n <= 128) return bw_rows<4, 32, 1>();
+    if (n <= 256) return bw_rows<4, 32, 2>();
+    if (n <= 512) return bw_rows<4, 64, 2>();
+    if (n <= 768) return bw_rows<4, 96, 2>();
+    if (n <= 1024) return bw_rows<4, 128, 2>();
+    if (n <= 2048) return bw_rows<4, 256, 2>();
+    if (n <= 4096) return bw_rows<4, 512, 2>();
+    if (n <= kMaxRegisterRowBw) return bw_rows<4, 1024, 2>();
+  } else {
+    if (n <= 1) return bw_rows<1, 1, 1>();
+    if (n <= 2) return bw_rows<1, 2, 1>();
+    if (n <= 4) return bw_rows<1, 4, 1>();
+    if (n <= 8) return bw_rows<1, 8, 1>();
+    if (n <= 16) return bw_rows<1, 16, 1>();
+    if (n <= 32) return bw_rows<1, 32, 1>();
+    if (n <= 64) return bw_rows<1, 32, 2>();
+    if (n <= 128) return bw_rows<1, 32, 4>();
+    if (n <= 256) return bw_rows<1, 64, 4>();
+    if (n <= 512) return bw_rows<1, 128, 4>();
+    if (n <= 1024) return bw_rows<1, 128, 8>();
+    if (n <= 2048) return bw_rows<1, 256, 8>();
+    if (n <= 4096) return bw_rows<1, 512, 8>();
+    if (n <= kMaxRegisterRowBw) return bw_rows<1, 1024, 8>();
+  }
+  return {0, 0, nullptr};
+}
+
+// How the backward splits its work: `parts` partial rows of dgamma/dbeta (blocks of the row kernel,
+// or row slabs of the streaming column kernel) and the workspace that needs.
+struct BwPlan {
+  BwRowsKernel rows_kernel;
+  int parts;
+  int rows_per_slab;  // streaming path
+  long long workspace_floats;
+};
+
+int plan_bw(int rows, int hidden, bool vec4, BwPlan* plan) {
+  int sms = 0;
+  MT_RETURN_IF_ERROR(mt::sm_count(&sms));
+  plan->rows_kernel = select_bw_rows(hidden, vec4);
+  if (plan->rows_kernel.launch != nullptr) {
+    // Parts: as many blocks as stay resident, each summing at least kRowsPerPartMin rows so the
+    // partials stay small next to the rows; but at least two per SM (rows permitting, two rows per
+    // block) so that a mid-size input still fills the GPU.
+    const long long by_rows = (static_cast<long long>(rows) + kRowsPerPartMin - 1) / kRowsPerPartMin;
+    const long long fill = std::min((static_cast<long long>(rows) + 1) / 2, 2ll * sms);
+    const long long resident = static_cast<long long>(sms) * plan->rows_kernel.blocks_per_sm;
+    plan->parts = static_cast<int>(std::min(std::max(by_rows, fill), resident));
+    plan->rows_per_slab = 0;
+    plan->workspace_floats = static_cast<long long>(plan->parts) * 2 * hidden;
+  } else {
+    // Enough (tile, slab) blocks of 1024 threads for two per SM, slabs of at least 32 rows.
+    const long long tiles = (static_cast<long long>(hidden) + kTile - 1) / kTile;
+    const long long max_slabs = (static_cast<long long>(rows) + kTile - 1) / kTile;
+    long long slabs = (2ll * sms + tiles - 1) / tiles;
+    slabs = slabs < max_slabs ? slabs : max_slabs;
+    plan->rows_per_slab = static_cast<int>((rows + slabs - 1) / slabs);
+    plan->parts = static_cast<int>((rows + plan->rows_per_slab - 1) / plan->rows_per_slab);
+    plan->workspace_floats = static_cast<long long>(plan->parts) * 2 * hidden + rows;
+  }
+  return static_cast<int>(cudaSuccess);
+}
+
+// The workspace must fit whichever path the launcher takes: the float4 one, or the scalar one
+// when a pointer turns out not to be 16-byte aligned.
+int workspace_floats(int rows, int hidden, long long* floats) {
+  BwPlan scalar_plan;
+  MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, false, &scalar_plan)));
+  *floats = scalar_plan.workspace_floats;
+  if (hidden % 4 == 0) {
+    BwPlan vec_plan;
+    MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, true, &vec_plan)));
+    if (vec_plan.workspace_floats > *floats) *floats = vec_plan.workspace_floats;
+  }
+  return static_cast<int>(cudaSuccess);
+}
+
+}  // namespace
+
+MT_DEFINE_ERROR_STRING()
+
+extern "C" int launch_layernorm(float* out, float* mean, float* rstd, const float* inp,
+                                const float* gamma, const float* beta, int rows, int hidden,
+                                float eps, cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(out == nullptr || mean == nullptr || rstd == nullptr || inp == nullptr ||
+                       gamma == nullptr || beta == nullptr);
+  MT_RETURN_IF_INVALID(rows <= 0 || hidden <= 0 || !(eps >= 0.f));
+  const FwArgs a = {out, mean, rstd, inp, gamma, beta, rows, hidden, 1.f / static_cast<float>(hidden), eps};
+  const bool vec4 = hidden % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(inp) &&
+                    mt::is_aligned16(gamma) && mt::is_aligned16(beta);
+  return vec4 ? launch_fw_vec4(a, stream) : launch_fw_scalar(a, stream);
+}
+
+// Floats of scratch launch_layernorm_bw needs for these sizes on the current device, or minus a
+// cudaError_t code (e.g. -1 = cudaErrorInvalidValue for sizes <= 0).
+extern "C" long long layernorm_bw_workspace_floats(int rows, int hidden) {
+  if (rows <= 0 || hidden <= 0) return -static_cast<long long>(cudaErrorInvalidValue);
+  long long floats = 0;
+  const int status = workspace_floats(rows, hidden, &floats);
+  return status != 0 ? -static_cast<long long>(status) : floats;
+}
+
+extern "C" int launch_layernorm_bw(float* dinp, float* dgamma, float* dbeta, const float* dout,
+                                   const float* inp, const float* gamma, const float* mean,
+                                   const float* rstd, float* workspace, int rows, int hidden,
+                                   cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(dinp == nullptr || dgamma == nullptr || dbeta == nullptr ||
+                       dout == nullptr || inp == nullptr || gamma == nullptr || mean == nullptr ||
+                       rstd == nullptr || workspace == nullptr);
+  MT_RETURN_IF_INVALID(rows <= 0 || hidden <= 0);
+  const bool vec4 = hidden % 4 == 0 && mt::is_aligned16(dinp) && mt::is_aligned16(dout) &&
+                    mt::is_aligned16(inp) && mt::is_aligned16(gamma) &&
+                    mt::is_aligned16(workspace);
+  BwPlan plan;
+  MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, vec4, &plan)));
+  BwArgs a = {dinp, workspace, nullptr, dout,  inp,    gamma,
+              mean, rstd,      rows,    hidden, 1.f / static_cast<float>(hidden)};
+  if (plan.rows_kernel.launch != nullptr) {
+    MT_RETURN_IF_ERROR(static_cast<cudaError_t>(
+        plan.rows_kernel.launch(a, static_cast<unsigned>(plan.parts), stream)));
+  } else {
+    a.resid = workspace + static_cast<size_t>(plan.parts) * 2 * hidden;
+    if (vec4) {
+      layernorm_bw_dinp_stream<4><<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(a);
+    } else {
+      layernorm_bw_dinp_stream<1><<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(a);
+    }
+    MT_RETURN_IF_ERROR(cudaGetLastError());
+    const dim3 grid(static_cast<unsigned>((hidden + kTile - 1) / kTile), static_cast<unsigned>(plan.parts));
+    layernorm_bw_params_stream<<<grid, dim3(kTile, kTile), 0, stream>>>(a, plan.rows_per_slab);
+    MT_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  const unsigned reduce_blocks = static_cast<unsigned>((2ll * hidden + kTile - 1) / kTile);
+  layernorm_bw_params_reduce<<<reduce_blocks, dim3(kTile, kTile), 0, stream>>>(
+      dgamma, dbeta, workspace, plan.parts, hidden);
+  return mt_launch_status();
+}

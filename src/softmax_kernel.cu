@@ -1,0 +1,491 @@
+// Attention softmax, forward and backward (LightSeq2-style fused row kernels).
+//
+// Forward: out[r, :] = softmax(inp[r, :] + mask[b, :]) over the last dim of scores [B, H, Tq, Tk],
+// r = (b * H + h) * Tq + i, with keys j > i + (Tk - Tq) removed when causal. A removed key (causal
+// or mask == -inf) contributes exp(-inf) = 0; a row with no key left is all zeros. Finite mask
+// values (-1e8) are plain additions, rounded in float32 exactly like torch's x + mask.
+// Backward: grad_inp[r, :] = y * (g - sum_j g_j * y_j) with y = the forward output.
+//
+// Kernels (rows = B * H * Tq, k_len = Tk, VEC = 4 when Tk % 4 == 0 and every pointer is 16-byte
+// aligned, else 1):
+//   *_rows<VEC, LANES, ITERS>: a team of LANES threads per row (fused_utils.cuh). Lane l keeps
+//     vectors l, l + LANES, ... (ITERS of them, VEC floats each) in registers, so the row is read
+//     once and written once. LANES <= 32: 128-thread blocks of 128 / LANES rows, reduced with
+//     shuffles only; LANES > 32: one row per block, reduced through shared memory.
+//     Forward: load (+ mask) -> max -> exp2 and sum -> scale -> store.
+//     Backward: load g and y -> sum(g * y) -> store y * (g - sum).
+//     Buckets (elements of capacity LANES * ITERS * VEC; a row uses the smallest that holds it):
+//       VEC 4: 4..32 (1..8 lanes x 1), 64 (8 x 2), 128 (16 x 2), 256 (32 x 2), 384 (32 x 3),
+//              512 (32 x 4), 768 (32 x 6), 1024 (32 x 8), then blocks of 128/256/512/1024
+//              threads x 4 vectors for 2048/4096/8192/16384;
+//       VEC 1: 1..32 (1..32 lanes x 1), 64..1024 (32 lanes x 2..32), then blocks of
+//              256/512/1024/1024 threads x 8/8/8/16 for 2048/4096/8192/16384.
+//   *_stream<VEC>: rows longer than 16384, one 512-thread block per row, any length. The forward
+//     keeps a running (max, sum of exp) per thread over chunks of the row, merges them across the
+//     block, then reads the row again to write it; the backward sums g * y, then reads again.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+
+#include "includes/cuda_check.cuh"
+#include "includes/fused_utils.cuh"
+#include "includes/reduce.cuh"
+#include "includes/vec.cuh"
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kStreamThreads = 512;
+constexpr int kStreamChunk = 4;  // vectors per thread in flight per step of a streaming kernel
+constexpr int kMaxRegisterRow = 16384;
+
+// 2^x in one MUFU.EX2 (results below 2^-126 flush to 0, irrelevant next to a row's max term of 1).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// n / d for n, d < 2^31 by a multiply-high and a shift (Granlund-Montgomery), precomputed on the
+// host: the per-row batch and query indices would otherwise cost a ~20-instruction division each.
+struct FastDiv {
+  unsigned divisor;
+  unsigned magic;
+  unsigned shift;
+};
+
+FastDiv make_fast_div(unsigned d) {
+  unsigned shift = 0;
+  while (shift < 31 && (1u << shift) < d) ++shift;
+  const unsigned long long magic = ((1ull << 32) * ((1ull << shift) - d)) / d + 1;
+  return {d, static_cast<unsigned>(magic), shift};
+}
+
+__device__ __forceinline__ unsigned fast_div(unsigned n, const FastDiv& d) {
+  return (__umulhi(n, d.magic) + n) >> d.shift;
+}
+
+// Running softmax statistics: max m and sum of exp(x - m). The merge is written so that
+// merge(a, b) == merge(b, a) bit for bit (no fused multiply-add across the two sides), which keeps
+// every lane of a butterfly reduction on the same result.
+struct MaxSum {
+  float m;
+  float s;
+};
+
+__device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int lane_mask, int width) {
+  return {__shfl_xor_sync(mt::kFullWarpMask, v.m, lane_mask, width),
+          __shfl_xor_sync(mt::kFullWarpMask, v.s, lane_mask, width)};
+}
+
+__device__ __forceinline__ float rescaled_sum(MaxSum v, float m) {
+  return v.m == -INFINITY ? 0.f : __fmul_rn(v.s, fast_exp2((v.m - m) * kLog2e));
+}
+
+struct MaxSumMerge {
+  __device__ __forceinline__ MaxSum operator()(MaxSum a, MaxSum b) const {
+    const float m = fmaxf(a.m, b.m);
+    return {m, __fadd_rn(rescaled_sum(a, m), rescaled_sum(b, m))};
+  }
+};
+
+// Where a row's inputs live.
+struct FwArgs {
+  float* out;
+  const float* inp;
+  const float* mask;       // [batch, k_len] or nullptr
+  int rows;                // batch * heads * q_len
+  int k_len;
+  int q_len;
+  int causal;
+  FastDiv per_query;       // row / q_len
+  FastDiv per_batch;       // row / (heads * q_len): the mask row
+};
+
+struct BwArgs {
+  float* grad_inp;
+  const float* grad_out;
+  const float* soft_out;
+  int rows;
+  int k_len;
+};
+
+// Keys [0, limit) of `row` take part: all of them, or with the causal mask those j with
+// j <= i + (Tk - Tq) for the row's query i.
+__device__ __forceinline__ int live_keys(const FwArgs& a, unsigned row) {
+  if (!a.causal) return a.k_len;
+  const unsigned query = row - fast_div(row, a.per_query) * a.per_query.divisor;
+  const long long limit = static_cast<long long>(query) + a.k_len - a.q_len + 1;
+  return limit < 0 ? 0 : (limit > a.k_len ? a.k_len : static_cast<int>(limit));
+}
+
+__device__ __forceinline__ const float* mask_row(const FwArgs& a, unsigned row) {
+  return a.mask + static_cast<size_t>(fast_div(row, a.per_batch)) * a.k_len;
+}
+
+// ---- forward, row in registers ---------------------------------------------------------------
+template <int VEC, int LANES, int ITERS>
+__global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
+    attn_softmax_fw_rows(const FwArgs a) {
+  constexpr int kTeams = fused::kTeamBlockThreads<LANES> / LANES;
+  __shared__ float scratch[32];
+  const int lane = threadIdx.x % LANES;
+  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
+  const bool active = row < static_cast<unsigned>(a.rows);
+  const int limit = active ? live_keys(a, row) : 0;
+  const size_t offset = static_cast<size_t>(active ? row : 0) * a.k_len;
+
+  float v[ITERS][VEC];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = (it * LANES + lane) * VEC;
+    if (j < limit) {
+      fused::load_vec<VEC>(v[it], a.inp + offset + j);
+    }
+  }
+  if (a.mask != nullptr) {
+    const float* m = mask_row(a, active ? row : 0);
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int j = (it * LANES + lane) * VEC;
+      if (j < limit) {
+        float mv[VEC];
+        fused::load_vec<VEC>(mv, m + j);
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) v[it][c] += mv[c];
+      }
+    }
+  }
+  float local_max = -INFINITY;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = (it * LANES + lane) * VEC;
+    if (j + VEC > limit) {  // the vector is not entirely live (or was not loaded at all)
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) {
+        if (j + c >= limit) v[it][c] = -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) local_max = fmaxf(local_max, v[it][c]);
+  }
+  const float row_max = fused::team_allreduce<LANES>(local_max, mt::MaxOp{}, -INFINITY, scratch);
+  // A row with every key removed has max -inf; shifting by 0 keeps exp(-inf - 0) = 0, not nan.
+  const float shift = row_max == -INFINITY ? 0.f : row_max;
+  float local_sum = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) {
+      v[it][c] = fast_exp2((v[it][c] - shift) * kLog2e);
+      local_sum += v[it][c];
+    }
+  }
+  const float row_sum = fused::team_allreduce<LANES>(local_sum, mt::SumOp{}, 0.f, scratch);
+  const float inv = row_sum == 0.f ? 0.f : 1.f / row_sum;
+  if (!active) return;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = (it * LANES + lane) * VEC;
+    if (j < a.k_len) {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) v[it][c] *= inv;
+      fused::store_vec<VEC>(a.out + offset + j, v[it]);
+    }
+  }
+}
+
+// ---- forward, streaming (rows of any length) -------------------------------------------------
+// Loads vectors [v0, v0 + kStreamChunk * kStreamThreads) of the row into x, -inf where removed.
+template <int VEC>
+__device__ __forceinline__ void load_scores_chunk(float (&x)[kStreamChunk][VEC], const FwArgs& a,
+                                                  size_t offset, const float* m, long long v0,
+                                                  int limit) {
+#pragma unroll
+  for (int k = 0; k < kStreamChunk; ++k) {
+    const long long j = (v0 + k * kStreamThreads + threadIdx.x) * VEC;
+    if (j < limit) {
+      fused::load_vec<VEC>(x[k], a.inp + offset + j);
+      if (m != nullptr) {
+        float mv[VEC];
+        fused::load_vec<VEC>(mv, m + j);
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) x[k][c] += mv[c];
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) {
+      if (j + c >= limit) x[k][c] = -INFINITY;
+    }
+  }
+}
+
+template <int VEC>
+__global__ void __launch_bounds__(kStreamThreads) attn_softmax_fw_stream(const FwArgs a) {
+  __shared__ MaxSum scratch[32];
+  const unsigned row = blockIdx.x;
+  const int limit = live_keys(a, row);
+  const size_t offset = static_cast<size_t>(row) * a.k_len;
+  const float* m = a.mask != nullptr ? mask_row(a, row) : nullptr;
+  constexpr long long kStep = static_cast<long long>(kStreamChunk) * kStreamThreads;
+
+  MaxSum run = {-INFINITY, 0.f};
+  const long long live_vecs = (static_cast<long long>(limit) + VEC - 1) / VEC;
+  for (long long v0 = 0; v0 < live_vecs; v0 += kStep) {
+    float x[kStreamChunk][VEC];
+    load_scores_chunk<VEC>(x, a, offset, m, v0, limit);
+    float chunk_max = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kStreamChunk; ++k) {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) chunk_max = fmaxf(chunk_max, x[k][c]);
+    }
+    const float new_max = fmaxf(run.m, chunk_max);
+    if (new_max != -INFINITY) {
+      float s = rescaled_sum(run, new_max);
+#pragma unroll
+      for (int k = 0; k < kStreamChunk; ++k) {
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) s += fast_exp2((x[k][c] - new_max) * kLog2e);
+      }
+      run = {new_max, s};
+    }
+  }
+  const MaxSum total =
+      mt::block_allreduce(run, MaxSumMerge{}, MaxSum{-INFINITY, 0.f}, scratch);
+  const float shift = total.m == -INFINITY ? 0.f : total.m;
+  const float inv = total.s == 0.f ? 0.f : 1.f / total.s;
+
+  const long long all_vecs = a.k_len / VEC;
+  for (long long v0 = 0; v0 < all_vecs; v0 += kStep) {
+    float x[kStreamChunk][VEC];
+    load_scores_chunk<VEC>(x, a, offset, m, v0, limit);
+#pragma unroll
+    for (int k = 0; k < kStreamChunk; ++k) {
+      const long long j = (v0 + k * kStreamThreads + threadIdx.x) * VEC;
+      if (j < a.k_len) {
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) x[k][c] = fast_exp2((x[k][c] - shift) * kLog2e) * inv;
+        fused::store_vec<VEC>(a.out + offset + j, x[k]);
+      }
+    }
+  }
+}
+
+// ---- backward, row in registers --------------------------------------------------------------
+template <int VEC, int LANES, int ITERS>
+__global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
+    attn_softmax_bw_rows(const BwArgs a) {
+  constexpr int kTeams = fused::kTeamBlockThreads<LANES> / LANES;
+  __shared__ float scratch[32];
+  const int lane = threadIdx.x % LANES;
+  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
+  const bool active = row < static_cast<unsigned>(a.rows);
+  const int n = active ? a.k_len : 0;
+  const size_t offset = static_cast<size_t>(active ? row : 0) * a.k_len;
+
+  float g[ITERS][VEC];
+  float y[ITERS][VEC];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = (it * LANES + lane) * VEC;
+    if (j < n) {
+      fused::load_vec<VEC>(g[it], a.grad_out + offset + j);
+      fused::load_vec<VEC>(y[it], a.soft_out + offset + j);
+    } else {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) g[it][c] = y[it][c] = 0.f;
+    }
+  }
+  float local_dot = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) local_dot = fmaf(g[it][c], y[it][c], local_dot);
+  }
+  const float dot = fused::team_allreduce<LANES>(local_dot, mt::SumOp{}, 0.f, scratch);
+  if (!active) return;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = (it * LANES + lane) * VEC;
+    if (j < n) {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) g[it][c] = y[it][c] * (g[it][c] - dot);
+      fused::store_vec<VEC>(a.grad_inp + offset + j, g[it]);
+    }
+  }
+}
+
+// ---- backward, streaming (rows of any length) ------------------------------------------------
+template <int VEC>
+__device__ __forceinline__ void load_grad_chunk(float (&g)[kStreamChunk][VEC],
+                                                float (&y)[kStreamChunk][VEC], const BwArgs& a,
+                                                size_t offset, long long v0) {
+#pragma unroll
+  for (int k = 0; k < kStreamChunk; ++k) {
+    const long long j = (v0 + k * kStreamThreads + threadIdx.x) * VEC;
+    if (j < a.k_len) {
+      fused::load_vec<VEC>(g[k], a.grad_out + offset + j);
+      fused::load_vec<VEC>(y[k], a.soft_out + offset + j);
+    } else {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) g[k][c] = y[k][c] = 0.f;
+    }
+  }
+}
+
+template <int VEC>
+__global__ void __launch_bounds__(kStreamThreads) attn_softmax_bw_stream(const BwArgs a) {
+  __shared__ float scratch[32];
+  const size_t offset = static_cast<size_t>(blockIdx.x) * a.k_len;
+  constexpr long long kStep = static_cast<long long>(kStreamChunk) * kStreamThreads;
+  const long long all_vecs = a.k_len / VEC;
+
+  float local_dot = 0.f;
+  for (long long v0 = 0; v0 < all_vecs; v0 += kStep) {
+    float g[kStreamChunk][VEC], y[kStreamChunk][VEC];
+    load_grad_chunk<VEC>(g, y, a, offset, v0);
+#pragma unroll
+    for (int k = 0; k < kStreamChunk; ++k) {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) local_dot = fmaf(g[k][c], y[k][c], local_dot);
+    }
+  }
+  const float dot = mt::block_allreduce(local_dot, mt::SumOp{}, 0.f, scratch);
+
+  for (long long v0 = 0; v0 < all_vecs; v0 += kStep) {
+    float g[kStreamChunk][VEC], y[kStreamChunk][VEC];
+    load_grad_chunk<VEC>(g, y, a, offset, v0);
+#pragma unroll
+    for (int k = 0; k < kStreamChunk; ++k) {
+      const long long j = (v0 + k * kStreamThreads + threadIdx.x) * VEC;
+      if (j < a.k_len) {
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) g[k][c] = y[k][c] * (g[k][c] - dot);
+        fused::store_vec<VEC>(a.grad_inp + offset + j, g[k]);
+      }
+    }
+  }
+}
+
+// ---- launch helpers --------------------------------------------------------------------------
+template <int VEC, int LANES, int ITERS>
+struct FwRows {
+  static int launch(const FwArgs& a, cudaStream_t stream) {
+    constexpr int kThreads = fused::kTeamBlockThreads<LANES>;
+    constexpr int kTeams = kThreads / LANES;
+    const unsigned blocks = static_cast<unsigned>((static_cast<long long>(a.rows) + kTeams - 1) / kTeams);
+    attn_softmax_fw_rows<VEC, LANES, ITERS><<<blocks, kThreads, 0, stream>>>(a);
+    return mt_launch_status();
+  }
+};
+
+template <int VEC>
+struct FwStream {
+  static int launch(const FwArgs& a, cudaStream_t stream) {
+    attn_softmax_fw_stream<VEC><<<static_cast<unsigned>(a.rows), kStreamThreads, 0, stream>>>(a);
+    return mt_launch_status();
+  }
+};
+
+template <int VEC, int LANES, int ITERS>
+struct BwRows {
+  static int launch(const BwArgs& a, cudaStream_t stream) {
+    constexpr int kThreads = fused::kTeamBlockThreads<LANES>;
+    constexpr int kTeams = kThreads / LANES;
+    const unsigned blocks = static_cast<unsigned>((static_cast<long long>(a.rows) + kTeams - 1) / kTeams);
+    attn_softmax_bw_rows<VEC, LANES, ITERS><<<blocks, kThreads, 0, stream>>>(a);
+    return mt_launch_status();
+  }
+};
+
+template <int VEC>
+struct BwStream {
+  static int launch(const BwArgs& a, cudaStream_t stream) {
+    attn_softmax_bw_stream<VEC><<<static_cast<unsigned>(a.rows), kStreamThreads, 0, stream>>>(a);
+    return mt_launch_status();
+  }
+};
+
+// The size buckets (see the top of the file), shared by the forward and the backward.
+template <template <int, int, int> class Rows, template <int> class Stream, class Args>
+int launch_by_length_vec4(const Args& a, int n, cudaStream_t s) {
+  if (n <= 4) return Rows<4, 1, 1>::launch(a, s);
+  if (n <= 8) return Rows<4, 2, 1>::launch(a, s);
+  if (n <= 16) return Rows<4, 4, 1>::launch(a, s);
+  if (n <= 32) return Rows<4, 8, 1>::launch(a, s);
+  if (n <= 64) return Rows<4, 8, 2>::launch(a, s);
+  if (n <= 128) return Rows<4, 16, 2>::launch(a, s);
+  if (n <= 256) return Rows<4, 32, 2>::launch(a, s);
+  if (n <= 384) return Rows<4, 32, 3>::launch(a, s);
+  if (n <= 512) return Rows<4, 32, 4>::launch(a, s);
+  if (n <= 768) return Rows<4, 32, 6>::launch(a, s);
+  if (n <= 1024) return Rows<4, 32, 8>::launch(a, s);
+  if (n <= 2048) return Rows<4, 128, 4>::launch(a, s);
+  if (n <= 4096) return Rows<4, 256, 4>::launch(a, s);
+  if (n <= 8192) return Rows<4, 512, 4>::launch(a, s);
+  if (n <= kMaxRegisterRow) return Rows<4, 1024, 4>::launch(a, s);
+  return Stream<4>::launch(a, s);
+}
+
+template <template <int, int, int> class Rows, template <int> class Stream, class Args>
+int launch_by_length_scalar(const Args& a, int n, cudaStream_t s) {
+  if (n <= 1) return Rows<1, 1, 1>::launch(a, s);
+  if (n <= 2) return Rows<1, 2, 1>::launch(a, s);
+  if (n <= 4) return Rows<1, 4, 1>::launch(a, s);
+  if (n <= 8) return Rows<1, 8, 1>::launch(a, s);
+  if (n <= 16) return Rows<1, 16, 1>::launch(a, s);
+  if (n <= 32) return Rows<1, 32, 1>::launch(a, s);
+  if (n <= 64) return Rows<1, 32, 2>::launch(a, s);
+  if (n <= 128) return Rows<1, 32, 4>::launch(a, s);
+  if (n <= 256) return Rows<1, 32, 8>::launch(a, s);
+  if (n <= 384) return Rows<1, 32, 12>::launch(a, s);
+  if (n <= 512) return Rows<1, 32, 16>::launch(a, s);
+  if (n <= 768) return Rows<1, 32, 24>::launch(a, s);
+  if (n <= 1024) return Rows<1, 32, 32>::launch(a, s);
+  if (n <= 2048) return Rows<1, 256, 8>::launch(a, s);
+  if (n <= 4096) return Rows<1, 512, 8>::launch(a, s);
+  if (n <= 8192) return Rows<1, 1024, 8>::launch(a, s);
+  if (n <= kMaxRegisterRow) return Rows<1, 1024, 16>::launch(a, s);
+  return Stream<1>::launch(a, s);
+}
+
+}  // namespace
+
+MT_DEFINE_ERROR_STRING()
+
+extern "C" int launch_attn_softmax(float* out, const float* inp, const float* mask, int batch,
+                                   int heads, int q_len, int k_len, int causal,
+                                   cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(out == nullptr || inp == nullptr);
+  MT_RETURN_IF_INVALID(batch <= 0 || heads <= 0 || q_len <= 0 || k_len <= 0);
+  const long long rows_per_batch = static_cast<long long>(heads) * q_len;
+  const long long rows = rows_per_batch * batch;
+  MT_RETURN_IF_INVALID(rows > INT_MAX);
+  const FwArgs a = {out,
+                    inp,
+                    mask,
+                    static_cast<int>(rows),
+                    k_len,
+                    q_len,
+                    causal != 0,
+                    make_fast_div(static_cast<unsigned>(q_len)),
+                    make_fast_div(static_cast<unsigned>(rows_per_batch))};
+  const bool vec4 = k_len % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(inp) &&
+                    (mask == nullptr || mt::is_aligned16(mask));
+  return vec4 ? launch_by_length_vec4<FwRows, FwStream>(a, k_len, stream)
+              : launch_by_length_scalar<FwRows, FwStream>(a, k_len, stream);
+}
+
+extern "C" int launch_attn_softmax_bw(float* grad_inp, const float* grad_out,
+                                      const float* soft_out, int rows, int k_len,
+                                      cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(grad_inp == nullptr || grad_out == nullptr || soft_out == nullptr);
+  MT_RETURN_IF_INVALID(rows <= 0 || k_len <= 0);
+  const BwArgs a = {grad_inp, grad_out, soft_out, rows, k_len};
+  const bool vec4 = k_len % 4 == 0 && mt::is_aligned16(grad_inp) && mt::is_aligned16(grad_out) &&
+                    mt::is_aligned16(soft_out);
+  return vec4 ? launch_by_length_vec4<BwRows, BwStream>(a, k_len, stream)
+              : launch_by_length_scalar<BwRows, BwStream>(a, k_len, stream);
+}
