@@ -216,6 +216,14 @@ def train_bench(torch: Any, configs: Dict[str, Dict[str, int]], repeats: int) ->
 
 
 # ---- 3. fused AdamW ------------------------------------------------------------------------------------------
+def copy_bandwidth(torch: Any, n_floats: int) -> float:
+    """Device-to-device copy of n_floats float32, GB/s counting the bytes read and written."""
+    src = torch.randn(n_floats, device="cuda")
+    dst = torch.empty_like(src)
+    ms = event_ms(torch, lambda: dst.copy_(src))
+    return 2 * n_floats * 4 / (ms * 1e-3) / 1e9
+
+
 def adamw_bench(torch: Any, n: int) -> Dict[str, Any]:
     from minitorch.cuda_kernel_ops import load_library
 
@@ -231,11 +239,7 @@ def adamw_bench(torch: Any, n: int) -> Dict[str, Any]:
         step[0] += 1
         lib.launch_adamw(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), n, *hyper, step[0], stream)
 
-    src = torch.randn(n * 4, device="cuda", generator=gen)  # a copy of the same 4 x n floats the update touches
-    dst = torch.empty_like(src)
-    copy_ms = event_ms(torch, lambda: dst.copy_(src))
-    copy_gbs = 2 * src.numel() * 4 / (copy_ms * 1e-3) / 1e9
-    del src, dst
+    copy_gbs = copy_bandwidth(torch, 4 * n)  # as many floats as the update touches
     kernel_ms = event_ms(torch, kernel)
 
     param = minitorch.Parameter(minitorch.from_torch(p))

@@ -1,8 +1,9 @@
 """Training-speed benchmark: the translation program's DecoderLM trained for N steps three ways.
 
-  minitorch unfused   DecoderLM(use_fused_kernel=False) on the CUDA backend
-  minitorch fused     DecoderLM(use_fused_kernel=True): fused attention softmax and LayerNorm
-  torch eager         the same architecture written in PyTorch below (fp32, TF32 off)
+  minitorch unfused    no fused kernel: composed softmax and LayerNorm, Adam from elementwise ops
+  minitorch fused      the LightSeq2 kernels (attention softmax, LayerNorm) and the fused AdamW kernel
+  minitorch all fused  also fused attention (no [T, T] scores) and the fused linear cross-entropy
+  torch eager          the same architecture written in PyTorch below (fp32, TF32 off, torch Adam)
 
 All three train on the same random token batches of the program's shape (batch 128, T tokens,
 vocab 8000), with token-weighted cross-entropy and Adam, reading the loss every step as the program
@@ -49,22 +50,31 @@ def make_batches(n: int, seq_len: int, seed: int) -> List[Dict[str, np.ndarray]]
     return out
 
 
-def minitorch_trainer(fused: bool, seq_len: int) -> Callable[[Dict[str, np.ndarray]], float]:
+def minitorch_trainer(level: int, seq_len: int) -> Callable[[Dict[str, np.ndarray]], float]:
+    """level 0: unfused; 1: fused softmax, LayerNorm and AdamW; 2: also fused attention and loss."""
     backend = minitorch.TensorBackend(minitorch.CudaKernelOps)
     minitorch.manual_seed(0)
     model = DecoderLM(
         CONFIG["n_vocab"], CONFIG["n_embd"], CONFIG["n_head"], seq_len, n_layers=CONFIG["n_layers"],
-        p_dropout=0.1, backend=backend, use_fused_kernel=fused,
+        p_dropout=0.1, backend=backend, use_fused_kernel=level >= 1, attention="fused" if level >= 2 else "naive",
     )
-    opt = minitorch.Adam(model.parameters(), lr=1e-3)
+    opt = minitorch.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0) if level >= 1 else minitorch.Adam(model.parameters(), lr=1e-3)
 
     def step(batch: Dict[str, np.ndarray]) -> float:
         tokens = minitorch.tensor_from_numpy(batch["tokens"], backend=backend)
         targets = minitorch.tensor_from_numpy(batch["targets"].reshape(-1), backend=backend)
         weights = minitorch.tensor_from_numpy(batch["weights"].reshape(-1), backend=backend)
-        logits = model(tokens)
-        B, T, V = logits.shape
-        loss = nn.cross_entropy(logits.view(B * T, V), targets, weights)
+        if level >= 2:
+            hidden = model.hidden_states(tokens)
+            B, T, C = hidden.shape
+            head = model.lm_head
+            loss = minitorch.fused_linear_cross_entropy(
+                hidden.view(B * T, C), head.weights.value, targets, weights, bias=head.bias.value
+            )
+        else:
+            logits = model(tokens)
+            B, T, V = logits.shape
+            loss = nn.cross_entropy(logits.view(B * T, V), targets, weights)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -180,8 +190,9 @@ def main(argv: List[str] | None = None) -> None:
     results: Dict[str, Any] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, config=CONFIG,
                                    seq_len=args.seq_len, steps=args.steps, paths={})
     paths = {
-        "minitorch unfused": lambda: minitorch_trainer(False, args.seq_len),
-        "minitorch fused": lambda: minitorch_trainer(True, args.seq_len),
+        "minitorch unfused": lambda: minitorch_trainer(0, args.seq_len),
+        "minitorch fused": lambda: minitorch_trainer(1, args.seq_len),
+        "minitorch all fused": lambda: minitorch_trainer(2, args.seq_len),
         "torch eager": lambda: torch_trainer(torch, args.seq_len),
     }
     for name, make in paths.items():
@@ -196,6 +207,8 @@ def main(argv: List[str] | None = None) -> None:
     p = results["paths"]
     results["fused_vs_unfused"] = p["minitorch fused"]["tokens_per_s"] / p["minitorch unfused"]["tokens_per_s"]
     results["fused_vs_torch"] = p["minitorch fused"]["tokens_per_s"] / p["torch eager"]["tokens_per_s"]
+    results["all_fused_vs_unfused"] = p["minitorch all fused"]["tokens_per_s"] / p["minitorch unfused"]["tokens_per_s"]
+    results["all_fused_vs_torch"] = p["minitorch all fused"]["tokens_per_s"] / p["torch eager"]["tokens_per_s"]
 
     print(f"{results['device']}  torch {results['torch']}  fp32  batch {CONFIG['batch']} x T {args.seq_len}, "
           f"n_embd {CONFIG['n_embd']}, {CONFIG['n_layers']} layers, vocab {CONFIG['n_vocab']}; median of {args.steps} steps")
@@ -205,7 +218,8 @@ def main(argv: List[str] | None = None) -> None:
         print(f"{name:20s} {1e3 * r['step_s']:9.1f} {r['tokens_per_s']:10.0f} {r['peak_bytes'] / 2**20:9.0f} "
               f"{pr['kernels']:8d} {1e3 * pr['kernel_s']:10.1f} {100 * pr['gpu_busy']:8.0f}%  "
               f"{r['losses'][0]:.3f}->{r['losses'][-1]:.3f}")
-    print(f"fused / unfused = {results['fused_vs_unfused']:.2f}x   fused / torch eager = {results['fused_vs_torch']:.2f}x")
+    print(f"fused / unfused = {results['fused_vs_unfused']:.2f}x   fused / torch eager = {results['fused_vs_torch']:.2f}x   "
+          f"all fused / unfused = {results['all_fused_vs_unfused']:.2f}x   all fused / torch eager = {results['all_fused_vs_torch']:.2f}x")
     for name, r in p.items():
         print(f"top kernels of one step, {name}: " + ", ".join(f"{n[:40]} {1e3 * s:.2f} ms" for n, s in r["profile"]["top_kernels"][:5]))
 
@@ -225,7 +239,7 @@ def plot(results: Dict[str, Any], path: Path) -> None:
     names = list(results["paths"])
     r = [results["paths"][n] for n in names]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    colors = ["tab:gray", "tab:blue", "tab:orange"]
+    colors = ["tab:gray", "tab:blue", "tab:purple", "tab:orange"]
     axes[0].bar(names, [x["tokens_per_s"] for x in r], color=colors)
     axes[0].set_ylabel("tokens / s")
     axes[0].set_title("training throughput")

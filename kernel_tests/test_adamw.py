@@ -82,7 +82,8 @@ def test_launcher_scalar_path_on_misaligned_buffers(n: int) -> None:
     p64, g64, m64, v64 = (t.double().clone() for t in (p, g, m, v))
     lr, b1, b2, eps, wd, step = 1e-2, 0.9, 0.99, 1e-8, 0.05, 3
     stream = torch.cuda.current_stream().cuda_stream
-    assert lib.launch_adamw(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), n, lr, b1, b2, eps, wd, step, stream) == 0
+    code = lib.launch_adamw(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), n, lr, b1, b2, eps, wd, step, stream)
+    assert code == 0
     m64 = b1 * m64 + (1 - b1) * g64
     v64 = b2 * v64 + (1 - b2) * g64 * g64
     p64 = p64 * (1 - lr * wd) - (lr / (1 - b1**step)) * m64 / (v64.sqrt() / (1 - b2**step) ** 0.5 + eps)

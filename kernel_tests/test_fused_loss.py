@@ -189,9 +189,10 @@ def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool) -> 
     total = weights.sum().reshape(1)
     losses = torch.full((rows,), float("nan"), device="cuda")
     x = (logits.double() + bias.double())
-    ref_losses = torch.nn.functional.cross_entropy(x, torch.where(weights != 0, targets, 0.0).long(), reduction="none")
+    counted_targets = torch.where(weights != 0, targets, 0.0).long()
+    ref_losses = torch.nn.functional.cross_entropy(x, counted_targets, reduction="none")
     ref_losses = ref_losses * weights.double() / total.double()
-    ref_grad = (torch.softmax(x, 1) - torch.nn.functional.one_hot(torch.where(weights != 0, targets, 0.0).long(), vocab))
+    ref_grad = torch.softmax(x, 1) - torch.nn.functional.one_hot(counted_targets, vocab)
     ref_grad = ref_grad * (weights.double() / total.double())[:, None]
     before = logits.clone()
     stream = torch.cuda.current_stream().cuda_stream

@@ -83,6 +83,7 @@ class CudaShapeError(IndexingError, ValueError):
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _F = ctypes.c_float
+_D = ctypes.c_double
 _LL = ctypes.c_longlong
 _L = MtLayout
 
@@ -123,7 +124,7 @@ _SIGNATURES: Dict[str, Dict[str, Tuple[Any, List[Any]]]] = {
     },
     "optimizer_kernel": {
         "minitorch_error_string": (ctypes.c_char_p, [_I]),
-        "launch_adamw": (_I, [_P, _P, _P, _P, _LL, _F, _F, _F, _F, _F, _I, _P]),
+        "launch_adamw": (_I, [_P, _P, _P, _P, _LL, _D, _D, _D, _D, _D, _I, _P]),
     },
     "attention_kernel": {
         "minitorch_error_string": (ctypes.c_char_p, [_I]),
@@ -764,7 +765,8 @@ class CudaKernelOps(TensorOps):
     ) -> Tuple["Tensor", Optional["Tensor"], Optional["Tensor"], Optional["Tensor"]]:
         """Chunked LM head + fused classifier (src/classifier_kernel.cu); see TensorOps for the
         contract.  A target outside [0, V) on a token with a non-zero weight makes the loss NaN."""
-        _require_cuda("fused_linear_cross_entropy", hidden, weight, targets, token_weights, *(() if bias is None else (bias,)))
+        tensors = (hidden, weight, targets, token_weights) + (() if bias is None else (bias,))
+        _require_cuda("fused_linear_cross_entropy", *tensors)
         return _fused_linear_cross_entropy(hidden, weight, bias, targets, token_weights, chunk_size, need_grad)
 
     @staticmethod
@@ -947,7 +949,8 @@ def _fused_linear_cross_entropy(
     if targets.shape != (N,) or token_weights.shape != (N,) or (bias is not None and bias.shape != (V,)):
         raise CudaShapeError(
             f"fused_linear_cross_entropy: hidden {hidden.shape}, weight {weight.shape} need targets and token weights "
-            f"({N},) and bias ({V},), got {targets.shape}, {token_weights.shape}, {None if bias is None else bias.shape}"
+            f"({N},) and bias ({V},), got {targets.shape}, {token_weights.shape}, "
+            f"{None if bias is None else bias.shape}"
         )
     chunk = min(chunk_size, N)
     if chunk * V >= _INT_LIMIT:

@@ -98,7 +98,9 @@ def batch_loss(model: DecoderLM, batch: Batch, backend: TensorBackend, loss: str
         B, T, C = hidden.shape
         head = model.lm_head
         bias = None if head.bias is None else head.bias.value
-        return minitorch.fused_linear_cross_entropy(hidden.view(B * T, C), head.weights.value, targets, weights, bias=bias)
+        return minitorch.fused_linear_cross_entropy(
+            hidden.view(B * T, C), head.weights.value, targets, weights, bias=bias
+        )
     if loss != "naive":
         raise ValueError(f"unknown loss {loss!r}: expected 'naive' or 'fused'")
     logits = model(tokens)
@@ -158,7 +160,8 @@ def peak_memory_mb(backend: TensorBackend) -> Dict[str, Any]:
     (minitorch.cuda_memory_stats, whose peak window this call restarts); on the CPU, the process's
     peak resident size so far."""
     if backend.ops.is_cuda:
-        return {"peak_memory_mb": minitorch.cuda_memory_stats(reset=True)["peak"] / 2**20, "memory_kind": "cuda_allocated"}
+        peak = minitorch.cuda_memory_stats(reset=True)["peak"]
+        return {"peak_memory_mb": peak / 2**20, "memory_kind": "cuda_allocated"}
     return {"peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "memory_kind": "host_rss"}
 
 

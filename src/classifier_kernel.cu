@@ -125,22 +125,33 @@ __device__ __forceinline__ void row_zero(float* x, int V) {
   }
 }
 
+// The launcher's arguments (see launch_fused_classifier), passed to the kernel by value.
+struct ClassifierArgs {
+  float* logits;
+  float* losses;
+  const float* bias;  // NULL: no bias
+  const float* targets;
+  const float* token_weights;
+  const float* weight_sum;
+  int vocab;
+};
+
 // Grid: one block per row; blockDim.x a multiple of 32, at most kMaxThreads.
 template <bool VEC, bool HAS_BIAS, bool WRITE_GRAD>
-__global__ void __launch_bounds__(kMaxThreads)
-fused_classifier_kernel(float* logits, float* losses, const float* bias, const float* targets,
-                        const float* token_weights, const float* weight_sum, int V) {
+__global__ void __launch_bounds__(kMaxThreads) fused_classifier_kernel(const ClassifierArgs a) {
   __shared__ float2 scratch[32];
   const int row = blockIdx.x;
-  float* x = logits + static_cast<long long>(row) * V;
-  const float total = *weight_sum;
-  const float scale = total != 0.f ? token_weights[row] / total : 0.f;
+  const int V = a.vocab;
+  const float* bias = a.bias;
+  float* x = a.logits + static_cast<long long>(row) * V;
+  const float total = *a.weight_sum;
+  const float scale = total != 0.f ? a.token_weights[row] / total : 0.f;
   if (scale == 0.f) {  // uniform over the block: no barrier is skipped by only some threads
-    if (threadIdx.x == 0) losses[row] = 0.f;
+    if (threadIdx.x == 0) a.losses[row] = 0.f;
     if (WRITE_GRAD) row_zero<VEC>(x, V);
     return;
   }
-  const float t = targets[row];
+  const float t = a.targets[row];
   const int target = (t >= 0.f && t < static_cast<float>(V) && t == floorf(t)) ? static_cast<int>(t) : -1;
   float target_logit = 0.f;
   if (threadIdx.x == 0) {
@@ -149,20 +160,17 @@ fused_classifier_kernel(float* logits, float* losses, const float* bias, const f
   }
   const float2 ms = mt::block_allreduce(row_max_sum<VEC, HAS_BIAS>(x, bias, V), MaxSumOp{},
                                         make_float2(-INFINITY, 0.f), scratch);
-  if (threadIdx.x == 0) losses[row] = (ms.x + logf(ms.y) - target_logit) * scale;
+  if (threadIdx.x == 0) a.losses[row] = (ms.x + logf(ms.y) - target_logit) * scale;
   if (WRITE_GRAD) row_dlogits<VEC, HAS_BIAS>(x, bias, V, target, ms.x, 1.f / ms.y, scale);
 }
 
 template <bool VEC, bool HAS_BIAS>
-void launch_classifier_variant(bool write_grad, int rows, int threads, float* logits, float* losses,
-                               const float* bias, const float* targets, const float* token_weights,
-                               const float* weight_sum, int V, cudaStream_t stream) {
+void launch_classifier_variant(bool write_grad, int rows, int threads, const ClassifierArgs& args,
+                               cudaStream_t stream) {
   if (write_grad) {
-    fused_classifier_kernel<VEC, HAS_BIAS, true><<<rows, threads, 0, stream>>>(
-        logits, losses, bias, targets, token_weights, weight_sum, V);
+    fused_classifier_kernel<VEC, HAS_BIAS, true><<<rows, threads, 0, stream>>>(args);
   } else {
-    fused_classifier_kernel<VEC, HAS_BIAS, false><<<rows, threads, 0, stream>>>(
-        logits, losses, bias, targets, token_weights, weight_sum, V);
+    fused_classifier_kernel<VEC, HAS_BIAS, false><<<rows, threads, 0, stream>>>(args);
   }
 }
 
@@ -201,17 +209,18 @@ int launch_fused_classifier(float* logits, float* losses, const float* bias, con
   const bool vec = vocab % 4 == 0 && mt::is_aligned16(logits) && (bias == nullptr || mt::is_aligned16(bias));
   const bool wg = write_grad != 0;
   const int t = static_cast<int>(threads);
+  const ClassifierArgs args{logits, losses, bias, targets, token_weights, weight_sum, vocab};
   if (vec) {
     if (bias != nullptr) {
-      launch_classifier_variant<true, true>(wg, rows, t, logits, losses, bias, targets, token_weights, weight_sum, vocab, stream);
+      launch_classifier_variant<true, true>(wg, rows, t, args, stream);
     } else {
-      launch_classifier_variant<true, false>(wg, rows, t, logits, losses, bias, targets, token_weights, weight_sum, vocab, stream);
+      launch_classifier_variant<true, false>(wg, rows, t, args, stream);
     }
   } else {
     if (bias != nullptr) {
-      launch_classifier_variant<false, true>(wg, rows, t, logits, losses, bias, targets, token_weights, weight_sum, vocab, stream);
+      launch_classifier_variant<false, true>(wg, rows, t, args, stream);
     } else {
-      launch_classifier_variant<false, false>(wg, rows, t, logits, losses, bias, targets, token_weights, weight_sum, vocab, stream);
+      launch_classifier_variant<false, false>(wg, rows, t, args, stream);
     }
   }
   return mt_launch_status();

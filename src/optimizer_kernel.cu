@@ -104,24 +104,25 @@ MT_DEFINE_ERROR_STRING()
 
 // One AdamW step (step = 1, 2, ... counts the updates so far, this one included) over n contiguous
 // float32 elements: param, exp_avg and exp_avg_sq are updated in place, grad is read. The bias
-// corrections are computed here in double precision.
-int launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, long long n, float lr,
-                 float beta1, float beta2, float eps, float weight_decay, int step, cudaStream_t stream) {
+// corrections are computed here in double precision. The hyperparameters arrive as doubles: with
+// beta2 = 0.999 rounded to float first, 1 - beta2 would be off by 1.3e-5 relative, and so would v.
+int launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, long long n, double lr,
+                 double beta1, double beta2, double eps, double weight_decay, int step, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(n < 0 || step < 1);
   if (n == 0) return 0;
   MT_RETURN_IF_INVALID(param == nullptr || grad == nullptr || exp_avg == nullptr || exp_avg_sq == nullptr);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), step);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), step);
+  const double bc1 = 1.0 - std::pow(beta1, step);
+  const double bc2 = 1.0 - std::pow(beta2, step);
   MT_RETURN_IF_INVALID(!(bc1 > 0.0) || !(bc2 > 0.0));  // beta == 1 would divide by zero
   AdamWCoefficients c;
-  c.decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
-  c.beta1 = beta1;
-  c.beta2 = beta2;
+  c.decay = static_cast<float>(1.0 - lr * weight_decay);
+  c.beta1 = static_cast<float>(beta1);
+  c.beta2 = static_cast<float>(beta2);
   c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
   c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
   c.step_size = static_cast<float>(lr / bc1);
   c.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-  c.eps = eps;
+  c.eps = static_cast<float>(eps);
   const bool vec = mt::is_aligned16(param) && mt::is_aligned16(grad) && mt::is_aligned16(exp_avg) &&
                    mt::is_aligned16(exp_avg_sq);
   int grid = 0;
