@@ -688,6 +688,8 @@ class CudaKernelOps(TensorOps):
         dbeta = inp._new_empty((C,))
         if rows:
             ws_len = lib.layernorm_bw_workspace_floats(rows, C)
+            if ws_len < 0:  # the size query itself failed: it returns minus the CUDA error code
+                _check(int(-ws_len), lib, f"layernorm_bw workspace query for [{rows}, {C}]")
             ws = rt.torch.empty(max(ws_len, 1), dtype=rt.float32, device=rt.device)
             tensors = tuple(_contiguous(t) for t in (grad_out, inp, gamma, mean, rstd))
             code = lib.launch_layernorm_bw(
