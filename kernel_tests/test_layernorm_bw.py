@@ -12,6 +12,7 @@ import pytest
 import minitorch
 
 from minitorch.cuda_kernel_ops import load_library
+from speedup_report import print_speedup
 
 torch = pytest.importorskip("torch")
 
@@ -194,19 +195,6 @@ def test_layernorm_bw_raw_rejects_bad_sizes() -> None:
     assert lib.launch_layernorm_bw(p, p, p, p, p, p, p, p, None, 4, 4, stream) != 0, "a null workspace must be rejected"
 
 
-def _gpu_ms(fn, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def test_layernorm_bw_speedup_report() -> None:
     """Fused backward vs minitorch's own composed backward (TensorOps.layernorm_bw) on the GPU."""
     rng = np.random.default_rng(0)
@@ -216,7 +204,8 @@ def test_layernorm_bw_speedup_report() -> None:
         x, gamma, dy = (minitorch.tensor_from_numpy(a, backend=BACKEND) for a in (x_np, g_np, dy_np))
         beta = minitorch.tensor_from_numpy(np.zeros(hidden, dtype=np.float32), backend=BACKEND)
         _, mean, rstd = minitorch.CudaKernelOps.layernorm_fw(x, gamma, beta, EPS)
-        fused = _gpu_ms(lambda: minitorch.CudaKernelOps.layernorm_bw(dy, x, gamma, mean, rstd))
-        unfused = _gpu_ms(lambda: minitorch.TensorOps.layernorm_bw(dy, x, gamma, mean, rstd))
-        print(f"layernorm bw [{rows}, {hidden}]: fused {fused * 1e3:8.1f} us, unfused {unfused * 1e3:9.1f} us, "
-              f"speedup {unfused / fused:6.1f}x")
+        print_speedup(
+            f"layernorm bw [{rows}, {hidden}]",
+            lambda: minitorch.CudaKernelOps.layernorm_bw(dy, x, gamma, mean, rstd),
+            lambda: minitorch.TensorOps.layernorm_bw(dy, x, gamma, mean, rstd),
+        )

@@ -12,6 +12,7 @@ import pytest
 import minitorch
 
 from minitorch.cuda_kernel_ops import load_library
+from speedup_report import print_speedup
 
 torch = pytest.importorskip("torch")
 
@@ -182,19 +183,6 @@ def test_layernorm_fw_raw_rejects_bad_sizes() -> None:
         assert code != 0, f"rows={rows} hidden={hidden} eps={eps} must be rejected"
 
 
-def _gpu_ms(fn, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def test_layernorm_fw_speedup_report() -> None:
     """Fused forward vs minitorch's own composed LayerNorm (TensorOps.layernorm_fw) on the GPU."""
     rng = np.random.default_rng(0)
@@ -202,7 +190,8 @@ def test_layernorm_fw_speedup_report() -> None:
     for rows, hidden in [(5120, 256), (16384, 768), (65536, 1024)]:
         x = minitorch.tensor_from_numpy(make_input(rng, (rows, hidden), "normal"), backend=BACKEND)
         g, b = (minitorch.tensor_from_numpy(p, backend=BACKEND) for p in make_params(rng, hidden))
-        fused = _gpu_ms(lambda: minitorch.CudaKernelOps.layernorm_fw(x, g, b, EPS))
-        unfused = _gpu_ms(lambda: minitorch.TensorOps.layernorm_fw(x, g, b, EPS))
-        print(f"layernorm fw [{rows}, {hidden}]: fused {fused * 1e3:8.1f} us, unfused {unfused * 1e3:9.1f} us, "
-              f"speedup {unfused / fused:6.1f}x")
+        print_speedup(
+            f"layernorm fw [{rows}, {hidden}]",
+            lambda: minitorch.CudaKernelOps.layernorm_fw(x, g, b, EPS),
+            lambda: minitorch.TensorOps.layernorm_fw(x, g, b, EPS),
+        )

@@ -12,6 +12,7 @@ import pytest
 import minitorch
 
 from minitorch.cuda_kernel_ops import load_library
+from speedup_report import print_speedup
 
 torch = pytest.importorskip("torch")
 
@@ -165,19 +166,6 @@ def test_softmax_bw_raw_rejects_bad_sizes() -> None:
         assert code != 0, f"rows={rows} Tk={Tk} must be rejected"
 
 
-def _gpu_ms(fn, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def test_softmax_bw_speedup_report() -> None:
     """Fused backward vs minitorch's own composed backward (TensorOps.attn_softmax_bw) on the GPU."""
     rng = np.random.default_rng(0)
@@ -185,7 +173,8 @@ def test_softmax_bw_speedup_report() -> None:
     for shape in [(64, 8, 40, 40), (8, 12, 256, 256), (8, 12, 1024, 1024)]:
         g = minitorch.tensor_from_numpy(rng.standard_normal(shape).astype(np.float32), backend=BACKEND)
         y = minitorch.tensor_from_numpy(rng.random(shape).astype(np.float32), backend=BACKEND)
-        fused = _gpu_ms(lambda: minitorch.CudaKernelOps.attn_softmax_bw(g, y))
-        unfused = _gpu_ms(lambda: minitorch.TensorOps.attn_softmax_bw(g, y))
-        print(f"attn_softmax bw {shape}: fused {fused * 1e3:8.1f} us, unfused {unfused * 1e3:9.1f} us, "
-              f"speedup {unfused / fused:6.1f}x")
+        print_speedup(
+            f"attn_softmax bw {shape}",
+            lambda: minitorch.CudaKernelOps.attn_softmax_bw(g, y),
+            lambda: minitorch.TensorOps.attn_softmax_bw(g, y),
+        )

@@ -13,6 +13,7 @@ import pytest
 import minitorch
 
 from minitorch.cuda_kernel_ops import load_library
+from speedup_report import print_speedup
 
 torch = pytest.importorskip("torch")
 
@@ -213,17 +214,6 @@ def test_softmax_fw_raw_rejects_bad_sizes() -> None:
 
 
 # ---- speed report (printed; visible with pytest -s) ---------------------------------------------
-def _gpu_ms(fn, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def test_softmax_fw_speedup_report() -> None:
@@ -233,7 +223,8 @@ def test_softmax_fw_speedup_report() -> None:
     for shape in [(64, 8, 40, 40), (8, 12, 256, 256), (8, 12, 1024, 1024)]:
         x = minitorch.tensor_from_numpy(scores(rng, shape), backend=BACKEND)
         mask = minitorch.tensor_from_numpy(make_mask(rng, shape[0], shape[3], "inf"), backend=BACKEND)
-        fused = _gpu_ms(lambda: minitorch.CudaKernelOps.attn_softmax_fw(x, mask, False))
-        unfused = _gpu_ms(lambda: minitorch.TensorOps.attn_softmax_fw(x, mask, False))
-        print(f"attn_softmax fw {shape} + mask: fused {fused * 1e3:8.1f} us, unfused {unfused * 1e3:9.1f} us, "
-              f"speedup {unfused / fused:6.1f}x")
+        print_speedup(
+            f"attn_softmax fw {shape} + mask",
+            lambda: minitorch.CudaKernelOps.attn_softmax_fw(x, mask, False),
+            lambda: minitorch.TensorOps.attn_softmax_fw(x, mask, False),
+        )
