@@ -337,6 +337,8 @@ class Tensor:
     def var(self, dim: Optional[int] = None, unbiased: bool = True) -> "Tensor":
         """Variance over dim (kept with size 1) or everything; unbiased (n - 1) like torch.var."""
         n = self.size if dim is None else self.shape[self._dim(dim)]
+        if unbiased and n < 2:
+            raise ValueError(f"unbiased var over {n} element(s) (shape {self.shape}, dim {dim}) is undefined; pass unbiased=False")
         centered = (self._flat() if dim is None else self) - self.mean(dim)
         return (centered * centered).sum(0 if dim is None else dim) * (1.0 / (n - 1 if unbiased else n))
 
@@ -471,6 +473,10 @@ class Tensor:
 
     def backward(self, grad_output: Optional["Tensor"] = None) -> None:
         """Backpropagate from this tensor; grad_output defaults to 1 for a one-element tensor."""
+        if self.history is None:
+            raise RuntimeError(
+                f"backward() on a tensor of shape {self.shape} that has no history: no input of it requires grad"
+            )
         if grad_output is None:
             if self.size != 1:
                 raise RuntimeError(f"backward() without a gradient needs a one-element tensor, got shape {self.shape}")

@@ -286,7 +286,7 @@ class Sum(Function):
 
 
 class Max(Function):
-    """Max over one dim (kept with size 1); ties share the gradient."""
+    """Max over one dim (kept with size 1); every element tied for the max receives the gradient."""
 
     @staticmethod
     def forward(ctx: Context, a: "Tensor", dim: int) -> "Tensor":

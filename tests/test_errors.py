@@ -131,3 +131,15 @@ def test_module_input_errors() -> None:
         minitorch.LayerNorm1d(3)(zeros((2, 4)))
     with raises(IndexError, "embedding ids must be integers in [0, 3), got values in [-1.0, 1.0]"):
         minitorch.Embedding(3, 2)(mt(np.array([1.0, -1.0]), FAST))
+
+
+def test_backward_without_history_is_an_error() -> None:
+    x = minitorch.tensor([1.0, 2.0])
+    with raises(RuntimeError, "backward() on a tensor of shape (1,) that has no history"):
+        x.sum().backward()
+
+
+def test_unbiased_var_of_one_element_is_an_error() -> None:
+    x = minitorch.tensor([[1.0], [2.0]])
+    with raises(ValueError, "unbiased var over 1 element(s) (shape (2, 1), dim 1) is undefined"):
+        x.var(1)
