@@ -7,7 +7,9 @@ import pytest
 
 import minitorch
 from minitorch import AdamW, Parameter
-from minitorch.cuda_kernel_ops import CudaKernelError, CudaShapeError, load_library
+from minitorch.cuda_kernel_ops import CudaKernelError, CudaShapeError
+
+from fused_testing import kernel_lib, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -16,10 +18,6 @@ CUDA = minitorch.TensorBackend(minitorch.CudaKernelOps)
 SHAPES = [(1,), (3,), (4,), (4099,), (257, 129), (1 << 20,)]
 STEPS = 6
 TOL = 1e-5
-
-
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(out.astype(np.float64) - ref).max() / max(float(np.abs(ref).max()), 1e-30))
 
 
 @pytest.mark.parametrize(
@@ -74,7 +72,7 @@ def test_adamw_step_allocates_nothing_that_stays() -> None:
 
 @pytest.mark.parametrize("n", [1, 5, 1000, 123457])
 def test_launcher_scalar_path_on_misaligned_buffers(n: int) -> None:
-    lib = load_library("optimizer_kernel")
+    lib = kernel_lib("optimizer_kernel")
     gen = torch.Generator(device="cuda").manual_seed(n)
     bufs = [torch.randn(n + 1, device="cuda", generator=gen) for _ in range(4)]
     bufs[3].abs_()
@@ -93,7 +91,7 @@ def test_launcher_scalar_path_on_misaligned_buffers(n: int) -> None:
 
 
 def test_bad_arguments_raise() -> None:
-    lib = load_library("optimizer_kernel")
+    lib = kernel_lib("optimizer_kernel")
     buf = torch.zeros(8, device="cuda")
     ptr = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream

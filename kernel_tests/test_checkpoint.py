@@ -10,14 +10,12 @@ import pytest
 import minitorch
 from minitorch import DecoderLM, fused_linear_cross_entropy, nn
 
+from fused_testing import rel_err
+
 torch = pytest.importorskip("torch")
 
 CUDA = minitorch.TensorBackend(minitorch.CudaKernelOps)
 TOL = 1e-5
-
-
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(out.astype(np.float64) - ref).max() / max(float(np.abs(ref).max()), 1e-30))
 
 
 def batch(B: int, T: int, V: int, seed: int):

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import minitorch
-from minitorch.cuda_kernel_ops import load_library
 from minitorch.fused_loss import fused_linear_cross_entropy
+
+from fused_testing import kernel_lib, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -26,23 +27,6 @@ CHUNKS = [None, 64, 97, 1000]  # default, divides 300 unevenly x2, larger than 3
 GRAD_SCALE = 1.7
 LOSS_TOL = 2e-5
 GRAD_TOL = 1e-4
-
-_lib = None
-
-
-def classifier_lib():
-    global _lib
-    if _lib is None:
-        _lib = load_library("classifier_kernel")
-    return _lib
-
-
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    """max|out - ref| / max|ref|; infinite when out has a nan or inf."""
-    out = np.asarray(out, dtype=np.float64)
-    if not np.isfinite(out).all():
-        return float("inf")
-    return float(np.abs(out - ref).max() / max(float(np.abs(ref).max()), 1e-30))
 
 
 def problem(N: int, C: int, V: int, seed: int, with_bias: bool, device: str = "cuda"):
@@ -196,7 +180,7 @@ def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool) -> 
     ref_grad = ref_grad * (weights.double() / total.double())[:, None]
     before = logits.clone()
     stream = torch.cuda.current_stream().cuda_stream
-    code = classifier_lib().launch_fused_classifier(
+    code = kernel_lib("classifier_kernel").launch_fused_classifier(
         logits.data_ptr(), losses.data_ptr(), bias.data_ptr(), targets.data_ptr(), weights.data_ptr(), total.data_ptr(),
         rows, vocab, int(write_grad), stream,
     )
@@ -213,7 +197,7 @@ def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool) -> 
 
 
 def test_classifier_launcher_rejects_bad_sizes() -> None:
-    lib = classifier_lib()
+    lib = kernel_lib("classifier_kernel")
     buf = torch.zeros(16, device="cuda")
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream

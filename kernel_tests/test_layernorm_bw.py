@@ -11,8 +11,7 @@ import pytest
 
 import minitorch
 
-from minitorch.cuda_kernel_ops import load_library
-from speedup_report import print_speedup
+from fused_testing import kernel_lib, print_speedup, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -25,24 +24,6 @@ MAX_ELEMENTS = 1 << 22
 # (hidden > 8192), float4 and scalar.
 HIDDEN = [3, 4, 63, 64, 256, 768, 1023, 1024, 2047, 4096, 8192, 8193, 12288, 16384, 20000]
 DATA = ["normal", "offset"]
-
-_lib = None
-
-
-def layernorm_lib():
-    global _lib
-    if _lib is None:
-        _lib = load_library("layernorm_kernel")
-    return _lib
-
-
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    """max|out - ref| / max|ref|; infinite when out has a nan or inf."""
-    out = out.astype(np.float64)
-    if not np.isfinite(out).all():
-        return float("inf")
-    scale = max(float(np.abs(ref).max(initial=0.0)), 1e-30)
-    return float(np.abs(out - ref).max(initial=0.0)) / scale
 
 
 def make_case(rng: np.random.Generator, shape: tuple, data: str) -> tuple:
@@ -166,7 +147,7 @@ def test_layernorm_bw_raw_poisoned(hidden: int, misaligned: bool) -> None:
     def poisoned(n: int):
         return torch.full((n + off,), float("nan"), device="cuda")[off:]
 
-    lib = layernorm_lib()
+    lib = kernel_lib("layernorm_kernel")
     ws_len = lib.layernorm_bw_workspace_floats(rows, hidden)
     assert ws_len > 0, f"workspace query failed: {ws_len}"
     x, g, dy, mean, rstd = (device(a) for a in (x_np, g_np, dy_np, mean_np, rstd_np))
@@ -183,7 +164,7 @@ def test_layernorm_bw_raw_poisoned(hidden: int, misaligned: bool) -> None:
 
 
 def test_layernorm_bw_raw_rejects_bad_sizes() -> None:
-    lib = layernorm_lib()
+    lib = kernel_lib("layernorm_kernel")
     assert lib.layernorm_bw_workspace_floats(0, 16) < 0
     assert lib.layernorm_bw_workspace_floats(16, 0) < 0
     buf = torch.zeros(64, device="cuda")

@@ -11,8 +11,7 @@ import pytest
 
 import minitorch
 
-from minitorch.cuda_kernel_ops import load_library
-from speedup_report import print_speedup
+from fused_testing import kernel_lib, print_speedup, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -25,24 +24,6 @@ MAX_ELEMENTS = 1 << 22
 # (hidden % 4 == 0) and scalar.
 HIDDEN = [1, 3, 4, 63, 64, 256, 768, 1023, 1024, 2047, 4096, 8192, 12288, 16384, 16385, 20000]
 DATA = ["normal", "offset", "outlier_first"]
-
-_lib = None
-
-
-def layernorm_lib():
-    global _lib
-    if _lib is None:
-        _lib = load_library("layernorm_kernel")
-    return _lib
-
-
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    """max|out - ref| / max|ref|; infinite when out has a nan or inf."""
-    out = out.astype(np.float64)
-    if not np.isfinite(out).all():
-        return float("inf")
-    scale = max(float(np.abs(ref).max(initial=0.0)), 1e-30)
-    return float(np.abs(out - ref).max(initial=0.0)) / scale
 
 
 def make_input(rng: np.random.Generator, shape: tuple, data: str) -> np.ndarray:
@@ -164,7 +145,7 @@ def test_layernorm_fw_raw_poisoned(hidden: int, misaligned: bool) -> None:
 
     x, g, b = device(x_np), device(g_np), device(b_np)
     out, mean, rstd = poisoned(rows * hidden), poisoned(rows), poisoned(rows)
-    lib = layernorm_lib()
+    lib = kernel_lib("layernorm_kernel")
     code = lib.launch_layernorm(out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), x.data_ptr(), g.data_ptr(),
                                 b.data_ptr(), rows, hidden, EPS, torch.cuda.current_stream().cuda_stream)
     assert code == 0, lib.minitorch_error_string(code).decode()
@@ -174,7 +155,7 @@ def test_layernorm_fw_raw_poisoned(hidden: int, misaligned: bool) -> None:
 
 
 def test_layernorm_fw_raw_rejects_bad_sizes() -> None:
-    lib = layernorm_lib()
+    lib = kernel_lib("layernorm_kernel")
     buf = torch.zeros(16, device="cuda")
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream

@@ -11,8 +11,7 @@ import pytest
 
 import minitorch
 
-from minitorch.cuda_kernel_ops import load_library
-from speedup_report import print_speedup
+from fused_testing import kernel_lib, print_speedup, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -24,24 +23,6 @@ MAX_ELEMENTS = 1 << 22
 # ones (2048..16384), the streaming path beyond, each with float4 and scalar lengths.
 LENGTHS = [1, 2, 5, 31, 32, 33, 64, 100, 128, 255, 256, 384, 500, 512, 768, 1000, 1024, 1025, 2048, 4097,
            8192, 16384, 16385, 20000]
-
-_lib = None
-
-
-def softmax_lib():
-    global _lib
-    if _lib is None:
-        _lib = load_library("softmax_kernel")
-    return _lib
-
-
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    """max|out - ref| / max|ref|; infinite when out has a nan or inf."""
-    out = out.astype(np.float64)
-    if not np.isfinite(out).all():
-        return float("inf")
-    scale = max(float(np.abs(ref).max(initial=0.0)), 1e-30)
-    return float(np.abs(out - ref).max(initial=0.0)) / scale
 
 
 def softmax_ref(x: np.ndarray, mask, causal: bool) -> torch.Tensor:
@@ -147,10 +128,10 @@ def test_softmax_bw_raw_poisoned(Tk: int, misaligned: bool) -> None:
 
     g, y = device(g_np), device(y_np)
     out = torch.full((n + off,), float("nan"), device="cuda")[off:]
-    code = softmax_lib().launch_attn_softmax_bw(
+    code = kernel_lib("softmax_kernel").launch_attn_softmax_bw(
         out.data_ptr(), g.data_ptr(), y.data_ptr(), rows, Tk, torch.cuda.current_stream().cuda_stream
     )
-    assert code == 0, softmax_lib().minitorch_error_string(code).decode()
+    assert code == 0, kernel_lib("softmax_kernel").minitorch_error_string(code).decode()
     torch.cuda.synchronize()
     ref = grad_ref(torch.from_numpy(y_np).double(), g_np)
     err = rel_err(out.cpu().numpy().reshape(rows, Tk), ref)
@@ -158,7 +139,7 @@ def test_softmax_bw_raw_poisoned(Tk: int, misaligned: bool) -> None:
 
 
 def test_softmax_bw_raw_rejects_bad_sizes() -> None:
-    lib = softmax_lib()
+    lib = kernel_lib("softmax_kernel")
     buf = torch.zeros(16, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     for rows, Tk in [(0, 4), (4, 0), (-1, 4)]:

@@ -12,8 +12,7 @@ import pytest
 
 import minitorch
 
-from minitorch.cuda_kernel_ops import load_library
-from speedup_report import print_speedup
+from fused_testing import kernel_lib, print_speedup, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -24,15 +23,6 @@ MAX_ELEMENTS = 1 << 22
 # Row lengths covering every size bucket of the kernel (1..32 sub-warp, warp, block, streaming)
 # and both the float4 (Tk % 4 == 0) and the scalar path.
 LENGTHS = [1, 3, 31, 32, 33, 64, 100, 384, 1000, 1024, 1025, 2048, 4097, 8192, 12288, 16384, 16385, 20000]
-
-
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    """max|out - ref| / max|ref|; infinite when out has a nan or inf."""
-    out = out.astype(np.float64)
-    if not np.isfinite(out).all():
-        return float("inf")
-    scale = max(float(np.abs(ref).max(initial=0.0)), 1e-30)
-    return float(np.abs(out - ref).max(initial=0.0)) / scale
 
 
 def reference(x: np.ndarray, mask, causal: bool) -> np.ndarray:
@@ -160,18 +150,10 @@ def test_softmax_fw_every_key_masked() -> None:
 
 
 # ---- raw launcher calls ------------------------------------------------------------------------
-_lib = None
-
-
-def softmax_lib():
-    global _lib
-    if _lib is None:
-        _lib = load_library("softmax_kernel")
-    return _lib
 
 
 def _raw_forward(out, x, mask, causal: bool) -> int:
-    lib = softmax_lib()
+    lib = kernel_lib("softmax_kernel")
     B, H, Tq, Tk = x.shape
     stream = torch.cuda.current_stream().cuda_stream
     mask_ptr = None if mask is None else mask.data_ptr()
@@ -197,14 +179,14 @@ def test_softmax_fw_raw_poisoned(Tk: int, misaligned: bool) -> None:
     x = x_buf[off:].view(shape)
     out = out_buf[off:].view(shape)
     code = _raw_forward(out, x, m_buf[off:].view(2, Tk), causal=False)
-    assert code == 0, softmax_lib().minitorch_error_string(code).decode()
+    assert code == 0, kernel_lib("softmax_kernel").minitorch_error_string(code).decode()
     torch.cuda.synchronize()
     err = rel_err(out.cpu().numpy(), reference(x_np, mask_np, False))
     assert err < TOL, f"{shape} misaligned={misaligned}: relative error {err:.3g}"
 
 
 def test_softmax_fw_raw_rejects_bad_sizes() -> None:
-    lib = softmax_lib()
+    lib = kernel_lib("softmax_kernel")
     buf = torch.zeros(16, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     for B, H, Tq, Tk in [(0, 1, 1, 4), (1, 1, 1, 0), (1, -1, 1, 4)]:

@@ -1,6 +1,24 @@
-"""The fused-vs-unfused speed line each fused-kernel test file prints (visible with pytest -s)."""
+"""Helpers shared by the GPU kernel tests: the error measure, cached kernel libraries, and the
+fused-vs-unfused speed line each fused-kernel test file prints (visible with pytest -s)."""
 
+import functools
 from typing import Any, Callable
+
+import numpy as np
+
+from minitorch.cuda_kernel_ops import load_library
+
+# A kernel library by name (built from src/<name>.cu), loaded once per test session.
+kernel_lib = functools.lru_cache(maxsize=None)(load_library)
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    """max|out - ref| / max|ref|; infinite when out has a nan or inf."""
+    out = np.asarray(out, dtype=np.float64)
+    if not np.isfinite(out).all():
+        return float("inf")
+    scale = max(float(np.abs(ref).max(initial=0.0)), 1e-30)
+    return float(np.abs(out - ref).max(initial=0.0)) / scale
 
 
 def gpu_ms(fn: Callable[[], Any], iters: int = 20) -> float:
