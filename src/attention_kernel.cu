@@ -1,5 +1,7 @@
-// Fused attention, forward and backward (FlashAttention-2 style), fp32 on the CUDA cores (FFMA), with
-// a softmax or a ReLU activation. Nothing of size Tq x Tk is ever stored.
+// Fused attention, forward and backward (FlashAttention-2 style), fp32 with a softmax or a ReLU
+// activation. Nothing of size Tq x Tk is ever stored. Every matrix product runs on the tensor cores
+// as three TF32 mma.sync products per tile (3xTF32, includes/mma_tf32.cuh), which keeps float32
+// accuracy (errors of a few ulps of the dot products).
 //
 // Shapes, all contiguous row-major fp32: q, out, dq [B, H, Tq, D]; k, v, dk, dv [B, H, Tk, D];
 // lse [B, H, Tq]; mask (optional, additive) [B, Tk]. For query i and key j of one (b, h):
@@ -12,33 +14,30 @@
 // A mask of -inf removes a key under both activations; finite values are plain additions.
 // D (any size up to 128) is padded with zeros to a bucket DP of 32, 64 or 128 in shared memory.
 //
-// Thread mapping: blocks of 4 warps; the 32 lanes of a warp form 4 row groups rg = lane / 8 times
-// 8 column groups cg = lane % 8. Micro-tiles are strided so that one float4 shared-memory read
-// instruction of a warp touches at most 8 distinct 16-byte words, all in distinct banks (tiles have
-// rows of DP + 4 floats, score tiles rows of (keys or queries) + 8 floats).
+// Blocks of 4 warps; a warp works on 16-row slabs with the m16n8k8 fragments of mma_tf32.cuh (g =
+// lane / 4, t = lane % 4). Shared tiles have rows of DP + 4 floats, so the fragment reads
+// tile[row g][col t] and tile[row 2t][col g] of a warp hit 32 distinct banks.
 //
-// Forward, attention_fw<DP, ACT>: grid (B * H, query blocks of BM = 64; under causal the last block,
-// which sees the most keys, is scheduled first). Warp w owns query rows 16w + rg + 4i (i < 4).
-// Per tile of BN keys (64; 32 for DP = 128):
-//   S = Q K^T         lane: its 4 rows x keys cg + 8j (j < BN / 8), float4 reads along d;
-//   online softmax    running row max, reduced over the row group's 8 lanes by shuffles each tile,
-//                     and a running per-lane sum, reduced once at the end; relu: P = relu(S);
-//   O += P V          P goes through shared memory (rows of the warp); lane: its 4 rows x output
-//                     columns 32g + 4cg + c (g < DP / 32, c < 4), float4 reads of P and V.
-// Q stays in shared memory; K and V are single tiles loaded with cp.async: K of tile t + 1 is in
-// flight during the softmax and P V of tile t, V of tile t + 1 during S of tile t + 1.
+// Forward, attention_fw<DP, ACT>: grid (B * H, query blocks of 64; under causal the last block, which
+// sees the most keys, is scheduled first). Warp w owns queries 16w .. 16w + 15. Per tile of BN keys
+// (64; 32 for DP = 128):
+//   S = Q K^T       [16 x BN] per warp in C fragments, Q as A (from shared memory), K as B;
+//   online softmax  running row max and sum over the 4 lanes that share a row (shuffles), P = exp;
+//                   relu: P = relu(S);
+//   O += P V        P goes from C to A fragments in registers (key permutation), V as B.
+// K and V are single tiles loaded with cp.async: K of tile t + 1 is in flight during the softmax and
+// P V of tile t, V of tile t + 1 during S of tile t + 1.
 //
 // Backward: attention_bw_dot: D_i = sum_d dO[i, d] O[i, d] (softmax only), one warp per row.
-// attention_bw<DP, ACT>: grid (B * H, key blocks of BN keys: 4 warps x 4 row groups x TK keys per lane;
-// 64, or 32 for DP = 128). The block keeps its K and V tiles in shared memory and dK, dV in registers,
-// and walks the query tiles of BM queries (64; 32 for DP = 128) that can see its keys (from the
-// diagonal on under causal). Warp w owns keys 4 TK w + rg + 4i (i < TK); per query tile:
-//   S^T = K Q^T, dP^T = V dO^T   lane: its keys x queries cg + 8j (j < BM / 8);
+// attention_bw<DP, ACT>: grid (B * H, key blocks of 64). Warp w owns keys 16w .. 16w + 15 of the block,
+// keeps dK and dV of them in C fragments, and walks the query tiles of BM queries (64; 32 for DP = 128)
+// that can see its keys (from the diagonal on under causal). Per query tile:
+//   S^T = K Q^T, dP^T = V dO^T   [16 x BM] per warp, K and V as A, Q and dO as B;
 //   P^T = exp(x^T - lse), dS^T = P^T (dP^T - D) scale   (relu: P^T = relu(x^T), dS^T = [x^T > 0] dP^T
-//                                scale), both to shared memory;
-//   dV += P^T dO, dK += dS^T Q   lane: its keys x columns 32g + 4cg + c;
-//   dQ += dS K                   lane: queries (4w + rg) BM/16 + r (r < BM / 16) x columns 32g + 4cg + c,
-//                                added to dq with float4 atomics on sm_90 (scalar ones before; dq is
+//                                scale); dS^T also to shared memory;
+//   dV += P^T dO, dK += dS^T Q   P^T and dS^T from C to A fragments in registers, dO and Q as B;
+//   dQ += dS K                   warp w: 16 queries x DP / (64 / BM) columns, dS (shared) as A, K as B;
+//                                added to dq with float2 atomics on sm_90 (scalar ones before; dq is
 //                                zeroed first).
 // The next Q and dO tiles load (cp.async) while dQ is computed. The order of the atomic additions
 // varies from run to run, so dq may differ in the last bits between runs.
@@ -49,30 +48,33 @@
 #include <cmath>
 
 #include "includes/cuda_check.cuh"
+#include "includes/mma_tf32.cuh"
 #include "includes/ptx.cuh"
 #include "includes/vec.cuh"
 
 namespace {
+
+using mt::Tf32Frag;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kFwRows = kWarps * 16;  // query rows of a forward block
+constexpr int kBwKeys = kWarps * 16;  // keys of a backward block
 constexpr int kMaxHeadDim = 128;
-constexpr int kDotWarps = 8;          // warps (rows) per block of attention_bw_dot
+constexpr int kDotWarps = 8;  // warps (rows) per block of attention_bw_dot
 constexpr int kMaxGridY = 65535;
 
 enum Activation { kSoftmax = 0, kRelu = 1 };
 
 // Tile sizes per head-dim bucket (see the top of the file). kMinBlocks: blocks per SM that
-// __launch_bounds__ asks the register allocation to allow (at most what the shared memory allows;
-// lower where more would make the compiler spill).
+// __launch_bounds__ asks the register allocation to allow (at most what the shared memory allows).
 template <int DP>
 struct FwConfig;
 template <>
 struct FwConfig<32> {
-  static constexpr int kKeys = 64, kMinBlocks = 3;
+  static constexpr int kKeys = 64, kMinBlocks = 4;
 };
 template <>
 struct FwConfig<64> {
@@ -87,28 +89,26 @@ template <int DP>
 struct BwConfig;
 template <>
 struct BwConfig<32> {
-  static constexpr int kKeysPerLane = 4, kQueries = 64, kMinBlocks = 2;
+  static constexpr int kQueries = 64, kMinBlocks = 2;
 };
 template <>
 struct BwConfig<64> {
-  static constexpr int kKeysPerLane = 4, kQueries = 64, kMinBlocks = 2;
+  static constexpr int kQueries = 64, kMinBlocks = 2;
 };
 template <>
 struct BwConfig<128> {
-  static constexpr int kKeysPerLane = 2, kQueries = 32, kMinBlocks = 2;
+  static constexpr int kQueries = 32, kMinBlocks = 2;
 };
 
 template <int DP>
 constexpr int fw_smem_floats() {
-  constexpr int BN = FwConfig<DP>::kKeys;
-  return (kFwRows + 2 * BN) * (DP + 4) + kFwRows * (BN + 8);
+  return (kFwRows + 2 * FwConfig<DP>::kKeys) * (DP + 4);
 }
 
 template <int DP>
 constexpr int bw_smem_floats() {
-  constexpr int BN = kWarps * 4 * BwConfig<DP>::kKeysPerLane;
   constexpr int BM = BwConfig<DP>::kQueries;
-  return (2 * BN + 2 * BM) * (DP + 4) + 2 * BN * (BM + 8) + 2 * BM;
+  return (2 * kBwKeys + 2 * BM) * (DP + 4) + kBwKeys * (BM + 4) + 2 * BM;
 }
 
 struct FwParams {
@@ -147,38 +147,66 @@ struct BwParams {
   int vec4;
 };
 
-__device__ __forceinline__ float4 lds4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-
-__device__ __forceinline__ float component(const float4& v, int c) {
-  return c == 0 ? v.x : (c == 1 ? v.y : (c == 2 ? v.z : v.w));
-}
-
-__device__ __forceinline__ float dot4(const float4& a, const float4& b, float acc) {
-  acc = fmaf(a.x, b.x, acc);
-  acc = fmaf(a.y, b.y, acc);
-  acc = fmaf(a.z, b.z, acc);
-  return fmaf(a.w, b.w, acc);
-}
-
-// acc[0..3] += s * v
-__device__ __forceinline__ void axpy4(float* acc, float s, const float4& v) {
-  acc[0] = fmaf(s, v.x, acc[0]);
-  acc[1] = fmaf(s, v.y, acc[1]);
-  acc[2] = fmaf(s, v.z, acc[2]);
-  acc[3] = fmaf(s, v.w, acc[3]);
-}
-
-// Max over the 8 lanes of a row group (lanes differing in their low 3 bits).
-__device__ __forceinline__ float row_group_max(float v) {
+// Max / sum over the 4 lanes that hold one row of a C fragment (lanes differing in their low 2 bits).
+__device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-__device__ __forceinline__ float row_group_sum(float v) {
+__device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
-  v += __shfl_xor_sync(0xffffffffu, v, 2);
-  return v + __shfl_xor_sync(0xffffffffu, v, 4);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// A fragment of the 16 x 8 block at tile[row0 .. row0 + 15][col0 .. col0 + 7] of a shared tile with
+// row stride LD.
+template <int LD>
+__device__ __forceinline__ Tf32Frag<4> load_a(const float* tile, int row0, int col0) {
+  const int g = (threadIdx.x % 32) / 4;
+  const int t = threadIdx.x % 4;
+  const float* p = tile + (row0 + g) * LD + col0 + t;
+  Tf32Frag<4> a;
+  a.set(0, p[0]);
+  a.set(1, p[8 * LD]);
+  a.set(2, p[4]);
+  a.set(3, p[8 * LD + 4]);
+  return a;
+}
+
+// B fragment of B = tile^T: B[k][n] = tile[row0 + n][col0 + k] (a row-major tile whose rows are the
+// n index, e.g. K in S = Q K^T).
+template <int LD>
+__device__ __forceinline__ Tf32Frag<2> load_b_transposed(const float* tile, int row0, int col0) {
+  const int g = (threadIdx.x % 32) / 4;
+  const int t = threadIdx.x % 4;
+  const float* p = tile + (row0 + g) * LD + col0 + t;
+  Tf32Frag<2> b;
+  b.set(0, p[0]);
+  b.set(1, p[4]);
+  return b;
+}
+
+// B fragment of B = tile with the permuted k order of mma_tf32.cuh: B[t][n] = tile[row0 + 2t][col0 + n],
+// B[t + 4][n] = tile[row0 + 2t + 1][col0 + n] (e.g. V in O = P V with P from a C fragment).
+template <int LD>
+__device__ __forceinline__ Tf32Frag<2> load_b_permuted(const float* tile, int row0, int col0) {
+  const int g = (threadIdx.x % 32) / 4;
+  const int t = threadIdx.x % 4;
+  const float* p = tile + (row0 + 2 * t) * LD + col0 + g;
+  Tf32Frag<2> b;
+  b.set(0, p[0]);
+  b.set(1, p[LD]);
+  return b;
+}
+
+// The A fragment of a C fragment's 16 x 8 values under the permuted k order.
+__device__ __forceinline__ Tf32Frag<4> c_to_a(const float (&c)[4]) {
+  Tf32Frag<4> a;
+  a.set(0, c[0]);
+  a.set(1, c[2]);
+  a.set(2, c[1]);
+  a.set(3, c[3]);
+  return a;
 }
 
 // Starts copying rows [row0, row0 + ROWS) of a row-major [rows, head_dim] matrix into the shared
@@ -219,33 +247,26 @@ __device__ __forceinline__ void load_vector(float* dst, const float* src, int st
   }
 }
 
-// Writes a lane's 4-column group (columns col .. col + 3) of one output row, as one float4 when the
-// head dim allows, else column by column up to head_dim.
-__device__ __forceinline__ void store_group(float* row_ptr, int col, const float* vals, int head_dim, bool vec4) {
+// Writes columns col, col + 1 (col even) of one output row: one float2 when the head dim allows,
+// else element by element up to head_dim.
+__device__ __forceinline__ void store_pair(float* row_ptr, int col, float x, float y, int head_dim, bool vec4) {
   if (vec4) {
-    if (col < head_dim) mt::store_float4(row_ptr + col, make_float4(vals[0], vals[1], vals[2], vals[3]));
+    if (col < head_dim) *reinterpret_cast<float2*>(row_ptr + col) = make_float2(x, y);
   } else {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      if (col + c < head_dim) row_ptr[col + c] = vals[c];
-    }
+    if (col < head_dim) row_ptr[col] = x;
+    if (col + 1 < head_dim) row_ptr[col + 1] = y;
   }
 }
 
-__device__ __forceinline__ void atomic_add_group(float* row_ptr, int col, const float* vals, int head_dim,
-                                                 bool vec4) {
+__device__ __forceinline__ void atomic_add_pair(float* row_ptr, int col, float x, float y, int head_dim, bool vec4) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (vec4) {
-    if (col < head_dim) {
-      atomicAdd(reinterpret_cast<float4*>(row_ptr + col), make_float4(vals[0], vals[1], vals[2], vals[3]));
-    }
+    if (col < head_dim) atomicAdd(reinterpret_cast<float2*>(row_ptr + col), make_float2(x, y));
     return;
   }
 #endif
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    if (col + c < head_dim) atomicAdd(row_ptr + col + c, vals[c]);
-  }
+  if (col < head_dim) atomicAdd(row_ptr + col, x);
+  if (col + 1 < head_dim) atomicAdd(row_ptr + col + 1, y);
 }
 
 // ---- forward -----------------------------------------------------------------------------------
@@ -253,22 +274,19 @@ template <int DP, int ACT>
 __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_fw(const FwParams p) {
   constexpr int BM = kFwRows;
   constexpr int BN = FwConfig<DP>::kKeys;
-  constexpr int TR = 4;        // query rows per lane
-  constexpr int TN = BN / 8;   // keys per lane
-  constexpr int TG = DP / 32;  // float4 groups of output columns per lane
+  constexpr int NT = BN / 8;  // 8-key column tiles of S
+  constexpr int KD = DP / 8;  // 8-wide steps over d (and 8-wide column tiles of O)
   constexpr int LD = DP + 4;
-  constexpr int LDP = BN + 8;
   extern __shared__ float4 smem_f4[];
   float* qs = reinterpret_cast<float*>(smem_f4);
   float* ks = qs + BM * LD;
   float* vs = ks + BN * LD;
-  float* ps = vs + BN * LD;
 
   const int bh = blockIdx.x;
   const int q0 = (p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y) * BM;
   const int warp = threadIdx.x / 32;
-  const int rg = (threadIdx.x % 32) / 8;
-  const int cg = threadIdx.x % 8;
+  const int g = (threadIdx.x % 32) / 4;
+  const int t = threadIdx.x % 4;
   const int offset = p.k_len - p.q_len;
   const size_t q_base = static_cast<size_t>(bh) * p.q_len;
   const size_t k_base = static_cast<size_t>(bh) * p.k_len;
@@ -276,12 +294,12 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
   const float* vg = p.v + k_base * p.head_dim;
   const float* mask_row = p.mask != nullptr ? p.mask + static_cast<size_t>(bh / p.heads) * p.k_len : nullptr;
 
-  const int row0 = warp * 16 + rg;  // the lane's rows: row0 + 4i
-  int limit[TR];                    // keys [0, limit) are kept for the row
+  // The lane's rows: query q0 + 16 warp + g (C elements 0, 1) and + 8 (elements 2, 3).
+  int limit[2];  // keys [0, limit) are kept for the row
 #pragma unroll
-  for (int i = 0; i < TR; ++i) {
-    const int query = q0 + row0 + 4 * i;
-    limit[i] = query >= p.q_len ? 0 : (p.causal ? min(p.k_len, query + offset + 1) : p.k_len);
+  for (int h = 0; h < 2; ++h) {
+    const int query = q0 + 16 * warp + g + 8 * h;
+    limit[h] = query >= p.q_len ? 0 : (p.causal ? min(p.k_len, query + offset + 1) : p.k_len);
   }
   const int key_end = p.causal ? max(0, min(p.k_len, min(q0 + BM, p.q_len) + offset)) : p.k_len;
   const int num_tiles = (key_end + BN - 1) / BN;
@@ -289,15 +307,13 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
   const float score_scale = ACT == kSoftmax ? p.scale * kLog2e : p.scale;
   const float mask_scale = ACT == kSoftmax ? kLog2e : 1.f;
 
-  float o[TR][4 * TG];
-  float run_max[TR];
-  float run_sum[TR];
+  float o[KD][4];
+  float run_max[2] = {-INFINITY, -INFINITY};
+  float run_sum[2] = {0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < TR; ++i) {
-    run_max[i] = -INFINITY;
-    run_sum[i] = 0.f;
+  for (int dt = 0; dt < KD; ++dt) {
 #pragma unroll
-    for (int c = 0; c < 4 * TG; ++c) o[i][c] = 0.f;
+    for (int c = 0; c < 4; ++c) o[dt][c] = 0.f;
   }
 
   if (num_tiles > 0) {
@@ -307,116 +323,116 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
     load_tile<BN, DP>(vs, vg, 0, p.k_len, p.head_dim, p.vec4);
     mt::cp_async_commit();
   }
-  for (int t = 0; t < num_tiles; ++t) {
-    const int n0 = t * BN;
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int n0 = tile * BN;
     mt::cp_async_wait<1>();  // Q and this K tile (this V tile may still be in flight)
     __syncthreads();
 
-    float s[TR][TN];
+    float s[NT][4];
 #pragma unroll
-    for (int i = 0; i < TR; ++i) {
+    for (int j = 0; j < NT; ++j) {
 #pragma unroll
-      for (int j = 0; j < TN; ++j) s[i][j] = 0.f;
+      for (int c = 0; c < 4; ++c) s[j][c] = 0.f;
     }
-#pragma unroll 4
-    for (int d = 0; d < DP; d += 4) {
-      float4 qv[TR];
 #pragma unroll
-      for (int i = 0; i < TR; ++i) qv[i] = lds4(qs + (row0 + 4 * i) * LD + d);
+    for (int kd = 0; kd < KD; ++kd) {
+      const Tf32Frag<4> a = load_a<LD>(qs, 16 * warp, 8 * kd);
 #pragma unroll
-      for (int j = 0; j < TN; ++j) {
-        const float4 kv = lds4(ks + (cg + 8 * j) * LD + d);
-#pragma unroll
-        for (int i = 0; i < TR; ++i) s[i][j] = dot4(qv[i], kv, s[i][j]);
-      }
+      for (int j = 0; j < NT; ++j) mt::mma_3xtf32(s[j], a, load_b_transposed<LD>(ks, 8 * j, 8 * kd));
     }
     __syncthreads();  // every warp is done with this K tile
-    if (t + 1 < num_tiles) load_tile<BN, DP>(ks, kg, n0 + BN, p.k_len, p.head_dim, p.vec4);
+    if (tile + 1 < num_tiles) load_tile<BN, DP>(ks, kg, n0 + BN, p.k_len, p.head_dim, p.vec4);
     mt::cp_async_commit();
 
-    float mask_add[TN];
+    // Element c of s[j]: row h = c / 2, key n0 + 8 j + 2 t + c % 2.
+    float mask_add[NT][2];
 #pragma unroll
-    for (int j = 0; j < TN; ++j) {
-      const int key = n0 + cg + 8 * j;
-      mask_add[j] = mask_row != nullptr && key < p.k_len ? __ldg(mask_row + key) * mask_scale : 0.f;
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = n0 + 8 * j + 2 * t + e;
+        mask_add[j][e] = mask_row != nullptr && key < p.k_len ? __ldg(mask_row + key) * mask_scale : 0.f;
+      }
     }
 #pragma unroll
-    for (int i = 0; i < TR; ++i) {
+    for (int h = 0; h < 2; ++h) {
       if constexpr (ACT == kSoftmax) {
         float tile_max = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < TN; ++j) {
-          const float x = n0 + cg + 8 * j < limit[i] ? fmaf(s[i][j], score_scale, mask_add[j]) : -INFINITY;
-          s[i][j] = x;
-          tile_max = fmaxf(tile_max, x);
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = n0 + 8 * j + 2 * t + e;
+            float& x = s[j][2 * h + e];
+            x = key < limit[h] ? fmaf(x, score_scale, mask_add[j][e]) : -INFINITY;
+            tile_max = fmaxf(tile_max, x);
+          }
         }
-        const float new_max = fmaxf(run_max[i], row_group_max(tile_max));
+        const float new_max = fmaxf(run_max[h], quad_max(tile_max));
         // With no key kept so far the shift is 0, so exp2(-inf - shift) = 0 and nothing is NaN.
         const float shift = new_max == -INFINITY ? 0.f : new_max;
-        const float alpha = mt::fast_exp2(run_max[i] - shift);
+        const float alpha = mt::fast_exp2(run_max[h] - shift);
         float tile_sum = 0.f;
 #pragma unroll
-        for (int j = 0; j < TN; ++j) {
-          s[i][j] = mt::fast_exp2(s[i][j] - shift);
-          tile_sum += s[i][j];
-        }
-        run_sum[i] = fmaf(run_sum[i], alpha, tile_sum);
-        run_max[i] = new_max;
+        for (int j = 0; j < NT; ++j) {
 #pragma unroll
-        for (int c = 0; c < 4 * TG; ++c) o[i][c] *= alpha;
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[j][2 * h + e];
+            x = mt::fast_exp2(x - shift);
+            tile_sum += x;
+          }
+        }
+        run_sum[h] = fmaf(run_sum[h], alpha, tile_sum);
+        run_max[h] = new_max;
+#pragma unroll
+        for (int dt = 0; dt < KD; ++dt) {
+          o[dt][2 * h] *= alpha;
+          o[dt][2 * h + 1] *= alpha;
+        }
       } else {
 #pragma unroll
-        for (int j = 0; j < TN; ++j) {
-          const float x = fmaf(s[i][j], score_scale, mask_add[j]);
-          s[i][j] = n0 + cg + 8 * j < limit[i] && x > 0.f ? x : 0.f;
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = n0 + 8 * j + 2 * t + e;
+            float& x = s[j][2 * h + e];
+            const float y = fmaf(x, score_scale, mask_add[j][e]);
+            x = key < limit[h] && y > 0.f ? y : 0.f;
+          }
         }
       }
-#pragma unroll
-      for (int j = 0; j < TN; ++j) ps[(row0 + 4 * i) * LDP + cg + 8 * j] = s[i][j];
     }
     mt::cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
-    __syncthreads();         // ... visible to all, and P visible to its warp
+    __syncthreads();
 
-#pragma unroll 4
-    for (int n = 0; n < BN; n += 4) {
-      float4 pv[TR];
 #pragma unroll
-      for (int i = 0; i < TR; ++i) pv[i] = lds4(ps + (row0 + 4 * i) * LDP + n);
+    for (int j = 0; j < NT; ++j) {
+      const Tf32Frag<4> a = c_to_a(s[j]);
 #pragma unroll
-      for (int nn = 0; nn < 4; ++nn) {
-#pragma unroll
-        for (int g = 0; g < TG; ++g) {
-          const float4 vv = lds4(vs + (n + nn) * LD + 32 * g + 4 * cg);
-#pragma unroll
-          for (int i = 0; i < TR; ++i) axpy4(&o[i][4 * g], component(pv[i], nn), vv);
-        }
-      }
+      for (int dt = 0; dt < KD; ++dt) mt::mma_3xtf32(o[dt], a, load_b_permuted<LD>(vs, 8 * j, 8 * dt));
     }
-    __syncthreads();  // every warp is done with this V tile and its P rows
-    if (t + 1 < num_tiles) load_tile<BN, DP>(vs, vg, n0 + BN, p.k_len, p.head_dim, p.vec4);
+    __syncthreads();  // every warp is done with this V tile
+    if (tile + 1 < num_tiles) load_tile<BN, DP>(vs, vg, n0 + BN, p.k_len, p.head_dim, p.vec4);
     mt::cp_async_commit();
   }
 
 #pragma unroll
-  for (int i = 0; i < TR; ++i) {
-    const int query = q0 + row0 + 4 * i;
+  for (int h = 0; h < 2; ++h) {
+    const int query = q0 + 16 * warp + g + 8 * h;
     float inv = 1.f;
     float lse = 0.f;
     if constexpr (ACT == kSoftmax) {
-      const float total = row_group_sum(run_sum[i]);
+      const float total = quad_sum(run_sum[h]);
       inv = total > 0.f ? 1.f / total : 0.f;
-      lse = total > 0.f ? (run_max[i] + log2f(total)) * kLn2 : -INFINITY;
+      lse = total > 0.f ? (run_max[h] + log2f(total)) * kLn2 : -INFINITY;
     }
     if (query < p.q_len) {
       float* out_row = p.out + (q_base + query) * p.head_dim;
 #pragma unroll
-      for (int g = 0; g < TG; ++g) {
-        float vals[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) vals[c] = o[i][4 * g + c] * inv;
-        store_group(out_row, 32 * g + 4 * cg, vals, p.head_dim, p.vec4);
+      for (int dt = 0; dt < KD; ++dt) {
+        store_pair(out_row, 8 * dt + 2 * t, o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv, p.head_dim, p.vec4);
       }
-      if (cg == 0) p.lse[q_base + query] = lse;
+      if (t == 0) p.lse[q_base + query] = lse;
     }
   }
 }
@@ -438,30 +454,29 @@ __global__ void __launch_bounds__(kDotWarps * 32)
 
 template <int DP, int ACT>
 __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_bw(const BwParams p) {
-  constexpr int TK = BwConfig<DP>::kKeysPerLane;
-  constexpr int BN = kWarps * 4 * TK;  // keys of the block
+  constexpr int BN = kBwKeys;
   constexpr int BM = BwConfig<DP>::kQueries;
-  constexpr int TQ = BM / 8;   // query columns per lane in S^T
-  constexpr int QR = BM / 16;  // dQ rows per lane
-  constexpr int TG = DP / 32;
+  constexpr int QT = BM / 8;            // 8-query column tiles of S^T (and k steps of dV, dK)
+  constexpr int KD = DP / 8;            // 8-wide steps over d (and column tiles of dK, dV, dQ)
+  constexpr int MT = BM / 16;           // 16-query row slabs of dQ
+  constexpr int DQ_TILES = KD * MT / kWarps;  // dQ column tiles per warp
   constexpr int LD = DP + 4;
-  constexpr int LDT = BM + 8;
-  static_assert(QR == 2 || QR == 4, "dS^T is read as float2 or float4 along the queries");
+  constexpr int LDT = BM + 4;
+  static_assert(DQ_TILES * kWarps == KD * MT, "dQ tiles must divide evenly over the warps");
   extern __shared__ float4 smem_f4[];
   float* ks = reinterpret_cast<float*>(smem_f4);
   float* vs = ks + BN * LD;
   float* qs = vs + BN * LD;
   float* dos = qs + BM * LD;
-  float* pt = dos + BM * LD;   // P^T [BN][LDT]
-  float* dst = pt + BN * LDT;  // dS^T [BN][LDT]
+  float* dst = dos + BM * LD;  // dS^T [BN][LDT]
   float* ls = dst + BN * LDT;  // lse of the query tile
   float* dis = ls + BM;        // D of the query tile
 
   const int bh = blockIdx.x;
   const int n0 = blockIdx.y * BN;
   const int warp = threadIdx.x / 32;
-  const int rg = (threadIdx.x % 32) / 8;
-  const int cg = threadIdx.x % 8;
+  const int g = (threadIdx.x % 32) / 4;
+  const int t = threadIdx.x % 4;
   const int offset = p.k_len - p.q_len;
   const size_t q_base = static_cast<size_t>(bh) * p.q_len;
   const size_t k_base = static_cast<size_t>(bh) * p.k_len;
@@ -470,12 +485,12 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
   const float score_scale = ACT == kSoftmax ? p.scale * kLog2e : p.scale;
   const float mask_scale = ACT == kSoftmax ? kLog2e : 1.f;
 
-  const int key0 = warp * 4 * TK + rg;  // the lane's keys: key0 + 4i (in the block)
-  float mask_add[TK];
+  // The lane's keys: n0 + 16 warp + g (C elements 0, 1) and + 8 (elements 2, 3).
+  float mask_add[2];
 #pragma unroll
-  for (int i = 0; i < TK; ++i) {
-    const int key = n0 + key0 + 4 * i;
-    mask_add[i] = p.mask != nullptr && key < p.k_len
+  for (int h = 0; h < 2; ++h) {
+    const int key = n0 + 16 * warp + g + 8 * h;
+    mask_add[h] = p.mask != nullptr && key < p.k_len
                       ? __ldg(p.mask + static_cast<size_t>(bh / p.heads) * p.k_len + key) * mask_scale
                       : 0.f;
   }
@@ -483,13 +498,16 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
   const int first_query = p.causal ? max(0, n0 - offset) : 0;
   const int qt_end = (p.q_len + BM - 1) / BM;
   const int qt_begin = first_query >= p.q_len ? qt_end : first_query / BM;
+  // dQ work of the warp: query slab dq_slab, column tiles dq_col0 .. dq_col0 + DQ_TILES - 1.
+  const int dq_slab = warp % MT;
+  const int dq_col0 = (warp / MT) * DQ_TILES;
 
-  float dk[TK][4 * TG];
-  float dv[TK][4 * TG];
+  float dk[KD][4];
+  float dv[KD][4];
 #pragma unroll
-  for (int i = 0; i < TK; ++i) {
+  for (int dt = 0; dt < KD; ++dt) {
 #pragma unroll
-    for (int c = 0; c < 4 * TG; ++c) dk[i][c] = dv[i][c] = 0.f;
+    for (int c = 0; c < 4; ++c) dk[dt][c] = dv[dt][c] = 0.f;
   }
 
   if (qt_begin < qt_end) {
@@ -508,92 +526,67 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
     mt::cp_async_wait<0>();
     __syncthreads();
 
-    float st[TK][TQ];
-    float dpt[TK][TQ];
+    float st[QT][4];
+    float dpt[QT][4];
 #pragma unroll
-    for (int i = 0; i < TK; ++i) {
+    for (int j = 0; j < QT; ++j) {
 #pragma unroll
-      for (int j = 0; j < TQ; ++j) st[i][j] = dpt[i][j] = 0.f;
+      for (int c = 0; c < 4; ++c) st[j][c] = dpt[j][c] = 0.f;
     }
-#pragma unroll 2
-    for (int d = 0; d < DP; d += 4) {
-      float4 kv[TK];
-      float4 vv[TK];
 #pragma unroll
-      for (int i = 0; i < TK; ++i) {
-        kv[i] = lds4(ks + (key0 + 4 * i) * LD + d);
-        vv[i] = lds4(vs + (key0 + 4 * i) * LD + d);
-      }
+    for (int kd = 0; kd < KD; ++kd) {
+      const Tf32Frag<4> ka = load_a<LD>(ks, 16 * warp, 8 * kd);
+      const Tf32Frag<4> va = load_a<LD>(vs, 16 * warp, 8 * kd);
 #pragma unroll
-      for (int j = 0; j < TQ; ++j) {
-        const float4 qv = lds4(qs + (cg + 8 * j) * LD + d);
-        const float4 gv = lds4(dos + (cg + 8 * j) * LD + d);
-#pragma unroll
-        for (int i = 0; i < TK; ++i) {
-          st[i][j] = dot4(kv[i], qv, st[i][j]);
-          dpt[i][j] = dot4(vv[i], gv, dpt[i][j]);
-        }
+      for (int j = 0; j < QT; ++j) {
+        mt::mma_3xtf32(st[j], ka, load_b_transposed<LD>(qs, 8 * j, 8 * kd));
+        mt::mma_3xtf32(dpt[j], va, load_b_transposed<LD>(dos, 8 * j, 8 * kd));
       }
     }
 
-    float row_lse[TQ];  // base-2 lse of the query; +inf for a row with no key (so P = 0)
-    float row_d[TQ];
-    if constexpr (ACT == kSoftmax) {
+    // Element c of st[j]: key n0 + 16 warp + g + 8 (c / 2), query m0 + 8 j + 2 t + c % 2.
 #pragma unroll
-      for (int j = 0; j < TQ; ++j) {
-        const float l = ls[cg + 8 * j];
-        row_lse[j] = l == -INFINITY ? INFINITY : l * kLog2e;
-        row_d[j] = dis[cg + 8 * j];
-      }
-    }
+    for (int j = 0; j < QT; ++j) {
 #pragma unroll
-    for (int i = 0; i < TK; ++i) {
-      const int key = n0 + key0 + 4 * i;
-#pragma unroll
-      for (int j = 0; j < TQ; ++j) {
-        const int query = m0 + cg + 8 * j;
+      for (int c = 0; c < 4; ++c) {
+        const int h = c / 2;
+        const int key = n0 + 16 * warp + g + 8 * h;
+        const int col = 8 * j + 2 * t + c % 2;
+        const int query = m0 + col;
         const bool kept = key < p.k_len && query < p.q_len && (!p.causal || key <= query + offset);
-        const float x = fmaf(st[i][j], score_scale, mask_add[i]);
+        const float x = fmaf(st[j][c], score_scale, mask_add[h]);
         float prob;
         float dscore;
         if constexpr (ACT == kSoftmax) {
-          prob = kept ? mt::fast_exp2(x - row_lse[j]) : 0.f;
-          dscore = prob * (dpt[i][j] - row_d[j]) * p.scale;
+          const float l = ls[col];  // base-e lse; -inf for a row with no key (so P = 0)
+          prob = kept && l != -INFINITY ? mt::fast_exp2(x - l * kLog2e) : 0.f;
+          dscore = prob * (dpt[j][c] - dis[col]) * p.scale;
         } else {
           const bool on = kept && x > 0.f;
           prob = on ? x : 0.f;
-          dscore = on ? dpt[i][j] * p.scale : 0.f;
+          dscore = on ? dpt[j][c] * p.scale : 0.f;
         }
-        pt[(key0 + 4 * i) * LDT + cg + 8 * j] = prob;
-        dst[(key0 + 4 * i) * LDT + cg + 8 * j] = dscore;
+        st[j][c] = prob;
+        dpt[j][c] = dscore;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        *reinterpret_cast<float2*>(dst + (16 * warp + g + 8 * h) * LDT + 8 * j + 2 * t) =
+            make_float2(dpt[j][2 * h], dpt[j][2 * h + 1]);
       }
     }
-    __syncthreads();  // P^T and dS^T complete (dQ reads every warp's rows of dS^T)
 
-#pragma unroll 2
-    for (int m = 0; m < BM; m += 4) {
-      float4 pv[TK];
-      float4 sv[TK];
 #pragma unroll
-      for (int i = 0; i < TK; ++i) {
-        pv[i] = lds4(pt + (key0 + 4 * i) * LDT + m);
-        sv[i] = lds4(dst + (key0 + 4 * i) * LDT + m);
-      }
+    for (int j = 0; j < QT; ++j) {
+      const Tf32Frag<4> pa = c_to_a(st[j]);
+      const Tf32Frag<4> sa = c_to_a(dpt[j]);
 #pragma unroll
-      for (int mm = 0; mm < 4; ++mm) {
-#pragma unroll
-        for (int g = 0; g < TG; ++g) {
-          const float4 gv = lds4(dos + (m + mm) * LD + 32 * g + 4 * cg);
-          const float4 qv = lds4(qs + (m + mm) * LD + 32 * g + 4 * cg);
-#pragma unroll
-          for (int i = 0; i < TK; ++i) {
-            axpy4(&dv[i][4 * g], component(pv[i], mm), gv);
-            axpy4(&dk[i][4 * g], component(sv[i], mm), qv);
-          }
-        }
+      for (int dt = 0; dt < KD; ++dt) {
+        mt::mma_3xtf32(dv[dt], pa, load_b_permuted<LD>(dos, 8 * j, 8 * dt));
+        mt::mma_3xtf32(dk[dt], sa, load_b_permuted<LD>(qs, 8 * j, 8 * dt));
       }
     }
-    __syncthreads();  // every warp is done with this Q and dO tile
+    __syncthreads();  // dS^T complete; every warp is done with this Q and dO tile
     if (qt + 1 < qt_end) {
       load_tile<BM, DP>(qs, qg, m0 + BM, p.q_len, p.head_dim, p.vec4);
       load_tile<BM, DP>(dos, dog, m0 + BM, p.q_len, p.head_dim, p.vec4);
@@ -604,55 +597,48 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
     }
     mt::cp_async_commit();
 
-    const int dq_row0 = (warp * 4 + rg) * QR;  // the lane's dQ rows: dq_row0 + r
-    float acc[QR][4 * TG];
+    // dQ[16 dq_slab + r][8 dt + c] of this tile: A = dS (rows of dS^T's columns), B = K.
+    float acc[DQ_TILES][4];
 #pragma unroll
-    for (int r = 0; r < QR; ++r) {
+    for (int n = 0; n < DQ_TILES; ++n) {
 #pragma unroll
-      for (int c = 0; c < 4 * TG; ++c) acc[r][c] = 0.f;
-    }
-#pragma unroll 8
-    for (int n = 0; n < BN; ++n) {
-      float sv[QR];
-      if constexpr (QR == 4) {
-        const float4 t4 = lds4(dst + n * LDT + dq_row0);
-        sv[0] = t4.x;
-        sv[1] = t4.y;
-        sv[2] = t4.z;
-        sv[3] = t4.w;
-      } else {
-        const float2 t2 = *reinterpret_cast<const float2*>(dst + n * LDT + dq_row0);
-        sv[0] = t2.x;
-        sv[1] = t2.y;
-      }
-#pragma unroll
-      for (int g = 0; g < TG; ++g) {
-        const float4 kv = lds4(ks + n * LD + 32 * g + 4 * cg);
-#pragma unroll
-        for (int r = 0; r < QR; ++r) axpy4(&acc[r][4 * g], sv[r], kv);
-      }
+      for (int c = 0; c < 4; ++c) acc[n][c] = 0.f;
     }
 #pragma unroll
-    for (int r = 0; r < QR; ++r) {
-      const int query = m0 + dq_row0 + r;
+    for (int kk = 0; kk < BN / 8; ++kk) {
+      // A[r][k] = dS[16 dq_slab + r][key 8 kk + perm(k)] = dst[8 kk + perm(k)][16 dq_slab + r].
+      const float* sp = dst + (8 * kk + 2 * t) * LDT + 16 * dq_slab + g;
+      Tf32Frag<4> a;
+      a.set(0, sp[0]);
+      a.set(1, sp[8]);
+      a.set(2, sp[LDT]);
+      a.set(3, sp[LDT + 8]);
+#pragma unroll
+      for (int n = 0; n < DQ_TILES; ++n) mt::mma_3xtf32(acc[n], a, load_b_permuted<LD>(ks, 8 * kk, 8 * (dq_col0 + n)));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int query = m0 + 16 * dq_slab + g + 8 * h;
       if (query < p.q_len) {
         float* dq_row = p.dq + (q_base + query) * p.head_dim;
 #pragma unroll
-        for (int g = 0; g < TG; ++g) atomic_add_group(dq_row, 32 * g + 4 * cg, &acc[r][4 * g], p.head_dim, p.vec4);
+        for (int n = 0; n < DQ_TILES; ++n) {
+          atomic_add_pair(dq_row, 8 * (dq_col0 + n) + 2 * t, acc[n][2 * h], acc[n][2 * h + 1], p.head_dim, p.vec4);
+        }
       }
     }
   }
 
 #pragma unroll
-  for (int i = 0; i < TK; ++i) {
-    const int key = n0 + key0 + 4 * i;
+  for (int h = 0; h < 2; ++h) {
+    const int key = n0 + 16 * warp + g + 8 * h;
     if (key < p.k_len) {
       float* dk_row = p.dk + (k_base + key) * p.head_dim;
       float* dv_row = p.dv + (k_base + key) * p.head_dim;
 #pragma unroll
-      for (int g = 0; g < TG; ++g) {
-        store_group(dk_row, 32 * g + 4 * cg, &dk[i][4 * g], p.head_dim, p.vec4);
-        store_group(dv_row, 32 * g + 4 * cg, &dv[i][4 * g], p.head_dim, p.vec4);
+      for (int dt = 0; dt < KD; ++dt) {
+        store_pair(dk_row, 8 * dt + 2 * t, dk[dt][2 * h], dk[dt][2 * h + 1], p.head_dim, p.vec4);
+        store_pair(dv_row, 8 * dt + 2 * t, dv[dt][2 * h], dv[dt][2 * h + 1], p.head_dim, p.vec4);
       }
     }
   }
@@ -685,10 +671,9 @@ int launch_fw_bucket(const FwParams& p, int batch_heads, cudaStream_t stream) {
 template <int DP, int ACT>
 int launch_bw_bucket(const BwParams& p, int batch_heads, cudaStream_t stream) {
   static std::atomic<unsigned long long> configured{0};
-  constexpr int BN = kWarps * 4 * BwConfig<DP>::kKeysPerLane;
   constexpr int bytes = bw_smem_floats<DP>() * static_cast<int>(sizeof(float));
   MT_RETURN_IF_ERROR(allow_shared_memory(attention_bw<DP, ACT>, bytes, &configured));
-  const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.k_len + BN - 1) / BN));
+  const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.k_len + kBwKeys - 1) / kBwKeys));
   attention_bw<DP, ACT><<<grid, kThreads, bytes, stream>>>(p);
   return mt_launch_status();
 }
@@ -714,7 +699,7 @@ bool sizes_ok(int batch, int heads, int q_len, int k_len, int head_dim, int acti
   if (activation != kSoftmax && activation != kRelu) return false;
   const long long bh = static_cast<long long>(batch) * heads;
   if (bh * q_len * head_dim > INT_MAX || bh * k_len * head_dim > INT_MAX) return false;
-  return (q_len + kFwRows - 1) / kFwRows <= kMaxGridY && (k_len + 31) / 32 <= kMaxGridY;
+  return (q_len + kFwRows - 1) / kFwRows <= kMaxGridY && (k_len + kBwKeys - 1) / kBwKeys <= kMaxGridY;
 }
 
 }  // namespace

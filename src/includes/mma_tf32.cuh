@@ -1,0 +1,60 @@
+// float32 matrix products on the tensor cores (sm_80+) at float32 accuracy, the "3xTF32" scheme:
+// each operand x is split into hi = x rounded to TF32 (10 mantissa bits) and lo = x - hi, and
+//   a b ~= a_hi b_hi + a_hi b_lo + a_lo b_hi
+// (the dropped a_lo b_lo is below 2^-21 of |a b|), three mma.sync.m16n8k8 TF32 products with float32
+// accumulation. One such product is as accurate as a float32 FFMA loop to within a few ulps.
+//
+// Fragments of mma.m16n8k8 (PTX ISA), with g = lane / 4 and t = lane % 4:
+//   A (16 x 8, row-major):  a0 = A[g][t], a1 = A[g + 8][t], a2 = A[g][t + 4], a3 = A[g + 8][t + 4];
+//   B (8 x 8, k x n):       b0 = B[t][g], b1 = B[t + 4][g];
+//   C (16 x 8):             c0 = C[g][2t], c1 = C[g][2t + 1], c2 = C[g + 8][2t], c3 = C[g + 8][2t + 1].
+// The k index of A and B may be permuted as long as both use the same permutation. Mapping k = t to
+// column 2t and k = t + 4 to column 2t + 1 turns a C fragment into an A fragment in registers:
+// (a0, a1, a2, a3) = (c0, c2, c1, c3). Kernels use that to multiply a product they just computed.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace mt {
+
+struct Tf32Pair {
+  uint32_t hi;
+  uint32_t lo;
+};
+
+__device__ __forceinline__ Tf32Pair split_tf32(float x) {
+  uint32_t hi;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+  // x - hi is exact; the tensor core reads lo's top 19 bits.
+  return {hi, __float_as_uint(x - __uint_as_float(hi))};
+}
+
+// An A fragment (4 registers) or a B fragment (2 registers), split.
+template <int N>
+struct Tf32Frag {
+  uint32_t hi[N];
+  uint32_t lo[N];
+
+  __device__ __forceinline__ void set(int i, float x) {
+    const Tf32Pair s = split_tf32(x);
+    hi[i] = s.hi;
+    lo[i] = s.lo;
+  }
+};
+
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// c += a b at float32 accuracy (small terms first).
+__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const Tf32Frag<4>& a, const Tf32Frag<2>& b) {
+  mma_tf32(c, a.lo, b.hi);
+  mma_tf32(c, a.hi, b.lo);
+  mma_tf32(c, a.hi, b.hi);
+}
+
+}  // namespace mt
