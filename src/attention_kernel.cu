@@ -1,7 +1,8 @@
 // Fused attention, forward and backward (FlashAttention-2 style), fp32 with a softmax or a ReLU
 // activation. Nothing of size Tq x Tk is ever stored. Every matrix product runs on the tensor cores
 // as three TF32 mma.sync products per tile (3xTF32, includes/mma_tf32.cuh), which keeps float32
-// accuracy (errors of a few ulps of the dot products).
+// accuracy. Only the loops whose fragments index register arrays are unrolled in full: the rest stay
+// rolled so that the code fits the instruction cache.
 //
 // Shapes, all contiguous row-major fp32: q, out, dq [B, H, Tq, D]; k, v, dk, dv [B, H, Tk, D];
 // lse [B, H, Tq]; mask (optional, additive) [B, Tk]. For query i and key j of one (b, h):
@@ -334,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
 #pragma unroll
       for (int c = 0; c < 4; ++c) s[j][c] = 0.f;
     }
-#pragma unroll
+#pragma unroll 1
     for (int kd = 0; kd < KD; ++kd) {
       const Tf32Frag<4> a = load_a<LD>(qs, 16 * warp, 8 * kd);
 #pragma unroll
@@ -533,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
 #pragma unroll
       for (int c = 0; c < 4; ++c) st[j][c] = dpt[j][c] = 0.f;
     }
-#pragma unroll
+#pragma unroll 1
     for (int kd = 0; kd < KD; ++kd) {
       const Tf32Frag<4> ka = load_a<LD>(ks, 16 * warp, 8 * kd);
       const Tf32Frag<4> va = load_a<LD>(vs, 16 * warp, 8 * kd);
@@ -604,7 +605,7 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[n][c] = 0.f;
     }
-#pragma unroll
+#pragma unroll 1
     for (int kk = 0; kk < BN / 8; ++kk) {
       // A[r][k] = dS[16 dq_slab + r][key 8 kk + perm(k)] = dst[8 kk + perm(k)][16 dq_slab + r].
       const float* sp = dst + (8 * kk + 2 * t) * LDT + 16 * dq_slab + g;

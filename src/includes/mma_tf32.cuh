@@ -1,8 +1,9 @@
 // float32 matrix products on the tensor cores (sm_80+) at float32 accuracy, the "3xTF32" scheme:
-// each operand x is split into hi = x rounded to TF32 (10 mantissa bits) and lo = x - hi, and
+// each operand x is split into hi = x truncated to TF32 (10 mantissa bits) and lo = x - hi, and
 //   a b ~= a_hi b_hi + a_hi b_lo + a_lo b_hi
-// (the dropped a_lo b_lo is below 2^-21 of |a b|), three mma.sync.m16n8k8 TF32 products with float32
-// accumulation. One such product is as accurate as a float32 FFMA loop to within a few ulps.
+// three mma.sync.m16n8k8 TF32 products with float32 accumulation. The dropped a_lo b_lo and the
+// tensor core's truncation of lo to TF32 each stay below 2^-20 of |a b|. The split is two instructions
+// (a mask and a subtraction), which matters: kernels split every fragment they load.
 //
 // Fragments of mma.m16n8k8 (PTX ISA), with g = lane / 4 and t = lane % 4:
 //   A (16 x 8, row-major):  a0 = A[g][t], a1 = A[g + 8][t], a2 = A[g][t + 4], a3 = A[g + 8][t + 4];
@@ -24,9 +25,9 @@ struct Tf32Pair {
 };
 
 __device__ __forceinline__ Tf32Pair split_tf32(float x) {
-  uint32_t hi;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-  // x - hi is exact; the tensor core reads lo's top 19 bits.
+  // hi keeps the sign, exponent and top 10 mantissa bits; x - hi is exact, and the tensor core reads
+  // the top 19 bits of lo.
+  const uint32_t hi = __float_as_uint(x) & 0xffffe000u;
   return {hi, __float_as_uint(x - __uint_as_float(hi))};
 }
 
