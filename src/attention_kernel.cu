@@ -54,6 +54,7 @@
 #include "includes/cuda_check.cuh"
 #include "includes/mma_tf32.cuh"
 #include "includes/ptx.cuh"
+#include "includes/reduce.cuh"
 #include "includes/vec.cuh"
 
 namespace {
@@ -150,17 +151,6 @@ struct BwParams {
   float scale;
   int vec4;
 };
-
-// Max / sum over the 4 lanes that hold one row of a C fragment (lanes differing in their low 2 bits).
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
 
 // A fragment of the 16 x 8 block at tile[row0 .. row0 + 15][col0 .. col0 + 7] of a shared tile with
 // row stride LD.
@@ -274,6 +264,32 @@ __device__ __forceinline__ void atomic_add_pair(float* row_ptr, int col, float x
 }
 
 // ---- forward -----------------------------------------------------------------------------------
+// acc[16 x 8 KD] = acc * row_scale + A B for A [16 x 8 NT] in C fragments `a` (rows g and g + 8 of
+// the lane scaled by row_scale[0] and [1]) and B = tile[8 NT][8 KD] (shared, permuted k order). The
+// products are summed in fresh accumulators and added in float32: the tensor core's adder truncates,
+// so it never sums more than one tile's products.
+template <int NT, int KD, int LD>
+__device__ __forceinline__ void add_tile_product(float (&acc)[KD][4], const float (&a)[NT][4], const float* tile,
+                                                 const float (&row_scale)[2]) {
+  float part[KD][4];
+#pragma unroll
+  for (int dt = 0; dt < KD; ++dt) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) part[dt][c] = 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const Tf32Frag<4> frag = c_to_a(a[j]);
+#pragma unroll
+    for (int dt = 0; dt < KD; ++dt) mt::mma_3xtf32(part[dt], frag, load_b_permuted<LD>(tile, 8 * j, 8 * dt));
+  }
+#pragma unroll
+  for (int dt = 0; dt < KD; ++dt) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[dt][c] = fmaf(acc[dt][c], row_scale[c / 2], part[dt][c]);
+  }
+}
+
 template <int DP, int ACT>
 __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_fw(const FwParams p) {
   constexpr int BM = kFwRows;
@@ -373,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
             tile_max = fmaxf(tile_max, x);
           }
         }
-        const float new_max = fmaxf(run_max[h], quad_max(tile_max));
+        const float new_max = fmaxf(run_max[h], mt::warp_allreduce<4>(tile_max, mt::MaxOp{}));
         // With no key kept so far the shift is 0, so exp2(-inf - shift) = 0 and nothing is NaN.
         const float shift = new_max == -INFINITY ? 0.f : new_max;
         const float alpha = mt::fast_exp2(run_max[h] - shift);
@@ -406,25 +422,7 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
     mt::cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
     __syncthreads();
 
-    // P V of the tile in fresh accumulators, added to O in float32: the tensor core's adder truncates,
-    // so it only ever sums one tile's products.
-    float pv[KD][4];
-#pragma unroll
-    for (int dt = 0; dt < KD; ++dt) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) pv[dt][c] = 0.f;
-    }
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const Tf32Frag<4> a = c_to_a(s[j]);
-#pragma unroll
-      for (int dt = 0; dt < KD; ++dt) mt::mma_3xtf32(pv[dt], a, load_b_permuted<LD>(vs, 8 * j, 8 * dt));
-    }
-#pragma unroll
-    for (int dt = 0; dt < KD; ++dt) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) o[dt][c] = fmaf(o[dt][c], rescale[c / 2], pv[dt][c]);
-    }
+    add_tile_product<NT, KD, LD>(o, s, vs, rescale);  // O = O * rescale + P V
     __syncthreads();  // every warp is done with this V tile
     if (tile + 1 < num_tiles) load_tile<BN, DP>(vs, vg, n0 + BN, p.k_len, p.head_dim, p.vec4);
     mt::cp_async_commit();
@@ -436,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
     float inv = 1.f;
     float lse = 0.f;
     if constexpr (ACT == kSoftmax) {
-      const float total = quad_sum(run_sum[h]);
+      const float total = mt::warp_allreduce<4>(run_sum[h], mt::SumOp{});
       inv = total > 0.f ? 1.f / total : 0.f;
       lse = total > 0.f ? (run_max[h] + log2f(total)) * kLn2 : -INFINITY;
     }
@@ -464,29 +462,6 @@ __global__ void __launch_bounds__(kDotWarps * 32)
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
   if (lane == 0) di[row] = acc;
-}
-
-// acc[16 x 8 KD] += A B for A [16 x 8 QT] in C fragments `a` and B = tile[8 QT][8 KD] (shared), the
-// products summed in fresh accumulators and added to acc in float32.
-template <int QT, int KD, int LD>
-__device__ __forceinline__ void add_tile_product(float (&acc)[KD][4], const float (&a)[QT][4], const float* tile) {
-  float part[KD][4];
-#pragma unroll
-  for (int dt = 0; dt < KD; ++dt) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) part[dt][c] = 0.f;
-  }
-#pragma unroll
-  for (int j = 0; j < QT; ++j) {
-    const Tf32Frag<4> frag = c_to_a(a[j]);
-#pragma unroll
-    for (int dt = 0; dt < KD; ++dt) mt::mma_3xtf32(part[dt], frag, load_b_permuted<LD>(tile, 8 * j, 8 * dt));
-  }
-#pragma unroll
-  for (int dt = 0; dt < KD; ++dt) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) acc[dt][c] += part[dt][c];
-  }
 }
 
 template <int DP, int ACT>
@@ -613,10 +588,9 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
       }
     }
 
-    // dV += P^T dO, then dK += dS^T Q, each tile's products summed in fresh accumulators (the tensor
-    // core's adder truncates) and added in float32.
-    add_tile_product<QT, KD, LD>(dv, st, dos);
-    add_tile_product<QT, KD, LD>(dk, dpt, qs);
+    const float keep[2] = {1.f, 1.f};
+    add_tile_product<QT, KD, LD>(dv, st, dos, keep);  // dV += P^T dO
+    add_tile_product<QT, KD, LD>(dk, dpt, qs, keep);  // dK += dS^T Q
     __syncthreads();  // dS^T complete; every warp is done with this Q and dO tile
     if (qt + 1 < qt_end) {
       load_tile<BM, DP>(qs, qg, m0 + BM, p.q_len, p.head_dim, p.vec4);
