@@ -1,0 +1,58 @@
+// Launcher checks and the grid-stride launch shared by the general kernels (combine.cu,
+// matmul_simt.cu, embedding_kernel.cu, random_kernel.cu).
+//
+// A grid-stride kernel walks work items i = grid_stride_first(), += grid_stride_step(), over a grid
+// of kGridStrideThreads-thread blocks that launch_grid_stride caps at one wave of resident blocks.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda_check.cuh"
+#include "device_info.cuh"
+#include "layout.cuh"
+
+namespace mt {
+
+// Kernels index elements with int, so sizes above this are refused.
+constexpr long long kMaxInt = 2147483647LL;
+
+constexpr int kGridStrideThreads = 256;
+
+inline long long ceil_div(long long x, long long y) { return (x + y - 1) / y; }
+
+inline bool same_shape(const MtLayout& x, const MtLayout& y) {
+  if (x.ndim != y.ndim) return false;
+  for (int d = 0; d < x.ndim; ++d) {
+    if (x.shape[d] != y.shape[d]) return false;
+  }
+  return true;
+}
+
+inline bool valid_layout(const MtLayout& l) {
+  if (l.ndim < 0 || l.ndim > MT_MAX_DIMS) return false;
+  for (int d = 0; d < l.ndim; ++d) {
+    if (l.shape[d] < 0) return false;
+  }
+  return true;
+}
+
+__device__ __forceinline__ long long grid_stride_first() {
+  return static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ long long grid_stride_step() {
+  return static_cast<long long>(gridDim.x) * blockDim.x;
+}
+
+// Launches Kernel(args...) over `work_items` grid-stride items on `stream` and returns the launch
+// status. The occupancy query behind the grid size runs once per kernel (one static per Kernel).
+template <auto Kernel, class... Args>
+int launch_grid_stride(long long work_items, cudaStream_t stream, Args... args) {
+  static int resident = 0;
+  int grid = 0;
+  MT_RETURN_IF_ERROR(grid_stride_blocks(Kernel, kGridStrideThreads, work_items, &resident, &grid));
+  Kernel<<<grid, kGridStrideThreads, 0, stream>>>(args...);
+  return mt_launch_status();
+}
+
+}  // namespace mt
