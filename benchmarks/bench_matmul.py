@@ -1,0 +1,200 @@
+"""Benchmark of the tensor-core matmul (src/matmul_kernel.cu, through its C ABI) against torch.matmul,
+float32 inputs, side by side on the same inputs in one run:
+  ours highest  3xTF32 (float32 accuracy), the library's default;
+  ours high     one TF32 product;
+  torch fp32    torch.matmul with TF32 off (cuBLAS float32);
+  torch tf32    torch.matmul with TF32 on.
+Shapes: [4096]^3 and the GPT-2 small products for 4096 tokens (C = 768): each linear layer's forward
+X @ W, and its backward products dX = dY @ W^T and dW = X^T @ dY (transposed views, read in place);
+the LM head multiplies by the tied embedding, X @ E^T with E [50257, 768].
+Times: median over repetitions of CUDA-event-timed runs of 5 back-to-back calls (queued behind a spin
+kernel, so launch gaps stay hidden), after warm-up; when an input set fits twice in L2 the calls rotate
+over several sets so that they do not run from cache. Each variant's error against a
+float64 product (torch on the GPU) is reported as max|out - ref| / max|ref|.
+
+Usage: python benchmarks/bench_matmul.py [--out DIR] [--reps N] [--quick]
+Writes DIR/bench_matmul.json and DIR/bench_matmul.png (default DIR: benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from minitorch.tensor_data import MAX_DIMS  # noqa: E402
+
+LIB_PATH = ROOT / "minitorch" / "cuda_kernels" / "matmul_kernel.so"
+VARIANTS = ["ours highest", "ours high", "torch fp32", "torch tf32"]
+T, C, VOCAB = 4096, 768, 50257
+
+
+class MtLayout(ctypes.Structure):
+    _fields_ = [("ndim", ctypes.c_int), ("shape", ctypes.c_int * MAX_DIMS), ("strides", ctypes.c_int * MAX_DIMS)]
+
+
+def load_library() -> ctypes.CDLL:
+    if not LIB_PATH.exists():
+        sys.exit(f"{LIB_PATH} is missing: build it with `bash compile_cuda.sh`")
+    lib = ctypes.CDLL(str(LIB_PATH))
+    i, p, ll = ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong
+    lib.matmul_workspace_floats.argtypes = [i, i, i, i]
+    lib.matmul_workspace_floats.restype = ll
+    lib.launch_matmul.argtypes = [p, p, p, i, i, i, i, i, i, i, MtLayout, MtLayout, p, i, p, i, i, p, ll, p]
+    lib.launch_matmul.restype = i
+    lib.minitorch_error_string.argtypes = [i]
+    lib.minitorch_error_string.restype = ctypes.c_char_p
+    return lib
+
+
+def shapes() -> List[Tuple[str, Tuple[int, int, int], str, str]]:
+    """(name, (M, K, N), A layout, B layout); layout "n" = row-major, "t" = a transposed view."""
+    out = [("square 4096^3", (4096, 4096, 4096), "n", "n")]
+    for layer, (cin, cout, w_t) in {
+        "qkv": (C, 3 * C, "n"),
+        "attn proj": (C, C, "n"),
+        "fc": (C, 4 * C, "n"),
+        "fc proj": (4 * C, C, "n"),
+        "lm head": (C, VOCAB, "t"),  # X @ E^T
+    }.items():
+        out.append((f"{layer} fwd", (T, cin, cout), "n", w_t))
+        out.append((f"{layer} dX", (T, cout, cin), "n", "n" if w_t == "t" else "t"))  # dY @ W^T
+        out.append((f"{layer} dW", (cin, T, cout), "t", "n"))  # X^T @ dY
+    return out
+
+
+def make_operand(shape: Tuple[int, int], layout: str, gen: torch.Generator) -> torch.Tensor:
+    if layout == "n":
+        return torch.randn(shape, generator=gen, device="cuda")
+    return torch.randn(shape[::-1], generator=gen, device="cuda").t()
+
+
+def median_ms(fn: Callable[[int], Any], sets: int, reps: int, inner: int = 5) -> float:
+    """Median over `reps` of the mean time of `inner` back-to-back calls, queued behind a spin kernel so
+    that the GPU never waits for Python between them."""
+    for i in range(3):
+        fn(i % sets)
+    torch.cuda.synchronize()
+    times = []
+    for r in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)
+        start.record()
+        for i in range(inner):
+            fn((r * inner + i) % sets)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / inner)
+    return statistics.median(times)
+
+
+def run_shape(lib, name, mkn, la, lb, reps: int, l2_bytes: int) -> Dict[str, Any]:
+    M, K, N = mkn
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    set_bytes = 4 * (M * K + K * N + M * N)
+    sets = min(8, max(1, -(-2 * l2_bytes // set_bytes)))
+    inputs = [(make_operand((M, K), la, gen), make_operand((K, N), lb, gen)) for _ in range(sets)]
+    outs = [torch.empty(M, N, device="cuda") for _ in range(sets)]
+    ws_floats = lib.matmul_workspace_floats(M, N, K, 1)
+    ws = torch.empty(max(ws_floats, 1), device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    empty = MtLayout()
+
+    def ours(precision: int) -> Callable[[int], None]:
+        def call(i: int) -> None:
+            a, b = inputs[i]
+            code = lib.launch_matmul(
+                outs[i].data_ptr(), a.data_ptr(), b.data_ptr(), M, N, K, a.stride(0), a.stride(1),
+                b.stride(0), b.stride(1), empty, empty, None, 0, None, 0, precision, ws.data_ptr(),
+                ws_floats, stream,
+            )  # fmt: skip
+            if code:
+                raise RuntimeError(lib.minitorch_error_string(code).decode())
+
+        return call
+
+    def theirs(tf32: bool) -> Callable[[int], None]:
+        def call(i: int) -> None:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.matmul(*inputs[i], out=outs[i])
+
+        return call
+
+    fns = {"ours highest": ours(0), "ours high": ours(1), "torch fp32": theirs(False), "torch tf32": theirs(True)}
+    a, b = inputs[0]
+    ref = a.double() @ b.double()
+    scale = float(ref.abs().max())
+    result: Dict[str, Any] = {"shape": name, "M": M, "K": K, "N": N, "A": la, "B": lb, "input_sets": sets}
+    for v, fn in fns.items():
+        fn(0)
+        torch.cuda.synchronize()
+        err = float((outs[0].double() - ref).abs().max()) / scale
+        ms = median_ms(fn, sets, reps)
+        result[v] = {"ms": ms, "tflops": 2.0 * M * N * K / ms / 1e9, "rel_err": err}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    result["highest_over_fp32"] = result["torch fp32"]["ms"] / result["ours highest"]["ms"]
+    result["high_over_tf32"] = result["torch tf32"]["ms"] / result["ours high"]["ms"]
+    return result
+
+
+def plot(results: List[Dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(14, 5))
+    width = 0.2
+    xs = range(len(results))
+    for j, v in enumerate(VARIANTS):
+        ax.bar([x + (j - 1.5) * width for x in xs], [r[v]["tflops"] for r in results], width, label=v)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([r["shape"] for r in results], rotation=45, ha="right")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"float32 matmul on {torch.cuda.get_device_name()}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="only the square shape and the GPT-2 fc layer")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA GPU visible to torch")
+    lib = load_library()
+    props = torch.cuda.get_device_properties(0)
+    todo = shapes()
+    if args.quick:
+        todo = [s for s in todo if s[0].startswith(("square", "fc "))]
+    results = []
+    header = f"{'shape':<15}{'M':>6}{'K':>7}{'N':>7} " + "".join(f"{v:>21}" for v in VARIANTS) + "  hi/fp32 high/tf32"
+    print(header)
+    for name, mkn, la, lb in todo:
+        r = run_shape(lib, name, mkn, la, lb, args.reps, props.L2_cache_size)
+        results.append(r)
+        cells = "".join(f"{r[v]['ms']:8.3f}ms {r[v]['tflops']:6.1f}TF/s " for v in VARIANTS)
+        print(f"{name:<15}{r['M']:>6}{r['K']:>7}{r['N']:>7} {cells} {r['highest_over_fp32']:6.2f}x {r['high_over_tf32']:6.2f}x")
+        print(" " * 36 + "errors: " + "  ".join(f"{v} {r[v]['rel_err']:.2e}" for v in VARIANTS), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "reps": args.reps}
+    (out / "bench_matmul.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    plot(results, out / "bench_matmul.png")
+    print(f"wrote {out / 'bench_matmul.json'} and {out / 'bench_matmul.png'}")
+
+
+if __name__ == "__main__":
+    main()
