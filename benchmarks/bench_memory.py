@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import minitorch  # noqa: E402
 from minitorch import AdamW, DecoderLM, fused_linear_cross_entropy, nn  # noqa: E402
-from minitorch.fused_loss import default_chunk_size  # noqa: E402
+from minitorch.fused.linear_cross_entropy import default_chunk_size  # noqa: E402
 
 LOSS_SHAPE = dict(tokens=16384, hidden=768, vocab=50257)
 LOSS_CHUNKS = [512, None, 4096]  # None: fused_loss.default_chunk_size
@@ -190,7 +190,7 @@ def train_bench(torch: Any, configs: Dict[str, Dict[str, int]], repeats: int) ->
         for variant in TRAIN_VARIANTS:
             minitorch.manual_seed(0)
             model = DecoderLM(V, cfg["n_embd"], cfg["n_head"], T, n_layers=cfg["n_layers"], p_dropout=0.1,
-                              backend=backend, use_fused_kernel=True, checkpoint_layers=variant["checkpoint"],
+                              backend=backend, use_fused_kernel=True, recompute_layers=variant["checkpoint"],
                               attention=variant["attention"])
             optimizer = AdamW(model.parameters(), lr=1e-4)
 

@@ -1,4 +1,4 @@
-"""Gradient checkpointing on CUDA: DecoderLM(checkpoint_layers=True) gives the gradients of the plain
+"""Gradient checkpointing on CUDA: DecoderLM(recompute_layers=True) gives the gradients of the plain
 model with dropout on and the same seeds (the masks are drawn again from the same RNG state), with
 the naive and the fused loss, the composed and fused softmax, and fused attention, and holds less
 memory; plus
@@ -42,10 +42,10 @@ def step(model: DecoderLM, data, loss_kind: str):
     return loss
 
 
-def gradients(checkpoint_layers: bool, fused_kernel: bool, attention: str, loss_kind: str, training: bool = True):
+def gradients(recompute_layers: bool, fused_kernel: bool, attention: str, loss_kind: str, training: bool = True):
     minitorch.manual_seed(11)
     model = DecoderLM(61, 32, 2, 16, n_layers=3, p_dropout=0.2, backend=CUDA, use_fused_kernel=fused_kernel,
-                      checkpoint_layers=checkpoint_layers, attention=attention)
+                      recompute_layers=recompute_layers, attention=attention)
     if not training:
         model.eval()
     loss = step(model, batch(3, 16, 61, seed=2), loss_kind)
@@ -72,7 +72,7 @@ def test_checkpointing_lowers_peak_memory() -> None:
     for ckpt in (False, True):
         minitorch.manual_seed(0)
         model = DecoderLM(512, 256, 8, 128, n_layers=6, p_dropout=0.1, backend=CUDA, use_fused_kernel=True,
-                          checkpoint_layers=ckpt)
+                          recompute_layers=ckpt)
         data = batch(16, 128, 512, seed=1)
         torch.cuda.synchronize()
         base = minitorch.cuda_memory_stats(reset=True)["current"]

@@ -18,7 +18,7 @@ import pytest
 import minitorch
 from minitorch import cuda_kernel_ops as cko
 from minitorch import operators
-from minitorch.tensor_functions import Embedding as EmbeddingFn
+from minitorch.fused.embedding import Embedding as EmbeddingFn
 
 CUDA = minitorch.TensorBackend(minitorch.CudaKernelOps)
 CPU = minitorch.TensorBackend(minitorch.FastOps)

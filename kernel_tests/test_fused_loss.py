@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import minitorch
-from minitorch.fused_loss import fused_linear_cross_entropy
+from minitorch.fused.linear_cross_entropy import fused_linear_cross_entropy
 
 from fused_testing import kernel_lib, rel_err
 

@@ -5,31 +5,19 @@ time a CUDA tensor is made and says how to build them if they are missing.
 """
 
 from . import nn, operators
-from .attention import fused_attention
 from .autodiff import Context, backpropagate, central_difference, enable_grad, no_grad, topological_sort
 from .checkpoint import checkpoint
 from .cuda_kernel_ops import CudaKernelOps, cuda_memory_stats
 from .fast_ops import FastOps
-from .fused_loss import fused_linear_cross_entropy
+from .fused import adamw_step, fused_attention, fused_linear_cross_entropy
 from .module import Module, ModuleList, Parameter
 from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
 from .modules_transformer import DecoderLM, FeedForward, MultiHeadAttention, TransformerLayer
 from .optim import SGD, Adam, AdamW
 from .scalar import Scalar, ScalarHistory, derivative_check
-from .tensor import (
-    History,
-    Tensor,
-    from_torch,
-    full,
-    get_rng_state,
-    manual_seed,
-    ones,
-    rand,
-    set_rng_state,
-    tensor,
-    tensor_from_numpy,
-    zeros,
-)
+from .rng import get_rng_state, manual_seed, set_rng_state
+from .tensor import History, Tensor
+from .tensor_create import from_torch, full, ones, rand, tensor, tensor_from_numpy, zeros
 from .tensor_data import IndexingError, TensorData, shape_broadcast
 from .tensor_ops import SimpleBackend, SimpleOps, TensorBackend, TensorOps
 
@@ -47,6 +35,7 @@ __all__ = [
     "cuda_memory_stats",
     "FastOps",
     "fused_linear_cross_entropy",
+    "adamw_step",
     "fused_attention",
     "Module",
     "ModuleList",

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any, Callable, Tuple
 
 from .autodiff import Context, enable_grad, is_grad_enabled, no_grad
-from .tensor import Tensor, get_rng_state, set_rng_state
+from .rng import get_rng_state, set_rng_state
+from .tensor import Tensor
 from .tensor_functions import Function
 
 

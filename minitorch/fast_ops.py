@@ -8,16 +8,15 @@ a row of out, which the compiler vectorizes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+import functools
+from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 from numba import njit, prange
 
-from .tensor_data import IndexingError, shape_broadcast
-from .tensor_ops import SimpleOps, TensorOps, _check_same_backend
-
-if TYPE_CHECKING:
-    from .tensor import Tensor
+from . import operators
+from .tensor_data import TensorData, shape_broadcast
+from .tensor_ops import SimpleOps, TensorOps, empty
 
 _jit_cache: dict = {}
 
@@ -205,13 +204,22 @@ def _batch_bases(shape: Tuple[int, ...], batch: Tuple[int, ...], strides: Tuple[
     return bases
 
 
-def _check_ids(ids: "Tensor", num_embeddings: int) -> np.ndarray:
-    flat = ids.contiguous()._tensor._storage[: ids.size]
+def _check_ids(ids: TensorData, num_embeddings: int) -> np.ndarray:
+    flat = _contiguous(ids)._storage[: ids.size]
     if ids.size and (flat.min() < 0 or flat.max() >= num_embeddings or np.any(flat != np.floor(flat))):
         raise IndexError(
             f"embedding ids must be integers in [0, {num_embeddings}), got values in [{flat.min()}, {flat.max()}]"
         )
     return flat
+
+
+def _contiguous(t: TensorData) -> TensorData:
+    return t if t.is_contiguous() else _copy_op()(t)
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_op() -> Callable[..., TensorData]:
+    return FastOps.map(operators.id)
 
 
 class FastOps(TensorOps):
@@ -225,87 +233,80 @@ class FastOps(TensorOps):
     uniform = SimpleOps.uniform
 
     @staticmethod
-    def map(fn: Callable[[float], float]) -> Callable[..., "Tensor"]:
+    def map(fn: Callable[[float], float]) -> Callable[..., TensorData]:
         kernel = _map_kernel(fn)
 
-        def ret(a: "Tensor", out: Optional["Tensor"] = None) -> "Tensor":
-            out = a._new_empty(a.shape) if out is None else out
-            o, x = out._tensor, a._tensor
+        def ret(x: TensorData, out: Optional[TensorData] = None) -> TensorData:
+            o = empty(FastOps, x.shape) if out is None else out
             kernel(o._storage, o.np_shape, o.np_strides, x._storage, x.np_shape, x.np_strides)
-            return out
+            return o
 
         return ret
 
     @staticmethod
-    def map_scalar(fn: Callable[[float, float], float]) -> Callable[["Tensor", float], "Tensor"]:
+    def map_scalar(fn: Callable[[float, float], float]) -> Callable[[TensorData, float], TensorData]:
         kernel = _map_scalar_kernel(fn)
 
-        def ret(a: "Tensor", s: float) -> "Tensor":
-            out = a._new_empty(a.shape)
-            o, x = out._tensor, a._tensor
+        def ret(x: TensorData, s: float) -> TensorData:
+            o = empty(FastOps, x.shape)
             kernel(o._storage, o.np_shape, o.np_strides, x._storage, x.np_shape, x.np_strides, float(s))
-            return out
+            return o
 
         return ret
 
     @staticmethod
-    def zip(fn: Callable[[float, float], float]) -> Callable[["Tensor", "Tensor"], "Tensor"]:
+    def zip(fn: Callable[[float, float], float]) -> Callable[[TensorData, TensorData], TensorData]:
         kernel = _zip_kernel(fn)
 
-        def ret(a: "Tensor", b: "Tensor") -> "Tensor":
-            _check_same_backend("zip", a, b)
-            out = a._new_empty(shape_broadcast(a.shape, b.shape))
-            o, x, y = out._tensor, a._tensor, b._tensor
+        def ret(x: TensorData, y: TensorData) -> TensorData:
+            o = empty(FastOps, shape_broadcast(x.shape, y.shape))
             kernel(o._storage, o.np_shape, o.np_strides, x._storage, x.np_shape, x.np_strides,
                    y._storage, y.np_shape, y.np_strides)
-            return out
+            return o
 
         return ret
 
     @staticmethod
-    def reduce(fn: Callable[[float, float], float], start: float = 0.0) -> Callable[["Tensor", int], "Tensor"]:
+    def reduce(fn: Callable[[float, float], float], start: float = 0.0) -> Callable[[TensorData, int], TensorData]:
         kernel = _reduce_kernel(fn)
 
-        def ret(a: "Tensor", dim: int) -> "Tensor":
-            shape = list(a.shape)
+        def ret(x: TensorData, dim: int) -> TensorData:
+            shape = list(x.shape)
             shape[dim] = 1
-            out = a._new_empty(tuple(shape))
-            o, x = out._tensor, a._tensor
+            o = empty(FastOps, tuple(shape))
             kernel(o._storage, o.np_shape, x._storage, x.np_shape, x.np_strides, dim, float(start))
-            return out
+            return o
 
         return ret
 
     @staticmethod
-    def matrix_multiply(a: "Tensor", b: "Tensor") -> "Tensor":
-        _check_same_backend("matmul", a, b)
-        n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
-        if b.shape[-2] != k:
-            raise IndexingError(f"matmul shapes {a.shape} @ {b.shape}: inner sizes {k} and {b.shape[-2]} differ")
-        batch = shape_broadcast(a.shape[:-2], b.shape[:-2])
-        out = a._new_empty(batch + (n, m))
-        x, y = a._tensor, b._tensor
+    def matrix_multiply(x: TensorData, y: TensorData) -> TensorData:
+        n, k, m = x.shape[-2], x.shape[-1], y.shape[-1]
+        batch = shape_broadcast(x.shape[:-2], y.shape[:-2])
+        o = empty(FastOps, batch + (n, m))
         _matmul_kernel(
-            out._tensor._storage,
+            o._storage,
             x._storage, _batch_bases(x.shape, batch, x.strides), x.np_strides[-2:].copy(),
             y._storage, _batch_bases(y.shape, batch, y.strides), y.np_strides[-2:].copy(),
             n, k, m,
         )
-        return out
+        return o
 
     @staticmethod
-    def embedding_fw(weight: "Tensor", ids: "Tensor") -> "Tensor":
+    def embedding_fw(weight: TensorData, ids: TensorData) -> TensorData:
+        """weight [V, C] rows picked by integral ids [...] -> [..., C]; ids outside [0, V) raise."""
         V, C = weight.shape
         flat = _check_ids(ids, V)
-        out = weight._new_empty(ids.shape + (C,))
-        _gather_kernel(out._tensor._storage, weight._tensor._storage, weight._tensor.np_strides, flat, ids.size, C, V)
-        return out
+        o = empty(FastOps, ids.shape + (C,))
+        _gather_kernel(o._storage, weight._storage, weight.np_strides, flat, ids.size, C, V)
+        return o
 
     @staticmethod
-    def embedding_bw(grad_out: "Tensor", ids: "Tensor", num_embeddings: int) -> "Tensor":
+    def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int) -> TensorData:
+        """Scatter-add of grad_out rows [..., C] into a zeroed [num_embeddings, C] gradient."""
         C = grad_out.shape[-1]
         flat = _check_ids(ids, num_embeddings)
-        out = grad_out.zeros((num_embeddings, C))
-        g = grad_out.contiguous()
-        _scatter_add_kernel(out._tensor._storage, g._tensor._storage, flat, ids.size, C)
-        return out
+        o = empty(FastOps, (num_embeddings, C))
+        o._storage[:] = 0.0
+        _scatter_add_kernel(o._storage, _contiguous(grad_out)._storage, flat, ids.size, C)
+        return o

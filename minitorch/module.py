@@ -6,6 +6,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .tensor_create import tensor_from_numpy
+
 
 class Parameter:
     """A trainable value held by a Module; `update` swaps in a new tensor and keeps it trainable."""
@@ -72,20 +74,12 @@ class Module:
     def parameters(self) -> List[Parameter]:
         return [p for _, p in self.named_parameters()]
 
-    def add_parameter(self, k: str, v: Any) -> Parameter:
-        """Register a trainable value under a name."""
-        val = Parameter(v, k)
-        self.__dict__["_parameters"][k] = val
-        return val
-
     def state_dict(self) -> Dict[str, np.ndarray]:
         """Parameter values as numpy arrays, by dotted name."""
         return {name: p.value.to_numpy() for name, p in self.named_parameters()}
 
     def load_state_dict(self, state: Dict[str, np.ndarray]) -> None:
         """Load values saved by state_dict (names and shapes must match)."""
-        from .tensor import tensor_from_numpy
-
         own = dict(self.named_parameters())
         missing = sorted(set(own) - set(state))
         extra = sorted(set(state) - set(own))

@@ -1,17 +1,20 @@
-"""Basic layers: Linear, Embedding, Dropout, LayerNorm1d."""
+"""Basic layers: Linear, Embedding, Dropout, LayerNorm1d.
+
+`backend=` (a minitorch.TensorBackend, default the CPU default) says where the parameters live."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from . import nn
+from .fused.embedding import embedding
 from .module import Module, Parameter
-from .tensor import Tensor, next_seed, tensor_from_numpy
+from .rng import next_seed
+from .tensor import Tensor
+from .tensor_create import tensor_from_numpy
 from .tensor_data import IndexingError
-from .tensor_functions import Embedding as EmbeddingFn
-from .tensor_ops import TensorBackend
 
 
 def _init_rng() -> np.random.Generator:
@@ -21,7 +24,7 @@ def _init_rng() -> np.random.Generator:
 class Linear(Module):
     """y = x @ W + b over the last dim of x (any leading dims); W is [in_size, out_size]."""
 
-    def __init__(self, in_size: int, out_size: int, bias: bool = True, backend: Optional[TensorBackend] = None):
+    def __init__(self, in_size: int, out_size: int, bias: bool = True, backend: Optional[Any] = None):
         super().__init__()
         self.in_size = in_size
         self.out_size = out_size
@@ -47,7 +50,7 @@ class Linear(Module):
 class Embedding(Module):
     """Rows of a [num_embeddings, embedding_dim] table looked up by integral ids."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, backend: Optional[TensorBackend] = None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, backend: Optional[Any] = None):
         super().__init__()
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
@@ -57,7 +60,7 @@ class Embedding(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x [...] of ids -> [..., embedding_dim]."""
-        return EmbeddingFn.apply(self.weights.value, x)
+        return embedding(self.weights.value, x)
 
 
 class Dropout(Module):
@@ -80,7 +83,7 @@ class LayerNorm1d(Module):
     the normalization is composed from tensor ops.
     """
 
-    def __init__(self, dim: int, eps: float = 1e-5, backend: Optional[TensorBackend] = None, use_fused_kernel: bool = False):
+    def __init__(self, dim: int, eps: float = 1e-5, backend: Optional[Any] = None, use_fused_kernel: bool = False):
         super().__init__()
         self.dim = dim
         self.eps = eps
@@ -94,7 +97,6 @@ class LayerNorm1d(Module):
         if self.use_fused_kernel:
             return x.layernorm(self.weights.value, self.bias.value, self.eps)
         d = x.dims - 1
-        mean = x.mean(d)
-        centered = x - mean
-        var = (centered * centered).mean(d)
+        centered = x - x.mean(d, keepdim=True)
+        var = (centered * centered).mean(d, keepdim=True)
         return centered * ((var + self.eps) ** -0.5) * self.weights.value + self.bias.value

@@ -12,20 +12,17 @@ fused attention paths (which never materialize the probabilities) the same model
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 from . import nn
-from .attention import ACTIVATIONS, fused_attention
 from .checkpoint import checkpoint
+from .fused.attention import check_activation, fused_attention
+from .fused.masks import NEG_BIG
 from .module import Module, ModuleList
 from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
 from .tensor import Tensor
 from .tensor_data import IndexingError
-from .tensor_ops import TensorBackend
 
-# Added to the scores of future keys in the composed (unfused) path: finite, so a masked score
-# underflows to an exact 0 after the softmax's max shift, and no row becomes NaN.
-CAUSAL_MASK_VALUE = -1e9
 ATTENTIONS = ("naive", "fused")  # MultiHeadAttention(attention=...): scores materialized or not
 
 
@@ -38,7 +35,8 @@ class MultiHeadAttention(Module):
 
     use_fused_kernel=True runs the softmax as Tensor.attn_softmax (one fused op that applies the
     causal mask itself, so no [T, T] mask tensor is built); otherwise nn.softmax runs over scores
-    plus explicit mask tensors. Both compute the same function.
+    plus explicit mask tensors. Both compute the same function. It needs the naive path with the
+    softmax activation (the other paths have no separate softmax) and raises ValueError otherwise.
 
     attention="fused" runs the whole of softmax(q k^T / sqrt(D) + masks) v as minitorch.fused_attention
     (on CUDA: no [B, H, T, T] tensor in forward or backward); "naive" builds the scores as above.
@@ -53,7 +51,7 @@ class MultiHeadAttention(Module):
         causal: bool = True,
         p_dropout: float = 0.1,
         bias: bool = True,
-        backend: Optional[TensorBackend] = None,
+        backend: Optional[Any] = None,
         use_fused_kernel: bool = False,
         attention: str = "naive",
         activation: str = "softmax",
@@ -63,8 +61,13 @@ class MultiHeadAttention(Module):
             raise ValueError(f"n_embd {n_embd} must be a positive multiple of n_head {n_head}")
         if attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        check_activation("MultiHeadAttention", activation)
+        if use_fused_kernel and (attention != "naive" or activation != "softmax"):
+            raise ValueError(
+                f"MultiHeadAttention(use_fused_kernel=True) fuses the softmax of the naive attention path, but "
+                f"attention={attention!r} with activation={activation!r} has no separate softmax to fuse; "
+                f"pass use_fused_kernel=False (DecoderLM and TransformerLayer do this for you)"
+            )
         self.attention_path = attention
         self.activation = activation
         self.n_embd = n_embd
@@ -80,13 +83,13 @@ class MultiHeadAttention(Module):
         self._causal_masks: Dict[int, Tensor] = {}
 
     def causal_mask(self, like: Tensor, T: int) -> Tensor:
-        """Additive [T, T] mask (0 on and below the diagonal, CAUSAL_MASK_VALUE above), built
+        """Additive [T, T] mask (0 on and below the diagonal, NEG_BIG above), built
         with backend ops on like's backend and kept per length."""
         mask = self._causal_masks.get(T)
         if mask is None:
             rows = like._arange(T).view(T, 1)
             cols = like._arange(T).view(1, T)
-            mask = ((rows < cols) * CAUSAL_MASK_VALUE).contiguous()
+            mask = ((rows < cols) * NEG_BIG).contiguous()
             self._causal_masks[T] = mask
         return mask
 
@@ -112,7 +115,7 @@ class MultiHeadAttention(Module):
         k_t = self.k_projection(x).view(B, T, H, D).permute(0, 2, 3, 1)
         v = self.v_projection(x).view(B, T, H, D).permute(0, 2, 1, 3)
         scores = q @ k_t
-        if self.use_fused_kernel and self.activation == "softmax":
+        if self.use_fused_kernel:
             probs = scores.attn_softmax(padding_mask, causal=self.causal)
         else:
             if padding_mask is not None:
@@ -133,7 +136,7 @@ class FeedForward(Module):
         middle_dim: int = 256,
         p_dropout: float = 0.1,
         bias: bool = True,
-        backend: Optional[TensorBackend] = None,
+        backend: Optional[Any] = None,
     ):
         super().__init__()
         self.linear_in = Linear(n_embd, middle_dim, bias=bias, backend=backend)
@@ -148,8 +151,9 @@ class TransformerLayer(Module):
     """Pre-LN block: x + attention(ln_1(x)), then + feed_forward(ln_2(x)).
 
     The feed-forward width is 4 * n_embd unless middle_dim says otherwise; use_fused_kernel
-    selects the fused softmax and the fused LayerNorm (Tensor.layernorm) together; attention and
-    activation go to MultiHeadAttention.
+    selects the fused LayerNorm (Tensor.layernorm) and, where the attention path has a separate
+    softmax (attention="naive", activation="softmax"), the fused softmax; attention and activation
+    go to MultiHeadAttention.
     """
 
     def __init__(
@@ -159,7 +163,7 @@ class TransformerLayer(Module):
         p_dropout: float = 0.1,
         ln_eps: float = 1e-5,
         bias: bool = True,
-        backend: Optional[TensorBackend] = None,
+        backend: Optional[Any] = None,
         use_fused_kernel: bool = False,
         causal: bool = True,
         middle_dim: Optional[int] = None,
@@ -170,7 +174,8 @@ class TransformerLayer(Module):
         self.ln_1 = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=use_fused_kernel)
         self.attention = MultiHeadAttention(
             n_embd, n_head, causal=causal, p_dropout=p_dropout, bias=bias, backend=backend,
-            use_fused_kernel=use_fused_kernel, attention=attention, activation=activation,
+            use_fused_kernel=use_fused_kernel and attention == "naive" and activation == "softmax",
+            attention=attention, activation=activation,
         )
         self.ln_2 = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=use_fused_kernel)
         self.ff = FeedForward(
@@ -191,7 +196,7 @@ class DecoderLM(Module):
     needs a few positions' logits (greedy decoding) can apply lm_head to those alone, or hand it
     with lm_head's weights to minitorch.fused_linear_cross_entropy, which never makes the logits.
 
-    checkpoint_layers=True runs each TransformerLayer under minitorch.checkpoint: backward
+    recompute_layers=True runs each TransformerLayer under minitorch.checkpoint: backward
     recomputes a layer's activations (same dropout masks) instead of keeping them from forward,
     so training holds one layer's activations plus each layer's input; gradients are unchanged.
     attention ("naive" | "fused") and activation ("softmax" | "relu") go to every MultiHeadAttention.
@@ -207,15 +212,15 @@ class DecoderLM(Module):
         p_dropout: float = 0.1,
         ln_eps: float = 1e-5,
         bias: bool = True,
-        backend: Optional[TensorBackend] = None,
+        backend: Optional[Any] = None,
         use_fused_kernel: bool = False,
-        checkpoint_layers: bool = False,
+        recompute_layers: bool = False,
         attention: str = "naive",
         activation: str = "softmax",
     ):
         super().__init__()
         self.n_vocab = n_vocab
-        self.checkpoint_layers = checkpoint_layers
+        self.recompute_layers = recompute_layers
         self.n_embd = n_embd
         self.n_positions = n_positions
         self.token_embeddings = Embedding(n_vocab, n_embd, backend=backend)
@@ -243,7 +248,7 @@ class DecoderLM(Module):
         positions = self.position_embeddings(idx._arange(T))
         x = self.dropout(self.token_embeddings(idx) + positions)
         for layer in self.layers:
-            x = checkpoint(layer, x, padding_mask) if self.checkpoint_layers else layer(x, padding_mask)
+            x = checkpoint(layer, x, padding_mask) if self.recompute_layers else layer(x, padding_mask)
         return self.ln(x)
 
     def forward(self, idx: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .tensor import Tensor, rand
+from .tensor import Tensor
+from .tensor_create import rand
 from .tensor_data import IndexingError
 
 

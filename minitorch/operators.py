@@ -8,7 +8,6 @@ definition of an operation's meaning.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, List
 
 GELU_C = math.sqrt(2.0 / math.pi)
 EPS = 1e-6
@@ -134,53 +133,3 @@ def gelu_back(x: float, d: float) -> float:
     t = math.tanh(inner)
     dinner = GELU_C * (1.0 + 3.0 * 0.044715 * x * x)
     return d * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)
-
-
-def map(fn: Callable[[float], float]) -> Callable[[Iterable[float]], List[float]]:
-    """Lift fn to act on each element of a list."""
-
-    def apply(ls: Iterable[float]) -> List[float]:
-        return [fn(x) for x in ls]
-
-    return apply
-
-
-def zipWith(fn: Callable[[float, float], float]) -> Callable[[Iterable[float], Iterable[float]], List[float]]:
-    """Lift a binary fn to act on pairs of elements of two lists."""
-
-    def apply(ls1: Iterable[float], ls2: Iterable[float]) -> List[float]:
-        return [fn(x, y) for x, y in zip(ls1, ls2)]
-
-    return apply
-
-
-def reduce(fn: Callable[[float, float], float], start: float) -> Callable[[Iterable[float]], float]:
-    """Fold a list with fn, starting from start."""
-
-    def apply(ls: Iterable[float]) -> float:
-        acc = start
-        for x in ls:
-            acc = fn(acc, x)
-        return acc
-
-    return apply
-
-
-def negList(ls: Iterable[float]) -> List[float]:
-    """Negate every element."""
-    return map(neg)(ls)
-
-
-def addLists(ls1: Iterable[float], ls2: Iterable[float]) -> List[float]:
-    """Elementwise sum of two lists."""
-    return zipWith(add)(ls1, ls2)
-
-
-def sum(ls: Iterable[float]) -> float:
-    """Sum of a list (0 for empty)."""
-    return reduce(add, 0.0)(ls)
-
-
-def prod(ls: Iterable[float]) -> float:
-    """Product of a list (1 for empty)."""
-    return reduce(mul, 1.0)(ls)

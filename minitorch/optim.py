@@ -7,8 +7,9 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from .autodiff import no_grad
+from .fused.adamw import adamw_step
 from .module import Parameter
-from .tensor import tensor_from_numpy
+from .tensor_create import tensor_from_numpy
 
 
 class Optimizer:
@@ -112,7 +113,7 @@ class AdamW(Adam):
 
     Unlike Adam, it updates IN PLACE: each parameter keeps its tensor and storage, and its moments
     are allocated once (zeros, at its first step) and overwritten after that, so a step allocates
-    nothing that outlives it.  The update is the backend's `adamw_step`: one fused kernel per
+    nothing that outlives it.  The update is `minitorch.fused.adamw_step`: one fused kernel per
     parameter on CUDA (reads p, g, m, v and writes p, m, v: 28 bytes per element), composed tensor
     ops on the CPU backends.  state_dict / load_state_dict are Adam's (step count and moments).
     """
@@ -140,7 +141,7 @@ class AdamW(Adam):
                 if i not in self.m:
                     self.m[i] = value.zeros()
                     self.v[i] = value.zeros()
-                value.backend.ops.adamw_step(
+                adamw_step(
                     value, value.grad, self.m[i], self.v[i], float(self.lr), self.beta1, self.beta2, self.eps,
                     self.weight_decay, self.t,
                 )  # fmt: skip

@@ -11,34 +11,14 @@ import numpy as np
 from . import tensor_functions as F
 from .autodiff import Context, backpropagate, no_grad
 from .fast_ops import FastOps
-from .tensor_data import IndexingError, TensorData, UserShape, prod, shape_broadcast
+from .fused.layernorm import layernorm as _layernorm
+from .fused.softmax import attn_softmax as _attn_softmax
+from .tensor_reduce import Reductions
+from .tensor_data import IndexingError, TensorData, UserShape, prod, resolve_shape, shape_args, shape_broadcast
 from .tensor_ops import TensorBackend
 
 TensorLike = Union[float, int, "Tensor"]
 _ids = itertools.count(1)
-_seed_rng = [np.random.default_rng()]
-
-
-def manual_seed(seed: int) -> None:
-    """Seed the generator behind rand() and dropout on every backend."""
-    _seed_rng[0] = np.random.default_rng(seed)
-
-
-def get_rng_state() -> dict:
-    """State of the generator behind rand() and dropout (for exact resume)."""
-    return _seed_rng[0].bit_generator.state
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore a state from get_rng_state()."""
-    rng = np.random.default_rng()
-    rng.bit_generator.state = state
-    _seed_rng[0] = rng
-
-
-def next_seed() -> int:
-    """A fresh 63-bit seed for a backend's random kernels."""
-    return int(_seed_rng[0].integers(0, 2**63 - 1))
 
 
 def default_backend() -> TensorBackend:
@@ -55,7 +35,7 @@ class History:
     inputs: Sequence["Tensor"] = field(default_factory=tuple)
 
 
-class Tensor:
+class Tensor(Reductions):
     """A float32 array with a shape, strides, a backend, and optional autodiff history."""
 
     __array_priority__ = 1000
@@ -134,16 +114,30 @@ class Tensor:
     def zeros(self, shape: Optional[UserShape] = None) -> "Tensor":
         """Zeros of a shape (default: this tensor's) on this backend."""
         out = self._new_empty(self.shape if shape is None else shape)
-        self.backend.ops.fill(out, 0.0)
+        self.backend.ops.fill(out._tensor, 0.0)
         return out
 
     def _arange(self, n: int) -> "Tensor":
         out = self._new_empty((n,))
-        self.backend.ops.arange(out)
+        self.backend.ops.arange(out._tensor)
         return out
 
+    def copy_(self, src: TensorLike) -> "Tensor":
+        """Write src (a number, or a tensor broadcasting to this shape) into this tensor's storage, in
+        place; for tensors without history (buffers, optimizer state, parameters' data)."""
+        if self.history is not None and not self.is_leaf():
+            raise RuntimeError(f"copy_ into a tensor of shape {self.shape} that has autodiff history")
+        if isinstance(src, (int, float)):
+            self.backend.ops.fill(self._tensor, float(src))
+            return self
+        src = self._ensure(src)
+        if shape_broadcast(src.shape, self.shape) != self.shape:
+            raise IndexingError(f"copy_: a tensor of shape {src.shape} does not broadcast to {self.shape}")
+        self.backend.id_map(src._tensor, out=self._tensor)
+        return self
+
     def _view(self, shape: Sequence[int]) -> "Tensor":
-        shape = _resolve_shape(tuple(int(s) for s in shape), self.size, self.shape)
+        shape = resolve_shape(tuple(int(s) for s in shape), self.size, self.shape)
         if not self._tensor.is_contiguous():
             raise IndexingError(
                 f"view of a non-contiguous tensor (shape {self.shape}, strides {self._tensor.strides}) "
@@ -176,7 +170,7 @@ class Tensor:
         """
         if backend.ops is self.backend.ops:
             return self
-        out = tensor_from_numpy(self.to_numpy(), backend=backend)
+        out = Tensor(TensorData(backend.ops.storage_from_numpy(self.to_numpy()), self.shape), backend=backend)
         return out.requires_grad_(self.requires_grad())
 
     def to_torch(self) -> Any:
@@ -219,7 +213,7 @@ class Tensor:
                     f"{b.backend.ops.__name__} tensor {b.shape}: move one with .to(backend)"
                 )
             return b
-        return tensor([float(b)], backend=self.backend)
+        return Tensor(TensorData(self.backend.ops.storage_from_numpy(np.array([b], np.float32)), (1,)), backend=self.backend)
 
     def __add__(self, b: TensorLike) -> "Tensor":
         if isinstance(b, (int, float)):
@@ -313,51 +307,10 @@ class Tensor:
     def tanh(self) -> "Tensor":
         return F.Tanh.apply(self)
 
-    # ---- reductions (a reduced dim is kept with size 1; no dim: shape (1,)) -------------------
-    def _dim(self, dim: int) -> int:
-        d = dim + self.dims if dim < 0 else dim
-        if not 0 <= d < self.dims:
-            raise IndexingError(f"dim {dim} is out of range for shape {self.shape}")
-        return d
-
-    def _flat(self) -> "Tensor":
-        return self.contiguous().view(self.size)
-
-    def sum(self, dim: Optional[int] = None) -> "Tensor":
-        """Sum over dim (kept with size 1), or over everything (shape (1,))."""
-        if dim is None:
-            return F.Sum.apply(self._flat(), 0)
-        return F.Sum.apply(self, self._dim(dim))
-
-    def mean(self, dim: Optional[int] = None) -> "Tensor":
-        """Mean over dim (kept with size 1), or over everything."""
-        n = self.size if dim is None else self.shape[self._dim(dim)]
-        return self.sum(dim) * (1.0 / n)
-
-    def var(self, dim: Optional[int] = None, unbiased: bool = True) -> "Tensor":
-        """Variance over dim (kept with size 1) or everything; unbiased (n - 1) like torch.var."""
-        n = self.size if dim is None else self.shape[self._dim(dim)]
-        if unbiased and n < 2:
-            raise ValueError(f"unbiased var over {n} element(s) (shape {self.shape}, dim {dim}) is undefined; pass unbiased=False")
-        centered = (self._flat() if dim is None else self) - self.mean(dim)
-        return (centered * centered).sum(0 if dim is None else dim) * (1.0 / (n - 1 if unbiased else n))
-
-    def max(self, dim: Optional[int] = None) -> "Tensor":
-        """Max over dim (kept with size 1), or over everything (shape (1,))."""
-        if dim is None:
-            return F.Max.apply(self._flat(), 0)
-        return F.Max.apply(self, self._dim(dim))
-
-    def all(self, dim: Optional[int] = None) -> "Tensor":
-        """1.0 where every element (over dim, or overall) is non-zero."""
-        nonzero = 1.0 - (self == 0.0)
-        flat = nonzero._flat() if dim is None else nonzero
-        return flat.backend.mul_reduce(flat, 0 if dim is None else self._dim(dim))
-
     # ---- views and layout --------------------------------------------------------------------
     def view(self, *shape: Union[int, Sequence[int]]) -> "Tensor":
         """Same data with another shape (one size may be -1); the tensor must be contiguous."""
-        return F.View.apply(self, _shape_args(shape))
+        return F.View.apply(self, shape_args(shape))
 
     def reshape(self, *shape: Union[int, Sequence[int]]) -> "Tensor":
         """view() after a contiguous copy when one is needed."""
@@ -365,7 +318,7 @@ class Tensor:
 
     def permute(self, *order: Union[int, Sequence[int]]) -> "Tensor":
         """Dims reordered (a view)."""
-        dims = tuple(self._dim(d) for d in _shape_args(order))
+        dims = tuple(self._dim(d) for d in shape_args(order))
         return F.Permute.apply(self, dims)
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> "Tensor":
@@ -403,54 +356,17 @@ class Tensor:
         offset = self.dims - len(shape)
         for d in range(self.dims):
             if d < offset or shape[d - offset] == 1 and self.shape[d] != 1:
-                out = out.backend.add_reduce(out, d)
+                out = out._new(out.backend.add_reduce(out._tensor, d))
         return out.contiguous()._view(shape)
 
     # ---- fused ops ---------------------------------------------------------------------------
     def attn_softmax(self, mask: Optional["Tensor"] = None, causal: bool = False) -> "Tensor":
-        """Softmax over the last dim of attention scores [B, H, Tq, Tk] (out of place).
-
-        mask: additive, broadcastable to [B, 1, 1, Tk] (e.g. [B, Tk] viewed as [B,1,1,Tk]); -inf
-        removes a key, finite values (-1e8) are added as they are; it takes no gradient.
-        causal: key j of query i is kept only when j <= i + (Tk - Tq).  A row with every key
-        removed gives zeros.
-        """
-        if self.dims != 4:
-            raise IndexingError(f"attn_softmax expects scores [B, H, Tq, Tk], got shape {self.shape}")
-        B, _, _, Tk = self.shape
-        flat_mask = None
-        if mask is not None:
-            mask = self._ensure(mask)
-            if mask.dims > 4:
-                raise IndexingError(f"attn_softmax mask of shape {mask.shape} has more than 4 dims")
-            if mask.shape == (B, Tk):
-                mask4 = mask.reshape(B, 1, 1, Tk)
-            else:
-                mask4 = mask.reshape(*((1,) * (4 - mask.dims) + mask.shape))
-            try:
-                ok = shape_broadcast(mask4.shape, (B, 1, 1, Tk)) == (B, 1, 1, Tk)
-            except IndexingError:
-                ok = False
-            if not ok:
-                raise IndexingError(
-                    f"attn_softmax mask of shape {mask.shape} does not broadcast to [B, 1, 1, Tk] = {(B, 1, 1, Tk)} "
-                    f"for scores {self.shape}"
-                )
-            flat_mask = mask4.detach()._expand_view((B, 1, 1, Tk)).contiguous()._view((B, Tk))
-        return F.Attn_Softmax.apply(self.contiguous(), flat_mask, bool(causal))
+        """Softmax over the last dim of attention scores [B, H, Tq, Tk]; see minitorch.fused.attn_softmax."""
+        return _attn_softmax(self, mask, causal)
 
     def layernorm(self, gamma: "Tensor", beta: "Tensor", eps: float = 1e-5) -> "Tensor":
-        """LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * gamma + beta."""
-        gamma, beta = self._ensure(gamma), self._ensure(beta)
-        C = self.shape[-1] if self.dims else 0
-        if gamma.shape != (C,) or beta.shape != (C,):
-            raise IndexingError(
-                f"layernorm of input {self.shape} needs gamma and beta of shape ({C},), "
-                f"got {gamma.shape} and {beta.shape}"
-            )
-        if eps <= 0.0:
-            raise ValueError(f"layernorm eps must be positive, got {eps}")
-        return F.LayerNorm.apply(self.contiguous(), gamma.contiguous(), beta.contiguous(), float(eps))
+        """LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * gamma + beta; see minitorch.fused.layernorm."""
+        return _layernorm(self, gamma, beta, eps)
 
     # ---- autodiff ----------------------------------------------------------------------------
     @property
@@ -469,7 +385,7 @@ class Tensor:
         if not self.is_leaf():
             raise RuntimeError("only leaf tensors accumulate derivatives")
         x = x.contiguous()
-        self.grad = x if self.grad is None else self.backend.add_zip(self.grad, x)
+        self.grad = x if self.grad is None else x._new(self.backend.add_zip(self.grad._tensor, x._tensor))
 
     def backward(self, grad_output: Optional["Tensor"] = None) -> None:
         """Backpropagate from this tensor; grad_output defaults to 1 for a one-element tensor."""
@@ -481,7 +397,7 @@ class Tensor:
             if self.size != 1:
                 raise RuntimeError(f"backward() without a gradient needs a one-element tensor, got shape {self.shape}")
             grad_output = self._new_empty(self.shape)
-            self.backend.ops.fill(grad_output, 1.0)
+            self.backend.ops.fill(grad_output._tensor, 1.0)
         elif grad_output.shape != self.shape:
             raise IndexingError(f"backward gradient of shape {grad_output.shape} for a tensor of shape {self.shape}")
         with no_grad():
@@ -490,101 +406,3 @@ class Tensor:
     def zero_grad_(self) -> None:
         """Drop the accumulated gradient."""
         self.grad = None
-
-
-def _shape_args(shape: Sequence[Any]) -> Tuple[int, ...]:
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        return tuple(int(s) for s in shape[0])
-    return tuple(int(s) for s in shape)
-
-
-def _resolve_shape(shape: Tuple[int, ...], size: int, old: UserShape) -> Tuple[int, ...]:
-    if shape.count(-1) > 1:
-        raise IndexingError(f"view shape {shape} has more than one -1")
-    if -1 in shape:
-        known = prod(s for s in shape if s != -1)
-        if known == 0 or size % known:
-            raise IndexingError(f"cannot view shape {old} ({size} elements) as {shape}")
-        shape = tuple(size // known if s == -1 else s for s in shape)
-    if prod(shape) != size:
-        raise IndexingError(f"cannot view shape {old} ({size} elements) as {shape} ({prod(shape)} elements)")
-    return shape
-
-
-# ---- constructors --------------------------------------------------------------------------------
-def tensor_from_numpy(
-    arr: Any, backend: Optional[TensorBackend] = None, requires_grad: bool = False
-) -> Tensor:
-    """A tensor holding a float32 copy of a numpy array (any strides or memory order)."""
-    backend = backend if backend is not None else default_backend()
-    a = np.asarray(arr)
-    if a.dtype.kind not in "fiub":
-        raise TypeError(f"cannot make a tensor from a numpy array of dtype {a.dtype}")
-    shape = a.shape
-    flat = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
-    t = Tensor(TensorData(backend.ops.storage_from_numpy(flat), shape), backend=backend)
-    return t.requires_grad_(requires_grad)
-
-
-def tensor(data: Any, backend: Optional[TensorBackend] = None, requires_grad: bool = False) -> Tensor:
-    """A tensor from (nested lists of) numbers."""
-    try:
-        arr = np.array(data, dtype=np.float32)
-    except ValueError as e:
-        raise ValueError(f"tensor() needs a rectangular nested list of numbers: {e}") from None
-    return tensor_from_numpy(arr, backend=backend, requires_grad=requires_grad)
-
-
-def _filled(shape: Sequence[int], value: float, backend: Optional[TensorBackend]) -> Tensor:
-    backend = backend if backend is not None else default_backend()
-    shape = tuple(int(s) for s in shape)
-    out = Tensor(TensorData(backend.ops.storage_empty(prod(shape)), shape), backend=backend)
-    backend.ops.fill(out, value)
-    return out
-
-
-def zeros(shape: Sequence[int], backend: Optional[TensorBackend] = None, requires_grad: bool = False) -> Tensor:
-    """A tensor of zeros."""
-    return _filled(shape, 0.0, backend).requires_grad_(requires_grad)
-
-
-def ones(shape: Sequence[int], backend: Optional[TensorBackend] = None, requires_grad: bool = False) -> Tensor:
-    """A tensor of ones."""
-    return _filled(shape, 1.0, backend).requires_grad_(requires_grad)
-
-
-def full(shape: Sequence[int], value: float, backend: Optional[TensorBackend] = None) -> Tensor:
-    """A tensor filled with one value."""
-    return _filled(shape, float(value), backend)
-
-
-def rand(shape: Sequence[int], backend: Optional[TensorBackend] = None, requires_grad: bool = False) -> Tensor:
-    """Uniform [0, 1) numbers, drawn on the tensor's own device (seeded by manual_seed)."""
-    backend = backend if backend is not None else default_backend()
-    shape = tuple(int(s) for s in shape)
-    out = Tensor(TensorData(backend.ops.storage_empty(prod(shape)), shape), backend=backend)
-    backend.ops.uniform(out, next_seed())
-    return out.requires_grad_(requires_grad)
-
-
-def from_torch(t: Any, backend: Optional[TensorBackend] = None) -> Tensor:
-    """A minitorch tensor over a float32 torch tensor's memory (zero-copy when it is contiguous).
-
-    A CUDA torch tensor needs the CUDA backend (the default for it); a CPU one a CPU backend.
-    """
-    import torch
-
-    if t.dtype != torch.float32:
-        raise TypeError(f"from_torch needs a float32 tensor, got {t.dtype}")
-    if backend is None:
-        if t.is_cuda:
-            from .cuda_kernel_ops import CudaKernelOps
-
-            backend = TensorBackend(CudaKernelOps)
-        else:
-            backend = default_backend()
-    if t.is_cuda != bool(backend.ops.is_cuda):
-        raise TypeError(f"a {'CUDA' if t.is_cuda else 'CPU'} torch tensor cannot back a {backend.ops.__name__} tensor")
-    flat = t.detach().contiguous().reshape(-1)
-    storage = flat if t.is_cuda else flat.numpy()
-    return Tensor(TensorData(storage, tuple(t.shape)), backend=backend)

@@ -199,6 +199,23 @@ class TensorData:
             tuple(self._strides[i] for i in order),
         )
 
-    def to_string(self, values: np.ndarray) -> str:
-        """Nested-list text of the values (given as a numpy array of this shape)."""
-        return np.array2string(values, precision=4, separator=", ", threshold=200, edgeitems=3)
+
+def shape_args(shape: Sequence[Any]) -> Tuple[int, ...]:
+    """Sizes given as f(2, 3) or f((2, 3)), as a tuple of ints."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(int(s) for s in shape[0])
+    return tuple(int(s) for s in shape)
+
+
+def resolve_shape(shape: Tuple[int, ...], size: int, old: UserShape) -> Tuple[int, ...]:
+    """A view shape with its -1 (if any) filled in; IndexingError when it does not hold `size` elements."""
+    if shape.count(-1) > 1:
+        raise IndexingError(f"view shape {shape} has more than one -1")
+    if -1 in shape:
+        known = prod(s for s in shape if s != -1)
+        if known == 0 or size % known:
+            raise IndexingError(f"cannot view shape {old} ({size} elements) as {shape}")
+        shape = tuple(size // known if s == -1 else s for s in shape)
+    if prod(shape) != size:
+        raise IndexingError(f"cannot view shape {old} ({size} elements) as {shape} ({prod(shape)} elements)")
+    return shape

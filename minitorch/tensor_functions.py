@@ -1,16 +1,19 @@
 """Autodiff Functions over tensors.
 
-Each Function runs backend ops in `forward` and `backward`; nothing here knows where storage lives.
-Inputs arrive detached (no history); non-tensor arguments (dims, scalars, flags) pass through as
-plain Python values and get no gradient.  `backward` returns gradients for the tensor arguments in
-order; trailing tensor arguments that take no gradient (masks, ids) may be left out.
+Each Function runs backend ops (TensorData in, TensorData out) in `forward` and `backward` and
+wraps their results as Tensors; nothing here knows where storage lives.  Inputs arrive detached (no
+history); non-tensor arguments (dims, scalars, flags) pass through as plain Python values and get no
+gradient.  `backward` returns gradients for the tensor arguments in order; trailing tensor arguments
+that take no gradient (masks, ids) may be left out.  The fused ops' Functions live in
+`minitorch.fused`, one module each.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Tuple
 
 from .autodiff import Context, is_grad_enabled
+from .tensor_data import TensorData
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -64,29 +67,29 @@ class Function:
 class Neg(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor") -> "Tensor":
-        return t1.backend.neg_map(t1)
+        return t1._new(t1.backend.neg_map(t1._tensor))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        return grad_output.backend.neg_map(grad_output)
+        return grad_output._new(grad_output.backend.neg_map(grad_output._tensor))
 
 
 class Inv(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor") -> "Tensor":
         ctx.save_for_backward(t1)
-        return t1.backend.inv_map(t1)
+        return t1._new(t1.backend.inv_map(t1._tensor))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         (t1,) = ctx.saved_values
-        return grad_output.backend.inv_back_zip(t1, grad_output)
+        return grad_output._new(grad_output.backend.inv_back_zip(t1._tensor, grad_output._tensor))
 
 
 class Add(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor", t2: "Tensor") -> "Tensor":
-        return t1.backend.add_zip(t1, t2)
+        return t1._new(t1.backend.add_zip(t1._tensor, t2._tensor))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor"]:
@@ -97,94 +100,95 @@ class Mul(Function):
     @staticmethod
     def forward(ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
         ctx.save_for_backward(a, b)
-        return a.backend.mul_zip(a, b)
+        return a._new(a.backend.mul_zip(a._tensor, b._tensor))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor"]:
         a, b = ctx.saved_values
         mul = grad_output.backend.mul_zip
-        return mul(grad_output, b), mul(grad_output, a)
+        g = grad_output._tensor
+        return grad_output._new(mul(g, b._tensor)), grad_output._new(mul(g, a._tensor))
 
 
 class Sigmoid(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor") -> "Tensor":
-        out = t1.backend.sigmoid_map(t1)
+        out = t1._new(t1.backend.sigmoid_map(t1._tensor))
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         (out,) = ctx.saved_values
-        return grad_output.backend.sigmoid_back_zip(out, grad_output)
+        return grad_output._new(grad_output.backend.sigmoid_back_zip(out._tensor, grad_output._tensor))
 
 
 class ReLU(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor") -> "Tensor":
         ctx.save_for_backward(t1)
-        return t1.backend.relu_map(t1)
+        return t1._new(t1.backend.relu_map(t1._tensor))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         (t1,) = ctx.saved_values
-        return grad_output.backend.relu_back_zip(t1, grad_output)
+        return grad_output._new(grad_output.backend.relu_back_zip(t1._tensor, grad_output._tensor))
 
 
 class GELU(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor") -> "Tensor":
         ctx.save_for_backward(t1)
-        return t1.backend.gelu_map(t1)
+        return t1._new(t1.backend.gelu_map(t1._tensor))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         (t1,) = ctx.saved_values
-        return grad_output.backend.gelu_back_zip(t1, grad_output)
+        return grad_output._new(grad_output.backend.gelu_back_zip(t1._tensor, grad_output._tensor))
 
 
 class Tanh(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor") -> "Tensor":
-        out = t1.backend.tanh_map(t1)
+        out = t1._new(t1.backend.tanh_map(t1._tensor))
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         (out,) = ctx.saved_values
-        return grad_output.backend.tanh_back_zip(out, grad_output)
+        return grad_output._new(grad_output.backend.tanh_back_zip(out._tensor, grad_output._tensor))
 
 
 class Log(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor") -> "Tensor":
         ctx.save_for_backward(t1)
-        return t1.backend.log_map(t1)
+        return t1._new(t1.backend.log_map(t1._tensor))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         (t1,) = ctx.saved_values
-        return grad_output.backend.log_back_zip(t1, grad_output)
+        return grad_output._new(grad_output.backend.log_back_zip(t1._tensor, grad_output._tensor))
 
 
 class Exp(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor") -> "Tensor":
-        out = t1.backend.exp_map(t1)
+        out = t1._new(t1.backend.exp_map(t1._tensor))
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         (out,) = ctx.saved_values
-        return grad_output.backend.mul_zip(out, grad_output)
+        return grad_output._new(grad_output.backend.mul_zip(out._tensor, grad_output._tensor))
 
 
 class AddScalar(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor", s: float) -> "Tensor":
-        return t1.backend.add_scalar(t1, s)
+        return t1._new(t1.backend.add_scalar(t1._tensor, s))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
@@ -195,12 +199,12 @@ class MulScalar(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor", s: float) -> "Tensor":
         ctx.save_for_backward(s)
-        return t1.backend.mul_scalar(t1, s)
+        return t1._new(t1.backend.mul_scalar(t1._tensor, s))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         (s,) = ctx.saved_values
-        return grad_output.backend.mul_scalar(grad_output, s)
+        return grad_output._new(grad_output.backend.mul_scalar(grad_output._tensor, s))
 
 
 class PowerScalar(Function):
@@ -209,21 +213,21 @@ class PowerScalar(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor", p: float) -> "Tensor":
         ctx.save_for_backward(t1, p)
-        return t1.backend.pow_scalar(t1, p)
+        return t1._new(t1.backend.pow_scalar(t1._tensor, p))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         t1, p = ctx.saved_values
         backend = grad_output.backend
         if p == 0.0:
-            return backend.mul_scalar(grad_output, 0.0)
-        slope = backend.mul_scalar(backend.pow_scalar(t1, p - 1.0), p)
-        return backend.mul_zip(slope, grad_output)
+            return grad_output._new(backend.mul_scalar(grad_output._tensor, 0.0))
+        slope = backend.mul_scalar(backend.pow_scalar(t1._tensor, p - 1.0), p)
+        return grad_output._new(backend.mul_zip(slope, grad_output._tensor))
 
 
 def _no_grad_backward(n_tensors: int) -> Any:
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
-        zero = grad_output.backend.mul_scalar(grad_output, 0.0)
+        zero = grad_output._new(grad_output.backend.mul_scalar(grad_output._tensor, 0.0))
         return (zero,) * n_tensors
 
     return staticmethod(backward)
@@ -232,7 +236,7 @@ def _no_grad_backward(n_tensors: int) -> Any:
 class LT(Function):
     @staticmethod
     def forward(ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
-        return a.backend.lt_zip(a, b)
+        return a._new(a.backend.lt_zip(a._tensor, b._tensor))
 
     backward = _no_grad_backward(2)
 
@@ -240,7 +244,7 @@ class LT(Function):
 class EQ(Function):
     @staticmethod
     def forward(ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
-        return a.backend.eq_zip(a, b)
+        return a._new(a.backend.eq_zip(a._tensor, b._tensor))
 
     backward = _no_grad_backward(2)
 
@@ -248,7 +252,7 @@ class EQ(Function):
 class IsClose(Function):
     @staticmethod
     def forward(ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
-        return a.backend.is_close_zip(a, b)
+        return a._new(a.backend.is_close_zip(a._tensor, b._tensor))
 
     backward = _no_grad_backward(2)
 
@@ -258,7 +262,7 @@ class LTScalar(Function):
 
     @staticmethod
     def forward(ctx: Context, a: "Tensor", s: float) -> "Tensor":
-        return a.backend.lt_scalar(a, s)
+        return a._new(a.backend.lt_scalar(a._tensor, s))
 
     backward = _no_grad_backward(1)
 
@@ -268,7 +272,7 @@ class EQScalar(Function):
 
     @staticmethod
     def forward(ctx: Context, a: "Tensor", s: float) -> "Tensor":
-        return a.backend.eq_scalar(a, s)
+        return a._new(a.backend.eq_scalar(a._tensor, s))
 
     backward = _no_grad_backward(1)
 
@@ -277,7 +281,7 @@ class Sum(Function):
     @staticmethod
     def forward(ctx: Context, a: "Tensor", dim: int) -> "Tensor":
         ctx.save_for_backward(a.shape)
-        return a.backend.add_reduce(a, dim)
+        return a._new(a.backend.add_reduce(a._tensor, dim))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
@@ -290,7 +294,7 @@ class Max(Function):
 
     @staticmethod
     def forward(ctx: Context, a: "Tensor", dim: int) -> "Tensor":
-        out = a.backend.max_reduce(a, dim)
+        out = a._new(a.backend.max_reduce(a._tensor, dim))
         ctx.save_for_backward(a, out)
         return out
 
@@ -298,7 +302,7 @@ class Max(Function):
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         a, out = ctx.saved_values
         backend = grad_output.backend
-        return backend.mul_zip(backend.eq_zip(a, out), grad_output)
+        return grad_output._new(backend.mul_zip(backend.eq_zip(a._tensor, out._tensor), grad_output._tensor))
 
 
 class Permute(Function):
@@ -345,123 +349,44 @@ class Copy(Function):
 
     @staticmethod
     def forward(ctx: Context, a: "Tensor") -> "Tensor":
-        return a.backend.id_map(a)
+        return a._new(a.backend.id_map(a._tensor))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         return grad_output
 
 
-def _transpose(t: "Tensor") -> "Tensor":
+def _transpose(t: "Tensor") -> TensorData:
     order = list(range(t.dims))
     order[-2], order[-1] = order[-1], order[-2]
-    return t._new(t._tensor.permute(*order))
+    return t._tensor.permute(*order)
 
 
 class MatMul(Function):
     @staticmethod
     def forward(ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
         ctx.save_for_backward(a, b)
-        return a.backend.matrix_multiply(a, b)
+        return a._new(a.backend.matrix_multiply(a._tensor, b._tensor))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor"]:
         a, b = ctx.saved_values
         mm = grad_output.backend.matrix_multiply
-        return mm(grad_output, _transpose(b)), mm(_transpose(a), grad_output)
+        g = grad_output._tensor
+        return grad_output._new(mm(g, _transpose(b))), grad_output._new(mm(_transpose(a), g))
 
 
-class Attn_Softmax(Function):
-    """Softmax over the last dim of attention scores [B, H, Tq, Tk], with padding and causal masks."""
-
-    @staticmethod
-    def forward(ctx: Context, inp: "Tensor", mask: Optional["Tensor"], causal: bool) -> "Tensor":
-        out = inp.backend.ops.attn_softmax_fw(inp, mask, causal)
-        ctx.save_for_backward(out)
-        return out
+class ClampMin(Function):
+    """max(x, s) for a Python float s; the gradient passes where x >= s (as torch.clamp's does)."""
 
     @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
-        (out,) = ctx.saved_values
-        grad = out.backend.ops.attn_softmax_bw(grad_output, out)
-        return (grad,)
-
-
-class FusedAttention(Function):
-    """Attention of q [B, H, Tq, D] over k, v [B, H, Tk, D] in one op (see minitorch.fused_attention);
-    saves q, k, v, the output and the per-row log-sum-exp, never the [Tq, Tk] weights."""
+    def forward(ctx: Context, a: "Tensor", s: float) -> "Tensor":
+        ctx.save_for_backward(a, s)
+        return a._new(a.backend.max_scalar(a._tensor, s))
 
     @staticmethod
-    def forward(
-        ctx: Context, q: "Tensor", k: "Tensor", v: "Tensor", mask: Optional["Tensor"], causal: bool,
-        activation: str, scale: float,
-    ) -> "Tensor":  # fmt: skip
-        out, lse = q.backend.ops.fused_attention_fw(q, k, v, mask, causal, activation, scale)
-        ctx.save_for_backward(q, k, v, out, lse, mask, causal, activation, scale)
-        return out
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor", "Tensor"]:
-        q, k, v, out, lse, mask, causal, activation, scale = ctx.saved_values
-        return grad_output.backend.ops.fused_attention_bw(grad_output, q, k, v, out, lse, mask, causal, activation, scale)
-
-
-class LayerNorm(Function):
-    """LayerNorm over the last dim with learned gamma and beta."""
-
-    @staticmethod
-    def forward(ctx: Context, inp: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float) -> "Tensor":
-        out, mean, rstd = inp.backend.ops.layernorm_fw(inp, gamma, beta, eps)
-        ctx.save_for_backward(inp, gamma, mean, rstd)
-        return out
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor", "Tensor"]:
-        inp, gamma, mean, rstd = ctx.saved_values
-        return grad_output.backend.ops.layernorm_bw(grad_output, inp, gamma, mean, rstd)
-
-
-class Embedding(Function):
-    """Rows of weight [V, C] picked by integral ids [...]; the gradient scatters back into weight."""
-
-    @staticmethod
-    def forward(ctx: Context, weight: "Tensor", ids: "Tensor") -> "Tensor":
-        ctx.save_for_backward(ids, weight.shape[0])
-        return weight.backend.ops.embedding_fw(weight, ids)
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
-        ids, num_embeddings = ctx.saved_values
-        return (grad_output.backend.ops.embedding_bw(grad_output, ids, num_embeddings),)
-
-
-
-
-class FusedLinearCrossEntropy(Function):
-    """Token-weighted cross-entropy of hidden @ weight (+ bias), with its gradients computed in the
-    forward pass (the backend hook `fused_linear_cross_entropy_fw` works chunk by chunk, so the
-    [tokens, vocab] logits never exist).  The saved dhidden, dweight (and dbias) are the gradients
-    for an incoming gradient of 1; backward only scales them."""
-
-    @staticmethod
-    def forward(
-        ctx: Context,
-        hidden: "Tensor",
-        weight: "Tensor",
-        bias: Optional["Tensor"],
-        targets: "Tensor",
-        token_weights: "Tensor",
-        chunk_size: int,
-    ) -> "Tensor":
-        loss, dhidden, dweight, dbias = hidden.backend.ops.fused_linear_cross_entropy_fw(
-            hidden, weight, bias, targets, token_weights, chunk_size, not ctx.no_grad
-        )
-        ctx.save_for_backward(dhidden, dweight, dbias)
-        return loss
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
-        dhidden, dweight, dbias = ctx.saved_values
-        mul = grad_output.backend.mul_zip
-        grads = (mul(dhidden, grad_output), mul(dweight, grad_output))
-        return grads if dbias is None else grads + (mul(dbias, grad_output),)
+    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
+        a, s = ctx.saved_values
+        b = grad_output.backend
+        keep = b.add_scalar(b.mul_scalar(b.lt_scalar(a._tensor, s), -1.0), 1.0)
+        return grad_output._new(b.mul_zip(keep, grad_output._tensor))

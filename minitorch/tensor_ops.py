@@ -1,278 +1,63 @@
 """Backends: the TensorOps protocol, SimpleOps (pure Python) and TensorBackend (a table of ops).
 
-A backend is a class of static methods.  `map`, `map_scalar`, `zip` and `reduce` take a scalar
-function from `operators` and return a tensor op; the CPU backends compile that function, the CUDA
-backend maps it to an opcode of its kernels.  The fused hooks (attention softmax, LayerNorm,
-embedding, linear cross-entropy, AdamW) have composed reference implementations here, built from
-those ops, so every backend supports them; the CUDA backend overrides them with fused kernels.
+A backend is a class of static methods over `TensorData` (storage + shape + strides); it never sees a
+`Tensor`.  `map`, `map_scalar`, `zip` and `reduce` take a scalar function from `operators` and return
+a storage-level op; the CPU backends compile that function, the CUDA backend maps it to an opcode of
+its kernels.  A backend may also offer kernel hooks for fused ops (see `TensorOps`); each fused
+`Function` calls the hook where the backend has it and its composed reference (built from Tensor
+operations, kept beside the Function) where it does not.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
 from . import operators
 from .tensor_data import (
-    IndexingError,
     TensorData,
     broadcast_index,
     index_to_position,
+    prod,
     shape_broadcast,
     to_index,
 )
 
-if TYPE_CHECKING:
-    from .tensor import Tensor
 
-NEG_BIG = -1e30  # added to causally masked scores in the composed softmax: finite, far below any real score
-
-
-def _check_same_backend(name: str, *tensors: "Tensor") -> None:
-    first = tensors[0]
-    for t in tensors[1:]:
-        if t.backend.ops is not first.backend.ops:
-            raise TypeError(
-                f"{name}: tensor of shape {first.shape} is on {first.backend.ops.__name__} but tensor of "
-                f"shape {t.shape} is on {t.backend.ops.__name__}"
-            )
-
-
-def _attention_weights(
-    q: "Tensor", k: "Tensor", mask: Optional["Tensor"], causal: bool, activation: str, scale: float
-) -> Tuple["Tensor", "Tensor"]:
-    """(weights [B, H, Tq, Tk], lse [B, H, Tq]) of attention from composed ops, with x = scale * q k^T + mask:
-    softmax over the kept keys (lse its log-sum-exp, -inf for a row without keys) or relu(x) (lse 0);
-    causally removed keys get weight 0."""
-    B, H, Tq, _ = q.shape
-    Tk = k.shape[2]
-    x = (q @ k.transpose(2, 3)) * scale
-    if mask is not None:
-        x = x + mask.contiguous().view(B, 1, 1, Tk)
-    allowed = None
-    if causal:
-        cols = q._arange(Tk).view(1, Tk)
-        rows = q._arange(Tq).view(Tq, 1) + float(Tk - Tq) + 0.5
-        allowed = cols < rows
-    if activation == "relu":
-        weights = x.relu() if allowed is None else x.relu() * allowed
-        return weights, q.zeros((B, H, Tq))
-    if allowed is not None:
-        x = x + (allowed - 1.0) * (-NEG_BIG)
-    m = x.max(3)
-    m = m.backend.max_scalar(m, -3.0e38)  # a row of -inf keeps a finite shift, so x - m is never nan
-    e = (x - m).exp()
-    if allowed is not None:
-        e = e * allowed
-    s = e.sum(3)
-    # A row without keys has e = 0 and s = 0: weights 0, and log(0) = -inf makes its lse -inf.
-    return e / (s + (s == 0.0)), (m + s.log()).view(B, H, Tq)
+ATTENTION_ACTIVATIONS = ("softmax", "relu")  # what attention applies to the scores (kernel codes by position)
 
 
 class TensorOps:
-    """What a backend provides; see the module docstring.  Subclasses fill in the storage and
-    elementwise/reduce/matmul ops; the fused hooks below work for any of them."""
+    """What a backend provides, all on TensorData:
+
+    storage_empty(size), storage_from_numpy(arr), storage_to_numpy(storage); fill(out, value),
+    arange(out), uniform(out, seed) writing into `out`; map(fn) -> op(a, out=None),
+    map_scalar(fn) -> op(a, s), zip(fn) -> op(a, b), reduce(fn, start) -> op(a, dim) (dim kept with
+    size 1), matrix_multiply(a, b).
+
+    Optional kernel hooks, looked up by name with `hook(ops, name)` (absent: the Function runs its
+    composed reference): attn_softmax_fw/bw, layernorm_fw/bw, attention_fw/bw, embedding_fw/bw,
+    linear_cross_entropy_fw, adamw_step.  Their contracts are documented where the
+    Function that calls them lives.  Inputs reach a hook already checked (shapes, values) by the
+    public entry; a hook only rejects what its kernels cannot do (sizes beyond their limits).
+    """
 
     is_cuda = False
 
-    # ---- fused hooks: composed reference implementations -----------------------------------
-    @staticmethod
-    def attn_softmax_fw(inp: "Tensor", mask: Optional["Tensor"], causal: bool) -> "Tensor":
-        """Softmax over the last dim of inp [B, H, Tq, Tk] + mask [B, Tk]; see Tensor.attn_softmax."""
-        B, H, Tq, Tk = inp.shape
-        x = inp
-        if mask is not None:
-            x = x + mask.view(B, 1, 1, Tk)
-        allowed = None
-        if causal:
-            cols = inp._arange(Tk).view(1, Tk)
-            rows = inp._arange(Tq).view(Tq, 1) + float(Tk - Tq) + 0.5
-            allowed = cols < rows
-            x = x + (allowed - 1.0) * (-NEG_BIG)
-        m = x.max(3)
-        m = m.backend.max_scalar(m, -3.0e38)  # a row of -inf keeps a finite shift, so x - m is never nan
-        e = (x - m).exp()
-        if allowed is not None:
-            e = e * allowed
-        s = e.sum(3)
-        # A live row sums to >= 1 (its max contributes exp(0)); a dead row sums to 0 and must give 0.
-        s = s.backend.max_scalar(s, 1.0) * (s > 0.0) + (s == 0.0)
-        return (e / s).contiguous()
 
-    @staticmethod
-    def attn_softmax_bw(grad_out: "Tensor", soft_out: "Tensor") -> "Tensor":
-        """y * (g - sum(g * y)) over the last dim."""
-        gy = grad_out * soft_out
-        return (soft_out * (grad_out - gy.sum(soft_out.dims - 1))).contiguous()
-
-    @staticmethod
-    def fused_attention_fw(
-        q: "Tensor", k: "Tensor", v: "Tensor", mask: Optional["Tensor"], causal: bool, activation: str, scale: float
-    ) -> Tuple["Tensor", "Tensor"]:
-        """(out [B, H, Tq, D], lse [B, H, Tq]) of attention; see minitorch.fused_attention.  The composed
-        form: the [Tq, Tk] weights are materialized."""
-        weights, lse = _attention_weights(q, k, mask, causal, activation, scale)
-        return (weights @ v).contiguous(), lse
-
-    @staticmethod
-    def fused_attention_bw(
-        grad_out: "Tensor", q: "Tensor", k: "Tensor", v: "Tensor", out: "Tensor", lse: "Tensor",
-        mask: Optional["Tensor"], causal: bool, activation: str, scale: float,
-    ) -> Tuple["Tensor", "Tensor", "Tensor"]:
-        """(dq, dk, dv) of fused_attention_fw; the composed form recomputes the weights (out and lse,
-        which the fused kernels use, are not needed here)."""
-        weights, _ = _attention_weights(q, k, mask, causal, activation, scale)
-        dweights = grad_out @ v.transpose(2, 3)
-        if activation == "relu":
-            dscores = dweights * (weights > 0.0)
-        else:
-            dscores = TensorOps.attn_softmax_bw(dweights, weights)
-        dscores = dscores * scale
-        dq = dscores @ k
-        dk = dscores.transpose(2, 3) @ q
-        dv = weights.transpose(2, 3) @ grad_out
-        return dq.contiguous(), dk.contiguous(), dv.contiguous()
-
-    @staticmethod
-    def layernorm_fw(
-        inp: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float
-    ) -> Tuple["Tensor", "Tensor", "Tensor"]:
-        """(out, mean [rows], rstd [rows]) of LayerNorm over the last dim (biased variance)."""
-        C = inp.shape[-1]
-        rows = inp.size // C
-        x = inp.contiguous().view(rows, C)
-        mean = x.mean(1)
-        xc = x - mean
-        var = (xc * xc).mean(1)
-        rstd = (var + eps) ** -0.5
-        out = xc * rstd * gamma.view(1, C) + beta.view(1, C)
-        return out.view(*inp.shape), mean.view(rows), rstd.view(rows)
-
-    @staticmethod
-    def layernorm_bw(
-        grad_out: "Tensor", inp: "Tensor", gamma: "Tensor", mean: "Tensor", rstd: "Tensor"
-    ) -> Tuple["Tensor", "Tensor", "Tensor"]:
-        """(dinp, dgamma, dbeta) of LayerNorm."""
-        C = inp.shape[-1]
-        rows = inp.size // C
-        x = inp.contiguous().view(rows, C)
-        dy = grad_out.contiguous().view(rows, C)
-        r = rstd.view(rows, 1)
-        xhat = (x - mean.view(rows, 1)) * r
-        dbeta = dy.sum(0).view(C)
-        dgamma = (dy * xhat).sum(0).view(C)
-        g = dy * gamma.view(1, C)
-        dx = (g - g.mean(1) - xhat * (g * xhat).mean(1)) * r
-        return dx.view(*inp.shape), dgamma, dbeta
-
-    @staticmethod
-    def embedding_fw(weight: "Tensor", ids: "Tensor") -> "Tensor":
-        """weight[ids]: a one-hot matrix product (the composed form any backend can run)."""
-        V, C = weight.shape
-        flat = ids.contiguous().view(ids.size, 1)
-        one_hot = flat == weight._arange(V).view(1, V)
-        return (one_hot @ weight).view(*ids.shape, C)
-
-    @staticmethod
-    def embedding_bw(grad_out: "Tensor", ids: "Tensor", num_embeddings: int) -> "Tensor":
-        """Scatter-add of grad_out rows into a [V, C] gradient, as one-hot^T @ grad."""
-        C = grad_out.shape[-1]
-        flat = ids.contiguous().view(ids.size, 1)
-        one_hot = flat == grad_out._arange(num_embeddings).view(1, num_embeddings)
-        return one_hot.transpose(0, 1) @ grad_out.contiguous().view(ids.size, C)
-
-    @staticmethod
-    def fused_linear_cross_entropy_fw(
-        hidden: "Tensor",
-        weight: "Tensor",
-        bias: Optional["Tensor"],
-        targets: "Tensor",
-        token_weights: "Tensor",
-        chunk_size: int,
-        need_grad: bool,
-    ) -> Tuple["Tensor", Optional["Tensor"], Optional["Tensor"], Optional["Tensor"]]:
-        """(loss (1,), dhidden [N, C], dweight [C, V], dbias [V]) of the token-weighted cross-entropy
-        sum_r ce_r * w_r / sum(w) of logits = hidden @ weight (+ bias), with targets [N] and
-        token_weights [N].  The gradients (None unless need_grad; dbias None without a bias) are those
-        of the loss itself, computed in this same pass: chunk_size rows of logits at a time, so no
-        [N, V] tensor is ever made.  sum(w) == 0 gives a zero loss and zero gradients."""
-        N, C = hidden.shape
-        V = weight.shape[1]
-        h, ids, w = hidden.contiguous(), targets.contiguous(), token_weights.contiguous()
-        total = w.sum()
-        empty = total == 0.0
-        scale = (1.0 - empty) / (total + empty)  # 1 / sum(w), or 0 when sum(w) == 0
-        classes = hidden._arange(V).view(1, V)
-        weight_t = weight.transpose(0, 1)
-        loss: Optional["Tensor"] = None
-        dhidden = hidden._new_empty((N, C)) if need_grad else None
-        dweight: Optional["Tensor"] = None
-        dbias: Optional["Tensor"] = None
-        for n0 in range(0, N, chunk_size):
-            n1 = min(N, n0 + chunk_size)
-            rows = n1 - n0
-            h_rows = _row_block(h, n0, n1)
-            logits = h_rows @ weight
-            if bias is not None:
-                logits = logits + bias.view(1, V)
-            m = logits.max(1)
-            e = (logits - m).exp()
-            s = e.sum(1)
-            one_hot = _row_block(ids, n0, n1).view(rows, 1) == classes
-            row_scale = _row_block(w, n0, n1).view(rows, 1) * scale
-            part = ((s.log() + m - (logits * one_hot).sum(1)) * row_scale).sum(0)
-            loss = part if loss is None else loss + part
-            if dhidden is not None:
-                dlogits = (e / s - one_hot) * row_scale
-                hidden.backend.id_map(dlogits @ weight_t, out=_row_block(dhidden, n0, n1))
-                part_w = h_rows.transpose(0, 1) @ dlogits
-                dweight = part_w if dweight is None else dweight + part_w
-                if bias is not None:
-                    part_b = dlogits.sum(0).view(V)
-                    dbias = part_b if dbias is None else dbias + part_b
-        assert loss is not None, "fused_linear_cross_entropy_fw needs at least one row"
-        return loss.view(1), dhidden, dweight, dbias
-
-    @staticmethod
-    def adamw_step(
-        param: "Tensor",
-        grad: "Tensor",
-        exp_avg: "Tensor",
-        exp_avg_sq: "Tensor",
-        lr: float,
-        beta1: float,
-        beta2: float,
-        eps: float,
-        weight_decay: float,
-        step: int,
-    ) -> None:
-        """One AdamW update as torch.optim.AdamW computes it, written IN PLACE into param, exp_avg
-        and exp_avg_sq (their storage is kept); step counts updates from 1, this one included."""
-        m = exp_avg * beta1 + grad * (1.0 - beta1)
-        v = exp_avg_sq * beta2 + grad * grad * (1.0 - beta2)
-        denom = v**0.5 * (1.0 / math.sqrt(1.0 - beta2**step)) + eps
-        new = param * (1.0 - lr * weight_decay) - m * (lr / (1.0 - beta1**step)) / denom
-        copy = param.backend.id_map
-        copy(m, out=exp_avg)
-        copy(v, out=exp_avg_sq)
-        copy(new, out=param)
+def hook(ops: Any, name: str) -> Optional[Callable[..., Any]]:
+    """The backend's kernel hook `name`, or None when the backend has none."""
+    return getattr(ops, name, None)
 
 
-def _row_block(t: "Tensor", start: int, stop: int) -> "Tensor":
-    """Rows [start, stop) of a contiguous tensor as a view: every backend's storage is a 1-D array
-    (numpy or torch) whose slices are views of it."""
-    inner = t.size // t.shape[0]
-    storage = t._tensor._storage[start * inner : stop * inner]
-    return t._new(TensorData(storage, (stop - start,) + tuple(t.shape[1:])))
+def empty(ops: Any, shape: Tuple[int, ...]) -> TensorData:
+    """An uninitialized contiguous TensorData of `shape` on backend class `ops`."""
+    return TensorData(ops.storage_empty(prod(shape)), shape)
 
 
 # ---- pure-Python backend ----------------------------------------------------------------------
-def _out_for(a: "Tensor", shape: Tuple[int, ...], out: Optional["Tensor"]) -> "Tensor":
-    return a._new_empty(shape) if out is None else out
-
-
 class SimpleOps(TensorOps):
     """Reference CPU backend in plain Python loops: slow, obviously correct."""
 
@@ -289,41 +74,39 @@ class SimpleOps(TensorOps):
         return storage
 
     @staticmethod
-    def fill(out: "Tensor", value: float) -> None:
-        out._tensor._storage[:] = value
+    def fill(out: TensorData, value: float) -> None:
+        out._storage[:] = value
 
     @staticmethod
-    def arange(out: "Tensor") -> None:
-        out._tensor._storage[:] = np.arange(out.size, dtype=np.float32)
+    def arange(out: TensorData) -> None:
+        out._storage[:] = np.arange(out.size, dtype=np.float32)
 
     @staticmethod
-    def uniform(out: "Tensor", seed: int) -> None:
-        out._tensor._storage[:] = np.random.default_rng(seed).random(out.size, dtype=np.float32)
+    def uniform(out: TensorData, seed: int) -> None:
+        out._storage[:] = np.random.default_rng(seed).random(out.size, dtype=np.float32)
 
     @staticmethod
-    def map(fn: Callable[[float], float]) -> Callable[..., "Tensor"]:
-        def ret(a: "Tensor", out: Optional["Tensor"] = None) -> "Tensor":
-            out = _out_for(a, a.shape, out)
+    def map(fn: Callable[[float], float]) -> Callable[..., TensorData]:
+        def ret(a: TensorData, out: Optional[TensorData] = None) -> TensorData:
+            out = empty(SimpleOps, a.shape) if out is None else out
             _simple_map(fn, out, a)
             return out
 
         return ret
 
     @staticmethod
-    def map_scalar(fn: Callable[[float, float], float]) -> Callable[..., "Tensor"]:
-        def ret(a: "Tensor", s: float) -> "Tensor":
-            out = a._new_empty(a.shape)
+    def map_scalar(fn: Callable[[float, float], float]) -> Callable[..., TensorData]:
+        def ret(a: TensorData, s: float) -> TensorData:
+            out = empty(SimpleOps, a.shape)
             _simple_map(lambda x: fn(x, s), out, a)
             return out
 
         return ret
 
     @staticmethod
-    def zip(fn: Callable[[float, float], float]) -> Callable[["Tensor", "Tensor"], "Tensor"]:
-        def ret(a: "Tensor", b: "Tensor") -> "Tensor":
-            _check_same_backend("zip", a, b)
-            out = a._new_empty(shape_broadcast(a.shape, b.shape))
-            o, x, y = out._tensor, a._tensor, b._tensor
+    def zip(fn: Callable[[float, float], float]) -> Callable[[TensorData, TensorData], TensorData]:
+        def ret(x: TensorData, y: TensorData) -> TensorData:
+            o = empty(SimpleOps, shape_broadcast(x.shape, y.shape))
             oi = np.zeros(o.dims, np.int64)
             ai = np.zeros(x.dims, np.int64)
             bi = np.zeros(y.dims, np.int64)
@@ -335,38 +118,33 @@ class SimpleOps(TensorOps):
                     float(x._storage[index_to_position(ai, x.np_strides)]),
                     float(y._storage[index_to_position(bi, y.np_strides)]),
                 )
-            return out
+            return o
 
         return ret
 
     @staticmethod
-    def reduce(fn: Callable[[float, float], float], start: float = 0.0) -> Callable[["Tensor", int], "Tensor"]:
-        def ret(a: "Tensor", dim: int) -> "Tensor":
-            shape = list(a.shape)
+    def reduce(fn: Callable[[float, float], float], start: float = 0.0) -> Callable[[TensorData, int], TensorData]:
+        def ret(x: TensorData, dim: int) -> TensorData:
+            shape = list(x.shape)
             shape[dim] = 1
-            out = a._new_empty(tuple(shape))
-            o, x = out._tensor, a._tensor
+            o = empty(SimpleOps, tuple(shape))
             oi = np.zeros(o.dims, np.int64)
             for i in range(o.size):
                 to_index(i, o.np_shape, oi)
                 acc = start
                 pos = index_to_position(oi, x.np_strides)
-                for j in range(a.shape[dim]):
+                for j in range(x.shape[dim]):
                     acc = fn(acc, float(x._storage[pos + j * x.strides[dim]]))
                 o._storage[index_to_position(oi, o.np_strides)] = acc
-            return out
+            return o
 
         return ret
 
     @staticmethod
-    def matrix_multiply(a: "Tensor", b: "Tensor") -> "Tensor":
-        _check_same_backend("matmul", a, b)
-        batch = shape_broadcast(a.shape[:-2], b.shape[:-2])
-        n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
-        if b.shape[-2] != k:
-            raise IndexingError(f"matmul shapes {a.shape} @ {b.shape}: inner sizes {k} and {b.shape[-2]} differ")
-        out = a._new_empty(batch + (n, m))
-        o, x, y = out._tensor, a._tensor, b._tensor
+    def matrix_multiply(x: TensorData, y: TensorData) -> TensorData:
+        batch = shape_broadcast(x.shape[:-2], y.shape[:-2])
+        n, k, m = x.shape[-2], x.shape[-1], y.shape[-1]
+        o = empty(SimpleOps, batch + (n, m))
         oi = np.zeros(o.dims, np.int64)
         ai = np.zeros(x.dims, np.int64)
         bi = np.zeros(y.dims, np.int64)
@@ -382,11 +160,10 @@ class SimpleOps(TensorOps):
                     y._storage[index_to_position(bi, y.np_strides)]
                 )
             o._storage[index_to_position(oi, o.np_strides)] = acc
-        return out
+        return o
 
 
-def _simple_map(fn: Callable[[float], float], out: "Tensor", a: "Tensor") -> None:
-    o, x = out._tensor, a._tensor
+def _simple_map(fn: Callable[[float], float], o: TensorData, x: TensorData) -> None:
     oi = np.zeros(o.dims, np.int64)
     ai = np.zeros(x.dims, np.int64)
     for i in range(o.size):
@@ -397,7 +174,8 @@ def _simple_map(fn: Callable[[float], float], out: "Tensor", a: "Tensor") -> Non
 
 # ---- the table of ops a Tensor uses -----------------------------------------------------------
 class TensorBackend:
-    """The ops of one backend, built once per backend class (TensorBackend(FastOps) is cached)."""
+    """The storage-level ops of one backend (TensorData in, TensorData out), built once per backend
+    class (TensorBackend(FastOps) is cached)."""
 
     _cache: Dict[type, "TensorBackend"] = {}
 

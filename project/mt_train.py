@@ -45,7 +45,7 @@ def build_model(config: Dict[str, Any], n_vocab: int, backend: TensorBackend) ->
         p_dropout=config["dropout"],
         backend=backend,
         use_fused_kernel=config["use_fused_kernel"],
-        checkpoint_layers=config.get("checkpoint", False),
+        recompute_layers=config.get("recompute_layers", False),
         attention=config.get("attention", "naive"),
         activation=config.get("activation", "softmax"),
     )
@@ -72,7 +72,7 @@ def clip_grad_norm(parameters: Sequence[minitorch.Parameter], max_norm: float) -
             total = total + (g * g).sum()
         norm = total**0.5
         # max_norm / max(norm, max_norm) is 1 for small gradients and max_norm / norm otherwise.
-        scale = max_norm / norm.backend.max_scalar(norm, max_norm)
+        scale = max_norm / norm.clamp(min=max_norm)
         for p in parameters:
             if p.value.grad is not None:
                 p.value.grad = p.value.grad * scale

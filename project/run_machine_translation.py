@@ -45,10 +45,10 @@ from project.mt_train import (
 METRICS_NAME = "metrics.jsonl"
 # Options a resumed run may change; all others are taken from the checkpoint (and must match it
 # when given on the command line), since they define the model, the data or the optimization.
-# --loss, --checkpoint and --attention change how the same function is computed (memory, speed), not the model.
+# --loss, --recompute-layers and --attention change how the same function is computed (memory, speed), not the model.
 RUN_CONTROL = {
     "epochs", "backend", "use_fused_kernel", "data_dir", "eval_batch_size", "test_samples", "out_dir", "resume",
-    "loss", "checkpoint", "attention",
+    "loss", "recompute_layers", "attention",
 }  # fmt: skip
 
 
@@ -68,6 +68,16 @@ def positive_int(value: str) -> int:
     return n
 
 
+class RenamedOption(argparse.Action):
+    """The old spelling of --recompute-layers: an error that names the new one."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        parser.error(
+            "--checkpoint was renamed --recompute-layers (gradient checkpointing); the saved training "
+            "checkpoint always goes to --out-dir"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="German->English translation with a minitorch decoder-only transformer (Multi30k).",
@@ -78,8 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--loss", choices=("naive", "fused"), default="naive",
                    help="naive: LM-head logits + cross_entropy; fused: fused_linear_cross_entropy (no logits tensor)")
-    p.add_argument("--checkpoint", type=str2bool, default=False, metavar="true|false",
-                   help="gradient checkpointing of every transformer layer (recomputed in backward)")
+    p.add_argument("--recompute-layers", type=str2bool, default=False, metavar="true|false",
+                   help="gradient checkpointing: keep only each transformer layer's input and recompute the "
+                   "layer in backward")
+    p.add_argument("--checkpoint", action=RenamedOption, nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--attention", choices=("naive", "fused"), default="naive",
                    help="naive: scores, softmax and weights as [B, H, T, T] tensors; fused: minitorch.fused_attention")
     p.add_argument("--activation", choices=("softmax", "relu"), default="softmax",
@@ -129,6 +141,8 @@ def resolve_config(argv: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], Optio
     explicit = vars(explicit_parser.parse_args(argv))
     checkpoint = load_checkpoint(checkpoint_path(out_dir))
     config = dict(checkpoint["args"])
+    if "checkpoint" in config:  # runs saved before the option was renamed
+        config["recompute_layers"] = config.pop("checkpoint")
     for key in RUN_CONTROL:  # options newer than the checkpoint take their defaults
         config.setdefault(key, parser.get_default(key))
     config.setdefault("activation", "softmax")  # what checkpoints from before --activation trained
@@ -205,7 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     n_params = sum(p.value.size for p in model.parameters())
     print(
         f"{'resuming after epoch ' + str(epoch) if checkpoint else 'training'} on {config['backend']} "
-        f"(fused kernels: {config['use_fused_kernel']}, loss: {config['loss']}, checkpointing: {config['checkpoint']}, "
+        f"(fused kernels: {config['use_fused_kernel']}, loss: {config['loss']}, recompute layers: {config['recompute_layers']}, "
         f"attention: {config['attention']} {config['activation']}): "
         f"{n_params:,} parameters, vocab {tokenizer.get_vocab_size()}, "
         f"{len(train.sequences)} train pairs ({train.n_dropped} longer than {config['max_len']} dropped), "

@@ -30,6 +30,7 @@
 
 #include "includes/cuda_check.cuh"
 #include "includes/fused_utils.cuh"
+#include "includes/ptx.cuh"
 #include "includes/reduce.cuh"
 #include "includes/vec.cuh"
 
@@ -39,13 +40,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kStreamThreads = 512;
 constexpr int kStreamChunk = 4;  // vectors per thread in flight per step of a streaming kernel
 constexpr int kMaxRegisterRow = 16384;
-
-// 2^x in one MUFU.EX2 (results below 2^-126 flush to 0, irrelevant next to a row's max term of 1).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // n / d for n, d < 2^31 by a multiply-high and a shift (Granlund-Montgomery), precomputed on the
 // host: the per-row batch and query indices would otherwise cost a ~20-instruction division each.
@@ -80,7 +74,7 @@ __device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int lane_mask, int width) {
 }
 
 __device__ __forceinline__ float rescaled_sum(MaxSum v, float m) {
-  return v.m == -INFINITY ? 0.f : __fmul_rn(v.s, fast_exp2((v.m - m) * kLog2e));
+  return v.m == -INFINITY ? 0.f : __fmul_rn(v.s, mt::fast_exp2((v.m - m) * kLog2e));
 }
 
 struct MaxSumMerge {
@@ -178,7 +172,7 @@ __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
   for (int it = 0; it < ITERS; ++it) {
 #pragma unroll
     for (int c = 0; c < VEC; ++c) {
-      v[it][c] = fast_exp2((v[it][c] - shift) * kLog2e);
+      v[it][c] = mt::fast_exp2((v[it][c] - shift) * kLog2e);
       local_sum += v[it][c];
     }
   }
@@ -247,7 +241,7 @@ __global__ void __launch_bounds__(kStreamThreads) attn_softmax_fw_stream(const F
 #pragma unroll
       for (int k = 0; k < kStreamChunk; ++k) {
 #pragma unroll
-        for (int c = 0; c < VEC; ++c) s += fast_exp2((x[k][c] - new_max) * kLog2e);
+        for (int c = 0; c < VEC; ++c) s += mt::fast_exp2((x[k][c] - new_max) * kLog2e);
       }
       run = {new_max, s};
     }
@@ -266,7 +260,7 @@ __global__ void __launch_bounds__(kStreamThreads) attn_softmax_fw_stream(const F
       const long long j = (v0 + k * kStreamThreads + threadIdx.x) * VEC;
       if (j < a.k_len) {
 #pragma unroll
-        for (int c = 0; c < VEC; ++c) x[k][c] = fast_exp2((x[k][c] - shift) * kLog2e) * inv;
+        for (int c = 0; c < VEC; ++c) x[k][c] = mt::fast_exp2((x[k][c] - shift) * kLog2e) * inv;
         fused::store_vec<VEC>(a.out + offset + j, x[k]);
       }
     }

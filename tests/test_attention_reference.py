@@ -12,6 +12,7 @@ import torch
 from minitorch_testing import FAST, assert_close, mt, t64
 
 import minitorch
+from minitorch.fused.attention import attention_weights
 
 TOL = 1e-5
 
@@ -61,7 +62,7 @@ def check(backend, B: int, H: int, Tq: int, Tk: int, D: int, causal: bool, activ
     out = minitorch.fused_attention(tq, tk, tv, tmask, causal=causal, activation=activation)
     out.backward(mt(g, backend))
     scale = 1.0 / math.sqrt(D)
-    _, lse = backend.ops.fused_attention_fw(tq.detach(), tk.detach(), tv.detach(), tmask, causal, activation, scale)
+    _, lse = attention_weights(tq.detach(), tk.detach(), tmask, causal, activation, scale)
     rq, rk, rv = (t64(x, requires_grad=True) for x in (q, k, v))
     ref, ref_lse = reference(rq, rk, rv, mask, causal, activation, scale)
     ref.backward(t64(g))

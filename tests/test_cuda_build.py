@@ -14,52 +14,49 @@ import pytest
 
 import minitorch
 from minitorch import cuda_kernel_ops as cko
+from minitorch.cuda import combine, runtime
+from minitorch.cuda.libraries import LIBRARIES, exported_symbols
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "src").glob("*.cu"))
-BUILT = sorted(cko.KERNEL_DIR.glob("*.so"))
-EXPECTED_SYMBOLS = {
-    "combine": cko.COMBINE_SYMBOLS,
-    "softmax_kernel": cko.SOFTMAX_SYMBOLS,
-    "layernorm_kernel": cko.LAYERNORM_SYMBOLS,
-    "attention_kernel": cko.ATTENTION_SYMBOLS,
-    "classifier_kernel": cko.CLASSIFIER_SYMBOLS,
-    "optimizer_kernel": cko.OPTIMIZER_SYMBOLS,
-}
+BUILT = sorted(runtime.KERNEL_DIR.glob("*.so"))
 
 needs_build = pytest.mark.skipif(
-    not BUILT, reason=f"no libraries in {cko.KERNEL_DIR}: run `bash compile_cuda.sh` first (CI does)"
+    not BUILT, reason=f"no libraries in {runtime.KERNEL_DIR}: run `bash compile_cuda.sh` first (CI does)"
 )
 
 
 @needs_build
 def test_every_source_has_a_library() -> None:
-    missing = [s.name for s in SOURCES if not cko.library_path(s.stem).exists()]
-    assert not missing, f"compile_cuda.sh left no library for {missing} in {cko.KERNEL_DIR}"
+    missing = [s.name for s in SOURCES if not runtime.library_path(s.stem).exists()]
+    assert not missing, f"compile_cuda.sh left no library for {missing} in {runtime.KERNEL_DIR}"
+
+
+def test_every_source_has_a_binding() -> None:
+    unbound = [s.name for s in SOURCES if s.stem not in LIBRARIES]
+    assert not unbound, f"no binding in minitorch/cuda/libraries.py for {unbound}"
 
 
 @needs_build
-@pytest.mark.parametrize("name", sorted(EXPECTED_SYMBOLS))
+@pytest.mark.parametrize("name", sorted(LIBRARIES))
 def test_library_loads_and_exports_its_abi(name: str) -> None:
-    if not (ROOT / "src" / f"{name}.cu").exists():
-        pytest.skip(f"src/{name}.cu is not part of this checkout")
-    raw = ctypes.CDLL(str(cko.library_path(name)))
-    missing = [s for s in EXPECTED_SYMBOLS[name] if not hasattr(raw, s)]
+    raw = ctypes.CDLL(str(runtime.library_path(name)))
+    missing = [s for s in exported_symbols(name) if not hasattr(raw, s)]
     assert not missing, f"{name}.so does not export {missing}"
-    lib = cko.load_library(name)
+    lib = runtime.load_library(name, LIBRARIES[name])
     assert lib.minitorch_error_string(0) == b"no error"
     assert lib.minitorch_error_string(1) == b"invalid argument"
 
 
 @needs_build
 def test_combine_opcode_tables_match_the_binding() -> None:
-    lib = cko.load_library("combine")
+    lib = runtime.load_library("combine", combine.SIGNATURES)
     unary = [lib.minitorch_unary_op_name(i).decode() for i in range(lib.minitorch_unary_op_count())]
     binary = [lib.minitorch_binary_op_name(i).decode() for i in range(lib.minitorch_binary_op_count())]
-    assert tuple(unary) == cko.UNARY_OPS, f"combine.so unary opcodes {unary} vs cuda_kernel_ops {cko.UNARY_OPS}"
-    assert tuple(binary) == cko.BINARY_OPS, f"combine.so binary opcodes {binary} vs cuda_kernel_ops {cko.BINARY_OPS}"
+    assert tuple(unary) == combine.UNARY_OPS, f"combine.so unary opcodes {unary} vs the binding's {combine.UNARY_OPS}"
+    assert tuple(binary) == combine.BINARY_OPS, f"combine.so binary opcodes {binary} vs the binding's {combine.BINARY_OPS}"
     assert lib.minitorch_unary_op_name(len(unary)) is None
-    for name in cko.UNARY_OPS + cko.BINARY_OPS:
+    for name in combine.UNARY_OPS + combine.BINARY_OPS:
         assert callable(getattr(minitorch.operators, name)), f"operators.{name} is missing"
 
 
@@ -70,9 +67,9 @@ def test_import_minitorch_works_in_a_fresh_interpreter() -> None:
 
 
 def test_missing_kernels_give_an_error_naming_the_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(cko, "KERNEL_DIR", tmp_path)
+    monkeypatch.setattr(runtime, "KERNEL_DIR", tmp_path)
     with pytest.raises(RuntimeError, match="compile_cuda.sh"):
-        cko.load_library("combine")
+        runtime.load_library("combine", combine.SIGNATURES)
 
 
 def test_cuda_backend_without_a_gpu_raises_a_clear_error() -> None:

@@ -33,8 +33,6 @@ def test_matmul_shape_errors(backend) -> None:
         zeros((2, 3), backend) @ zeros((4, 5), backend)
     with raises(IndexingError, "matmul needs tensors of at least 2 dims, got (2, 3) @ (3,)"):
         zeros((2, 3), backend) @ zeros((3,), backend)
-    with raises(IndexingError, "matmul shapes (2, 3) @ (2, 5): inner sizes 3 and 2 differ"):
-        backend.matrix_multiply(zeros((2, 3), backend), zeros((2, 5), backend))
 
 
 def test_view_errors(backend) -> None:
@@ -58,10 +56,6 @@ def test_mixing_backends() -> None:
         fast @ simple
     with raises(TypeError, "cannot combine a SimpleOps tensor (3, 3) with a FastOps tensor (2, 3)"):
         simple + fast
-    with raises(TypeError, "zip: tensor of shape (2, 3) is on FastOps but tensor of shape (3, 3) is on SimpleOps"):
-        FAST.add_zip(fast, simple)
-    with raises(TypeError, "matmul: tensor of shape (3, 3) is on SimpleOps but tensor of shape (2, 3) is on FastOps"):
-        SIMPLE.matrix_multiply(simple, fast)
 
 
 def test_attn_softmax_bad_shapes(backend) -> None:
@@ -141,5 +135,5 @@ def test_backward_without_history_is_an_error() -> None:
 
 def test_unbiased_var_of_one_element_is_an_error() -> None:
     x = minitorch.tensor([[1.0], [2.0]])
-    with raises(ValueError, "unbiased var over 1 element(s) (shape (2, 1), dim 1) is undefined"):
-        x.var(1)
+    with raises(ValueError, "var with correction=1 over 1 element(s) (shape (2, 1), dim 1) is undefined"):
+        x.var(1, correction=1)

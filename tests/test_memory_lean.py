@@ -12,7 +12,7 @@ from minitorch_testing import FAST, assert_close, mt, t64
 import minitorch
 from minitorch import AdamW, DecoderLM, Parameter, checkpoint, fused_linear_cross_entropy, nn
 from minitorch.checkpoint import Checkpoint
-from minitorch.fused_loss import DEFAULT_CHUNK_FLOATS, default_chunk_size
+from minitorch.fused.linear_cross_entropy import DEFAULT_CHUNK_FLOATS, default_chunk_size
 
 GRAD_SCALE = 1.7  # backward starts from d(loss * GRAD_SCALE), so the incoming gradient is not 1
 
@@ -251,10 +251,10 @@ def test_checkpoint_needs_a_tensor_result() -> None:
         checkpoint(lambda a: (a, a), x)
 
 
-def lm_gradients(checkpoint_layers: bool, fused: bool, training: bool = True):
+def lm_gradients(recompute_layers: bool, fused: bool, training: bool = True):
     minitorch.manual_seed(5)
     model = DecoderLM(23, 16, 2, 10, n_layers=2, p_dropout=0.25, backend=FAST, use_fused_kernel=fused,
-                      checkpoint_layers=checkpoint_layers)
+                      recompute_layers=recompute_layers)
     if not training:
         model.eval()
     rng = np.random.default_rng(0)
@@ -305,7 +305,7 @@ def test_decoder_lm_fused_loss_equals_its_logits_loss() -> None:
 
 
 def test_training_program_fused_loss_and_checkpointing(tmp_path) -> None:
-    """run_machine_translation with --loss fused --checkpoint true trains the same model as the plain
+    """run_machine_translation with --loss fused --recompute-layers true trains the same model as the plain
     program (same seed): the same losses up to float rounding."""
     from test_run_machine_translation import TINY, write_corpus
 
@@ -316,8 +316,8 @@ def test_training_program_fused_loss_and_checkpointing(tmp_path) -> None:
     write_corpus(corpus)
     common = TINY + ["--epochs", "1", "--data-dir", str(corpus)]
     plain = run_mt.main(common + ["--out-dir", str(tmp_path / "plain")])["history"][0]
-    lean = run_mt.main(common + ["--out-dir", str(tmp_path / "lean"), "--loss", "fused", "--checkpoint", "true"])
+    lean = run_mt.main(common + ["--out-dir", str(tmp_path / "lean"), "--loss", "fused", "--recompute-layers", "true"])
     record = lean["history"][0]
-    assert lean["config"]["loss"] == "fused" and lean["config"]["checkpoint"] is True
+    assert lean["config"]["loss"] == "fused" and lean["config"]["recompute_layers"] is True
     for key in ("train_loss", "valid_loss"):
         assert abs(record[key] - plain[key]) <= 1e-4 * abs(plain[key]), f"{key}: {record[key]} vs {plain[key]}"

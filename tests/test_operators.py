@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 from hypothesis import given
-from hypothesis import strategies as st
 from minitorch_testing import away_from_zero, floats
 
 from minitorch import operators as ops
@@ -99,20 +98,3 @@ def test_relu_back_at_and_around_zero() -> None:
     assert ops.relu_back(0.0, 3.0) == 0.0
     assert ops.relu_back(-1.0, 3.0) == 0.0
     assert ops.relu_back(1e-9, 3.0) == 3.0
-
-
-@given(st.lists(small, max_size=8), st.lists(small, max_size=8))
-def test_list_helpers(xs: list, ys: list) -> None:
-    n = min(len(xs), len(ys))
-    assert ops.map(ops.neg)(xs) == [-x for x in xs]
-    assert ops.negList(xs) == [-x for x in xs]
-    assert ops.zipWith(ops.mul)(xs, ys) == [x * y for x, y in zip(xs, ys)]
-    assert ops.addLists(xs[:n], ys[:n]) == [x + y for x, y in zip(xs, ys)]
-    assert ops.sum(xs) == pytest.approx(math.fsum(xs), abs=1e-9)
-    assert ops.prod(xs) == pytest.approx(math.prod(xs), rel=1e-12)
-    assert ops.reduce(ops.max, -math.inf)(xs) == (max(xs) if xs else -math.inf)
-
-
-def test_empty_folds_return_their_start() -> None:
-    assert ops.sum([]) == 0.0
-    assert ops.prod([]) == 1.0

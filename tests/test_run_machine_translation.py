@@ -197,3 +197,12 @@ def test_clip_grad_norm_matches_torch(max_norm: float) -> None:
     assert_close(norm, ref_norm.reshape(1), "norm")
     for p, r in zip(params, ref):
         assert_close(p.value.grad, r.grad, "clipped gradient")
+
+
+def test_old_checkpoint_option_names_its_new_spelling(capsys) -> None:
+    """--checkpoint (gradient checkpointing) was renamed --recompute-layers; the old spelling says so."""
+    from project import run_machine_translation as run_mt
+
+    with pytest.raises(SystemExit):
+        run_mt.build_parser().parse_args(["--checkpoint", "true"])
+    assert "--checkpoint was renamed --recompute-layers" in capsys.readouterr().err

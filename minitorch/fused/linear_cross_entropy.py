@@ -10,13 +10,17 @@ writes the gradient over the logits), so only one chunk of logits exists at any 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Tuple
 
 import numpy as np
 
-from .tensor import Tensor
-from .tensor_data import IndexingError
-from .tensor_functions import FusedLinearCrossEntropy
+from ..autodiff import Context
+from ..tensor_data import IndexingError, TensorData
+from ..tensor_functions import Function
+from ..tensor_ops import hook
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 # Floats of logits per chunk when chunk_size is not given (256 MiB of float32).
 DEFAULT_CHUNK_FLOATS = 1 << 26
@@ -34,13 +38,13 @@ def default_chunk_size(n_tokens: int, vocab: int) -> int:
 
 
 def fused_linear_cross_entropy(
-    hidden: Tensor,
-    weight: Tensor,
-    targets: Tensor,
-    token_weights: Tensor,
+    hidden: "Tensor",
+    weight: "Tensor",
+    targets: "Tensor",
+    token_weights: "Tensor",
     chunk_size: Optional[int] = None,
-    bias: Optional[Tensor] = None,
-) -> Tensor:
+    bias: Optional["Tensor"] = None,
+) -> "Tensor":
     """sum(loss * w) / sum(w), shape (1,), where loss[r] is the cross-entropy of the logits
     hidden[r] @ weight (+ bias) against targets[r], and w = token_weights.
 
@@ -59,7 +63,7 @@ def fused_linear_cross_entropy(
     for name, t in (("weight", weight), ("targets", targets), ("token_weights", token_weights)) + (
         (("bias", bias),) if bias is not None else ()
     ):
-        if not isinstance(t, Tensor) or t.backend.ops is not hidden.backend.ops:
+        if not hasattr(t, "backend") or t.backend.ops is not hidden.backend.ops:
             raise TypeError(
                 f"fused_linear_cross_entropy: {name} must be a tensor on {hidden.backend.ops.__name__} like hidden"
             )
@@ -91,7 +95,7 @@ def fused_linear_cross_entropy(
     )  # fmt: skip
 
 
-def _check_targets(targets: Tensor, token_weights: Tensor, vocab: int) -> None:
+def _check_targets(targets: "Tensor", token_weights: "Tensor", vocab: int) -> None:
     """Targets of the tokens that count must be integers in [0, vocab) (host check, CPU backends)."""
     ids = targets.to_numpy().astype(np.float64)
     counted = token_weights.to_numpy() != 0
@@ -102,3 +106,88 @@ def _check_targets(targets: Tensor, token_weights: Tensor, vocab: int) -> None:
             f"fused_linear_cross_entropy: targets must be integers in [0, {vocab}) where token_weights != 0; "
             f"token {r} has target {ids[r]} with weight {float(token_weights.to_numpy()[r])}"
         )
+
+
+def _row_block(t: "Tensor", start: int, stop: int) -> "Tensor":
+    """Rows [start, stop) of a contiguous tensor as a view: every backend's storage is a 1-D array
+    (numpy or torch) whose slices are views of it."""
+    inner = t.size // t.shape[0]
+    storage = t._tensor._storage[start * inner : stop * inner]
+    return t._new(TensorData(storage, (stop - start,) + tuple(t.shape[1:])))
+
+
+def linear_cross_entropy_reference(
+    hidden: "Tensor", weight: "Tensor", bias: Optional["Tensor"], targets: "Tensor", token_weights: "Tensor",
+    chunk_size: int, need_grad: bool,
+) -> Tuple["Tensor", Optional["Tensor"], Optional["Tensor"], Optional["Tensor"]]:  # fmt: skip
+    """(loss (1,), dhidden [N, C], dweight [C, V], dbias [V]) of sum_r ce_r * w_r / sum(w) of logits =
+    hidden @ weight (+ bias), composed chunk by chunk.  The gradients (None unless need_grad; dbias
+    None without a bias) are those of the loss itself; sum(w) == 0 gives zero loss and gradients."""
+    N, C = hidden.shape
+    V = weight.shape[1]
+    h, ids, w = hidden.contiguous(), targets.contiguous(), token_weights.contiguous()
+    total = w.sum()
+    empty = total == 0.0
+    scale = (1.0 - empty) / (total + empty)  # 1 / sum(w), or 0 when sum(w) == 0
+    classes = hidden._arange(V).view(1, V)
+    weight_t = weight.transpose(0, 1)
+    loss: Optional["Tensor"] = None
+    dhidden = hidden.zeros((N, C)) if need_grad else None
+    dweight: Optional["Tensor"] = None
+    dbias: Optional["Tensor"] = None
+    for n0 in range(0, N, chunk_size):
+        n1 = min(N, n0 + chunk_size)
+        rows = n1 - n0
+        h_rows = _row_block(h, n0, n1)
+        logits = h_rows @ weight
+        if bias is not None:
+            logits = logits + bias.view(1, V)
+        m = logits.max(1)
+        e = (logits - m).exp()
+        s = e.sum(1)
+        one_hot = _row_block(ids, n0, n1).view(rows, 1) == classes
+        row_scale = _row_block(w, n0, n1).view(rows, 1) * scale
+        part = ((s.log() + m - (logits * one_hot).sum(1)) * row_scale).sum(0)
+        loss = part if loss is None else loss + part
+        if dhidden is not None:
+            dlogits = (e / s - one_hot) * row_scale
+            _row_block(dhidden, n0, n1).copy_(dlogits @ weight_t)
+            part_w = h_rows.transpose(0, 1) @ dlogits
+            dweight = part_w if dweight is None else dweight + part_w
+            if bias is not None:
+                part_b = dlogits.sum(0).view(V)
+                dbias = part_b if dbias is None else dbias + part_b
+    assert loss is not None, "linear_cross_entropy_reference needs at least one row"
+    return loss.view(1), dhidden, dweight, dbias
+
+
+class FusedLinearCrossEntropy(Function):
+    """Token-weighted cross-entropy of hidden @ weight (+ bias), with its gradients computed in the
+    forward pass (chunk by chunk, so the [tokens, vocab] logits never exist).  The saved dhidden,
+    dweight (and dbias) are the gradients for an incoming gradient of 1; backward only scales them."""
+
+    @staticmethod
+    def forward(
+        ctx: Context, hidden: "Tensor", weight: "Tensor", bias: Optional["Tensor"], targets: "Tensor",
+        token_weights: "Tensor", chunk_size: int,
+    ) -> "Tensor":  # fmt: skip
+        need_grad = not ctx.no_grad
+        kernel = hook(hidden.backend.ops, "linear_cross_entropy_fw")
+        if kernel is None:
+            loss, dhidden, dweight, dbias = linear_cross_entropy_reference(
+                hidden, weight, bias, targets, token_weights, chunk_size, need_grad
+            )
+        else:
+            tds = kernel(
+                hidden._tensor, weight._tensor, None if bias is None else bias._tensor, targets._tensor,
+                token_weights._tensor, chunk_size, need_grad,
+            )  # fmt: skip
+            loss, dhidden, dweight, dbias = (None if t is None else hidden._new(t) for t in tds)
+        ctx.save_for_backward(dhidden, dweight, dbias)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
+        dhidden, dweight, dbias = ctx.saved_values
+        grads = (dhidden * grad_output, dweight * grad_output)
+        return grads if dbias is None else grads + (dbias * grad_output,)

@@ -1,0 +1,45 @@
+"""Bindings of embedding_kernel.so (src/embedding_kernel.cu): row gather and its scatter-add.
+
+Ids live on the device, so they cannot be checked without a copy: an id that is not an integer in
+[0, num_embeddings) gives a row of zeros forward and is skipped backward.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from ..tensor_data import TensorData
+from .combine import contiguous, fill
+from .runtime import check, empty, ptr, runtime
+
+_P, _I = ctypes.c_void_p, ctypes.c_int
+SIGNATURES = {
+    "launch_embedding_fw": (_I, [_P, _P, _P, _I, _I, _I, _P]),
+    "launch_embedding_bw": (_I, [_P, _P, _P, _I, _I, _I, _P]),
+}
+
+
+def embedding_fw(weight: TensorData, ids: TensorData) -> TensorData:
+    """weight [V, C] rows picked by ids [...] -> [..., C]."""
+    V, C = weight.shape
+    out = empty(ids.shape + (C,))
+    if out.size:
+        rt = runtime()
+        lib = rt.lib("embedding_kernel", SIGNATURES)
+        w, i = contiguous(weight), contiguous(ids)
+        check(lib.launch_embedding_fw(ptr(out), ptr(w), ptr(i), ids.size, V, C, rt.stream()), lib, "embedding_fw")
+    return out
+
+
+def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int) -> TensorData:
+    """Scatter-add of the rows of grad_out [..., C] into a zeroed [num_embeddings, C]."""
+    C = grad_out.shape[-1]
+    out = empty((num_embeddings, C))
+    fill(out, 0.0)
+    if grad_out.size:
+        rt = runtime()
+        lib = rt.lib("embedding_kernel", SIGNATURES)
+        g, i = contiguous(grad_out), contiguous(ids)
+        code = lib.launch_embedding_bw(ptr(out), ptr(g), ptr(i), ids.size, num_embeddings, C, rt.stream())
+        check(code, lib, "embedding_bw")
+    return out

@@ -1,0 +1,56 @@
+"""Bindings of layernorm_kernel.so (src/layernorm_kernel.cu): fused LayerNorm, forward and backward."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Tuple
+
+from ..tensor_data import TensorData
+from .combine import contiguous, fill
+from .runtime import check, empty, ptr, runtime
+
+_P, _I, _F, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_longlong
+SIGNATURES = {
+    "launch_layernorm": (_I, [_P, _P, _P, _P, _P, _P, _I, _I, _F, _P]),
+    "layernorm_bw_workspace_floats": (_LL, [_I, _I]),
+    "launch_layernorm_bw": (_I, [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P]),
+}
+
+
+def layernorm_fw(inp: TensorData, gamma: TensorData, beta: TensorData, eps: float) -> Tuple[TensorData, TensorData, TensorData]:
+    """(out, mean [rows], rstd [rows]) of LayerNorm over the last dim."""
+    C = inp.shape[-1]
+    rows = inp.size // C
+    out, mean, rstd = empty(inp.shape), empty((rows,)), empty((rows,))
+    if rows:
+        rt = runtime()
+        lib = rt.lib("layernorm_kernel", SIGNATURES)
+        x, g, b = contiguous(inp), contiguous(gamma), contiguous(beta)
+        code = lib.launch_layernorm(ptr(out), ptr(mean), ptr(rstd), ptr(x), ptr(g), ptr(b), rows, C, float(eps), rt.stream())
+        check(code, lib, f"layernorm_fw {inp.shape}")
+    return out, mean, rstd
+
+
+def layernorm_bw(
+    grad_out: TensorData, inp: TensorData, gamma: TensorData, mean: TensorData, rstd: TensorData
+) -> Tuple[TensorData, TensorData, TensorData]:
+    """(dinp, dgamma, dbeta) of LayerNorm."""
+    C = inp.shape[-1]
+    rows = inp.size // C
+    dinp, dgamma, dbeta = empty(inp.shape), empty((C,)), empty((C,))
+    if not rows:
+        fill(dgamma, 0.0)
+        fill(dbeta, 0.0)
+        return dinp, dgamma, dbeta
+    rt = runtime()
+    lib = rt.lib("layernorm_kernel", SIGNATURES)
+    ws_len = lib.layernorm_bw_workspace_floats(rows, C)
+    if ws_len < 0:  # the size query itself failed: it returns minus the CUDA error code
+        check(int(-ws_len), lib, f"layernorm_bw workspace query for [{rows}, {C}]")
+    ws = rt.buffer(max(ws_len, 1))
+    tensors = tuple(contiguous(t) for t in (grad_out, inp, gamma, mean, rstd))
+    code = lib.launch_layernorm_bw(
+        ptr(dinp), ptr(dgamma), ptr(dbeta), *(ptr(t) for t in tensors), ws.data_ptr(), rows, C, rt.stream()
+    )
+    check(code, lib, f"layernorm_bw {inp.shape}")
+    return dinp, dgamma, dbeta

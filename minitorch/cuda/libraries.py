@@ -1,0 +1,31 @@
+"""Every kernel library by name (src/<name>.cu), with the ctypes signatures its binding declares."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Dict, Tuple
+
+from . import attention, classifier, combine, embedding, layernorm, matmul, optimizer, random, softmax
+from .runtime import ERROR_STRING, Signatures, runtime
+
+LIBRARIES: Dict[str, Signatures] = {
+    "combine": combine.SIGNATURES,
+    "random_kernel": random.SIGNATURES,
+    matmul.LIBRARY: matmul.SIGNATURES,
+    "embedding_kernel": embedding.SIGNATURES,
+    "softmax_kernel": softmax.SIGNATURES,
+    "layernorm_kernel": layernorm.SIGNATURES,
+    "attention_kernel": attention.SIGNATURES,
+    "classifier_kernel": classifier.SIGNATURES,
+    "optimizer_kernel": optimizer.SIGNATURES,
+}
+
+
+def exported_symbols(name: str) -> Tuple[str, ...]:
+    """The symbols the library built from src/<name>.cu must export."""
+    return tuple(ERROR_STRING) + tuple(LIBRARIES[name])
+
+
+def kernel_library(name: str) -> ctypes.CDLL:
+    """The loaded library of src/<name>.cu (needs a GPU: it loads the runtime)."""
+    return runtime().lib(name, LIBRARIES[name])

@@ -1,0 +1,180 @@
+"""Loading the kernel libraries, the CUDA runtime state (torch, stream, device), errors and stats.
+
+Storage of a CUDA tensor is a 1-D float32 `torch` tensor on the current CUDA device, used only as a
+buffer from PyTorch's caching allocator; kernels get raw device pointers and launch on PyTorch's
+current stream.  Nothing is loaded at import: the first use loads torch and the libraries and raises
+a RuntimeError that names the fix when something is missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ..tensor_data import IndexingError, TensorData
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "cuda_kernels"
+BUILD_HINT = "build them with `bash compile_cuda.sh` in the repository root"
+INT_LIMIT = 2**31  # kernels index with 32-bit ints
+
+Signatures = Dict[str, Tuple[Any, List[Any]]]
+ERROR_STRING: Signatures = {"minitorch_error_string": (ctypes.c_char_p, [ctypes.c_int])}
+
+
+class CudaKernelError(RuntimeError):
+    """A kernel launcher returned a CUDA error code."""
+
+
+class CudaShapeError(IndexingError, ValueError):
+    """Shapes that do not fit an op (an IndexingError like the CPU backends raise, and a ValueError)."""
+
+
+def library_path(name: str) -> Path:
+    """Where compile_cuda.sh puts the library built from src/<name>.cu."""
+    return KERNEL_DIR / f"{name}.so"
+
+
+def load_library(name: str, signatures: Signatures) -> ctypes.CDLL:
+    """Load one kernel library with its argtypes/restype declared (no GPU needed to load it)."""
+    path = library_path(name)
+    if not path.exists():
+        raise RuntimeError(f"CUDA kernels are not built: {path} is missing; {BUILD_HINT}")
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise RuntimeError(f"cannot load CUDA kernels from {path}: {e}; {BUILD_HINT}") from e
+    for symbol, (restype, argtypes) in {**ERROR_STRING, **signatures}.items():
+        try:
+            fn = getattr(lib, symbol)
+        except AttributeError:
+            raise RuntimeError(f"{path} does not export {symbol}: it is out of date; {BUILD_HINT}") from None
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+class Runtime:
+    """torch, the device, the stream getter and the loaded libraries."""
+
+    def __init__(self) -> None:
+        try:
+            import torch
+        except ImportError as e:
+            raise RuntimeError("the CUDA backend needs PyTorch (it provides device memory and streams)") from e
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "the CUDA backend needs a CUDA GPU, and torch.cuda.is_available() is False here; "
+                "use the CPU backend (FastOps) on this machine"
+            )
+        self.torch = torch
+        self.float32 = torch.float32
+        self.device = torch.device("cuda")
+        self.libs: Dict[str, ctypes.CDLL] = {}
+        self.sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        get_device = getattr(torch._C, "_cuda_getDevice", None)
+        if get_raw is not None and get_device is not None:
+            # The private accessors skip building a torch.cuda.Stream object per launch (~1 us).
+            self.stream: Callable[[], int] = lambda: get_raw(get_device())
+        else:
+            self.stream = lambda: torch.cuda.current_stream().cuda_stream
+
+    def lib(self, name: str, signatures: Signatures) -> ctypes.CDLL:
+        """The library built from src/<name>.cu, loaded once."""
+        lib = self.libs.get(name)
+        if lib is None:
+            lib = self.libs[name] = load_library(name, signatures)
+        return lib
+
+    def buffer(self, floats: int) -> Any:
+        """An uninitialized device buffer of `floats` float32 from the caching allocator."""
+        return self.torch.empty(floats, dtype=self.float32, device=self.device)
+
+
+_rt: List[Runtime] = []
+_checks: List[Callable[[Runtime], None]] = []
+
+
+def on_load(check: Callable[[Runtime], None]) -> Callable[[Runtime], None]:
+    """Register a check that runs once when the runtime loads (e.g. the opcode tables)."""
+    _checks.append(check)
+    return check
+
+
+def runtime() -> Runtime:
+    """The loaded runtime (loaded on first use)."""
+    if not _rt:
+        rt = Runtime()
+        for check in _checks:
+            check(rt)
+        _rt.append(rt)
+    return _rt[0]
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why the CUDA backend cannot run here (None when it can); loads it on success."""
+    try:
+        runtime()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def check(code: int, lib: ctypes.CDLL, what: str) -> None:
+    """Raise CudaKernelError with the CUDA error text when a launcher returned non-zero."""
+    if code:
+        raise CudaKernelError(f"CUDA {what} failed: {lib.minitorch_error_string(code).decode()} (cudaError {code})")
+
+
+def ptr(t: TensorData) -> int:
+    """Device address of a TensorData's storage."""
+    return t._storage.data_ptr()
+
+
+def empty(shape: Tuple[int, ...]) -> TensorData:
+    """An uninitialized contiguous CUDA TensorData."""
+    size = 1
+    for s in shape:
+        size *= s
+    return TensorData(storage_empty(size), shape)
+
+
+def storage_empty(size: int) -> Any:
+    """Uninitialized device buffer of `size` float32."""
+    if size >= INT_LIMIT:
+        raise CudaShapeError(f"a CUDA tensor of {size} elements exceeds the limit of {INT_LIMIT - 1}")
+    return runtime().buffer(size)
+
+
+# ---- host<->device transfer accounting ------------------------------------------------------------
+_transfers = {"h2d": 0, "d2h": 0, "h2d_bytes": 0, "d2h_bytes": 0}
+
+
+def count_transfer(direction: str, nbytes: int) -> None:
+    """Record one host<->device copy ("h2d" or "d2h") of nbytes."""
+    _transfers[direction] += 1
+    _transfers[direction + "_bytes"] += nbytes
+
+
+def transfer_stats() -> Dict[str, int]:
+    """Host->device and device->host copies (and bytes) made by this backend since the last reset."""
+    return dict(_transfers)
+
+
+def reset_transfer_stats() -> None:
+    """Zero the transfer counters."""
+    for k in _transfers:
+        _transfers[k] = 0
+
+
+def cuda_memory_stats(reset: bool = False) -> Dict[str, int]:
+    """Device memory held by tensors, in bytes: {"current": now, "peak": the most since the last
+    reset}.  All CUDA storage comes from PyTorch's caching allocator, so these are
+    torch.cuda.memory_allocated() and max_memory_allocated() (memory the allocator keeps cached
+    but no tensor holds is not counted).  reset=True starts a new peak window after the reading."""
+    cuda = runtime().torch.cuda
+    stats = {"current": int(cuda.memory_allocated()), "peak": int(cuda.max_memory_allocated())}
+    if reset:
+        cuda.reset_peak_memory_stats()
+    return stats

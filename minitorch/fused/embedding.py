@@ -1,0 +1,54 @@
+"""Embedding: rows of a weight [V, C] picked by integral ids; the gradient scatters back.
+
+The CPU backends and CUDA have gather/scatter kernels (hooks); the composed reference is a one-hot
+matrix product, which any backend can run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Tuple
+
+from ..autodiff import Context
+from ..tensor_data import IndexingError
+from ..tensor_functions import Function
+from ..tensor_ops import hook
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
+
+
+def embedding(weight: "Tensor", ids: "Tensor") -> "Tensor":
+    """weight[ids] -> [*ids.shape, C] for weight [V, C] and ids holding integers in [0, V).
+
+    The CPU backends raise IndexError for an id outside [0, V); on CUDA, where checking would need a
+    device-to-host copy, such an id gives a row of zeros (and no gradient)."""
+    ids = weight._ensure(ids)
+    if weight.dims != 2:
+        raise IndexingError(f"embedding weight must be [num_embeddings, dim], got shape {weight.shape}")
+    return Embedding.apply(weight, ids.detach())
+
+
+def _one_hot(ids: "Tensor", classes: int) -> "Tensor":
+    flat = ids.contiguous().view(ids.size, 1)
+    return flat == ids._arange(classes).view(1, classes)
+
+
+class Embedding(Function):
+    """Saves the ids and the vocabulary size."""
+
+    @staticmethod
+    def forward(ctx: Context, weight: "Tensor", ids: "Tensor") -> "Tensor":
+        ctx.save_for_backward(ids, weight.shape[0])
+        kernel = hook(weight.backend.ops, "embedding_fw")
+        if kernel is None:
+            V, C = weight.shape
+            return (_one_hot(ids, V) @ weight).view(*ids.shape, C)
+        return weight._new(kernel(weight._tensor, ids._tensor))
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
+        ids, num_embeddings = ctx.saved_values
+        kernel = hook(grad_output.backend.ops, "embedding_bw")
+        if kernel is None:
+            C = grad_output.shape[-1]
+            return (_one_hot(ids, num_embeddings).transpose(0, 1) @ grad_output.contiguous().view(ids.size, C),)
+        return (grad_output._new(kernel(grad_output._tensor, ids._tensor, num_embeddings)),)

@@ -1,0 +1,81 @@
+"""LayerNorm over the last dim with learned gamma and beta (LightSeq2's fused kernels on CUDA,
+`layernorm_kernel.cu`; the composed reference elsewhere)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Tuple
+
+from ..autodiff import Context
+from ..tensor_data import IndexingError
+from ..tensor_functions import Function
+from ..tensor_ops import hook
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
+
+
+def layernorm(x: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float = 1e-5) -> "Tensor":
+    """(x - mean) / sqrt(var + eps) * gamma + beta over the last dim (population variance)."""
+    gamma, beta = x._ensure(gamma), x._ensure(beta)
+    C = x.shape[-1] if x.dims else 0
+    if C == 0:
+        raise IndexingError(f"layernorm of input {x.shape} needs a non-empty last dim")
+    if gamma.shape != (C,) or beta.shape != (C,):
+        raise IndexingError(
+            f"layernorm of input {x.shape} needs gamma and beta of shape ({C},), got {gamma.shape} and {beta.shape}"
+        )
+    if not eps > 0.0:
+        raise ValueError(f"layernorm eps must be positive, got {eps}")
+    return LayerNorm.apply(x.contiguous(), gamma.contiguous(), beta.contiguous(), float(eps))
+
+
+def layernorm_reference(inp: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float) -> Tuple["Tensor", "Tensor", "Tensor"]:
+    """(out, mean [rows], rstd [rows]) composed from Tensor operations."""
+    C = inp.shape[-1]
+    rows = inp.size // C
+    x = inp.contiguous().view(rows, C)
+    mean = x.mean(1, keepdim=True)
+    xc = x - mean
+    rstd = ((xc * xc).mean(1, keepdim=True) + eps) ** -0.5
+    out = xc * rstd * gamma.view(1, C) + beta.view(1, C)
+    return out.view(*inp.shape), mean.view(rows), rstd.view(rows)
+
+
+def layernorm_backward_reference(
+    grad_out: "Tensor", inp: "Tensor", gamma: "Tensor", mean: "Tensor", rstd: "Tensor"
+) -> Tuple["Tensor", "Tensor", "Tensor"]:
+    """(dinp, dgamma, dbeta) composed from Tensor operations."""
+    C = inp.shape[-1]
+    rows = inp.size // C
+    x = inp.contiguous().view(rows, C)
+    dy = grad_out.contiguous().view(rows, C)
+    r = rstd.view(rows, 1)
+    xhat = (x - mean.view(rows, 1)) * r
+    dbeta = dy.sum(0).view(C)
+    dgamma = (dy * xhat).sum(0).view(C)
+    g = dy * gamma.view(1, C)
+    dx = (g - g.mean(1, keepdim=True) - xhat * (g * xhat).mean(1, keepdim=True)) * r
+    return dx.view(*inp.shape), dgamma, dbeta
+
+
+class LayerNorm(Function):
+    """LayerNorm; saves the input, gamma and the per-row mean and rstd."""
+
+    @staticmethod
+    def forward(ctx: Context, inp: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float) -> "Tensor":
+        kernel = hook(inp.backend.ops, "layernorm_fw")
+        if kernel is None:
+            out, mean, rstd = layernorm_reference(inp, gamma, beta, eps)
+        else:
+            out, mean, rstd = (inp._new(t) for t in kernel(inp._tensor, gamma._tensor, beta._tensor, eps))
+        ctx.save_for_backward(inp, gamma, mean, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor", "Tensor"]:
+        inp, gamma, mean, rstd = ctx.saved_values
+        kernel = hook(inp.backend.ops, "layernorm_bw")
+        if kernel is None:
+            return layernorm_backward_reference(grad_output, inp, gamma, mean, rstd)
+        tds = kernel(grad_output._tensor, inp._tensor, gamma._tensor, mean._tensor, rstd._tensor)
+        return tuple(inp._new(t) for t in tds)  # type: ignore[return-value]
