@@ -127,10 +127,11 @@ struct OperandTile {
   static constexpr int kChunks = ROWS * kBK / 4;
   static_assert(kChunks % THREADS == 0, "tile must split evenly over the threads");
 
-  // Rows row0.. and k k0.. of X; rows >= rows and k >= k_end read as zeros.
+  // Rows row0.. and k k0.. of X; rows >= rows and k >= k_end read as zeros. Any strides.
   __device__ __forceinline__ static void load(float* tile, const float* x, int row0, int rows, int k0, int k_end,
                                               int row_stride, int k_stride, bool vec) {
-#pragma unroll
+    // Rolled: unrolled, the compiler keeps every chunk's address live across the K loop.
+#pragma unroll 1
     for (int i = 0; i < kChunks / THREADS; ++i) {
       const int c = threadIdx.x + i * THREADS;
       const int r = K_CONTIG ? c / (kBK / 4) : (c % (ROWS / 4)) * 4;
@@ -153,12 +154,82 @@ struct OperandTile {
     }
   }
 
+  // The same for a K tile inside the matrix (k0 + kBK <= k_end) with 16-byte copies, at a few
+  // instructions per chunk: a thread's chunks share their position along the contiguous dim and step
+  // by a fixed number of lines, so only the row bound varies.
+  __device__ __forceinline__ static void load_interior(float* tile, const float* x, int row0, int rows, int k0,
+                                                       int row_stride, int k_stride) {
+    constexpr int kPerLine = K_CONTIG ? kBK / 4 : ROWS / 4;  // chunks along the contiguous dim
+    constexpr int kLines = THREADS / kPerLine;                // lines (rows, or k) one pass covers
+    static_assert(THREADS % kPerLine == 0, "a pass must cover whole lines");
+    const int line0 = threadIdx.x / kPerLine, along = (threadIdx.x % kPerLine) * 4;
+    float* dst = tile + line0 * kStride + along;
+    if (K_CONTIG) {
+      const float* src = x + static_cast<long long>(row0 + line0) * row_stride + k0 + along;
+#pragma unroll
+      for (int i = 0; i < kChunks / THREADS; ++i) {
+        const bool inside = row0 + line0 + i * kLines < rows;
+        cp_async_16_partial(dst + i * kLines * kStride,
+                            inside ? src + static_cast<long long>(i * kLines) * row_stride : x, inside ? 16 : 0);
+      }
+    } else {
+      const int valid = max(0, min(4, rows - row0 - along));
+      const float* src = x + row0 + along + static_cast<long long>(k0 + line0) * k_stride;
+#pragma unroll
+      for (int i = 0; i < kChunks / THREADS; ++i) {
+        cp_async_16_partial(dst + i * kLines * kStride,
+                            valid > 0 ? src + static_cast<long long>(i * kLines) * k_stride : x, valid * 4);
+      }
+    }
+  }
+
   // Fragment words for k = k8 + 2t and k8 + 2t + 1 of tile row `row`.
   __device__ __forceinline__ static float2 pair(const float* tile, int row, int k8, int t) {
     if (K_CONTIG) return *reinterpret_cast<const float2*>(tile + row * kStride + k8 + 2 * t);
     return make_float2(tile[(k8 + 2 * t) * kStride + row], tile[(k8 + 2 * t + 1) * kStride + row]);
   }
 };
+
+// The block's outputs leave through shared memory: each thread puts its C fragments into a
+// [BM][BN + 8] tile (float2 writes without bank conflicts), then rows go out as chunks of 4 columns,
+// a warp covering 128 consecutive columns.
+template <int BN>
+__device__ __forceinline__ void put_fragment(float* tile, int row, int col, const float* c) {
+  *reinterpret_cast<float2*>(tile + row * (BN + 8) + col) = make_float2(c[0], c[1]);
+  *reinterpret_cast<float2*>(tile + (row + 8) * (BN + 8) + col) = make_float2(c[2], c[3]);
+}
+
+template <int BM, int BN, int THREADS>
+__device__ __forceinline__ void store_tile(const MatmulParams& p, const float* tile, int bi, int row0, int col0) {
+  const long long mat = static_cast<long long>(bi) * p.M * p.N;
+  float* out = p.out + blockIdx.y * p.split_stride + mat;
+  float* pre = p.pre_act != nullptr ? p.pre_act + mat : nullptr;
+  for (int c = threadIdx.x; c < BM * BN / 4; c += THREADS) {
+    const int r = c / (BN / 4), cc = (c % (BN / 4)) * 4;
+    const int row = row0 + r, col = col0 + cc;
+    if (row < p.M && col < p.N) {
+      store_chunk(p, out, pre, static_cast<long long>(row) * p.N + col, col,
+                  mt::load_float4(tile + r * (BN + 8) + cc), min(4, p.N - col));
+    }
+  }
+}
+
+// Stages K tile k0.. of both operands (rows row0.. of A, columns col0.. of B).
+template <class ATile, class BTile>
+__device__ __forceinline__ void load_k_tile(const MatmulParams& p, const float* A, const float* B, float* a_dst,
+                                            float* b_dst, int row0, int col0, int k0, int k_end) {
+  const bool interior = k0 + kBK <= k_end;
+  if (p.a_vec && interior) {
+    ATile::load_interior(a_dst, A, row0, p.M, k0, p.a_row_stride, p.a_k_stride);
+  } else {
+    ATile::load(a_dst, A, row0, p.M, k0, k_end, p.a_row_stride, p.a_k_stride, p.a_vec);
+  }
+  if (p.b_vec && interior) {
+    BTile::load_interior(b_dst, B, col0, p.N, k0, p.b_col_stride, p.b_k_stride);
+  } else {
+    BTile::load(b_dst, B, col0, p.N, k0, k_end, p.b_col_stride, p.b_k_stride, p.b_vec);
+  }
+}
 
 template <int BM_, int BN_, int WARPS_M, int WARPS_N, int STAGES_>
 struct MmaConfig {
@@ -188,7 +259,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) matmul_mma_kernel(const Matm
   using ATile = OperandTile<Cfg::kBM, A_KC, Cfg::kThreads>;
   using BTile = OperandTile<Cfg::kBN, B_KC, Cfg::kThreads>;
   constexpr int MI = Cfg::kMI, NI = Cfg::kNI, STAGES = Cfg::kStages;
-  extern __shared__ __align__(16) float smem[];
+  extern __shared__ __align__(128) float smem[];
   float* a_smem = smem;
   float* b_smem = smem + STAGES * ATile::kFloats;
 
@@ -208,9 +279,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) matmul_mma_kernel(const Matm
     const float* B = p.b + mt::layout_offset(p.b_batch, bi);
     const auto load_stage = [&](int kt) {
       if (kt < k_tiles) {
-        const int slot = kt % STAGES, k0 = (kt_begin + kt) * kBK;
-        ATile::load(a_smem + slot * ATile::kFloats, A, row0, p.M, k0, k_end, p.a_row_stride, p.a_k_stride, p.a_vec);
-        BTile::load(b_smem + slot * BTile::kFloats, B, col0, p.N, k0, k_end, p.b_col_stride, p.b_k_stride, p.b_vec);
+        const int slot = kt % STAGES;
+        load_k_tile<ATile, BTile>(p, A, B, a_smem + slot * ATile::kFloats, b_smem + slot * BTile::kFloats, row0, col0,
+                                  (kt_begin + kt) * kBK, k_end);
       }
       mt::cp_async_commit();  // empty groups too, so that wait<STAGES - 2> always means "tile kt landed"
     };
@@ -227,7 +298,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) matmul_mma_kernel(const Matm
       const float* As = a_smem + (kt % STAGES) * ATile::kFloats;
       const float* Bs = b_smem + (kt % STAGES) * BTile::kFloats;
       float fresh[MI][NI][4] = {};
-#pragma unroll 1
+#pragma unroll
       for (int k8 = 0; k8 < kBK; k8 += 8) {
         float2 a_top[MI], a_bottom[MI], b_words[NI];
 #pragma unroll
@@ -292,32 +363,218 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) matmul_mma_kernel(const Matm
     mt::cp_async_wait<0>();
     __syncthreads();  // every warp is done with the ring, which now holds the output tile
 
-    // Fragments to a [BM][BN + 8] tile (float2 writes without bank conflicts), then rows out as chunks
-    // of 4 columns: a warp writes 128 consecutive columns.
-    constexpr int kCStride = Cfg::kBN + 8;
-    static_assert(Cfg::kBM * kCStride <= STAGES * (ATile::kFloats + BTile::kFloats), "C tile must fit the ring");
+    static_assert(Cfg::kBM * (Cfg::kBN + 8) <= STAGES * (ATile::kFloats + BTile::kFloats), "C tile must fit");
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
-      for (int ni = 0; ni < NI; ++ni) {
-        float* c = smem + (wm0 + mi * 16 + g) * kCStride + wn0 + ni * 8 + 2 * t;
-        *reinterpret_cast<float2*>(c) = make_float2(acc[mi][ni][0], acc[mi][ni][1]);
-        *reinterpret_cast<float2*>(c + 8 * kCStride) = make_float2(acc[mi][ni][2], acc[mi][ni][3]);
-      }
+      for (int ni = 0; ni < NI; ++ni) put_fragment<Cfg::kBN>(smem, wm0 + mi * 16 + g, wn0 + ni * 8 + 2 * t, acc[mi][ni]);
     }
     __syncthreads();
-    const long long mat = static_cast<long long>(bi) * p.M * p.N;
-    float* out = p.out + blockIdx.y * p.split_stride + mat;
-    float* pre = p.pre_act != nullptr ? p.pre_act + mat : nullptr;
-    for (int c = threadIdx.x; c < Cfg::kBM * Cfg::kBN / 4; c += Cfg::kThreads) {
-      const int r = c / (Cfg::kBN / 4), cc = (c % (Cfg::kBN / 4)) * 4;
-      const int row = row0 + r, col = col0 + cc;
-      if (row < p.M && col < p.N) {
-        store_chunk(p, out, pre, static_cast<long long>(row) * p.N + col, col,
-                    mt::load_float4(smem + r * kCStride + cc), min(4, p.N - col));
-      }
-    }
+    store_tile<Cfg::kBM, Cfg::kBN, Cfg::kThreads>(p, smem, bi, row0, col0);
   }
+}
+
+// ------------------------------------------------------------------------------------------------
+// wgmma kernel (sm_90a): the same tiles and ring, products on Hopper's warpgroup MMA.
+// Block 128 x 128 x 32, two warpgroups of 64 rows each; per K tile each warpgroup issues
+// wgmma.m64n128k8 with A from registers (fragments read from the staged A tile, as in the mma.sync
+// kernel, split or rounded there) and B from shared memory. wgmma reads a TF32 B only K-major, in 8-row
+// x 16-byte core matrices: all threads first convert the staged B tile (either layout) into that form,
+// as hi (and lo) words, with k permuted as the A fragments permute it. Element (n, slot s) of k8 step j
+// sits at word j * 8 * BN + (s / 4) * 4 * BN + (n / 8) * 32 + (n % 8) * 4 + s % 4: the core matrices of
+// one k half are 128 bytes apart along n (stride offset) and the two halves 4 * BN words apart (leading
+// offset). The products of a K tile are waited for before the next tile's conversion, so one buffer
+// serves.
+// The body exists only where the sm_90a instructions were compiled. Elsewhere the kernel declares a
+// 1-thread limit, which the host reads (cudaFuncGetAttributes) to know whether it can launch it.
+// ------------------------------------------------------------------------------------------------
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MT_WGMMA_THREADS 256
+#else
+#define MT_WGMMA_THREADS 1
+#endif
+constexpr int kWgThreads = 256, kWgBM = 128, kWgBN = 128;
+// Ring depth and blocks per SM. "high" is bound by the L2 -> SM traffic of its float32 tiles (32 flops
+// per byte); two blocks per SM (fewer stages to fit) keep more of it in flight and overlap one block's
+// conversion with the other's products. "highest", 3x the products per byte, needs the registers of a
+// whole SM-half for its fresh accumulators.
+template <int PREC>
+struct WgmmaShape {
+  static constexpr int kStages = PREC == kHigh ? 2 : 3, kBlocksPerSm = PREC == kHigh ? 2 : 1;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ uint64_t smem_desc(const float* p, int leading_bytes, int stride_bytes) {
+  return static_cast<uint64_t>((mt::shared_address(p) & 0x3ffff) >> 4) |
+         static_cast<uint64_t>(leading_bytes >> 4) << 16 | static_cast<uint64_t>(stride_bytes >> 4) << 32;
+}
+
+// d = a b + (accumulate ? d : 0) for one m64n128k8 TF32 product; returns before the product is done.
+__device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc,
+                                                int accumulate) {
+#define MT_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define MT_D16(i) MT_D4(i), MT_D4(i + 4), MT_D4(i + 8), MT_D4(i + 12)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+      : MT_D16(0), MT_D16(16), MT_D16(32), MT_D16(48)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+#undef MT_D16
+#undef MT_D4
+}
+
+// Register dependency on every accumulator after a wait, so no read of them moves above it.
+__device__ __forceinline__ void fence_registers(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+#endif
+
+template <int PREC, bool A_KC, bool B_KC>
+constexpr int wgmma_smem_bytes() {
+  return 4 * (2 * (PREC == kHighest ? 2 : 1) * kWgBN * kBK +
+              WgmmaShape<PREC>::kStages * (OperandTile<kWgBM, A_KC, kWgThreads>::kFloats + OperandTile<kWgBN, B_KC, kWgThreads>::kFloats));
+}
+
+template <int PREC, bool A_KC, bool B_KC>
+__global__ void __launch_bounds__(MT_WGMMA_THREADS, WgmmaShape<PREC>::kBlocksPerSm)
+    matmul_wgmma_kernel(const MatmulParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using ATile = OperandTile<kWgBM, A_KC, kWgThreads>;
+  using BTile = OperandTile<kWgBN, B_KC, kWgThreads>;
+  constexpr int STAGES = WgmmaShape<PREC>::kStages, BN = kWgBN, kConv = BN * kBK, kConvSets = PREC == kHighest ? 2 : 1;
+  extern __shared__ __align__(128) float smem[];
+  float* conv = smem;  // two buffers of B hi (then B lo for "highest")
+  float* a_smem = smem + 2 * kConvSets * kConv;
+  float* b_smem = a_smem + STAGES * ATile::kFloats;
+
+  int tm, tn;
+  tile_coords(blockIdx.x, p.tiles_m, p.tiles_n, &tm, &tn);
+  const int row0 = tm * kWgBM, col0 = tn * BN;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int arow = (threadIdx.x / 128) * 64 + (threadIdx.x / 32 % 4) * 16 + g;  // fragment rows arow, arow + 8
+  const int total_k_tiles = (p.K + kBK - 1) / kBK;
+  const int kt_begin = blockIdx.y * p.k_tiles_per_split;
+  const int k_tiles = max(0, min(p.k_tiles_per_split, total_k_tiles - kt_begin));
+  const int k_end = min(p.K, (kt_begin + k_tiles) * kBK);
+
+  for (int bi = blockIdx.z; bi < p.batch; bi += gridDim.z) {
+    const float* A = p.a + mt::layout_offset(p.a_batch, bi);
+    const float* B = p.b + mt::layout_offset(p.b_batch, bi);
+    const auto load_stage = [&](int kt) {
+      if (kt < k_tiles) {
+        const int slot = kt % STAGES;
+        load_k_tile<ATile, BTile>(p, A, B, a_smem + slot * ATile::kFloats, b_smem + slot * BTile::kFloats, row0, col0,
+                                  (kt_begin + kt) * kBK, k_end);
+      }
+      mt::cp_async_commit();
+    };
+
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) load_stage(s);
+
+    float acc[64] = {}, fresh[64];
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      mt::cp_async_wait<STAGES - 2>();
+      __syncthreads();  // tile kt landed; the products of tile kt - 2 (which read this conv buffer) are done
+      const float* As = a_smem + (kt % STAGES) * ATile::kFloats;
+      const float* Bs = b_smem + (kt % STAGES) * BTile::kFloats;
+      float* cb = conv + (kt & 1) * kConvSets * kConv;
+#pragma unroll
+      for (int i = 0; i < BN * 4 / kWgThreads; ++i) {  // unit: 8 k (one k8 step) of one column n
+        const int u = threadIdx.x + i * kWgThreads, n = u % BN, j = u / BN;
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+          const float2 w = BTile::pair(Bs, n, 8 * j, e / 2);
+          v[e] = w.x, v[e + 1] = w.y;
+        }
+        float* dst = cb + j * 8 * BN + (n / 8) * 32 + (n % 8) * 4;
+        uint4 hi[2], lo[2];  // [0]: slots 0-3 (k = 8j, 8j + 2, ..), [1]: slots 4-7 (k = 8j + 1, ..)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t* ph = reinterpret_cast<uint32_t*>(&hi[h]);
+          uint32_t* pl = reinterpret_cast<uint32_t*>(&lo[h]);
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            if constexpr (PREC == kHighest) {
+              const mt::Tf32Pair x = mt::split_tf32(v[2 * s + h]);
+              ph[s] = x.hi, pl[s] = x.lo;
+            } else {
+              ph[s] = round_tf32(v[2 * s + h]);
+            }
+          }
+          *reinterpret_cast<uint4*>(dst + h * 4 * BN) = hi[h];
+          if constexpr (PREC == kHighest) *reinterpret_cast<uint4*>(dst + kConv + h * 4 * BN) = lo[h];
+        }
+      }
+      // The stores must be visible to wgmma (the async proxy). The fence waits for all of this
+      // thread's outstanding memory operations, so the next tile's copies are issued after it.
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncthreads();
+      load_stage(kt + STAGES - 1);  // into the slot of tile kt - 1, which every thread has consumed
+
+      // The products of tile kt - 1 ran during the conversion above; fold them, then issue tile kt's.
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      if constexpr (PREC == kHighest) {
+        fence_registers(fresh);
+        if (kt > 0) {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) acc[i] += fresh[i];
+        }
+      } else {
+        fence_registers(acc);
+      }
+      uint32_t a_hi[4][4], a_lo[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 top = ATile::pair(As, arow, 8 * j, t), bottom = ATile::pair(As, arow + 8, 8 * j, t);
+        const float x[4] = {top.x, bottom.x, top.y, bottom.y};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if constexpr (PREC == kHighest) {
+            const mt::Tf32Pair sx = mt::split_tf32(x[e]);
+            a_hi[j][e] = sx.hi, a_lo[j][e] = sx.lo;
+          } else {
+            a_hi[j][e] = round_tf32(x[e]);
+          }
+        }
+      }
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint64_t b_hi = smem_desc(cb + j * 8 * BN, 4 * BN * 4, 128);
+        if constexpr (PREC == kHighest) {
+          const uint64_t b_lo = smem_desc(cb + kConv + j * 8 * BN, 4 * BN * 4, 128);
+          wgmma_m64n128k8(fresh, a_lo[j], b_hi, j > 0);
+          wgmma_m64n128k8(fresh, a_hi[j], b_lo, 1);
+          wgmma_m64n128k8(fresh, a_hi[j], b_hi, 1);
+        } else {
+          wgmma_m64n128k8(acc, a_hi[j], b_hi, 1);
+        }
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    if constexpr (PREC == kHighest) {
+      fence_registers(fresh);
+      if (k_tiles > 0) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] += fresh[i];
+      }
+    } else {
+      fence_registers(acc);
+    }
+    mt::cp_async_wait<0>();
+    __syncthreads();
+    static_assert(kWgBM * (BN + 8) <= 2 * kConv + STAGES * (ATile::kFloats + BTile::kFloats), "C tile must fit");
+#pragma unroll
+    for (int j = 0; j < 16; ++j) put_fragment<BN>(smem, arow, 8 * j + 2 * t, acc + 4 * j);
+    __syncthreads();
+    store_tile<kWgBM, BN, kWgThreads>(p, smem, bi, row0, col0);
+  }
+#endif
 }
 
 // out[i] = epilogue(sum over splits s of partial[s * total + i]) for i < total (= batch * M * N), in
@@ -415,29 +672,75 @@ bool vec_operand(const float* x, int contiguous_stride, int other_stride, const 
   return true;
 }
 
-template <class Cfg, int PREC, bool A_KC, bool B_KC>
-int launch_mma_layout(const MatmulParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr int smem = mma_smem_bytes<Cfg, A_KC, B_KC>();
-  const auto kernel = matmul_mma_kernel<Cfg, A_KC, B_KC, PREC>;
+template <class Kernel>
+int launch_kernel(Kernel kernel, int threads, int smem, const MatmulParams& p, dim3 grid, cudaStream_t stream) {
   MT_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
+  kernel<<<grid, threads, smem, stream>>>(p);
   return mt_launch_status();
 }
 
-// A tile is k-contiguous unless the operand's rows (columns for B) are its unit-stride dim.
 template <class Cfg, int PREC>
-int launch_mma(MatmulParams p, bool a_kc, bool b_kc, int splits, cudaStream_t stream) {
-  p.tiles_m = static_cast<int>(ceil_div(p.M, Cfg::kBM));
-  p.tiles_n = static_cast<int>(ceil_div(p.N, Cfg::kBN));
+struct MmaKernels {
+  template <bool A_KC, bool B_KC>
+  static int launch(const MatmulParams& p, dim3 grid, cudaStream_t stream) {
+    return launch_kernel(matmul_mma_kernel<Cfg, A_KC, B_KC, PREC>, Cfg::kThreads, mma_smem_bytes<Cfg, A_KC, B_KC>(), p,
+                         grid, stream);
+  }
+};
+
+template <int PREC>
+struct WgmmaKernels {
+  template <bool A_KC, bool B_KC>
+  static int launch(const MatmulParams& p, dim3 grid, cudaStream_t stream) {
+    return launch_kernel(matmul_wgmma_kernel<PREC, A_KC, B_KC>, kWgThreads, wgmma_smem_bytes<PREC, A_KC, B_KC>(), p,
+                         grid, stream);
+  }
+};
+
+// Launches Kernels' instance for the operand layouts on BM x BN tiles. A tile is k-contiguous unless
+// the operand's rows (columns for B) are its unit-stride dim.
+template <class Kernels, int BM, int BN>
+int launch_tiles(MatmulParams p, int splits, cudaStream_t stream) {
+  const bool a_kc = !(p.a_row_stride == 1 && p.a_k_stride != 1);
+  const bool b_kc = !(p.b_col_stride == 1 && p.b_k_stride != 1);
+  p.tiles_m = static_cast<int>(ceil_div(p.M, BM));
+  p.tiles_n = static_cast<int>(ceil_div(p.N, BN));
   p.a_vec = a_kc ? vec_operand(p.a, p.a_k_stride, p.a_row_stride, p.a_batch)
                  : vec_operand(p.a, p.a_row_stride, p.a_k_stride, p.a_batch);
   p.b_vec = b_kc ? vec_operand(p.b, p.b_k_stride, p.b_col_stride, p.b_batch)
                  : vec_operand(p.b, p.b_col_stride, p.b_k_stride, p.b_batch);
   const dim3 grid(p.tiles_m * p.tiles_n, splits, min(p.batch, kMaxGridZ));
-  if (a_kc && b_kc) return launch_mma_layout<Cfg, PREC, true, true>(p, grid, stream);
-  if (a_kc) return launch_mma_layout<Cfg, PREC, true, false>(p, grid, stream);
-  if (b_kc) return launch_mma_layout<Cfg, PREC, false, true>(p, grid, stream);
-  return launch_mma_layout<Cfg, PREC, false, false>(p, grid, stream);
+  if (a_kc && b_kc) return Kernels::template launch<true, true>(p, grid, stream);
+  if (a_kc) return Kernels::template launch<true, false>(p, grid, stream);
+  if (b_kc) return Kernels::template launch<false, true>(p, grid, stream);
+  return Kernels::template launch<false, false>(p, grid, stream);
+}
+
+// Whether the wgmma kernel's body was built for the current device (see its comment).
+bool wgmma_available() {
+  static int cached[mt::kMaxDevicesCached] = {0};  // 0 unknown, 1 yes, 2 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (device < mt::kMaxDevicesCached && cached[device] != 0) return cached[device] == 1;
+  cudaFuncAttributes attr{};
+  const bool yes = cudaFuncGetAttributes(&attr, matmul_wgmma_kernel<kHighest, true, true>) == cudaSuccess &&
+                   attr.maxThreadsPerBlock >= kWgThreads;
+  cudaGetLastError();  // a missing image is an answer here, not an error for the next launch
+  if (device < mt::kMaxDevicesCached) cached[device] = yes ? 1 : 2;
+  return yes;
+}
+
+int launch_products(const MatmulParams& p, int precision, TileConfig config, int splits, cudaStream_t stream) {
+  if (config == kBigTiles && wgmma_available()) {
+    return precision == kHighest ? launch_tiles<WgmmaKernels<kHighest>, kWgBM, kWgBN>(p, splits, stream)
+                                 : launch_tiles<WgmmaKernels<kHigh>, kWgBM, kWgBN>(p, splits, stream);
+  }
+  if (config == kBigTiles) {
+    return precision == kHighest ? launch_tiles<MmaKernels<BigHighestMma, kHighest>, 128, 128>(p, splits, stream)
+                                 : launch_tiles<MmaKernels<BigHighMma, kHigh>, 128, 128>(p, splits, stream);
+  }
+  return precision == kHighest ? launch_tiles<MmaKernels<SmallMma, kHighest>, 64, 64>(p, splits, stream)
+                               : launch_tiles<MmaKernels<SmallMma, kHigh>, 64, 64>(p, splits, stream);
 }
 
 }  // namespace
@@ -513,17 +816,7 @@ int launch_matmul(float* out, const float* a, const float* b, int M, int N, int 
     tile_params.pre_act = nullptr;
     tile_params.out_vec = N % 4 == 0;
   }
-  const bool a_kc = !(a_row_stride == 1 && a_k_stride != 1);
-  const bool b_kc = !(b_col_stride == 1 && b_k_stride != 1);
-  int status;
-  if (precision == kHighest) {
-    status = plan.config == kBigTiles
-                 ? launch_mma<BigHighestMma, kHighest>(tile_params, a_kc, b_kc, plan.splits, stream)
-                 : launch_mma<SmallMma, kHighest>(tile_params, a_kc, b_kc, plan.splits, stream);
-  } else {
-    status = plan.config == kBigTiles ? launch_mma<BigHighMma, kHigh>(tile_params, a_kc, b_kc, plan.splits, stream)
-                                      : launch_mma<SmallMma, kHigh>(tile_params, a_kc, b_kc, plan.splits, stream);
-  }
+  const int status = launch_products(tile_params, precision, plan.config, plan.splits, stream);
   if (status != 0 || plan.splits == 1) return status;
   const long long total = batch * M * N;
   split_k_reduce<<<static_cast<unsigned>(min(ceil_div(total, 256), 8LL * sms)), 256, 0, stream>>>(
