@@ -23,6 +23,8 @@
 // chunk that crosses the matrix edge reads only its valid part and zero-fills the rest. Other layouts
 // take 4-byte copies.
 //
+// On sm_90a builds the big tiles run on wgmma instead (matmul_wgmma_kernel, described there).
+//
 // Grid: x = output tile (grouped by 8 tile rows so that consecutive blocks share A and B tiles in L2),
 // y = K split, z = batch. When a problem has too few output tiles to fill the GPU and K is long, the
 // launcher splits K: each split writes its partial product to the workspace and split_k_reduce adds
@@ -231,6 +233,34 @@ __device__ __forceinline__ void load_k_tile(const MatmulParams& p, const float* 
   }
 }
 
+// What a block computes: the BM x BN output tile at (row0, col0) over its split's K tiles.
+struct BlockWork {
+  int row0, col0, kt_begin, k_tiles, k_end;
+
+  __device__ BlockWork(const MatmulParams& p, int BM, int BN) {
+    int tm, tn;
+    tile_coords(blockIdx.x, p.tiles_m, p.tiles_n, &tm, &tn);
+    row0 = tm * BM, col0 = tn * BN;
+    kt_begin = blockIdx.y * p.k_tiles_per_split;
+    k_tiles = max(0, min(p.k_tiles_per_split, (p.K + kBK - 1) / kBK - kt_begin));
+    k_end = min(p.K, (kt_begin + k_tiles) * kBK);
+  }
+};
+
+// Word of a TF32 operand rounded to nearest (ties away from zero): the tensor core reads only the top
+// 19 bits, so adding half of the dropped part's range rounds instead of truncating.
+__device__ __forceinline__ uint32_t round_tf32(float x) { return __float_as_uint(x) + 0x1000u; }
+
+// Operand word i of a fragment: hi and lo ("highest"), or the rounded word in hi ("high").
+template <int PREC, int N>
+__device__ __forceinline__ void set_operand(mt::Tf32Frag<N>& f, int i, float x) {
+  if constexpr (PREC == kHighest) {
+    f.set(i, x);
+  } else {
+    f.hi[i] = round_tf32(x);
+  }
+}
+
 template <int BM_, int BN_, int WARPS_M, int WARPS_N, int STAGES_>
 struct MmaConfig {
   static constexpr int kBM = BM_, kBN = BN_, kWarpsN = WARPS_N, kStages = STAGES_;
@@ -238,10 +268,9 @@ struct MmaConfig {
   static constexpr int kMI = BM_ / WARPS_M / 16;  // m16 tiles per warp
   static constexpr int kNI = BN_ / WARPS_N / 8;   // n8 tiles per warp
 };
-// "highest" holds a second set of accumulators (the K tile's fresh sums): 32 x 32 outputs per warp
-// keep both sets and the split fragments within 255 registers; "high" affords 64 x 32.
-using BigHighestMma = MmaConfig<128, 128, 2, 4, 4>;
-using BigHighMma = MmaConfig<128, 128, 2, 4, 4>;
+// 64 x 32 outputs per warp: with "highest"'s second set of accumulators (the K tile's fresh sums)
+// and split fragments that is ~220 registers, so one block per SM.
+using BigMma = MmaConfig<128, 128, 2, 4, 4>;
 using SmallMma = MmaConfig<64, 64, 2, 2, 4>;
 
 template <class Cfg, bool A_KC, bool B_KC>
@@ -249,10 +278,6 @@ constexpr int mma_smem_bytes() {
   return Cfg::kStages * 4 *
          (OperandTile<Cfg::kBM, A_KC, Cfg::kThreads>::kFloats + OperandTile<Cfg::kBN, B_KC, Cfg::kThreads>::kFloats);
 }
-
-// Word of a TF32 operand rounded to nearest (ties away from zero): the tensor core reads only the top
-// 19 bits, so adding half of the dropped part's range rounds instead of truncating.
-__device__ __forceinline__ uint32_t round_tf32(float x) { return __float_as_uint(x) + 0x1000u; }
 
 template <class Cfg, bool A_KC, bool B_KC, int PREC>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) matmul_mma_kernel(const MatmulParams p) {
@@ -263,16 +288,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) matmul_mma_kernel(const Matm
   float* a_smem = smem;
   float* b_smem = smem + STAGES * ATile::kFloats;
 
-  int tm, tn;
-  tile_coords(blockIdx.x, p.tiles_m, p.tiles_n, &tm, &tn);
-  const int row0 = tm * Cfg::kBM, col0 = tn * Cfg::kBN;
+  const BlockWork w(p, Cfg::kBM, Cfg::kBN);
+  const int row0 = w.row0, col0 = w.col0, k_tiles = w.k_tiles;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int wm0 = (warp / Cfg::kWarpsN) * MI * 16, wn0 = (warp % Cfg::kWarpsN) * NI * 8;
-  const int total_k_tiles = (p.K + kBK - 1) / kBK;
-  const int kt_begin = blockIdx.y * p.k_tiles_per_split;
-  const int k_tiles = max(0, min(p.k_tiles_per_split, total_k_tiles - kt_begin));
-  const int k_end = min(p.K, (kt_begin + k_tiles) * kBK);
 
   for (int bi = blockIdx.z; bi < p.batch; bi += gridDim.z) {
     const float* A = p.a + mt::layout_offset(p.a_batch, bi);
@@ -281,7 +301,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) matmul_mma_kernel(const Matm
       if (kt < k_tiles) {
         const int slot = kt % STAGES;
         load_k_tile<ATile, BTile>(p, A, B, a_smem + slot * ATile::kFloats, b_smem + slot * BTile::kFloats, row0, col0,
-                                  (kt_begin + kt) * kBK, k_end);
+                                  (w.kt_begin + kt) * kBK, w.k_end);
       }
       mt::cp_async_commit();  // empty groups too, so that wait<STAGES - 2> always means "tile kt landed"
     };
@@ -298,54 +318,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) matmul_mma_kernel(const Matm
       const float* As = a_smem + (kt % STAGES) * ATile::kFloats;
       const float* Bs = b_smem + (kt % STAGES) * BTile::kFloats;
       float fresh[MI][NI][4] = {};
+      float (&sum)[MI][NI][4] = PREC == kHighest ? fresh : acc;
 #pragma unroll
       for (int k8 = 0; k8 < kBK; k8 += 8) {
-        float2 a_top[MI], a_bottom[MI], b_words[NI];
+        mt::Tf32Frag<4> af[MI];
+        mt::Tf32Frag<2> bf[NI];
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
-          a_top[mi] = ATile::pair(As, wm0 + mi * 16 + g, k8, t);
-          a_bottom[mi] = ATile::pair(As, wm0 + mi * 16 + g + 8, k8, t);
+          const float2 top = ATile::pair(As, wm0 + mi * 16 + g, k8, t);
+          const float2 bottom = ATile::pair(As, wm0 + mi * 16 + g + 8, k8, t);
+          set_operand<PREC>(af[mi], 0, top.x);
+          set_operand<PREC>(af[mi], 1, bottom.x);
+          set_operand<PREC>(af[mi], 2, top.y);
+          set_operand<PREC>(af[mi], 3, bottom.y);
         }
 #pragma unroll
-        for (int ni = 0; ni < NI; ++ni) b_words[ni] = BTile::pair(Bs, wn0 + ni * 8 + g, k8, t);
-        if constexpr (PREC == kHighest) {
-          mt::Tf32Frag<4> af[MI];
-          mt::Tf32Frag<2> bf[NI];
+        for (int ni = 0; ni < NI; ++ni) {
+          const float2 words = BTile::pair(Bs, wn0 + ni * 8 + g, k8, t);
+          set_operand<PREC>(bf[ni], 0, words.x);
+          set_operand<PREC>(bf[ni], 1, words.y);
+        }
 #pragma unroll
-          for (int mi = 0; mi < MI; ++mi) {
-            af[mi].set(0, a_top[mi].x);
-            af[mi].set(1, a_bottom[mi].x);
-            af[mi].set(2, a_top[mi].y);
-            af[mi].set(3, a_bottom[mi].y);
-          }
+        for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
           for (int ni = 0; ni < NI; ++ni) {
-            bf[ni].set(0, b_words[ni].x);
-            bf[ni].set(1, b_words[ni].y);
-          }
-#pragma unroll
-          for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-            for (int ni = 0; ni < NI; ++ni) mt::mma_3xtf32(fresh[mi][ni], af[mi], bf[ni]);
-          }
-        } else {
-          uint32_t af[MI][4], bf[NI][2];
-#pragma unroll
-          for (int mi = 0; mi < MI; ++mi) {
-            af[mi][0] = round_tf32(a_top[mi].x);
-            af[mi][1] = round_tf32(a_bottom[mi].x);
-            af[mi][2] = round_tf32(a_top[mi].y);
-            af[mi][3] = round_tf32(a_bottom[mi].y);
-          }
-#pragma unroll
-          for (int ni = 0; ni < NI; ++ni) {
-            bf[ni][0] = round_tf32(b_words[ni].x);
-            bf[ni][1] = round_tf32(b_words[ni].y);
-          }
-#pragma unroll
-          for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-            for (int ni = 0; ni < NI; ++ni) mt::mma_tf32(acc[mi][ni], af[mi], bf[ni]);
+            if constexpr (PREC == kHighest) {
+              mt::mma_3xtf32(sum[mi][ni], af[mi], bf[ni]);
+            } else {
+              mt::mma_tf32(sum[mi][ni], af[mi].hi, bf[ni].hi);
+            }
           }
         }
       }
@@ -383,8 +384,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) matmul_mma_kernel(const Matm
 // as hi (and lo) words, with k permuted as the A fragments permute it. Element (n, slot s) of k8 step j
 // sits at word j * 8 * BN + (s / 4) * 4 * BN + (n / 8) * 32 + (n % 8) * 4 + s % 4: the core matrices of
 // one k half are 128 bytes apart along n (stride offset) and the two halves 4 * BN words apart (leading
-// offset). The products of a K tile are waited for before the next tile's conversion, so one buffer
-// serves.
+// offset). Tile kt's products run while the threads convert tile kt + 1 into the other of two buffers;
+// they are waited for (and, for "highest", added to the running sums) just before tile kt + 1's issue.
 // The body exists only where the sm_90a instructions were compiled. Elsewhere the kernel declares a
 // 1-thread limit, which the host reads (cudaFuncGetAttributes) to know whether it can launch it.
 // ------------------------------------------------------------------------------------------------
@@ -432,8 +433,8 @@ __device__ __forceinline__ void fence_registers(float (&d)[64]) {
 
 template <int PREC, bool A_KC, bool B_KC>
 constexpr int wgmma_smem_bytes() {
-  return 4 * (2 * (PREC == kHighest ? 2 : 1) * kWgBN * kBK +
-              WgmmaShape<PREC>::kStages * (OperandTile<kWgBM, A_KC, kWgThreads>::kFloats + OperandTile<kWgBN, B_KC, kWgThreads>::kFloats));
+  constexpr int ring = OperandTile<kWgBM, A_KC, kWgThreads>::kFloats + OperandTile<kWgBN, B_KC, kWgThreads>::kFloats;
+  return 4 * (2 * (PREC == kHighest ? 2 : 1) * kWgBN * kBK + WgmmaShape<PREC>::kStages * ring);
 }
 
 template <int PREC, bool A_KC, bool B_KC>
@@ -448,15 +449,10 @@ __global__ void __launch_bounds__(MT_WGMMA_THREADS, WgmmaShape<PREC>::kBlocksPer
   float* a_smem = smem + 2 * kConvSets * kConv;
   float* b_smem = a_smem + STAGES * ATile::kFloats;
 
-  int tm, tn;
-  tile_coords(blockIdx.x, p.tiles_m, p.tiles_n, &tm, &tn);
-  const int row0 = tm * kWgBM, col0 = tn * BN;
+  const BlockWork w(p, kWgBM, BN);
+  const int row0 = w.row0, col0 = w.col0, k_tiles = w.k_tiles;
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int arow = (threadIdx.x / 128) * 64 + (threadIdx.x / 32 % 4) * 16 + g;  // fragment rows arow, arow + 8
-  const int total_k_tiles = (p.K + kBK - 1) / kBK;
-  const int kt_begin = blockIdx.y * p.k_tiles_per_split;
-  const int k_tiles = max(0, min(p.k_tiles_per_split, total_k_tiles - kt_begin));
-  const int k_end = min(p.K, (kt_begin + k_tiles) * kBK);
 
   for (int bi = blockIdx.z; bi < p.batch; bi += gridDim.z) {
     const float* A = p.a + mt::layout_offset(p.a_batch, bi);
@@ -465,7 +461,7 @@ __global__ void __launch_bounds__(MT_WGMMA_THREADS, WgmmaShape<PREC>::kBlocksPer
       if (kt < k_tiles) {
         const int slot = kt % STAGES;
         load_k_tile<ATile, BTile>(p, A, B, a_smem + slot * ATile::kFloats, b_smem + slot * BTile::kFloats, row0, col0,
-                                  (kt_begin + kt) * kBK, k_end);
+                                  (w.kt_begin + kt) * kBK, w.k_end);
       }
       mt::cp_async_commit();
     };
@@ -475,6 +471,15 @@ __global__ void __launch_bounds__(MT_WGMMA_THREADS, WgmmaShape<PREC>::kBlocksPer
     for (int s = 0; s < STAGES - 1; ++s) load_stage(s);
 
     float acc[64] = {}, fresh[64];
+    // Waits for the products in flight; "highest" adds them (tile kt - 1's fresh sums) to acc.
+    const auto finish_products = [&](bool pending) {
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      fence_registers(PREC == kHighest ? fresh : acc);
+      if (PREC == kHighest && pending) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] += fresh[i];
+      }
+    };
     for (int kt = 0; kt < k_tiles; ++kt) {
       mt::cp_async_wait<STAGES - 2>();
       __syncthreads();  // tile kt landed; the products of tile kt - 2 (which read this conv buffer) are done
@@ -491,22 +496,13 @@ __global__ void __launch_bounds__(MT_WGMMA_THREADS, WgmmaShape<PREC>::kBlocksPer
           v[e] = w.x, v[e + 1] = w.y;
         }
         float* dst = cb + j * 8 * BN + (n / 8) * 32 + (n % 8) * 4;
-        uint4 hi[2], lo[2];  // [0]: slots 0-3 (k = 8j, 8j + 2, ..), [1]: slots 4-7 (k = 8j + 1, ..)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t* ph = reinterpret_cast<uint32_t*>(&hi[h]);
-          uint32_t* pl = reinterpret_cast<uint32_t*>(&lo[h]);
+        for (int h = 0; h < 2; ++h) {  // slots 0-3 hold k = 8j, 8j + 2, .., slots 4-7 k = 8j + 1, ..
+          mt::Tf32Frag<4> f;
 #pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            if constexpr (PREC == kHighest) {
-              const mt::Tf32Pair x = mt::split_tf32(v[2 * s + h]);
-              ph[s] = x.hi, pl[s] = x.lo;
-            } else {
-              ph[s] = round_tf32(v[2 * s + h]);
-            }
-          }
-          *reinterpret_cast<uint4*>(dst + h * 4 * BN) = hi[h];
-          if constexpr (PREC == kHighest) *reinterpret_cast<uint4*>(dst + kConv + h * 4 * BN) = lo[h];
+          for (int s = 0; s < 4; ++s) set_operand<PREC>(f, s, v[2 * s + h]);
+          *reinterpret_cast<uint4*>(dst + h * 4 * BN) = *reinterpret_cast<const uint4*>(f.hi);
+          if constexpr (PREC == kHighest) *reinterpret_cast<uint4*>(dst + kConv + h * 4 * BN) = *reinterpret_cast<const uint4*>(f.lo);
         }
       }
       // The stores must be visible to wgmma (the async proxy). The fence waits for all of this
@@ -515,31 +511,15 @@ __global__ void __launch_bounds__(MT_WGMMA_THREADS, WgmmaShape<PREC>::kBlocksPer
       __syncthreads();
       load_stage(kt + STAGES - 1);  // into the slot of tile kt - 1, which every thread has consumed
 
-      // The products of tile kt - 1 ran during the conversion above; fold them, then issue tile kt's.
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-      if constexpr (PREC == kHighest) {
-        fence_registers(fresh);
-        if (kt > 0) {
-#pragma unroll
-          for (int i = 0; i < 64; ++i) acc[i] += fresh[i];
-        }
-      } else {
-        fence_registers(acc);
-      }
-      uint32_t a_hi[4][4], a_lo[4][4];
+      finish_products(kt > 0);  // tile kt - 1's products ran during the conversion above
+      mt::Tf32Frag<4> af[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float2 top = ATile::pair(As, arow, 8 * j, t), bottom = ATile::pair(As, arow + 8, 8 * j, t);
-        const float x[4] = {top.x, bottom.x, top.y, bottom.y};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if constexpr (PREC == kHighest) {
-            const mt::Tf32Pair sx = mt::split_tf32(x[e]);
-            a_hi[j][e] = sx.hi, a_lo[j][e] = sx.lo;
-          } else {
-            a_hi[j][e] = round_tf32(x[e]);
-          }
-        }
+        set_operand<PREC>(af[j], 0, top.x);
+        set_operand<PREC>(af[j], 1, bottom.x);
+        set_operand<PREC>(af[j], 2, top.y);
+        set_operand<PREC>(af[j], 3, bottom.y);
       }
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -547,25 +527,16 @@ __global__ void __launch_bounds__(MT_WGMMA_THREADS, WgmmaShape<PREC>::kBlocksPer
         const uint64_t b_hi = smem_desc(cb + j * 8 * BN, 4 * BN * 4, 128);
         if constexpr (PREC == kHighest) {
           const uint64_t b_lo = smem_desc(cb + kConv + j * 8 * BN, 4 * BN * 4, 128);
-          wgmma_m64n128k8(fresh, a_lo[j], b_hi, j > 0);
-          wgmma_m64n128k8(fresh, a_hi[j], b_lo, 1);
-          wgmma_m64n128k8(fresh, a_hi[j], b_hi, 1);
+          wgmma_m64n128k8(fresh, af[j].lo, b_hi, j > 0);
+          wgmma_m64n128k8(fresh, af[j].hi, b_lo, 1);
+          wgmma_m64n128k8(fresh, af[j].hi, b_hi, 1);
         } else {
-          wgmma_m64n128k8(acc, a_hi[j], b_hi, 1);
+          wgmma_m64n128k8(acc, af[j].hi, b_hi, 1);
         }
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if constexpr (PREC == kHighest) {
-      fence_registers(fresh);
-      if (k_tiles > 0) {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) acc[i] += fresh[i];
-      }
-    } else {
-      fence_registers(acc);
-    }
+    finish_products(k_tiles > 0);
     mt::cp_async_wait<0>();
     __syncthreads();
     static_assert(kWgBM * (BN + 8) <= 2 * kConv + STAGES * (ATile::kFloats + BTile::kFloats), "C tile must fit");
@@ -736,8 +707,8 @@ int launch_products(const MatmulParams& p, int precision, TileConfig config, int
                                  : launch_tiles<WgmmaKernels<kHigh>, kWgBM, kWgBN>(p, splits, stream);
   }
   if (config == kBigTiles) {
-    return precision == kHighest ? launch_tiles<MmaKernels<BigHighestMma, kHighest>, 128, 128>(p, splits, stream)
-                                 : launch_tiles<MmaKernels<BigHighMma, kHigh>, 128, 128>(p, splits, stream);
+    return precision == kHighest ? launch_tiles<MmaKernels<BigMma, kHighest>, 128, 128>(p, splits, stream)
+                                 : launch_tiles<MmaKernels<BigMma, kHigh>, 128, 128>(p, splits, stream);
   }
   return precision == kHighest ? launch_tiles<MmaKernels<SmallMma, kHighest>, 64, 64>(p, splits, stream)
                                : launch_tiles<MmaKernels<SmallMma, kHigh>, 64, 64>(p, splits, stream);
