@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .cuda import attention, classifier, combine, embedding, layernorm, matmul, optimizer, random, softmax
+from .cuda import attention, classifier, combine, embedding, layernorm, matmul, optimizer, random, softmax, staging
 from .cuda.runtime import (
     INT_LIMIT,
     CudaKernelError,
@@ -79,3 +79,5 @@ class CudaKernelOps(TensorOps):
     attention_bw = staticmethod(attention.attention_bw)
     linear_cross_entropy_fw = staticmethod(classifier.linear_cross_entropy_fw)
     adamw_step = staticmethod(optimizer.adamw_step)
+    adamw_multi = staticmethod(optimizer.MultiTensorAdamW)
+    storage_upload = staticmethod(staging.upload_storage)

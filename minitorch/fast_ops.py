@@ -228,6 +228,7 @@ class FastOps(TensorOps):
     storage_empty = SimpleOps.storage_empty
     storage_from_numpy = SimpleOps.storage_from_numpy
     storage_to_numpy = SimpleOps.storage_to_numpy
+    storage_upload = SimpleOps.storage_upload
     fill = SimpleOps.fill
     arange = SimpleOps.arange
     uniform = SimpleOps.uniform

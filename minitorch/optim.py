@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .autodiff import no_grad
 from .fused.adamw import adamw_step
 from .module import Parameter
+from .tensor import Tensor
 from .tensor_create import tensor_from_numpy
+from .tensor_ops import hook
 
 
 class Optimizer:
@@ -111,11 +113,18 @@ class AdamW(Adam):
     p <- p (1 - lr wd);  m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;
     p <- p - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps).
 
+    max_grad_norm: when set, every gradient is first scaled by min(1, max_grad_norm / global L2 norm
+    of all gradients) (global-norm clipping); `grad_norm()` gives that norm, before clipping, as a
+    one-element tensor (no host read).
+
     Unlike Adam, it updates IN PLACE: each parameter keeps its tensor and storage, and its moments
-    are allocated once (zeros, at its first step) and overwritten after that, so a step allocates
-    nothing that outlives it.  The update is `minitorch.fused.adamw_step`: one fused kernel per
-    parameter on CUDA (reads p, g, m, v and writes p, m, v: 28 bytes per element), composed tensor
-    ops on the CPU backends.  state_dict / load_state_dict are Adam's (step count and moments).
+    are allocated once (zeros, at its first step) and overwritten after that.  On a backend with
+    the multi-tensor hook (CUDA) the whole step is three kernel launches for all parameters that
+    read the learning rate and step count from device memory: `begin_step()` queues those values
+    (host work only), `update()` launches the kernels, so `update()` can be captured in a CUDA graph
+    and replayed every step.  `step()` is both.  Elsewhere the update is `minitorch.fused.adamw_step`
+    per parameter (composed tensor ops on the CPU backends), after a composed clip.
+    state_dict / load_state_dict are Adam's (step count and moments).
     """
 
     def __init__(
@@ -126,22 +135,77 @@ class AdamW(Adam):
         beta2: float = 0.999,
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        max_grad_norm: Optional[float] = None,
     ):
         if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
             raise ValueError(f"AdamW betas must be in [0, 1), got beta1={beta1}, beta2={beta2}")
         if lr < 0.0 or eps < 0.0 or weight_decay < 0.0:
             raise ValueError(f"AdamW needs lr, eps and weight_decay >= 0, got {lr}, {eps}, {weight_decay}")
+        if max_grad_norm is not None and not max_grad_norm > 0.0:
+            raise ValueError(f"AdamW max_grad_norm must be positive or None, got {max_grad_norm}")
         super().__init__(parameters, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+        self.max_grad_norm = max_grad_norm
+        self._multi: Any = None
+        self._norm: Optional[Tensor] = None
 
     def step(self) -> None:
+        """One update of every parameter that has a gradient."""
+        self.begin_step()
+        self.update()
+
+    def begin_step(self) -> None:
+        """Count the step and queue its learning rate (no kernel, no wait on the GPU)."""
         self.t += 1
+        if self._multi_state() is not None:
+            self._multi.set_step(float(self.lr), self.t)
+
+    def update(self) -> None:
+        """The update of the step begun by `begin_step`."""
         with no_grad():
-            for i, p in self._params_with_grad():
-                value = p.value
+            params = self._params_with_grad()
+            if not params:
+                return
+            for i, p in params:
                 if i not in self.m:
-                    self.m[i] = value.zeros()
-                    self.v[i] = value.zeros()
+                    self.m[i] = p.value.zeros()
+                    self.v[i] = p.value.zeros()
+            if self._multi is not None:
+                values = [p.value for _, p in params]
+                self._multi.update(
+                    [v._tensor for v in values], [v.grad._tensor for v in values], [self.m[i]._tensor for i, _ in params],
+                    [self.v[i]._tensor for i, _ in params], self.max_grad_norm or 0.0, self.beta1, self.beta2, self.eps,
+                    self.weight_decay,
+                )  # fmt: skip
+                return
+            grads = self._clipped_grads([p.value.grad for _, p in params])
+            for (i, p), g in zip(params, grads):
                 adamw_step(
-                    value, value.grad, self.m[i], self.v[i], float(self.lr), self.beta1, self.beta2, self.eps,
+                    p.value, g, self.m[i], self.v[i], float(self.lr), self.beta1, self.beta2, self.eps,
                     self.weight_decay, self.t,
                 )  # fmt: skip
+
+    def grad_norm(self) -> Tensor:
+        """Global L2 norm of the gradients of the last update, before clipping: shape (1,)."""
+        if self._multi is not None:
+            first = self.parameters[0].value
+            return first._new(self._multi.grad_norm())
+        if self._norm is None:
+            raise RuntimeError("AdamW.grad_norm(): no update has run yet")
+        return self._norm
+
+    def _multi_state(self) -> Any:
+        if self._multi is None and self.parameters:
+            make = hook(self.parameters[0].value.backend.ops, "adamw_multi")
+            self._multi = None if make is None else make()
+        return self._multi
+
+    def _clipped_grads(self, grads: List[Tensor]) -> List[Tensor]:
+        total = (grads[0] * grads[0]).sum()
+        for g in grads[1:]:
+            total = total + (g * g).sum()
+        self._norm = total**0.5
+        if self.max_grad_norm is None:
+            return grads
+        # max_norm / max(norm, max_norm) is 1 for small gradients and max_norm / norm otherwise.
+        scale = self.max_grad_norm / self._norm.clamp(min=self.max_grad_norm)
+        return [g * scale for g in grads]

@@ -122,13 +122,23 @@ class Tensor(Reductions):
         self.backend.ops.arange(out._tensor)
         return out
 
-    def copy_(self, src: TensorLike) -> "Tensor":
-        """Write src (a number, or a tensor broadcasting to this shape) into this tensor's storage, in
-        place; for tensors without history (buffers, optimizer state, parameters' data)."""
+    def copy_(self, src: Union[TensorLike, np.ndarray]) -> "Tensor":
+        """Write src (a number, a tensor broadcasting to this shape, or a numpy array of this shape)
+        into this tensor's storage, in place; for tensors without history (buffers, optimizer state,
+        parameters' data).  From numpy to a CUDA tensor the copy is queued without waiting for the
+        GPU (through pinned staging buffers)."""
         if self.history is not None and not self.is_leaf():
             raise RuntimeError(f"copy_ into a tensor of shape {self.shape} that has autodiff history")
         if isinstance(src, (int, float)):
             self.backend.ops.fill(self._tensor, float(src))
+            return self
+        if isinstance(src, np.ndarray):
+            if src.shape != self.shape or not self.is_contiguous():
+                raise IndexingError(
+                    f"copy_ of a numpy array of shape {src.shape} needs a contiguous tensor of that shape, got "
+                    f"{self.shape} strides {self._tensor.strides}"
+                )
+            self.backend.ops.storage_upload(self._tensor._storage, src)
             return self
         src = self._ensure(src)
         if shape_broadcast(src.shape, self.shape) != self.shape:

@@ -32,14 +32,15 @@ ATTENTION_ACTIVATIONS = ("softmax", "relu")  # what attention applies to the sco
 class TensorOps:
     """What a backend provides, all on TensorData:
 
-    storage_empty(size), storage_from_numpy(arr), storage_to_numpy(storage); fill(out, value),
+    storage_empty(size), storage_from_numpy(arr), storage_to_numpy(storage),
+    storage_upload(storage, arr) (storage[:arr.size] = arr, without waiting on a device); fill(out, value),
     arange(out), uniform(out, seed) writing into `out`; map(fn) -> op(a, out=None),
     map_scalar(fn) -> op(a, s), zip(fn) -> op(a, b), reduce(fn, start) -> op(a, dim) (dim kept with
     size 1), matrix_multiply(a, b).
 
     Optional kernel hooks, looked up by name with `hook(ops, name)` (absent: the Function runs its
     composed reference): attn_softmax_fw/bw, layernorm_fw/bw, attention_fw/bw, embedding_fw/bw,
-    linear_cross_entropy_fw, adamw_step.  Their contracts are documented where the
+    linear_cross_entropy_fw, adamw_step, adamw_multi (multi-tensor AdamW state, see optim.AdamW).  Their contracts are documented where the
     Function that calls them lives.  Inputs reach a hook already checked (shapes, values) by the
     public entry; a hook only rejects what its kernels cannot do (sizes beyond their limits).
     """
@@ -72,6 +73,11 @@ class SimpleOps(TensorOps):
     @staticmethod
     def storage_to_numpy(storage: np.ndarray) -> np.ndarray:
         return storage
+
+    @staticmethod
+    def storage_upload(storage: np.ndarray, arr: np.ndarray) -> None:
+        flat = np.asarray(arr, dtype=np.float32).reshape(-1)
+        storage[: flat.size] = flat
 
     @staticmethod
     def fill(out: TensorData, value: float) -> None:

@@ -1,8 +1,7 @@
-"""Training pieces of the translation program: backend and model, learning-rate schedule,
-gradient clipping, the loss of a batch, validation loss, memory readings and checkpoints.
+"""Training pieces of the translation program: backend and model, learning-rate schedule, the
+loss of a batch, validation loss, memory readings and checkpoints (the step itself: mt_steps.py).
 
-Everything numeric runs as minitorch tensor ops on the chosen backend. Per training step the host
-sends the batch (three small arrays) and reads one number back, the loss.
+Everything numeric runs as minitorch tensor ops on the chosen backend.
 """
 
 from __future__ import annotations
@@ -60,25 +59,6 @@ def learning_rate(step: int, peak: float, warmup_steps: int, total_steps: int) -
     return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def clip_grad_norm(parameters: Sequence[minitorch.Parameter], max_norm: float) -> Tensor:
-    """Scale all gradients by min(1, max_norm / global L2 norm), on the backend (no host read).
-    Returns the norm before clipping as a one-element tensor."""
-    grads = [p.value.grad for p in parameters if p.value.grad is not None]
-    if not grads:
-        raise ValueError("clip_grad_norm: no parameter has a gradient")
-    with minitorch.no_grad():
-        total = (grads[0] * grads[0]).sum()
-        for g in grads[1:]:
-            total = total + (g * g).sum()
-        norm = total**0.5
-        # max_norm / max(norm, max_norm) is 1 for small gradients and max_norm / norm otherwise.
-        scale = max_norm / norm.clamp(min=max_norm)
-        for p in parameters:
-            if p.value.grad is not None:
-                p.value.grad = p.value.grad * scale
-    return norm
-
-
 def batch_tensors(batch: Batch, backend: TensorBackend) -> Tuple[Tensor, Tensor, Tensor]:
     """(tokens [B, T], targets [B*T], weights [B*T]) on the backend."""
     tokens = minitorch.tensor_from_numpy(batch.tokens, backend=backend)
@@ -88,11 +68,15 @@ def batch_tensors(batch: Batch, backend: TensorBackend) -> Tuple[Tensor, Tensor,
 
 
 def batch_loss(model: DecoderLM, batch: Batch, backend: TensorBackend, loss: str = "naive") -> Tensor:
-    """Token-weighted mean cross-entropy of the batch's targets (English side and <eos_en>).
+    """Token-weighted mean cross-entropy of the batch's targets (English side and <eos_en>)."""
+    return batch_loss_from_tensors(model, *batch_tensors(batch, backend), loss)
+
+
+def batch_loss_from_tensors(model: DecoderLM, tokens: Tensor, targets: Tensor, weights: Tensor, loss: str = "naive") -> Tensor:
+    """batch_loss of tokens [B, T], targets [B*T] and weights [B*T] already on the backend.
 
     loss "naive": the LM head's [B*T, V] logits, then nn.cross_entropy; "fused":
     minitorch.fused_linear_cross_entropy on the LM head's input, which never makes the logits."""
-    tokens, targets, weights = batch_tensors(batch, backend)
     if loss == "fused":
         hidden = model.hidden_states(tokens)
         B, T, C = hidden.shape
@@ -111,27 +95,6 @@ def batch_loss(model: DecoderLM, batch: Batch, backend: TensorBackend, loss: str
 def count_tokens(batch: Batch) -> int:
     """Real (non-padding) input tokens of a batch, the unit of tokens/s."""
     return int(np.count_nonzero(batch.tokens != PAD_ID))
-
-
-def train_step(
-    model: DecoderLM,
-    optimizer: minitorch.Adam,
-    batch: Batch,
-    backend: TensorBackend,
-    lr: float,
-    grad_clip: Optional[float],
-    loss_kind: str = "naive",
-) -> float:
-    """One update: forward, backward, optional global-norm clipping, the optimizer's step at this
-    lr; the loss.  loss_kind: see batch_loss."""
-    loss = batch_loss(model, batch, backend, loss_kind)
-    optimizer.zero_grad()
-    loss.backward()
-    if grad_clip:
-        clip_grad_norm(optimizer.parameters, grad_clip)
-    optimizer.lr = lr
-    optimizer.step()
-    return loss.item()
 
 
 def validation_loss(model: DecoderLM, sequences: Sequence[np.ndarray], batch_size: int, backend: TensorBackend) -> float:

@@ -29,6 +29,7 @@ from tqdm import tqdm
 import minitorch
 from project import mt_data
 from project.mt_decode import corpus_bleu, greedy_decode, write_translations
+from project.mt_steps import StepTimer, TrainStep
 from project.mt_train import (
     build_model,
     checkpoint_path,
@@ -38,7 +39,6 @@ from project.mt_train import (
     make_backend,
     peak_memory_mb,
     save_checkpoint,
-    train_step,
     validation_loss,
 )
 
@@ -48,7 +48,7 @@ METRICS_NAME = "metrics.jsonl"
 # --loss, --recompute-layers and --attention change how the same function is computed (memory, speed), not the model.
 RUN_CONTROL = {
     "epochs", "backend", "use_fused_kernel", "data_dir", "eval_batch_size", "test_samples", "out_dir", "resume",
-    "loss", "recompute_layers", "attention",
+    "loss", "recompute_layers", "attention", "cuda_graphs", "log_every",
 }  # fmt: skip
 
 
@@ -91,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-layers", type=str2bool, default=False, metavar="true|false",
                    help="gradient checkpointing: keep only each transformer layer's input and recompute the "
                    "layer in backward")
-    p.add_argument("--checkpoint", action=RenamedOption, nargs="?", help=argparse.SUPPRESS)
+    p.add_argument("--checkpoint", action=RenamedOption, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--cuda-graphs", type=str2bool, default=True, metavar="true|false",
+                   help="replay each training step from a CUDA graph (CUDA backend; ignored on the CPU)")
+    p.add_argument("--log-every", type=positive_int, default=50,
+                   help="steps between progress-bar loss readings (each one waits for the GPU)")
     p.add_argument("--attention", choices=("naive", "fused"), default="naive",
                    help="naive: scores, softmax and weights as [B, H, T, T] tensors; fused: minitorch.fused_attention")
     p.add_argument("--activation", choices=("softmax", "relu"), default="softmax",
@@ -199,7 +203,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     prompts = mt_data.encode_prompts(tokenizer, sources, config["max_len"])
 
     model = build_model(config, tokenizer.get_vocab_size(), backend)
-    optimizer = minitorch.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
+    optimizer = minitorch.AdamW(
+        model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"], max_grad_norm=config["grad_clip"] or None
+    )
     batcher = mt_data.Batcher(
         train.sequences, config["batch_size"], seed=config["seed"], samples_per_epoch=config["samples_per_epoch"]
     )
@@ -226,19 +232,30 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         f"{len(valid.sequences)} valid, {len(prompts)} test; {len(batcher)} steps/epoch",
         flush=True,
     )
+    train_step = TrainStep(
+        model, optimizer, backend, config["loss"], use_graphs=config["cuda_graphs"] and backend.cuda,
+        graph_batch_size=config["batch_size"],
+    )  # fmt: skip
+    timer = StepTimer(backend)
     for epoch in range(epoch + 1, config["epochs"] + 1):
         start = time.perf_counter()
-        loss_sum, n_targets, n_tokens = 0.0, 0, 0
+        train_step.loss_sum.copy_(0.0)
+        n_targets, n_tokens = 0, 0
         bar = tqdm(batcher.epoch(), total=len(batcher), desc=f"epoch {epoch}/{config['epochs']}", unit="batch")
-        for batch in bar:
+        timer.start()
+        for i, batch in enumerate(bar):
             lr = learning_rate(step, config["lr"], config["warmup_steps"], total_steps)
-            loss = train_step(model, optimizer, batch, backend, lr, config["grad_clip"], config["loss"])
+            replayed = train_step(batch, lr)
+            tokens = count_tokens(batch)
+            timer.mark(tokens, steady=replayed or not train_step.use_graphs)
             step += 1
-            loss_sum += loss * batch.n_targets
             n_targets += batch.n_targets
-            n_tokens += count_tokens(batch)
-            elapsed = time.perf_counter() - start
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{n_tokens / elapsed:,.0f}", lr=f"{lr:.2e}", refresh=False)
+            n_tokens += tokens
+            if (i + 1) % config["log_every"] == 0:
+                loss = train_step.loss_total() / n_targets
+                elapsed = time.perf_counter() - start
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{n_tokens / elapsed:,.0f}", lr=f"{lr:.2e}", refresh=False)
+        train_loss = train_step.loss_total() / n_targets
         bar.close()
         train_seconds = time.perf_counter() - start
 
@@ -252,11 +269,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             "epoch": epoch,
             "step": step,
             "lr": lr,
-            "train_loss": loss_sum / n_targets,
+            "train_loss": train_loss,
             "valid_loss": valid_loss,
             "bleu": bleu,
             "tokens": n_tokens,
             "tokens_per_s": n_tokens / train_seconds,
+            "tokens_per_s_median_step": timer.median_tokens_per_s(),
+            "graphs_captured": train_step.captured,
             "train_seconds": train_seconds,
             "eval_seconds": seconds - train_seconds,
             "seconds": seconds,
@@ -279,13 +298,18 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         )
         print(
             f"epoch {epoch}: train loss {record['train_loss']:.4f}, valid loss {valid_loss:.4f}, BLEU {bleu:.2f}, "
-            f"{record['tokens_per_s']:,.0f} tokens/s, {seconds:.1f}s, peak memory {record['peak_memory_mb']:,.0f} MiB "
+            f"{record['tokens_per_s']:,.0f} tokens/s over the epoch (median step {_rate(record)}), {seconds:.1f}s, peak memory {record['peak_memory_mb']:,.0f} MiB "
             f"({record['memory_kind']}); sample: {hypotheses[0]!r}",
             flush=True,
         )
 
     print_summary(history, out_dir)
     return {"config": config, "history": history, "out_dir": out_dir}
+
+
+def _rate(record: Dict[str, Any]) -> str:
+    rate = record.get("tokens_per_s_median_step")
+    return "n/a" if rate is None else f"{rate:,.0f} tokens/s"
 
 
 def print_summary(history: List[Dict[str, Any]], out_dir: Path) -> None:

@@ -10,12 +10,40 @@
 // Thread mapping: a grid-stride loop over float4 groups with one wave of resident blocks; each
 // thread issues its loads for two groups (8 independent 16-byte loads) before the first use. A
 // scalar path takes tensors that are not 16-byte aligned, and the last n % 4 elements.
+//
+// The multi-tensor step updates every parameter of a model in three launches, with nothing read
+// back by the host, so a training step can be captured in a CUDA graph:
+//   1. grad_sumsq_kernel: the sum of squares of every gradient, one partial per block of
+//      kChunk elements of one tensor (a block's tensor is found in a table of block offsets);
+//   2. adamw_prepare_kernel (one block): the global norm sqrt(sum of partials, in double, in a
+//      fixed order: deterministic), the clip factor min(1, max_norm / norm), and the AdamW
+//      coefficients from the learning rate and step count that the host wrote to device memory;
+//   3. adamw_multi_kernel: per block, one chunk of one tensor, g scaled by the clip factor.
+// Tensors come in lists of up to kMaxTensors pointers passed by value (several launches of 1 and
+// 3 for longer lists; their partials go to consecutive ranges of one buffer).
 #include <cmath>
 #include <cuda_runtime.h>
 
 #include "includes/cuda_check.cuh"
 #include "includes/device_info.cuh"
+#include "includes/reduce.cuh"
 #include "includes/vec.cuh"
+
+// Exported in the C ABI, so outside the anonymous namespace (a type with internal linkage would
+// give the launchers internal linkage too).
+constexpr int kMaxTensors = 40;
+
+// Up to kMaxTensors contiguous float32 tensors by value; block b of a launch works on chunk
+// b - block_start[t] of the tensor t with block_start[t] <= b < block_start[t + 1].
+struct TensorList {
+  float* param[kMaxTensors];
+  const float* grad[kMaxTensors];
+  float* exp_avg[kMaxTensors];
+  float* exp_avg_sq[kMaxTensors];
+  long long numel[kMaxTensors];
+  int block_start[kMaxTensors + 1];
+  int count;
+};
 
 namespace {
 
@@ -29,9 +57,30 @@ struct AdamWCoefficients {
   float step_size;     // lr / (1 - beta1^step)
   float inv_bc2_sqrt;  // 1 / sqrt(1 - beta2^step)
   float eps;
+  float grad_scale;    // the clip factor of the multi-tensor step (1 for the single-tensor one)
+  float grad_norm;     // the global gradient norm before clipping (multi-tensor step)
 };
 
+// Coefficients from double-precision hyperparameters (with beta2 = 0.999 rounded to float first,
+// 1 - beta2 would be off by 1.3e-5 relative, and so would v).
+__host__ __device__ inline AdamWCoefficients adamw_coefficients(double lr, double beta1, double beta2, double eps,
+                                                                 double weight_decay, double bc1, double bc2) {
+  AdamWCoefficients c;
+  c.decay = static_cast<float>(1.0 - lr * weight_decay);
+  c.beta1 = static_cast<float>(beta1);
+  c.beta2 = static_cast<float>(beta2);
+  c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  c.step_size = static_cast<float>(lr / bc1);
+  c.inv_bc2_sqrt = static_cast<float>(1.0 / sqrt(bc2));
+  c.eps = static_cast<float>(eps);
+  c.grad_scale = 1.f;
+  c.grad_norm = 0.f;
+  return c;
+}
+
 __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float& v, const AdamWCoefficients& c) {
+  g *= c.grad_scale;
   m = c.beta1 * m + c.one_minus_beta1 * g;
   v = c.beta2 * v + c.one_minus_beta2 * g * g;
   p = p * c.decay - c.step_size * m / (sqrtf(v) * c.inv_bc2_sqrt + c.eps);
@@ -93,6 +142,90 @@ adamw_scalar_kernel(float* __restrict__ param, const float* __restrict__ grad, f
   }
 }
 
+
+// ---- multi-tensor step ---------------------------------------------------------------------------
+constexpr long long kChunk = 32768;  // elements per block
+constexpr int kPrepareThreads = 1024;
+
+__device__ __forceinline__ int tensor_of_block(const TensorList& l, int block) {
+  int t = 0;
+  while (t + 1 < l.count && l.block_start[t + 1] <= block) ++t;
+  return t;
+}
+
+__global__ void __launch_bounds__(kThreads) grad_sumsq_kernel(const TensorList l, float* __restrict__ partials) {
+  __shared__ float scratch[32];
+  const int t = tensor_of_block(l, blockIdx.x);
+  const long long begin = (blockIdx.x - l.block_start[t]) * kChunk;
+  const long long end = min(begin + kChunk, l.numel[t]);
+  const float* g = l.grad[t];
+  float s = 0.f;
+  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) s = fmaf(g[i], g[i], s);
+  s = mt::block_allreduce(s, mt::SumOp(), 0.f, scratch);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// hyper: [lr, step] written by the host; max_norm <= 0 turns clipping off (the norm is still made).
+__global__ void __launch_bounds__(kPrepareThreads)
+adamw_prepare_kernel(const float* __restrict__ partials, int n_partials, const double* __restrict__ hyper,
+                     double max_norm, double beta1, double beta2, double eps, double weight_decay,
+                     AdamWCoefficients* __restrict__ out) {
+  __shared__ double sums[kPrepareThreads];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < n_partials; i += blockDim.x) s += partials[i];
+  sums[threadIdx.x] = s;
+  __syncthreads();
+  for (int width = blockDim.x / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) sums[threadIdx.x] += sums[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  const double lr = hyper[0];
+  const double step = hyper[1];
+  const double norm = sqrt(sums[0]);
+  AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, eps, weight_decay, 1.0 - pow(beta1, step),
+                                           1.0 - pow(beta2, step));
+  c.grad_scale = max_norm > 0.0 && norm > max_norm ? static_cast<float>(max_norm / norm) : 1.f;
+  c.grad_norm = static_cast<float>(norm);
+  *out = c;
+}
+
+__global__ void __launch_bounds__(kThreads)
+adamw_multi_kernel(const TensorList l, const AdamWCoefficients* __restrict__ coefficients) {
+  const AdamWCoefficients c = *coefficients;
+  const int t = tensor_of_block(l, blockIdx.x);
+  const long long begin = (blockIdx.x - l.block_start[t]) * kChunk;
+  const long long end = min(begin + kChunk, l.numel[t]);
+  float* p = l.param[t];
+  const float* g = l.grad[t];
+  float* m = l.exp_avg[t];
+  float* v = l.exp_avg_sq[t];
+  const bool vec = mt::is_aligned16(p) && mt::is_aligned16(g) && mt::is_aligned16(m) && mt::is_aligned16(v);
+  long long i = begin + 4 * threadIdx.x;
+  if (vec) {
+    for (; i + 3 < end; i += 4 * blockDim.x) {
+      float4 p4 = *reinterpret_cast<float4*>(p + i), m4 = *reinterpret_cast<float4*>(m + i);
+      float4 v4 = *reinterpret_cast<float4*>(v + i);
+      adamw_float4(p4, *reinterpret_cast<const float4*>(g + i), m4, v4, c);
+      *reinterpret_cast<float4*>(p + i) = p4;
+      *reinterpret_cast<float4*>(m + i) = m4;
+      *reinterpret_cast<float4*>(v + i) = v4;
+    }
+    for (long long j = i; j < min(i + 4, end); ++j) adamw_element(p[j], g[j], m[j], v[j], c);
+  } else {
+    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) adamw_element(p[j], g[j], m[j], v[j], c);
+  }
+}
+
+bool valid_list(const TensorList& l) {
+  if (l.count < 1 || l.count > kMaxTensors || l.block_start[0] != 0) return false;
+  for (int t = 0; t < l.count; ++t) {
+    if (l.numel[t] < 1 || l.grad[t] == nullptr) return false;
+    if (l.block_start[t + 1] - l.block_start[t] != (l.numel[t] + kChunk - 1) / kChunk) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 // ================================================================================================
@@ -104,8 +237,7 @@ MT_DEFINE_ERROR_STRING()
 
 // One AdamW step (step = 1, 2, ... counts the updates so far, this one included) over n contiguous
 // float32 elements: param, exp_avg and exp_avg_sq are updated in place, grad is read. The bias
-// corrections are computed here in double precision. The hyperparameters arrive as doubles: with
-// beta2 = 0.999 rounded to float first, 1 - beta2 would be off by 1.3e-5 relative, and so would v.
+// corrections are computed here in double precision from double hyperparameters.
 int launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, long long n, double lr,
                  double beta1, double beta2, double eps, double weight_decay, int step, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(n < 0 || step < 1);
@@ -114,15 +246,7 @@ int launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg
   const double bc1 = 1.0 - std::pow(beta1, step);
   const double bc2 = 1.0 - std::pow(beta2, step);
   MT_RETURN_IF_INVALID(!(bc1 > 0.0) || !(bc2 > 0.0));  // beta == 1 would divide by zero
-  AdamWCoefficients c;
-  c.decay = static_cast<float>(1.0 - lr * weight_decay);
-  c.beta1 = static_cast<float>(beta1);
-  c.beta2 = static_cast<float>(beta2);
-  c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-  c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
-  c.step_size = static_cast<float>(lr / bc1);
-  c.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-  c.eps = static_cast<float>(eps);
+  const AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, eps, weight_decay, bc1, bc2);
   const bool vec = mt::is_aligned16(param) && mt::is_aligned16(grad) && mt::is_aligned16(exp_avg) &&
                    mt::is_aligned16(exp_avg_sq);
   int grid = 0;
@@ -137,5 +261,39 @@ int launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg
   }
   return mt_launch_status();
 }
+
+// Multi-tensor step, see the header. Launch 1 over each list of the model's gradients, writing
+// its block_start[count] partials at partials + partial_offset.
+int launch_grad_sumsq(TensorList list, float* partials, cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(!valid_list(list) || partials == nullptr);
+  grad_sumsq_kernel<<<list.block_start[list.count], kThreads, 0, stream>>>(list, partials);
+  return mt_launch_status();
+}
+
+// Launch 2: the norm over n_partials partials and the coefficients for this step into *out.
+int launch_adamw_prepare(const float* partials, int n_partials, const double* hyper, double max_norm, double beta1,
+                         double beta2, double eps, double weight_decay, void* out, cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(n_partials < 1 || partials == nullptr || hyper == nullptr || out == nullptr);
+  MT_RETURN_IF_INVALID(!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0));
+  adamw_prepare_kernel<<<1, kPrepareThreads, 0, stream>>>(partials, n_partials, hyper, max_norm, beta1, beta2, eps,
+                                                          weight_decay, static_cast<AdamWCoefficients*>(out));
+  return mt_launch_status();
+}
+
+// Launch 3 over each list: the update with the coefficients launch 2 wrote.
+int launch_adamw_multi(TensorList list, const void* coefficients, cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(!valid_list(list) || coefficients == nullptr);
+  for (int t = 0; t < list.count; ++t) {
+    MT_RETURN_IF_INVALID(list.param[t] == nullptr || list.exp_avg[t] == nullptr || list.exp_avg_sq[t] == nullptr);
+  }
+  adamw_multi_kernel<<<list.block_start[list.count], kThreads, 0, stream>>>(
+      list, static_cast<const AdamWCoefficients*>(coefficients));
+  return mt_launch_status();
+}
+
+// Sizes the Python binding mirrors (checked when the library loads).
+int adamw_max_tensors(void) { return kMaxTensors; }
+long long adamw_chunk(void) { return kChunk; }
+int adamw_coefficient_floats(void) { return static_cast<int>(sizeof(AdamWCoefficients) / sizeof(float)); }
 
 }  // extern "C"

@@ -5,7 +5,12 @@
 // group's Philox call gives its 4 values, stored as one float4 when the output is flat and aligned,
 // else element by element through the layout.
 //
-// launch_uniform follows cuda_check.cuh's contract: device pointers, layouts by value and a
+// launch_uniform_from reads its key from device memory, so a captured CUDA graph draws new numbers
+// at every replay once the host has written a new seed there; its `sequence` (e.g. the ordinal of
+// the call within a training step) selects an independent Philox stream through the counter's high
+// 64 bits, which launch_uniform leaves at 0.
+//
+// Both launchers follow cuda_check.cuh's contract: device pointers, layouts by value and a
 // cudaStream_t in, an int cudaError_t out (cudaErrorInvalidValue for bad sizes).
 #include <cuda_runtime.h>
 
@@ -36,15 +41,18 @@ __device__ __forceinline__ float unit_float(unsigned bits) {
   return static_cast<float>(bits >> 8) * (1.f / 16777216.f);
 }
 
-// Element i of the logical (row-major) order gets component i % 4 of Philox(counter = i / 4).
-__global__ void uniform_kernel(float* out, const MtLayout out_l, int n, bool flat,
-                               unsigned long long seed) {
+// Element i of the logical (row-major) order gets component i % 4 of Philox(counter = (i / 4,
+// sequence)), keyed by *seed_ptr when it is given, else by seed.
+__global__ void uniform_kernel(float* out, const MtLayout out_l, int n, bool flat, unsigned long long seed,
+                               const unsigned long long* seed_ptr, unsigned long long sequence) {
+  if (seed_ptr != nullptr) seed = *seed_ptr;
   const uint2 key = make_uint2(static_cast<unsigned>(seed), static_cast<unsigned>(seed >> 32));
+  const unsigned seq_lo = static_cast<unsigned>(sequence), seq_hi = static_cast<unsigned>(sequence >> 32);
   const long long groups = (static_cast<long long>(n) + 3) / 4;
   const long long stride = mt::grid_stride_step();
   for (long long g = mt::grid_stride_first(); g < groups; g += stride) {
     const uint4 bits = philox4x32_10(
-        make_uint4(static_cast<unsigned>(g), static_cast<unsigned>(g >> 32), 0u, 0u), key);
+        make_uint4(static_cast<unsigned>(g), static_cast<unsigned>(g >> 32), seq_lo, seq_hi), key);
     const float v[4] = {unit_float(bits.x), unit_float(bits.y), unit_float(bits.z),
                         unit_float(bits.w)};
     const int base = static_cast<int>(g * 4);
@@ -65,16 +73,36 @@ extern "C" {
 
 MT_DEFINE_ERROR_STRING()
 
-// Uniform [0, 1) floats: the element at row-major ordinal i of the layout gets a value that depends
-// only on (seed, i).
-int launch_uniform(float* out, MtLayout out_l, unsigned long long seed, cudaStream_t stream) {
+}  // extern "C"
+
+namespace {
+
+int uniform(float* out, const MtLayout& out_l, unsigned long long seed, const unsigned long long* seed_ptr,
+            unsigned long long sequence, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(!mt::valid_layout(out_l));
   const long long n = mt::layout_numel(out_l);
   MT_RETURN_IF_INVALID(n > mt::kMaxInt);
   if (n == 0) return 0;
   const bool flat = mt::layout_is_flat_contiguous(out_l) && mt::is_aligned16(out);
-  return mt::launch_grid_stride<uniform_kernel>((n + 3) / 4, stream, out, out_l, static_cast<int>(n), flat,
-                                                seed);
+  return mt::launch_grid_stride<uniform_kernel>((n + 3) / 4, stream, out, out_l, static_cast<int>(n), flat, seed,
+                                                seed_ptr, sequence);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Uniform [0, 1) floats: the element at row-major ordinal i of the layout gets a value that depends
+// only on (seed, i).
+int launch_uniform(float* out, MtLayout out_l, unsigned long long seed, cudaStream_t stream) {
+  return uniform(out, out_l, seed, nullptr, 0, stream);
+}
+
+// The same with the seed read from device memory when the kernel runs, and stream `sequence`.
+int launch_uniform_from(float* out, MtLayout out_l, const unsigned long long* seed_ptr, unsigned long long sequence,
+                        cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(seed_ptr == nullptr);
+  return uniform(out, out_l, 0, seed_ptr, sequence, stream);
 }
 
 }  // extern "C"

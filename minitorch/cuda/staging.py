@@ -1,0 +1,79 @@
+"""Host->device uploads that never wait on the GPU: values are copied into a ring of pinned host
+buffers and sent with non-blocking copies on the current stream, so a training loop can queue the
+next step's inputs (a batch, a learning rate, a dropout seed) while earlier steps still run.
+
+A ring slot is reused only after the copy that last read it has run (an event per slot), so the
+host can run at most `SLOTS` uploads ahead of the GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import numpy as np
+
+from .runtime import count_transfer, runtime
+
+SLOTS = 64
+
+
+class Uploader:
+    """A ring of pinned staging buffers; `upload(dst, values)` queues dst[:] = values."""
+
+    def __init__(self) -> None:
+        self._buffers: List[Optional[Any]] = [None] * SLOTS
+        self._events: List[Optional[Any]] = [None] * SLOTS
+        self._next = 0
+
+    def upload(self, dst: Any, values: np.ndarray) -> None:
+        """Queue a copy of `values` into the device tensor `dst` (a torch tensor of the same number
+        of elements and dtype) on the current stream; returns without waiting for the GPU."""
+        torch = runtime().torch
+        host = np.ascontiguousarray(values).reshape(-1)
+        if host.size != dst.numel():
+            raise ValueError(f"upload of {host.size} values into a device buffer of {dst.numel()}")
+        slot = self._next
+        self._next = (slot + 1) % SLOTS
+        event = self._events[slot]
+        if event is not None:
+            event.synchronize()
+        nbytes = host.nbytes
+        buffer = self._buffers[slot]
+        if buffer is None or buffer.numel() < nbytes:
+            buffer = self._buffers[slot] = torch.empty(max(nbytes, 256), dtype=torch.uint8, pin_memory=True)
+        staged = buffer[:nbytes]
+        staged.numpy()[:] = host.view(np.uint8)
+        dst.view(-1).view(torch.uint8).copy_(staged, non_blocking=True)
+        if event is None:
+            event = self._events[slot] = torch.cuda.Event()
+        event.record()
+        count_transfer("h2d", nbytes)
+
+
+_uploader: List[Uploader] = []
+
+
+def uploader() -> Uploader:
+    """The process's uploader (made on first use)."""
+    if not _uploader:
+        _uploader.append(Uploader())
+    return _uploader[0]
+
+
+class DeviceSeed:
+    """A 64-bit random key in device memory for `minitorch.rng.seeds_from_device`; `advance()`
+    writes a fresh key drawn from minitorch's host generator (call it outside the context)."""
+
+    def __init__(self) -> None:
+        rt = runtime()
+        self.buffer = rt.torch.zeros(1, dtype=rt.torch.int64, device=rt.device)
+
+    def advance(self, seed: int) -> None:
+        """Queue `seed` (e.g. minitorch.rng.next_seed()) as the key of the next random kernels."""
+        uploader().upload(self.buffer, np.array([seed], dtype=np.int64))
+
+
+def upload_storage(storage: Any, values: np.ndarray) -> None:
+    """Queue storage[:values.size] = values (float32) without waiting for the GPU."""
+    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    uploader().upload(storage[: flat.size], flat)

@@ -1,0 +1,179 @@
+"""The training step of the translation program, run so that the host never waits on the GPU.
+
+`TrainStep(batch, lr)` queues one update: forward, backward, global-norm clip and AdamW, with the
+batch's loss summed into a device accumulator (`loss_sum`, read every N steps by the caller).  On
+CUDA with graphs on, the first batch of each shape runs eagerly and the step is then captured in a
+CUDA graph (one per batch shape, all in one memory pool) and replayed for every later batch of
+that shape: a replay is one launch instead of ~1,000 Python-dispatched kernels.  The host work of a
+step is then copying the batch into pinned staging memory and queueing its upload, the learning
+rate and a fresh dropout key (`minitorch.rng.seeds_from_device`), and the replay.
+
+Batch widths are padded up to a multiple of `WIDTH_MULTIPLE` on CUDA, so a few graphs cover every
+batch (padding positions have weight 0 and, with right padding and causal attention, change
+nothing for the real ones).  On CUDA every step (eager or replayed) draws its dropout masks from
+the device key, so an eager run and a graph run from the same seed compute the same updates.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+import minitorch
+from minitorch import DecoderLM, TensorBackend
+from minitorch.cuda.runtime import runtime
+from project.mt_data import PAD_ID, Batch
+from project.mt_train import batch_loss_from_tensors
+
+WIDTH_MULTIPLE = 8
+
+
+def pad_width(batch: Batch, multiple: int) -> Batch:
+    """The batch with its width padded up to a multiple of `multiple` (pad tokens, weight 0)."""
+    B, T = batch.tokens.shape
+    extra = -T % multiple
+    if extra == 0:
+        return batch
+    pad = ((0, 0), (0, extra))
+    return Batch(
+        tokens=np.pad(batch.tokens, pad, constant_values=PAD_ID),
+        targets=np.pad(batch.targets, pad, constant_values=PAD_ID),
+        weights=np.pad(batch.weights, pad),
+    )
+
+
+class _Inputs:
+    """Device buffers of one batch shape, filled by queued uploads."""
+
+    def __init__(self, shape: Tuple[int, int], backend: TensorBackend):
+        B, T = shape
+        self.tokens = minitorch.zeros((B, T), backend=backend)
+        self.targets = minitorch.zeros((B * T,), backend=backend)
+        self.weights = minitorch.zeros((B * T,), backend=backend)
+
+    def upload(self, batch: Batch) -> None:
+        self.tokens.copy_(batch.tokens.astype(np.float32))
+        self.targets.copy_(batch.targets.reshape(-1).astype(np.float32))
+        self.weights.copy_(batch.weights.reshape(-1))
+
+
+class TrainStep:
+    """One training update per call; see the module docstring.
+
+    use_graphs: capture and replay CUDA graphs (CUDA only); graph_batch_size: only batches of this
+    many rows are captured (the short last batch of an epoch runs eagerly)."""
+
+    def __init__(
+        self, model: DecoderLM, optimizer: minitorch.AdamW, backend: TensorBackend, loss_kind: str,
+        use_graphs: bool, graph_batch_size: Optional[int] = None,
+    ):  # fmt: skip
+        if use_graphs and not backend.cuda:
+            raise ValueError("CUDA graphs need the CUDA backend (--backend cuda)")
+        self.model, self.optimizer, self.backend, self.loss_kind = model, optimizer, backend, loss_kind
+        self.use_graphs = use_graphs
+        self.graph_batch_size = graph_batch_size
+        self.loss_sum = minitorch.zeros((1,), backend=backend)
+        self.captured = 0
+        self._inputs: Dict[Tuple[int, int], _Inputs] = {}
+        self._graphs: Dict[Tuple[int, int], Any] = {}
+        self._pool: Any = None
+        self._seed: Any = None
+        if backend.cuda:
+            from minitorch.cuda.staging import DeviceSeed
+
+            self._seed = DeviceSeed()
+
+    def __call__(self, batch: Batch, lr: float) -> bool:
+        """Queue one update of `batch` at learning rate `lr`; True when it ran as a graph replay."""
+        if self.backend.cuda:
+            batch = pad_width(batch, WIDTH_MULTIPLE)
+        shape = batch.tokens.shape
+        inputs = self._inputs.get(shape)
+        if inputs is None:
+            inputs = self._inputs[shape] = _Inputs(shape, self.backend)
+        inputs.upload(batch)
+        self.optimizer.lr = lr
+        self.optimizer.begin_step()
+        if self._seed is not None:
+            self._seed.advance(minitorch.rng.next_seed())
+        graph = self._graphs.get(shape)
+        if graph is not None:
+            graph.replay()
+            return True
+        self._run(inputs)
+        if self.use_graphs and (self.graph_batch_size is None or shape[0] == self.graph_batch_size):
+            self._graphs[shape] = self._capture(inputs)
+        return False
+
+    def loss_total(self) -> float:
+        """The accumulated sum of loss x targets (a device read: it waits for queued steps)."""
+        return self.loss_sum.item()
+
+    def _run(self, inputs: _Inputs) -> None:
+        """The step's kernels: forward, backward, clip + AdamW, loss accumulation."""
+        if self._seed is None:
+            self._body(inputs)
+            return
+        with minitorch.rng.seeds_from_device(self._seed.buffer):
+            self._body(inputs)
+
+    def _body(self, inputs: _Inputs) -> None:
+        loss = batch_loss_from_tensors(self.model, inputs.tokens, inputs.targets, inputs.weights, self.loss_kind)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.update()
+        with minitorch.no_grad():
+            self.loss_sum.copy_(self.loss_sum + loss.detach() * inputs.weights.sum())
+
+    def _capture(self, inputs: _Inputs) -> Any:
+        torch = runtime().torch
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            self._run(inputs)
+        self._pool = graph.pool()
+        self.captured += 1
+        return graph
+
+
+
+
+class StepTimer:
+    """Per-step times without host waits: CUDA events recorded after each step (read at the end),
+    or the host clock on the CPU.  Steps marked not steady (eager first runs and captures of a new
+    shape) are left out of the median."""
+
+    def __init__(self, backend: TensorBackend):
+        self.cuda = backend.cuda
+        self._marks: list = []
+
+    def start(self) -> None:
+        """Begin an epoch: the reference point of its first step."""
+        self._marks = [(self._now(), 0, False)]
+
+    def mark(self, tokens: int, steady: bool) -> None:
+        """A step of `tokens` real tokens has been queued."""
+        self._marks.append((self._now(), tokens, steady))
+
+    def median_tokens_per_s(self) -> Optional[float]:
+        """Median over steady steps of tokens / step time (None without steady steps)."""
+        rates = []
+        for (t0, _, _), (t1, tokens, steady) in zip(self._marks, self._marks[1:]):
+            seconds = self._seconds(t0, t1)
+            if steady and seconds > 0:
+                rates.append(tokens / seconds)
+        return float(np.median(rates)) if rates else None
+
+    def _now(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = runtime().torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _seconds(self, t0: Any, t1: Any) -> float:
+        if not self.cuda:
+            return t1 - t0
+        t1.synchronize()
+        return t0.elapsed_time(t1) / 1000.0
