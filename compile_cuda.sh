@@ -3,7 +3,9 @@
 #
 # Targets: the GPUs that nvidia-smi reports (machine code for their compute capability plus PTX);
 # with no GPU (CI), sm_80 and sm_90 machine code plus compute_90 PTX. MINITORCH_CUDA_ARCH overrides
-# both, as a list of compute capabilities: "90", "80;90", "8.0,9.0" or "sm_90".
+# both, as a list of compute capabilities: "90", "80;90", "8.0,9.0" or "sm_90". Compute capability
+# 9.0 builds as sm_90a (Hopper's wgmma, which the matmul kernels use; it runs on 9.0 GPUs only),
+# and the PTX for newer GPUs is the plain compute_XX of the highest target.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -39,9 +41,10 @@ fi
 GENCODE=()
 for arch in $ARCHS; do
   [[ "$arch" =~ ^[0-9]+[a-z]?$ ]] || die "bad CUDA architecture '$arch' ($ARCH_SOURCE); expected e.g. 90 or 80;90"
+  [[ "$arch" == "90" ]] && arch="90a"
   GENCODE+=("-gencode=arch=compute_${arch},code=sm_${arch}")
 done
-HIGHEST="$(printf '%s\n' $ARCHS | tail -n 1)"
+HIGHEST="$(printf '%s\n' $ARCHS | tail -n 1 | sed 's/a$//')"
 GENCODE+=("-gencode=arch=compute_${HIGHEST},code=compute_${HIGHEST}")  # PTX for newer GPUs
 
 shopt -s nullglob
@@ -50,18 +53,34 @@ SOURCES=("$SRC_DIR"/*.cu)
 
 mkdir -p "$OUT_DIR"
 echo "compile_cuda.sh: architectures $(echo $ARCHS) ($ARCH_SOURCE)"
-for src in "${SOURCES[@]}"; do
+# One library per source, built in parallel (as many at once as there are cores); each is built to a
+# temporary name so a failed build never leaves a truncated library behind.
+build_one() {
+  local src="$1" name out tmp
   name="$(basename "$src" .cu)"
   out="$OUT_DIR/$name.so"
   tmp="$out.tmp.$$"
   echo "compile_cuda.sh: $src -> $out"
-  # Build to a temporary name so a failed build never leaves a truncated library behind.
-  # --threads 0: the per-architecture passes of one file run in parallel.
   if ! "$NVCC" -O3 -std=c++17 --threads 0 -shared -Xcompiler -fPIC -Xcompiler -Wall "${GENCODE[@]}" \
       -o "$tmp" "$src"; then
     rm -f "$tmp"
-    die "building $src failed"
+    echo "compile_cuda.sh: error: building $src failed" >&2
+    return 1
   fi
   mv -f "$tmp" "$out"
+}
+JOBS="$(nproc 2>/dev/null || echo 2)"
+PIDS=()
+FAILED=0
+for src in "${SOURCES[@]}"; do
+  while (( $(jobs -rp | wc -l) >= JOBS )); do
+    wait -n || FAILED=1
+  done
+  build_one "$src" &
+  PIDS+=("$!")
 done
+for pid in "${PIDS[@]}"; do
+  wait "$pid" || FAILED=1
+done
+(( FAILED == 0 )) || die "some libraries failed to build (see above)"
 echo "compile_cuda.sh: built ${#SOURCES[@]} libraries in $OUT_DIR"

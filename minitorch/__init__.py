@@ -14,6 +14,8 @@ from .module import Module, ModuleList, Parameter
 from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
 from .modules_transformer import DecoderLM, FeedForward, MultiHeadAttention, TransformerLayer
 from .optim import SGD, Adam, AdamW
+from . import precision
+from .precision import get_float32_matmul_precision, set_float32_matmul_precision
 from .scalar import Scalar, ScalarHistory, derivative_check
 from .rng import get_rng_state, manual_seed, set_rng_state
 from .tensor import History, Tensor
@@ -51,6 +53,8 @@ __all__ = [
     "SGD",
     "Adam",
     "AdamW",
+    "get_float32_matmul_precision",
+    "set_float32_matmul_precision",
     "Scalar",
     "ScalarHistory",
     "derivative_check",

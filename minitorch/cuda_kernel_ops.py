@@ -69,6 +69,7 @@ class CudaKernelOps(TensorOps):
     matrix_multiply = staticmethod(matmul.matrix_multiply)
 
     # kernel hooks of the fused ops
+    linear_fw = staticmethod(matmul.linear_fw)
     embedding_fw = staticmethod(embedding.embedding_fw)
     embedding_bw = staticmethod(embedding.embedding_bw)
     attn_softmax_fw = staticmethod(softmax.attn_softmax_fw)

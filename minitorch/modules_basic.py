@@ -10,6 +10,7 @@ import numpy as np
 
 from . import nn
 from .fused.embedding import embedding
+from .fused.linear import linear
 from .module import Module, Parameter
 from .rng import next_seed
 from .tensor import Tensor
@@ -37,14 +38,12 @@ class Linear(Module):
             Parameter(tensor_from_numpy(rng.uniform(-bound, bound, (out_size,)), backend=backend)) if bias else None
         )
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, activation: Optional[str] = None) -> Tensor:
+        """act(x @ W + b) over the last dim; activation None, "gelu" or "relu" (fused into the
+        matmul's epilogue on CUDA)."""
         if x.shape[-1] != self.in_size:
             raise IndexingError(f"Linear({self.in_size}, {self.out_size}) got input of shape {x.shape}")
-        lead = x.shape[:-1]
-        out = x.contiguous().view(-1, self.in_size) @ self.weights.value
-        if self.bias is not None:
-            out = out + self.bias.value
-        return out.view(*lead, self.out_size)
+        return linear(x, self.weights.value, None if self.bias is None else self.bias.value, activation)
 
 
 class Embedding(Module):

@@ -144,7 +144,7 @@ class FeedForward(Module):
         self.dropout = Dropout(p_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.linear_out(nn.gelu(self.linear_in(x))))
+        return self.dropout(self.linear_out(self.linear_in(x, activation="gelu")))
 
 
 class TransformerLayer(Module):

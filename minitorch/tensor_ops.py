@@ -39,7 +39,7 @@ class TensorOps:
     size 1), matrix_multiply(a, b).
 
     Optional kernel hooks, looked up by name with `hook(ops, name)` (absent: the Function runs its
-    composed reference): attn_softmax_fw/bw, layernorm_fw/bw, attention_fw/bw, embedding_fw/bw,
+    composed reference): linear_fw, attn_softmax_fw/bw, layernorm_fw/bw, attention_fw/bw, embedding_fw/bw,
     linear_cross_entropy_fw, adamw_step, adamw_multi (multi-tensor AdamW state, see optim.AdamW).  Their contracts are documented where the
     Function that calls them lives.  Inputs reach a hook already checked (shapes, values) by the
     public entry; a hook only rejects what its kernels cannot do (sizes beyond their limits).

@@ -48,7 +48,7 @@ METRICS_NAME = "metrics.jsonl"
 # --loss, --recompute-layers and --attention change how the same function is computed (memory, speed), not the model.
 RUN_CONTROL = {
     "epochs", "backend", "use_fused_kernel", "data_dir", "eval_batch_size", "test_samples", "out_dir", "resume",
-    "loss", "recompute_layers", "attention", "cuda_graphs", "log_every",
+    "loss", "recompute_layers", "attention", "cuda_graphs", "log_every", "matmul_precision",
 }  # fmt: skip
 
 
@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gradient checkpointing: keep only each transformer layer's input and recompute the "
                    "layer in backward")
     p.add_argument("--checkpoint", action=RenamedOption, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--matmul-precision", choices=minitorch.precision.PRECISIONS, default="highest",
+                   help="CUDA float32 matmuls: highest = 3xTF32 (float32 accuracy), high = one TF32 product")
     p.add_argument("--cuda-graphs", type=str2bool, default=True, metavar="true|false",
                    help="replay each training step from a CUDA graph (CUDA backend; ignored on the CPU)")
     p.add_argument("--log-every", type=positive_int, default=50,
@@ -190,6 +192,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     out_dir = Path(config["out_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     backend = make_backend(config["backend"])
+    minitorch.set_float32_matmul_precision(config["matmul_precision"])
     minitorch.manual_seed(config["seed"])
     np.random.seed(config["seed"])
 

@@ -4,8 +4,13 @@
 //   forward    one thread per float4 (when dim % 4 == 0 and the pointers are 16-byte aligned) or
 //              float of the output, grid-stride; consecutive threads cover a row, so both the
 //              gather from weight and the store to out are coalesced.
-//   backward   one thread per element of grad_out, grid-stride, atomicAdd into grad_weight (rows
-//              that repeat an id add up in any order).
+//   backward   deterministic (no atomics, the same bits every run, which CUDA-graph replays are
+//              checked against): one block per (input position r, chunk of kColsPerBlock columns).
+//              A block whose id already occurred at an earlier position exits; the block of an
+//              id's first position (its "leader") sums grad_out over every position with that id,
+//              in position order, and writes the row of grad_weight. Positions are scanned in tiles
+//              of kBwThreads ids: the tile's matches are compacted in order into shared memory
+//              (warp ballots, then a prefix over the warps), then summed column by column.
 //
 // The launchers follow cuda_check.cuh's contract: device pointers, sizes by value and a
 // cudaStream_t in, an int cudaError_t out (cudaErrorInvalidValue for bad sizes).
@@ -45,15 +50,54 @@ __global__ void embedding_fw_kernel(float* out, const float* weight, const float
   }
 }
 
-__global__ void embedding_bw_kernel(float* grad_weight, const float* grad_out, const float* ids,
-                                    int rows, int num_embeddings, int dim) {
-  const long long total = static_cast<long long>(rows) * dim;
-  const long long stride = mt::grid_stride_step();
-  for (long long i = mt::grid_stride_first(); i < total; i += stride) {
-    const long long r = i / dim;
-    const int c = static_cast<int>(i - r * dim);
-    const int row = embedding_row(ids[r], num_embeddings);
-    if (row >= 0) atomicAdd(grad_weight + static_cast<long long>(row) * dim + c, grad_out[i]);
+constexpr int kBwThreads = 128;
+constexpr int kBwColsPerThread = 4;
+constexpr int kColsPerBlock = kBwThreads * kBwColsPerThread;
+
+__global__ void __launch_bounds__(kBwThreads)
+embedding_bw_kernel(float* grad_weight, const float* grad_out, const float* ids, int rows, int num_embeddings,
+                    int dim) {
+  constexpr int kWarps = kBwThreads / 32;
+  __shared__ int matches[kBwThreads];
+  __shared__ int warp_counts[kWarps];
+  const int r = blockIdx.x;
+  const int row = embedding_row(ids[r], num_embeddings);
+  if (row < 0) return;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int t0 = 0; t0 < r; t0 += kBwThreads) {  // leave the row to an earlier position with the same id
+    const int q = t0 + threadIdx.x;
+    if (__syncthreads_or(q < r && embedding_row(ids[q], num_embeddings) == row)) return;
+  }
+  float acc[kBwColsPerThread] = {};
+  const int col0 = blockIdx.y * kColsPerBlock + threadIdx.x;
+  for (int t0 = r; t0 < rows; t0 += kBwThreads) {
+    const int q = t0 + threadIdx.x;
+    const bool match = q < rows && embedding_row(ids[q], num_embeddings) == row;
+    const unsigned ballot = __ballot_sync(0xffffffffu, match);
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    int offset = 0, total = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      offset += w < warp ? warp_counts[w] : 0;
+      total += warp_counts[w];
+    }
+    if (match) matches[offset + __popc(ballot & ((1u << lane) - 1u))] = q;
+    __syncthreads();
+    for (int m = 0; m < total; ++m) {
+      const float* g = grad_out + static_cast<long long>(matches[m]) * dim;
+#pragma unroll
+      for (int j = 0; j < kBwColsPerThread; ++j) {
+        const int c = col0 + j * kBwThreads;
+        if (c < dim) acc[j] += g[c];
+      }
+    }
+    __syncthreads();
+  }
+  float* out = grad_weight + static_cast<long long>(row) * dim;
+#pragma unroll
+  for (int j = 0; j < kBwColsPerThread; ++j) {
+    const int c = col0 + j * kBwThreads;
+    if (c < dim) out[c] = acc[j];
   }
 }
 
@@ -76,15 +120,17 @@ int launch_embedding_fw(float* out, const float* weight, const float* ids, int r
                                                      rows, num_embeddings, dim, vec);
 }
 
-// grad_weight[ids[r], :] += grad_out[r, :] (atomicAdd; the caller zero-fills grad_weight). Rows with
-// an invalid id (see launch_embedding_fw) are skipped.
+// grad_weight[v, :] = sum of grad_out[r, :] over the positions r with ids[r] == v, in position order
+// (deterministic), for every id v that occurs; the caller zero-fills grad_weight for the others.
+// Positions with an invalid id (see launch_embedding_fw) are skipped.
 int launch_embedding_bw(float* grad_weight, const float* grad_out, const float* ids, int rows,
                         int num_embeddings, int dim, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(rows < 0 || num_embeddings < 0 || dim < 0);
-  const long long total = static_cast<long long>(rows) * dim;
-  if (total == 0) return 0;
-  return mt::launch_grid_stride<embedding_bw_kernel>(total, stream, grad_weight, grad_out, ids, rows,
-                                                     num_embeddings, dim);
+  if (rows == 0 || dim == 0) return 0;
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(mt::ceil_div(dim, kColsPerBlock)));
+  MT_RETURN_IF_INVALID(grid.y > 65535);
+  embedding_bw_kernel<<<grid, kBwThreads, 0, stream>>>(grad_weight, grad_out, ids, rows, num_embeddings, dim);
+  return mt_launch_status();
 }
 
 }  // extern "C"

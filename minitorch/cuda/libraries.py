@@ -11,7 +11,7 @@ from .runtime import ERROR_STRING, Signatures, runtime
 LIBRARIES: Dict[str, Signatures] = {
     "combine": combine.SIGNATURES,
     "random_kernel": random.SIGNATURES,
-    matmul.LIBRARY: matmul.SIGNATURES,
+    "matmul_kernel": matmul.SIGNATURES,
     "embedding_kernel": embedding.SIGNATURES,
     "softmax_kernel": softmax.SIGNATURES,
     "layernorm_kernel": layernorm.SIGNATURES,

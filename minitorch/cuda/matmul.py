@@ -1,43 +1,26 @@
-"""Bindings of the matmul library: batched, broadcasting products over any strides.
-
-Split-K: a product with few output tiles and a long inner dimension (the weight gradients
-x^T @ dy: [C, tokens] @ [tokens, C']) would leave most SMs idle, so K is cut into `split` slices
-computed as a batch of products (slice s reads A and B from s * K/split on) and then summed.
-"""
+"""Bindings of matmul_kernel.so (src/matmul_kernel.cu): batched, broadcasting products over any
+strides on the tensor cores (3xTF32 "highest" or TF32 "high", see minitorch.precision), with
+bias / GELU / ReLU epilogues.  The library splits K itself for few-tile products (weight
+gradients) into a workspace this binding allocates from the caching allocator."""
 
 from __future__ import annotations
 
 import ctypes
-import functools
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
+from ..precision import precision_code
 from ..tensor_data import TensorData, prod, shape_broadcast
-from .combine import column_sums
 from .layout import MtLayout, broadcast_strides, coalesce, layout, remember
 from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, runtime
 
-_P, _I, _L = ctypes.c_void_p, ctypes.c_int, MtLayout
-SIGNATURES = {"launch_matmul": (_I, [_P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _L, _L, _P])}
-LIBRARY = "matmul_simt"
-_TILE = 128
-_SPLIT_K_MIN_SLICE = 256
+_P, _I, _LL, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, MtLayout
+SIGNATURES = {
+    "matmul_workspace_floats": (_LL, [_I, _I, _I, _I]),
+    "launch_matmul": (_I, [_P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _L, _L, _P, _I, _P, _I, _I, _P, _LL, _P]),
+}
+EPILOGUES = {None: 0, "bias": 1, "gelu": 2, "relu": 3}
 
 _plans: Dict[tuple, Tuple[Tuple[int, ...], Tuple[int, int, int, int], MtLayout, MtLayout]] = {}
-
-
-def _lib() -> Tuple[object, ctypes.CDLL]:
-    rt = runtime()
-    return rt, rt.lib(LIBRARY, SIGNATURES)
-
-
-@functools.lru_cache(maxsize=1024)
-def _split_k(n: int, m: int, k: int, sm_count: int) -> int:
-    """How many K slices fill about two waves of the GPU (1: no split); slices divide K evenly."""
-    tiles = -(-n // _TILE) * -(-m // _TILE)
-    if tiles >= sm_count or k < 2 * _SPLIT_K_MIN_SLICE:
-        return 1
-    want = min(-(-2 * sm_count // tiles), k // _SPLIT_K_MIN_SLICE)
-    return max((s for s in range(1, want + 1) if k % s == 0), default=1)
 
 
 def _plan(a: TensorData, b: TensorData) -> Tuple[Tuple[int, ...], Tuple[int, int, int, int], MtLayout, MtLayout]:
@@ -54,41 +37,60 @@ def _plan(a: TensorData, b: TensorData) -> Tuple[Tuple[int, ...], Tuple[int, int
     return out_shape, mat_strides, layout(merged, a_st), layout(merged, b_st)
 
 
+def _launch(
+    out: int, a: int, b: int, M: int, N: int, K: int, strides: Tuple[int, int, int, int], a_batch: MtLayout,
+    b_batch: MtLayout, batch: int, what: str, bias: Optional[int] = None, epilogue: int = 0,
+    pre_act: Optional[int] = None, accumulate: bool = False,
+) -> None:  # fmt: skip
+    rt = runtime()
+    lib = rt.lib("matmul_kernel", SIGNATURES)
+    ws_len = lib.matmul_workspace_floats(M, N, K, batch)
+    ws = rt.buffer(ws_len) if ws_len > 0 else None
+    code = lib.launch_matmul(
+        out, a, b, M, N, K, *strides, a_batch, b_batch, bias, epilogue, pre_act, int(accumulate), precision_code(),
+        None if ws is None else ws.data_ptr(), max(ws_len, 0), rt.stream(),
+    )  # fmt: skip
+    check(code, lib, what)
+
+
 def matrix_multiply(a: TensorData, b: TensorData) -> TensorData:
     """a [..., n, k] @ b [..., k, m] -> [broadcast(...), n, m], any strides."""
-    rt, lib = _lib()
     key = (a.shape, a.strides, b.shape, b.strides)
     plan = _plans.get(key)
     if plan is None:
         plan = remember(_plans, key, _plan(a, b))
     out_shape, strides, a_batch, b_batch = plan
-    n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
-    if len(out_shape) == 2:
-        split = _split_k(n, m, k, rt.sm_count)
-        if split > 1:
-            part = k // split
-            partial = empty((split, n, m))
-            a_slices = layout((split,), (part * strides[1],))
-            b_slices = layout((split,), (part * strides[2],))
-            code = lib.launch_matmul(ptr(partial), ptr(a), ptr(b), n, m, part, *strides, a_slices, b_slices, rt.stream())
-            check(code, lib, f"matmul {a.shape} @ {b.shape} (split-K {split})")
-            out = empty((n, m))
-            column_sums(ptr(out), ptr(partial), n * m, split, n * m)
-            return out
     out = empty(out_shape)
     if out.size:
-        code = lib.launch_matmul(ptr(out), ptr(a), ptr(b), n, m, k, *strides, a_batch, b_batch, rt.stream())
-        check(code, lib, f"matmul {a.shape} @ {b.shape}")
+        n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+        _launch(ptr(out), ptr(a), ptr(b), n, m, k, strides, a_batch, b_batch, out.size // (n * m), f"matmul {a.shape} @ {b.shape}")
     return out
+
+
+def linear_fw(x: TensorData, weight: TensorData, bias: Optional[TensorData], activation: Optional[str]) -> Tuple[TensorData, Optional[TensorData]]:
+    """(act(x @ weight + bias), x @ weight + bias kept for backward when act is set) for x [rows, in]
+    and weight [in, out], bias [out] or None, activation None, "gelu" or "relu"."""
+    rows, k = x.shape
+    n = weight.shape[1]
+    out = empty((rows, n))
+    pre = empty((rows, n)) if activation is not None else None
+    if out.size:
+        one = layout((1,), (0,))
+        epilogue = EPILOGUES[activation if activation is not None else ("bias" if bias is not None else None)]
+        _launch(
+            ptr(out), ptr(x), ptr(weight), rows, n, k, (x.strides[0], x.strides[1], weight.strides[0], weight.strides[1]),
+            one, one, 1, f"linear {x.shape} @ {weight.shape}", None if bias is None else ptr(bias), epilogue,
+            None if pre is None else ptr(pre),
+        )  # fmt: skip
+    return out, pre
 
 
 def raw_matmul(
     out: int, a: int, b: int, M: int, N: int, K: int, a_strides: Tuple[int, int], b_strides: Tuple[int, int],
-    batch: int = 1, batch_offset: int = 0,
+    batch: int = 1, batch_offset: int = 0, accumulate: bool = False,
 ) -> None:  # fmt: skip
-    """out[i] = A[i] @ B[i] for i < batch on raw pointers, out contiguous [batch, M, N]; A[i][r, k] =
+    """out[i] (+)= A[i] @ B[i] for i < batch on raw pointers, out contiguous [batch, M, N]; A[i][r, k] =
     a[i * batch_offset + r * a_strides[0] + k * a_strides[1]], B[i][k, c] likewise with b."""
-    rt, lib = _lib()
     slices = layout((batch,), (batch_offset,))
-    code = lib.launch_matmul(out, a, b, M, N, K, *a_strides, *b_strides, slices, slices, rt.stream())
-    check(code, lib, f"matmul [{M}, {K}] @ [{K}, {N}] x{batch}")
+    _launch(out, a, b, M, N, K, (*a_strides, *b_strides), slices, slices, batch, f"matmul [{M}, {K}] @ [{K}, {N}] x{batch}",
+            accumulate=accumulate)
