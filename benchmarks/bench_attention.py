@@ -9,8 +9,9 @@ For each shape [B, H, T, D] (self-attention, fp32, no mask; --causal for causal 
 TF32 is off for PyTorch (torch.backends.cuda.matmul.allow_tf32 = False, cudnn too), so every path
 computes in fp32.
 Times: median GPU milliseconds of one forward (no autograd graph) and of one forward + backward,
-from CUDA events around back-to-back iterations queued behind a spin kernel (Python overhead hidden
-as long as the GPU is the bottleneck). Memory: torch.cuda.max_memory_allocated during one forward +
+from minitorch.cuda.timer.gpu_ms: CUDA events around back-to-back iterations (batches of about
+100 ms, at most 20) queued behind a spin kernel (Python overhead hidden as long as the GPU is the
+bottleneck). Memory: torch.cuda.max_memory_allocated during one forward +
 backward after reset_peak_memory_stats (minitorch allocates through torch's caching allocator), as
 the total peak and as the peak beyond the inputs q, k, v and the output gradient. A path that cannot
 run a shape (out of memory, or minitorch's 32-bit element indexing for a [B, H, T, T] tensor) is
@@ -26,56 +27,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from minitorch.cuda.timer import gpu_ms  # noqa: E402
 
 SHAPES = [(8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64)]
 METHODS = ["fused", "minitorch naive", "torch naive", "torch sdpa"]
 INT_LIMIT = 2**31  # minitorch's CUDA kernels index tensors with 32-bit ints
-
-
-class GpuTimer:
-    """Median GPU milliseconds of fn() over `repeats` batches of back-to-back calls."""
-
-    def __init__(self, torch: Any, repeats: int) -> None:
-        self.torch = torch
-        self.repeats = repeats
-        start, end = self._events()
-        start.record()
-        torch.cuda._sleep(20_000_000)
-        end.record()
-        end.synchronize()
-        self.sleep_cycles_per_ms = 20_000_000 / start.elapsed_time(end)
-
-    def _events(self):
-        return self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
-
-    def __call__(self, fn: Callable[[], Any]) -> float:
-        torch = self.torch
-        fn()  # warm-up: kernel loading, allocator growth
-        torch.cuda.synchronize()
-        start, end = self._events()
-        t0 = time.perf_counter()
-        start.record()
-        fn()
-        end.record()
-        enqueue_ms = (time.perf_counter() - t0) * 1e3
-        end.synchronize()
-        calls = int(min(20, max(1, math.ceil(100.0 / max(start.elapsed_time(end), 1e-3)))))
-        times = []
-        for _ in range(self.repeats):
-            # The spin outlasts queueing the batch, so the timed kernels run back to back.
-            torch.cuda._sleep(int((2.0 * calls * enqueue_ms + 1.0) * self.sleep_cycles_per_ms))
-            start.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / calls)
-        return statistics.median(times)
 
 
 def make_paths(torch: Any, minitorch: Any, shape: tuple, causal: bool) -> Dict[str, Any]:
@@ -155,6 +117,11 @@ def make_paths(torch: Any, minitorch: Any, shape: tuple, causal: bool) -> Dict[s
     return paths
 
 
+def timed(fn: Any, reps: int) -> float:
+    """Median GPU ms of fn() over batches of back-to-back calls lasting about 100 ms (at most 20)."""
+    return gpu_ms(fn, warmup=1, reps=reps, batch_ms=100.0, max_inner=20)
+
+
 def clear_grads(leaves: tuple) -> None:
     for t in leaves:
         if hasattr(t, "zero_grad_"):
@@ -163,7 +130,7 @@ def clear_grads(leaves: tuple) -> None:
             t.grad = None
 
 
-def run_shape(torch: Any, minitorch: Any, timer: GpuTimer, shape: tuple, causal: bool) -> List[Dict[str, Any]]:
+def run_shape(torch: Any, minitorch: Any, reps: int, shape: tuple, causal: bool) -> List[Dict[str, Any]]:
     B, H, T, D = shape
     fw_flops = 4.0 * B * H * T * T * D * (0.5 if causal else 1.0)
     paths = make_paths(torch, minitorch, shape, causal)
@@ -189,8 +156,8 @@ def run_shape(torch: Any, minitorch: Any, timer: GpuTimer, shape: tuple, causal:
             peak = torch.cuda.max_memory_allocated()
             row["peak_mib"] = peak / 2**20
             row["peak_beyond_inputs_mib"] = (peak - base) / 2**20
-            row["fw_ms"] = timer(fw)
-            row["fwbw_ms"] = timer(fwbw)
+            row["fw_ms"] = timed(fw, reps)
+            row["fwbw_ms"] = timed(fwbw, reps)
             row["fwbw_tflops"] = 3.5 * fw_flops / (row["fwbw_ms"] * 1e-3) / 1e12
         except torch.cuda.OutOfMemoryError:
             row = {"method": method, "shape": list(shape), "causal": causal, "skipped": "out of GPU memory"}
@@ -274,14 +241,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.backends.cudnn.allow_tf32 = False
     import minitorch
 
-    timer = GpuTimer(torch, repeats=3 if args.quick else 7)
+    reps = 3 if args.quick else 7
     device = torch.cuda.get_device_name(0)
     print(f"device: {device}; torch {torch.__version__}; fp32, TF32 off; causal={args.causal}")
     print("fused speedup = this path's fw+bw time / fused's; fused mem = fused peak / this path's peak")
     print(HEADER)
     results: List[Dict[str, Any]] = []
     for shape in SHAPES[:1] if args.quick else SHAPES:
-        rows = run_shape(torch, minitorch, timer, shape, args.causal)
+        rows = run_shape(torch, minitorch, reps, shape, args.causal)
         for r in rows:
             print_row(r)
         results += rows
@@ -291,7 +258,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "device": device,
         "torch": torch.__version__,
         "causal": args.causal,
-        "timing": "median GPU ms per call (CUDA events around back-to-back calls queued behind a spin kernel)",
+        "timing": "minitorch.cuda.timer.gpu_ms: median GPU ms per call (events around back-to-back calls behind a spin kernel)",
         "memory": "torch.cuda.max_memory_allocated during one fw+bw; peak_beyond_inputs subtracts q, k, v, grad",
         "results": results,
     }

@@ -3,15 +3,16 @@
 For each shape it times, on the GPU:
   kernel   our launcher called directly through ctypes on torch buffers (data_ptr), the figure the
            bandwidth columns use;
-  api      the same op through minitorch (CudaKernelOps on minitorch tensors that share those
-           buffers): the kernel plus whatever the binding launches around it;
+  api      the same op through minitorch's kernel hook (CudaKernelOps on the TensorData of minitorch
+           tensors sharing those buffers): the kernel plus whatever the binding launches around it;
   torch    PyTorch's own ops: softmax(x + mask) / softmax(x), aten._softmax_backward_data,
            layer_norm (native_layer_norm) and native_layer_norm_backward (what its autograd runs);
-  unfused  minitorch's composed implementation (TensorOps.*) on the CUDA backend.
-Times are medians of per-call GPU time: a spin kernel holds the GPU while a batch of calls is
-queued, so the CUDA events around the batch see back-to-back kernels and no Python overhead.
-Inputs (and the kernel's outputs) rotate over several buffers when one set fits in L2, so the
-figures are DRAM figures. Bandwidth = bytes the op must move / kernel time, shown against a
+  unfused  minitorch's composed implementation (the references in minitorch/fused/softmax.py and
+           layernorm.py) on the CUDA backend.
+Times are medians of per-call GPU time from minitorch.cuda.timer.gpu_ms: a spin kernel holds the
+GPU while a batch of calls is queued, so the CUDA events around the batch see back-to-back kernels
+and no Python overhead.  Inputs (and the kernel's outputs) rotate over several buffers when one set
+fits in L2, so the figures are DRAM figures. Bandwidth = bytes the op must move / kernel time, shown against a
 device-to-device copy measured in the same run.
 
 Usage: python benchmarks/bench_fused.py [--out DIR] [--quick]
@@ -21,75 +22,41 @@ Writes DIR/bench_fused.json and DIR/bench_fused.png (default DIR: benchmarks/res
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import minitorch  # noqa: E402
+from minitorch.cuda.libraries import kernel_library  # noqa: E402
+from minitorch.cuda.timer import gpu_ms  # noqa: E402
+from minitorch.fused.layernorm import layernorm_backward_reference, layernorm_reference  # noqa: E402
+from minitorch.fused.softmax import softmax_backward_reference, softmax_reference  # noqa: E402
 
 SOFTMAX_SHAPES = [(128, 8, 40, 40), (8, 12, 1024, 1024), (4, 16, 2048, 2048)]
 LAYERNORM_SHAPES = [(5120, 256), (16384, 768), (65536, 1024), (8192, 4096)]
 EPS = 1e-5
 
 
-class GpuTimer:
-    """Median GPU milliseconds per call of fn(i), i the call's index (for rotating buffers)."""
-
-    def __init__(self, torch: Any, repeats: int) -> None:
-        self.torch = torch
-        self.repeats = repeats
-        start, end = self._events()
-        torch.cuda._sleep(1000)
-        start.record()
-        torch.cuda._sleep(20_000_000)
-        end.record()
-        end.synchronize()
-        self.sleep_cycles_per_ms = 20_000_000 / start.elapsed_time(end)
-
-    def _events(self):
-        return self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
-
-    def __call__(self, fn: Callable[[int], Any]) -> float:
-        torch = self.torch
-        for i in range(3):
-            fn(i)
-        torch.cuda.synchronize()
-        start, end = self._events()
-        start.record()
-        fn(0)
-        end.record()
-        end.synchronize()
-        calls = int(min(200, max(5, math.ceil(3.0 / max(start.elapsed_time(end), 1e-3)))))
-        t0 = time.perf_counter()
-        for i in range(calls):
-            fn(i)
-        enqueue_ms = (time.perf_counter() - t0) * 1e3
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(self.repeats):
-            # The spin must outlast queueing the batch, so the first timed kernel starts after it.
-            torch.cuda._sleep(int((2.0 * enqueue_ms + 1.0) * self.sleep_cycles_per_ms))
-            start.record()
-            for i in range(calls):
-                fn(i)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / calls)
-        return statistics.median(times)
+def rotating(fn: Callable[[int], Any]) -> Callable[[], Any]:
+    """fn(0), fn(1), fn(2), ... on successive calls (the index picks the buffer set)."""
+    counter = itertools.count()
+    return lambda: fn(next(counter))
 
 
-def copy_bandwidth(torch: Any, timer: GpuTimer) -> float:
+def copy_bandwidth(torch: Any, reps: int) -> float:
     """Device-to-device copy, GB/s (read + write bytes)."""
     free, _ = torch.cuda.mem_get_info()
     n = min(1 << 28, free // 16)  # 1 GiB of float32, or less on a small GPU
     src = torch.empty(n, device="cuda").uniform_()
     dst = torch.empty_like(src)
-    ms = timer(lambda i: dst.copy_(src))
-    del src, dst
+    ms = gpu_ms(lambda: dst.copy_(src), reps=reps)
     return 2 * n * 4 / (ms * 1e-3) / 1e9
 
 
@@ -99,7 +66,7 @@ def rotation(torch: Any, set_bytes: int) -> int:
     return int(min(32, max(1, math.ceil(3 * l2 / max(set_bytes, 1)))))
 
 
-def softmax_cases(torch: Any, minitorch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str, Any]]:
+def softmax_cases(torch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str, Any]]:
     stream = torch.cuda.current_stream().cuda_stream
     cases = []
     for shape in shapes:
@@ -118,20 +85,21 @@ def softmax_cases(torch: Any, minitorch: Any, lib: Any, shapes: List[tuple]) -> 
         for masked in (True, False):
             mptr = mask.data_ptr() if masked else None
             mmt = mm if masked else None
+            mmd = mm._tensor if masked else None
 
             def kernel(i, mptr=mptr):
                 j = i % k
                 lib.launch_attn_softmax(ys[j].data_ptr(), xs[j].data_ptr(), mptr, B, H, Tq, Tk, 0, stream)
 
-            def api(i, mmt=mmt):
-                minitorch.CudaKernelOps.attn_softmax_fw(xm[i % k], mmt, False)
+            def api(i, mmd=mmd):
+                minitorch.CudaKernelOps.attn_softmax_fw(xm[i % k]._tensor, mmd, False)
 
             def reference(i, masked=masked):
                 x = xs[i % k]
                 torch.softmax(x + mask4 if masked else x, -1)
 
             def unfused(i, mmt=mmt):
-                minitorch.TensorOps.attn_softmax_fw(xm[i % k], mmt, False)
+                softmax_reference(xm[i % k], mmt, False)
 
             cases.append({
                 "op": "softmax fw" + (" + mask" if masked else ""),
@@ -151,20 +119,20 @@ def softmax_cases(torch: Any, minitorch: Any, lib: Any, shapes: List[tuple]) -> 
             lib.launch_attn_softmax_bw(ys[j].data_ptr(), gs[j].data_ptr(), ss[j].data_ptr(), B * H * Tq, Tk, stream)
 
         def api_bw(i):
-            minitorch.CudaKernelOps.attn_softmax_bw(gm[i % k], sm[i % k])
+            minitorch.CudaKernelOps.attn_softmax_bw(gm[i % k]._tensor, sm[i % k]._tensor)
 
         def reference_bw(i):
             torch.ops.aten._softmax_backward_data(gs[i % k], ss[i % k], -1, torch.float32)
 
         def unfused_bw(i):
-            minitorch.TensorOps.attn_softmax_bw(gm[i % k], sm[i % k])
+            softmax_backward_reference(gm[i % k], sm[i % k])
 
         cases.append({"op": "softmax bw", "shape": list(shape), "bytes": 4 * 3 * n,
                       "fns": (kernel_bw, api_bw, reference_bw, unfused_bw)})
     return cases
 
 
-def layernorm_cases(torch: Any, minitorch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str, Any]]:
+def layernorm_cases(torch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str, Any]]:
     stream = torch.cuda.current_stream().cuda_stream
     cases = []
     for rows, C in shapes:
@@ -194,13 +162,13 @@ def layernorm_cases(torch: Any, minitorch: Any, lib: Any, shapes: List[tuple]) -
                                  gamma.data_ptr(), beta.data_ptr(), rows, C, EPS, stream)
 
         def api(i):
-            minitorch.CudaKernelOps.layernorm_fw(xm[i % k], gmt, bmt, EPS)
+            minitorch.CudaKernelOps.layernorm_fw(xm[i % k]._tensor, gmt._tensor, bmt._tensor, EPS)
 
         def reference(i):
             torch.nn.functional.layer_norm(xs[i % k], (C,), gamma, beta, EPS)
 
         def unfused(i):
-            minitorch.TensorOps.layernorm_fw(xm[i % k], gmt, bmt, EPS)
+            layernorm_reference(xm[i % k], gmt, bmt, EPS)
 
         cases.append({"op": "layernorm fw", "shape": [rows, C], "bytes": 4 * (2 * n + 2 * C + 2 * rows),
                       "fns": (kernel, api, reference, unfused)})
@@ -213,7 +181,7 @@ def layernorm_cases(torch: Any, minitorch: Any, lib: Any, shapes: List[tuple]) -
 
         def api_bw(i):
             j = i % k
-            minitorch.CudaKernelOps.layernorm_bw(dym[j], xm[j], gmt, mm[j], rm[j])
+            minitorch.CudaKernelOps.layernorm_bw(dym[j]._tensor, xm[j]._tensor, gmt._tensor, mm[j]._tensor, rm[j]._tensor)
 
         def reference_bw(i):
             j = i % k
@@ -222,18 +190,18 @@ def layernorm_cases(torch: Any, minitorch: Any, lib: Any, shapes: List[tuple]) -
 
         def unfused_bw(i):
             j = i % k
-            minitorch.TensorOps.layernorm_bw(dym[j], xm[j], gmt, mm[j], rm[j])
+            layernorm_backward_reference(dym[j], xm[j], gmt, mm[j], rm[j])
 
         cases.append({"op": "layernorm bw", "shape": [rows, C], "bytes": 4 * (3 * n + 3 * C + 2 * rows),
                       "fns": (kernel_bw, api_bw, reference_bw, unfused_bw)})
     return cases
 
 
-def measure(torch: Any, timer: GpuTimer, cases: List[Dict[str, Any]], copy_gbps: float) -> List[Dict[str, Any]]:
+def measure(torch: Any, reps: int, cases: List[Dict[str, Any]], copy_gbps: float) -> List[Dict[str, Any]]:
     results = []
     for case in cases:
         kernel, api, reference, unfused = case.pop("fns")
-        t = {name: timer(fn) for name, fn in
+        t = {name: gpu_ms(rotating(fn), reps=reps) for name, fn in
              (("kernel", kernel), ("api", api), ("torch", reference), ("unfused", unfused))}
         torch.cuda.synchronize()
         gbps = case["bytes"] / (t["kernel"] * 1e-3) / 1e9
@@ -300,17 +268,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not torch.cuda.is_available():
         print("bench_fused.py needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
-    import minitorch
-    from minitorch.cuda_kernel_ops import load_library
-
-    softmax_lib = load_library("softmax_kernel")
-    layernorm_lib = load_library("layernorm_kernel")
-    timer = GpuTimer(torch, repeats=3 if args.quick else 9)
+    softmax_lib = kernel_library("softmax_kernel")
+    layernorm_lib = kernel_library("layernorm_kernel")
+    reps = 3 if args.quick else 9
     device = torch.cuda.get_device_name(0)
-    copy_gbps = copy_bandwidth(torch, timer)
+    copy_gbps = copy_bandwidth(torch, reps)
     print(f"device: {device}; torch {torch.__version__}; device-to-device copy {copy_gbps:.0f} GB/s")
     print("kernel = our launcher through ctypes on torch buffers (GB/s and %copy use it); api = through minitorch;")
-    print("torch = PyTorch's ops; unfused = minitorch's composed TensorOps path; all median GPU time per call")
+    print("torch = PyTorch's ops; unfused = minitorch's composed reference; all median GPU time per call")
     print(HEADER)
 
     sm_shapes = SOFTMAX_SHAPES[:1] if args.quick else SOFTMAX_SHAPES
@@ -319,7 +284,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     # One group at a time, so the buffers of a group are freed before the next is allocated.
     for make, lib, shapes in ((softmax_cases, softmax_lib, sm_shapes), (layernorm_cases, layernorm_lib, ln_shapes)):
         for shape in shapes:
-            results += measure(torch, timer, make(torch, minitorch, lib, [shape]), copy_gbps)
+            results += measure(torch, reps, make(torch, lib, [shape]), copy_gbps)
             torch.cuda.empty_cache()
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -327,7 +292,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "device": device,
         "torch": torch.__version__,
         "copy_gbps": copy_gbps,
-        "timing": "median GPU time per call (ms events around back-to-back calls queued behind a spin kernel)",
+        "timing": "minitorch.cuda.timer.gpu_ms: median GPU time per call (events around back-to-back calls behind a spin kernel)",
         "kernel_column": "launch_* through ctypes on torch buffers",
         "results": results,
     }

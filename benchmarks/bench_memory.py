@@ -20,7 +20,8 @@
 Peak memory is what tensors held (minitorch.cuda_memory_stats, i.e. torch's allocator), for the
 whole process ("peak") and above what was allocated before the measured call ("working": the
 call's own activations, gradients and scratch).  Times are medians of synchronized wall-clock
-runs after warm-up (whole steps), or of CUDA-event-timed batches of calls (AdamW).
+runs after warm-up (whole steps), or of CUDA-event-timed batches of calls (AdamW, with
+minitorch.cuda.timer.gpu_ms).
 
 Usage: python benchmarks/bench_memory.py [--out DIR] [--quick]
 Writes DIR/bench_memory.json and DIR/bench_memory.png (default DIR: benchmarks/results).
@@ -44,6 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import minitorch  # noqa: E402
 from minitorch import AdamW, DecoderLM, fused_linear_cross_entropy, nn  # noqa: E402
+from minitorch.cuda.libraries import kernel_library  # noqa: E402
+from minitorch.cuda.timer import gpu_ms  # noqa: E402
 from minitorch.fused.linear_cross_entropy import default_chunk_size  # noqa: E402
 
 LOSS_SHAPE = dict(tokens=16384, hidden=768, vocab=50257)
@@ -85,23 +88,6 @@ def measure(torch: Any, fn: Callable[[], Any], repeats: int, warmup: int = 1) ->
         torch.cuda.empty_cache()
         return {"ms": None, "peak_bytes": None, "working_bytes": None, "error": f"out of memory: {str(e).splitlines()[0]}"}
     return {"ms": statistics.median(times), "peak_bytes": peak, "working_bytes": peak - base}
-
-
-def event_ms(torch: Any, fn: Callable[[], Any], repeats: int = 7, calls: int = 20) -> float:
-    """Median GPU milliseconds per call over batches of back-to-back calls (CUDA events)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
 
 
 def gib(x: Optional[float]) -> str:
@@ -220,14 +206,18 @@ def copy_bandwidth(torch: Any, n_floats: int) -> float:
     """Device-to-device copy of n_floats float32, GB/s counting the bytes read and written."""
     src = torch.randn(n_floats, device="cuda")
     dst = torch.empty_like(src)
-    ms = event_ms(torch, lambda: dst.copy_(src))
+    ms = gpu_ms(lambda: dst.copy_(src), inner=20)
     return 2 * n_floats * 4 / (ms * 1e-3) / 1e9
 
 
-def adamw_bench(torch: Any, n: int) -> Dict[str, Any]:
-    from minitorch.cuda_kernel_ops import load_library
+class ComposedAdamW(minitorch.CudaKernelOps):
+    """The CUDA backend without the AdamW kernel hook: minitorch.adamw_step runs its composed update."""
 
-    lib = load_library("optimizer_kernel")
+    adamw_step = None
+
+
+def adamw_bench(torch: Any, n: int) -> Dict[str, Any]:
+    lib = kernel_library("optimizer_kernel")
     stream = torch.cuda.current_stream().cuda_stream
     gen = torch.Generator(device="cuda").manual_seed(0)
     p, g, m = (torch.randn(n, device="cuda", generator=gen) for _ in range(3))
@@ -240,14 +230,15 @@ def adamw_bench(torch: Any, n: int) -> Dict[str, Any]:
         lib.launch_adamw(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), n, *hyper, step[0], stream)
 
     copy_gbs = copy_bandwidth(torch, 4 * n)  # as many floats as the update touches
-    kernel_ms = event_ms(torch, kernel)
+    kernel_ms = gpu_ms(kernel, inner=20)
 
     param = minitorch.Parameter(minitorch.from_torch(p))
     param.value.grad = minitorch.from_torch(g)
     opt = AdamW([param], lr=hyper[0], weight_decay=hyper[4])
-    api_ms = event_ms(torch, opt.step)
-    tp, tg, tm, tv = (minitorch.from_torch(t) for t in (p, g, m, v))
-    composed_ms = event_ms(torch, lambda: minitorch.TensorOps.adamw_step(tp, tg, tm, tv, *hyper, 5), repeats=3, calls=3)
+    api_ms = gpu_ms(opt.step, inner=20)
+    composed = minitorch.TensorBackend(ComposedAdamW)
+    tp, tg, tm, tv = (minitorch.from_torch(t, backend=composed) for t in (p, g, m, v))
+    composed_ms = gpu_ms(lambda: minitorch.adamw_step(tp, tg, tm, tv, *hyper, 5), reps=3, inner=3)
 
     results = {"params": n, "bytes_per_param": 28, "copy_gbs": copy_gbs, "kernel_ms": kernel_ms,
                "kernel_gbs": 28 * n / (kernel_ms * 1e-3) / 1e9, "minitorch_adamw_ms": api_ms,
@@ -258,7 +249,7 @@ def adamw_bench(torch: Any, n: int) -> Dict[str, Any]:
     for impl in ("fused", "foreach"):
         try:
             topt = torch.optim.AdamW([tparam], lr=hyper[0], weight_decay=hyper[4], **{impl: True})
-            results[f"torch_{impl}_ms"] = event_ms(torch, topt.step)
+            results[f"torch_{impl}_ms"] = gpu_ms(topt.step, inner=20)
         except (RuntimeError, TypeError) as e:
             results[f"torch_{impl}_ms"] = None
             results[f"torch_{impl}_error"] = str(e).splitlines()[0]

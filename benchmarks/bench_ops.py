@@ -10,7 +10,9 @@ Measured side by side in one run:
   - host overhead per call of a tiny add (10k calls, wall clock): our backend op, our Tensor op
     (with autodiff bookkeeping), torch.
 
-GPU times are medians over many runs timed with CUDA events after warm-up.  Results go to
+GPU times are medians over many runs of one call (minitorch.cuda.timer.gpu_ms: CUDA events, after
+warm-up, behind a spin kernel that hides the launch).  Backend ops take TensorData, so ours are
+called on the TensorData of minitorch tensors sharing torch's buffers.  Results go to
 <out>/bench_ops.json and <out>/bench_ops.png (default out: benchmarks/results).
 
     python benchmarks/bench_ops.py [--out DIR] [--reps N]
@@ -32,28 +34,12 @@ sys.path.insert(0, str(ROOT))
 
 import minitorch  # noqa: E402
 from minitorch import cuda_kernel_ops  # noqa: E402
+from minitorch.cuda.timer import gpu_ms  # noqa: E402
 
 BIG = 64 * 1024 * 1024
 REDUCE_SHAPE = (16384, 4096)
 MATMULS = [((4096, 4096), (4096, 4096)), ((96, 1024, 64), (96, 64, 1024))]
 OVERHEAD_CALLS = 10_000
-
-
-def gpu_time(torch: Any, fn: Callable[[], Any], reps: int, warmup: int = 3) -> float:
-    """Median seconds of fn() on the GPU, each run bracketed by CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def host_time_per_call(torch: Any, fns: Dict[str, Callable[[], Any]], calls: int, rounds: int = 5) -> Dict[str, float]:
@@ -92,20 +78,27 @@ def run(reps: int) -> Dict[str, Any]:
     def randn(*shape: int) -> Any:
         return torch.randn(*shape, device="cuda", generator=gen)
 
-    def ours(x: Any) -> minitorch.Tensor:
-        return minitorch.from_torch(x, backend=cuda)
+    def ours(x: Any) -> minitorch.TensorData:
+        return minitorch.from_torch(x, backend=cuda)._tensor
+
+    def as_torch(td: minitorch.TensorData) -> Any:
+        return minitorch.Tensor(td, backend=cuda).to_torch()
+
+    def gpu_time(fn: Callable[[], Any]) -> float:
+        """Median seconds of one call of fn() on the GPU."""
+        return gpu_ms(fn, reps=reps, inner=1) / 1e3
 
     rows: List[Dict[str, Any]] = []
 
     # ---- bandwidth ----------------------------------------------------------------------------
     x, y = randn(BIG), randn(BIG)
     mx, my = ours(x), ours(y)
-    copy_s = gpu_time(torch, lambda: x.clone(), reps)
+    copy_s = gpu_time(lambda: x.clone())
     copy_gbps = 2 * BIG * 4 / copy_s / 1e9
 
     def bandwidth(name: str, nbytes: int, ours_fn: Callable, torch_fn: Callable, check: Callable) -> None:
-        t_ours = gpu_time(torch, ours_fn, reps)
-        t_torch = gpu_time(torch, torch_fn, reps)
+        t_ours = gpu_time(ours_fn)
+        t_torch = gpu_time(torch_fn)
         rows.append({
             "name": name, "kind": "bandwidth", "bytes": nbytes,
             "ours_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3,
@@ -116,43 +109,41 @@ def run(reps: int) -> Dict[str, Any]:
         })  # fmt: skip
 
     bandwidth("copy (map id) [64M]", 2 * BIG * 4, lambda: cuda.id_map(mx), lambda: x.clone(),
-              lambda: max_rel_err(torch, cuda.id_map(mx).to_torch(), x))
+              lambda: max_rel_err(torch, as_torch(cuda.id_map(mx)), x))
     bandwidth("neg [64M]", 2 * BIG * 4, lambda: cuda.neg_map(mx), lambda: torch.neg(x),
-              lambda: max_rel_err(torch, cuda.neg_map(mx).to_torch(), -x))
+              lambda: max_rel_err(torch, as_torch(cuda.neg_map(mx)), -x))
     bandwidth("exp [64M]", 2 * BIG * 4, lambda: cuda.exp_map(mx), lambda: torch.exp(x),
-              lambda: max_rel_err(torch, cuda.exp_map(mx).to_torch(), torch.exp(x.double())))
+              lambda: max_rel_err(torch, as_torch(cuda.exp_map(mx)), torch.exp(x.double())))
     bandwidth("add [64M]", 3 * BIG * 4, lambda: cuda.add_zip(mx, my), lambda: torch.add(x, y),
-              lambda: max_rel_err(torch, cuda.add_zip(mx, my).to_torch(), x.double() + y.double()))
-    del x, y, mx, my
+              lambda: max_rel_err(torch, as_torch(cuda.add_zip(mx, my)), x.double() + y.double()))
     r = randn(*REDUCE_SHAPE)
     mr = ours(r)
     bandwidth(f"sum last dim {list(REDUCE_SHAPE)}", r.numel() * 4 + REDUCE_SHAPE[0] * 4,
               lambda: cuda.add_reduce(mr, 1), lambda: r.sum(1, keepdim=True),
-              lambda: max_rel_err(torch, cuda.add_reduce(mr, 1).to_torch(), r.double().sum(1, keepdim=True)))
-    del r, mr
+              lambda: max_rel_err(torch, as_torch(cuda.add_reduce(mr, 1)), r.double().sum(1, keepdim=True)))
 
     # ---- matmul -------------------------------------------------------------------------------
     for sa, sb in MATMULS:
         a, b = randn(*sa), randn(*sb)
         ma, mb = ours(a), ours(b)
         flops = 2.0 * a.numel() * sb[-1]  # batch * M * K multiply-adds per output column
-        t_ours = gpu_time(torch, lambda: cuda.matrix_multiply(ma, mb), reps)
-        t_torch = gpu_time(torch, lambda: torch.matmul(a, b), reps)
-        err = max_rel_err(torch, cuda.matrix_multiply(ma, mb).to_torch(), torch.matmul(a.double(), b.double()))
+        t_ours = gpu_time(lambda: cuda.matrix_multiply(ma, mb))
+        t_torch = gpu_time(lambda: torch.matmul(a, b))
+        err = max_rel_err(torch, as_torch(cuda.matrix_multiply(ma, mb)), torch.matmul(a.double(), b.double()))
         rows.append({
             "name": f"matmul {list(sa)} @ {list(sb)}", "kind": "matmul", "flops": flops,
             "ours_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3,
             "ours_tflops": flops / t_ours / 1e12, "torch_tflops": flops / t_torch / 1e12,
             "ratio_to_torch": t_torch / t_ours, "max_rel_err": err,
         })  # fmt: skip
-        del a, b, ma, mb
 
     # ---- host overhead ------------------------------------------------------------------------
     s, u = randn(16), randn(16)
     ms, mu = ours(s), ours(u)
+    ts, tu = minitorch.from_torch(s), minitorch.from_torch(u)
     per_call = host_time_per_call(
         torch,
-        {"ours_backend_us": lambda: cuda.add_zip(ms, mu), "ours_tensor_us": lambda: ms + mu, "torch_us": lambda: s + u},
+        {"ours_backend_us": lambda: cuda.add_zip(ms, mu), "ours_tensor_us": lambda: ts + tu, "torch_us": lambda: s + u},
         OVERHEAD_CALLS,
     )
     overhead: Dict[str, Any] = {"calls": OVERHEAD_CALLS, **{k: 1e6 * v for k, v in per_call.items()}}

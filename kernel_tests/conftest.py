@@ -3,6 +3,7 @@ cannot run (no CUDA GPU visible to torch, or kernels not built with `bash compil
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import List, Optional
 
@@ -12,9 +13,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def _unavailable() -> Optional[str]:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:
         return "PyTorch is not installed (the CUDA backend takes device memory and streams from it)"
     from minitorch import cuda_kernel_ops
 

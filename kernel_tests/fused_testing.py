@@ -1,18 +1,60 @@
-"""Helpers shared by the GPU kernel tests: the error measure, cached kernel libraries, and the
-fused-vs-unfused speed line each fused-kernel test file prints (visible with pytest -s)."""
+"""Helpers shared by the GPU kernel tests: the backends, seeded inputs, the error measures, calling
+backend ops (which work on TensorData) with Tensors, and the fused-vs-unfused speed line each
+fused-kernel test file prints (visible with pytest -s)."""
 
-import functools
-from typing import Any, Callable
+from __future__ import annotations
+
+import zlib
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from minitorch.cuda_kernel_ops import load_library
+import minitorch
+from minitorch.cuda.timer import gpu_ms
 
-# A kernel library by name (built from src/<name>.cu), loaded once per test session.
-kernel_lib = functools.lru_cache(maxsize=None)(load_library)
+CUDA = minitorch.TensorBackend(minitorch.CudaKernelOps)
+CPU = minitorch.TensorBackend(minitorch.FastOps)
+
+Array = np.ndarray
 
 
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+# ---- inputs --------------------------------------------------------------------------------------
+def rng_for(*key: Any) -> np.random.Generator:
+    """A generator seeded by the test's parameters, so each case is reproducible on its own."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def gpu(arr: Array, requires_grad: bool = False) -> minitorch.Tensor:
+    return minitorch.tensor_from_numpy(np.asarray(arr, dtype=np.float32), backend=CUDA, requires_grad=requires_grad)
+
+
+def cpu(arr: Array, requires_grad: bool = False) -> minitorch.Tensor:
+    return minitorch.tensor_from_numpy(np.asarray(arr, dtype=np.float32), backend=CPU, requires_grad=requires_grad)
+
+
+def permuted_gpu(arr: Array, order: Sequence[int]) -> minitorch.Tensor:
+    """A non-contiguous CUDA view equal to arr: storage laid out as arr.transpose(inverse(order))."""
+    inverse = np.argsort(order)
+    t = gpu(np.ascontiguousarray(np.transpose(arr, inverse))).permute(*order)
+    assert t.shape == arr.shape, f"permuted view has shape {t.shape}, expected {arr.shape}"
+    return t
+
+
+def on_tensors(op: Callable[..., Any], *args: Any) -> Any:
+    """op (a backend op or kernel hook, which takes and returns TensorData) called with Tensors: a
+    Tensor argument goes in as its TensorData, and a TensorData result (or each one of a tuple)
+    comes back as a Tensor on the backend of the first Tensor argument."""
+    backend = next(a.backend for a in args if isinstance(a, minitorch.Tensor))
+    out = op(*(a._tensor if isinstance(a, minitorch.Tensor) else a for a in args))
+
+    def wrap(x: Any) -> Any:
+        return minitorch.Tensor(x, backend=backend) if isinstance(x, minitorch.TensorData) else x
+
+    return tuple(wrap(x) for x in out) if isinstance(out, tuple) else wrap(out)
+
+
+# ---- errors ----------------------------------------------------------------------------------------
+def rel_err(out: Array, ref: Array) -> float:
     """max|out - ref| / max|ref|; infinite when out has a nan or inf."""
     out = np.asarray(out, dtype=np.float64)
     if not np.isfinite(out).all():
@@ -21,22 +63,34 @@ def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(out - ref).max(initial=0.0)) / scale
 
 
-def gpu_ms(fn: Callable[[], Any], iters: int = 20) -> float:
-    """Mean GPU milliseconds per call of fn over `iters` back-to-back calls after 3 warm-up calls."""
-    import torch
+def assert_close(out: Array, ref: Array, tol: float, what: str, scale: Optional[float] = None) -> None:
+    """max|out - ref| <= tol * scale (default scale: max|ref|); NaN/inf must match exactly."""
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert out.shape == ref.shape, f"{what}: result shape {out.shape}, expected {ref.shape}"
+    special = ~np.isfinite(ref)
+    if special.any():
+        same = (np.isnan(out) & np.isnan(ref)) | (out == ref)
+        bad = special & ~same
+        assert not bad.any(), (
+            f"{what}: non-finite mismatch at {np.argwhere(bad)[:5].tolist()}: got {out[bad][:5]}, want {ref[bad][:5]}"
+        )
+    finite = ~special
+    if not finite.any():
+        return
+    if scale is None:
+        scale = float(np.max(np.abs(ref[finite])))
+    err = np.abs(np.where(finite, out - ref, 0.0))
+    worst = np.unravel_index(np.argmax(np.nan_to_num(err, nan=np.inf)), err.shape)
+    rel = float(err[worst]) / max(scale, 1e-30)
+    assert np.isfinite(out[finite]).all() and rel <= tol, (
+        f"{what}: error {rel:.3e} > {tol:.0e} (scale {scale:.3e}); shape {out.shape}, "
+        f"worst at {tuple(int(i) for i in worst)}: "
+        f"got {out[worst]!r}, want {ref[worst]!r}"
+    )
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
 
-
+# ---- speed -----------------------------------------------------------------------------------------
 def print_speedup(label: str, fused: Callable[[], Any], unfused: Callable[[], Any]) -> None:
     """Time the fused op and minitorch's composed version of it on the same input; print the ratio."""
     fused_ms, unfused_ms = gpu_ms(fused), gpu_ms(unfused)

@@ -7,9 +7,10 @@ import pytest
 
 import minitorch
 from minitorch import AdamW, Parameter
-from minitorch.cuda_kernel_ops import CudaKernelError, CudaShapeError
+from minitorch.cuda.libraries import kernel_library
+from minitorch.cuda_kernel_ops import CudaKernelError
 
-from fused_testing import kernel_lib, rel_err
+from fused_testing import on_tensors, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -72,7 +73,7 @@ def test_adamw_step_allocates_nothing_that_stays() -> None:
 
 @pytest.mark.parametrize("n", [1, 5, 1000, 123457])
 def test_launcher_scalar_path_on_misaligned_buffers(n: int) -> None:
-    lib = kernel_lib("optimizer_kernel")
+    lib = kernel_library("optimizer_kernel")
     gen = torch.Generator(device="cuda").manual_seed(n)
     bufs = [torch.randn(n + 1, device="cuda", generator=gen) for _ in range(4)]
     bufs[3].abs_()
@@ -91,7 +92,7 @@ def test_launcher_scalar_path_on_misaligned_buffers(n: int) -> None:
 
 
 def test_bad_arguments_raise() -> None:
-    lib = kernel_lib("optimizer_kernel")
+    lib = kernel_library("optimizer_kernel")
     buf = torch.zeros(8, device="cuda")
     ptr = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
@@ -100,10 +101,14 @@ def test_bad_arguments_raise() -> None:
     assert lib.launch_adamw(ptr, ptr, ptr, ptr, 8, 1e-3, 1.0, 0.999, 1e-8, 0.0, 1, stream) != 0  # beta1 == 1
     p = minitorch.tensor_from_numpy(np.ones((4, 6)), backend=CUDA)
     z = minitorch.tensor_from_numpy(np.zeros((4, 6)), backend=CUDA)
-    with pytest.raises(CudaShapeError, match="grad of shape"):
-        minitorch.CudaKernelOps.adamw_step(p, z.view(6, 4), z, z.zeros(), 1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
-    with pytest.raises(CudaShapeError, match="needs it contiguous"):
-        minitorch.CudaKernelOps.adamw_step(p.permute(1, 0), z.permute(1, 0), z.zeros((6, 4)), z.zeros((6, 4)),
-                                           1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
+    # The public entry checks shapes, layouts and the step count before any launch ...
+    with pytest.raises(minitorch.IndexingError, match="grad of shape"):
+        minitorch.adamw_step(p, z.view(6, 4), z, z.zeros(), 1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
+    with pytest.raises(minitorch.IndexingError, match="needs it contiguous"):
+        minitorch.adamw_step(p.permute(1, 0), z.permute(1, 0), z.zeros((6, 4)), z.zeros((6, 4)),
+                             1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
+    with pytest.raises(ValueError, match="step counts updates from 1"):
+        minitorch.adamw_step(p, z, z.zeros(), z.zeros(), 1e-3, 0.9, 0.999, 1e-8, 0.0, 0)
+    # ... and the kernel hook turns the launcher's error code into an exception.
     with pytest.raises(CudaKernelError):
-        minitorch.CudaKernelOps.adamw_step(p, z, z.zeros(), z.zeros(), 1e-3, 0.9, 0.999, 1e-8, 0.0, 0)
+        on_tensors(minitorch.CudaKernelOps.adamw_step, p, z, z.zeros(), z.zeros(), 1e-3, 0.9, 0.999, 1e-8, 0.0, 0)

@@ -15,7 +15,10 @@ from typing import Optional, Tuple
 import pytest
 
 import minitorch
+from minitorch.cuda.libraries import kernel_library
 from minitorch.cuda_kernel_ops import CudaKernelOps, CudaShapeError
+
+from fused_testing import on_tensors
 
 torch = pytest.importorskip("torch")
 
@@ -87,7 +90,7 @@ def run_fused(q, k, v, mask, causal: bool, activation: str, g) -> Tuple["torch.T
     out = minitorch.fused_attention(tq, tk, tv, tmask, causal=causal, activation=activation)
     out.backward(minitorch.from_torch(g))
     scale = 1.0 / math.sqrt(q.shape[-1])
-    _, lse = CudaKernelOps.fused_attention_fw(tq.detach(), tk.detach(), tv.detach(), tmask, causal, activation, scale)
+    _, lse = on_tensors(CudaKernelOps.attention_fw, tq, tk, tv, tmask, causal, activation, scale)
     return tuple(t.to_torch().clone() for t in (out, lse, tq.grad, tk.grad, tv.grad))
 
 
@@ -206,7 +209,7 @@ def test_bad_arguments_raise_before_any_launch() -> None:
 
 
 def test_raw_launcher_rejects_bad_sizes() -> None:
-    lib = minitorch.cuda_kernel_ops._runtime().fused_lib("attention_kernel")
+    lib = kernel_library("attention_kernel")
     buf = torch.zeros(64, device="cuda")
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream

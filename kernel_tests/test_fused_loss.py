@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 import minitorch
+from minitorch import cuda_kernel_ops as cko
+from minitorch.cuda.libraries import kernel_library
 from minitorch.fused.linear_cross_entropy import fused_linear_cross_entropy
 
-from fused_testing import kernel_lib, rel_err
+from fused_testing import rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -119,8 +121,6 @@ def test_bad_target_on_a_counted_token_makes_the_loss_nan() -> None:
 
 
 def test_no_host_device_copies() -> None:
-    from minitorch import cuda_kernel_ops as cko
-
     inputs = problem(N_TOKENS, 64, 1000, seed=6, with_bias=True)
     h, w, b, t, tw = (minitorch.from_torch(x) for x in inputs)
     h.requires_grad_(True)
@@ -180,7 +180,7 @@ def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool) -> 
     ref_grad = ref_grad * (weights.double() / total.double())[:, None]
     before = logits.clone()
     stream = torch.cuda.current_stream().cuda_stream
-    code = kernel_lib("classifier_kernel").launch_fused_classifier(
+    code = kernel_library("classifier_kernel").launch_fused_classifier(
         logits.data_ptr(), losses.data_ptr(), bias.data_ptr(), targets.data_ptr(), weights.data_ptr(), total.data_ptr(),
         rows, vocab, int(write_grad), stream,
     )
@@ -197,7 +197,7 @@ def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool) -> 
 
 
 def test_classifier_launcher_rejects_bad_sizes() -> None:
-    lib = kernel_lib("classifier_kernel")
+    lib = kernel_library("classifier_kernel")
     buf = torch.zeros(16, device="cuda")
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream

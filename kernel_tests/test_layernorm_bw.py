@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 import minitorch
+from minitorch.cuda.libraries import kernel_library
+from minitorch.fused.layernorm import layernorm_backward_reference
 
-from fused_testing import kernel_lib, print_speedup, rel_err
+from fused_testing import on_tensors, print_speedup, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -147,7 +149,7 @@ def test_layernorm_bw_raw_poisoned(hidden: int, misaligned: bool) -> None:
     def poisoned(n: int):
         return torch.full((n + off,), float("nan"), device="cuda")[off:]
 
-    lib = kernel_lib("layernorm_kernel")
+    lib = kernel_library("layernorm_kernel")
     ws_len = lib.layernorm_bw_workspace_floats(rows, hidden)
     assert ws_len > 0, f"workspace query failed: {ws_len}"
     x, g, dy, mean, rstd = (device(a) for a in (x_np, g_np, dy_np, mean_np, rstd_np))
@@ -164,7 +166,7 @@ def test_layernorm_bw_raw_poisoned(hidden: int, misaligned: bool) -> None:
 
 
 def test_layernorm_bw_raw_rejects_bad_sizes() -> None:
-    lib = kernel_lib("layernorm_kernel")
+    lib = kernel_library("layernorm_kernel")
     assert lib.layernorm_bw_workspace_floats(0, 16) < 0
     assert lib.layernorm_bw_workspace_floats(16, 0) < 0
     buf = torch.zeros(64, device="cuda")
@@ -177,16 +179,16 @@ def test_layernorm_bw_raw_rejects_bad_sizes() -> None:
 
 
 def test_layernorm_bw_speedup_report() -> None:
-    """Fused backward vs minitorch's own composed backward (TensorOps.layernorm_bw) on the GPU."""
+    """Fused backward vs minitorch's own composed backward (fused.layernorm.layernorm_backward_reference) on the GPU."""
     rng = np.random.default_rng(0)
     print()
     for rows, hidden in [(5120, 256), (16384, 768), (65536, 1024)]:
         x_np, g_np, _, dy_np = make_case(rng, (rows, hidden), "normal")
         x, gamma, dy = (minitorch.tensor_from_numpy(a, backend=BACKEND) for a in (x_np, g_np, dy_np))
         beta = minitorch.tensor_from_numpy(np.zeros(hidden, dtype=np.float32), backend=BACKEND)
-        _, mean, rstd = minitorch.CudaKernelOps.layernorm_fw(x, gamma, beta, EPS)
+        _, mean, rstd = on_tensors(minitorch.CudaKernelOps.layernorm_fw, x, gamma, beta, EPS)
         print_speedup(
             f"layernorm bw [{rows}, {hidden}]",
-            lambda: minitorch.CudaKernelOps.layernorm_bw(dy, x, gamma, mean, rstd),
-            lambda: minitorch.TensorOps.layernorm_bw(dy, x, gamma, mean, rstd),
+            lambda: on_tensors(minitorch.CudaKernelOps.layernorm_bw, dy, x, gamma, mean, rstd),
+            lambda: layernorm_backward_reference(dy, x, gamma, mean, rstd),
         )

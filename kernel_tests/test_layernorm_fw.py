@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 import minitorch
+from minitorch.cuda.libraries import kernel_library
+from minitorch.fused.layernorm import layernorm_reference
 
-from fused_testing import kernel_lib, print_speedup, rel_err
+from fused_testing import on_tensors, print_speedup, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -86,7 +88,7 @@ def test_layernorm_fw_sizes(hidden: int, data: str) -> None:
     gt = minitorch.tensor_from_numpy(gamma, backend=BACKEND)
     bt = minitorch.tensor_from_numpy(beta, backend=BACKEND)
     out_api = xt.layernorm(gt, bt, EPS).to_numpy()
-    out, mean, rstd = (t.to_numpy() for t in minitorch.CudaKernelOps.layernorm_fw(xt, gt, bt, EPS))
+    out, mean, rstd = (t.to_numpy() for t in on_tensors(minitorch.CudaKernelOps.layernorm_fw, xt, gt, bt, EPS))
     ref_out, ref_mean, ref_rstd = reference(x, gamma, beta, EPS)
     assert np.array_equal(out_api, out), "Tensor.layernorm and CudaKernelOps.layernorm_fw differ"
     check_stats(f"[{rows}, {hidden}] {data}", (out, mean, rstd), (ref_out, ref_mean, ref_rstd))
@@ -117,7 +119,8 @@ def test_layernorm_fw_constant_rows() -> None:
     """Rows with zero variance: var is clamped at 0, rstd = 1/sqrt(eps), out = beta."""
     x = np.full((5, 300), 3.25, dtype=np.float32)
     gamma, beta = make_params(np.random.default_rng(0), 300)
-    out, _, rstd = (t.to_numpy() for t in minitorch.CudaKernelOps.layernorm_fw(
+    out, _, rstd = (t.to_numpy() for t in on_tensors(
+        minitorch.CudaKernelOps.layernorm_fw,
         minitorch.tensor_from_numpy(x, backend=BACKEND), minitorch.tensor_from_numpy(gamma, backend=BACKEND),
         minitorch.tensor_from_numpy(beta, backend=BACKEND), EPS))
     assert np.array_equal(out, np.broadcast_to(beta, out.shape))
@@ -145,7 +148,7 @@ def test_layernorm_fw_raw_poisoned(hidden: int, misaligned: bool) -> None:
 
     x, g, b = device(x_np), device(g_np), device(b_np)
     out, mean, rstd = poisoned(rows * hidden), poisoned(rows), poisoned(rows)
-    lib = kernel_lib("layernorm_kernel")
+    lib = kernel_library("layernorm_kernel")
     code = lib.launch_layernorm(out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), x.data_ptr(), g.data_ptr(),
                                 b.data_ptr(), rows, hidden, EPS, torch.cuda.current_stream().cuda_stream)
     assert code == 0, lib.minitorch_error_string(code).decode()
@@ -155,7 +158,7 @@ def test_layernorm_fw_raw_poisoned(hidden: int, misaligned: bool) -> None:
 
 
 def test_layernorm_fw_raw_rejects_bad_sizes() -> None:
-    lib = kernel_lib("layernorm_kernel")
+    lib = kernel_library("layernorm_kernel")
     buf = torch.zeros(16, device="cuda")
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
@@ -165,7 +168,7 @@ def test_layernorm_fw_raw_rejects_bad_sizes() -> None:
 
 
 def test_layernorm_fw_speedup_report() -> None:
-    """Fused forward vs minitorch's own composed LayerNorm (TensorOps.layernorm_fw) on the GPU."""
+    """Fused forward vs minitorch's own composed LayerNorm (fused.layernorm.layernorm_reference) on the GPU."""
     rng = np.random.default_rng(0)
     print()
     for rows, hidden in [(5120, 256), (16384, 768), (65536, 1024)]:
@@ -173,6 +176,6 @@ def test_layernorm_fw_speedup_report() -> None:
         g, b = (minitorch.tensor_from_numpy(p, backend=BACKEND) for p in make_params(rng, hidden))
         print_speedup(
             f"layernorm fw [{rows}, {hidden}]",
-            lambda: minitorch.CudaKernelOps.layernorm_fw(x, g, b, EPS),
-            lambda: minitorch.TensorOps.layernorm_fw(x, g, b, EPS),
+            lambda: on_tensors(minitorch.CudaKernelOps.layernorm_fw, x, g, b, EPS),
+            lambda: layernorm_reference(x, g, b, EPS),
         )

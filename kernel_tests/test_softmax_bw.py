@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 import minitorch
+from minitorch.cuda.libraries import kernel_library
+from minitorch.fused.softmax import softmax_backward_reference
 
-from fused_testing import kernel_lib, print_speedup, rel_err
+from fused_testing import on_tensors, print_speedup, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -128,10 +130,10 @@ def test_softmax_bw_raw_poisoned(Tk: int, misaligned: bool) -> None:
 
     g, y = device(g_np), device(y_np)
     out = torch.full((n + off,), float("nan"), device="cuda")[off:]
-    code = kernel_lib("softmax_kernel").launch_attn_softmax_bw(
+    code = kernel_library("softmax_kernel").launch_attn_softmax_bw(
         out.data_ptr(), g.data_ptr(), y.data_ptr(), rows, Tk, torch.cuda.current_stream().cuda_stream
     )
-    assert code == 0, kernel_lib("softmax_kernel").minitorch_error_string(code).decode()
+    assert code == 0, kernel_library("softmax_kernel").minitorch_error_string(code).decode()
     torch.cuda.synchronize()
     ref = grad_ref(torch.from_numpy(y_np).double(), g_np)
     err = rel_err(out.cpu().numpy().reshape(rows, Tk), ref)
@@ -139,7 +141,7 @@ def test_softmax_bw_raw_poisoned(Tk: int, misaligned: bool) -> None:
 
 
 def test_softmax_bw_raw_rejects_bad_sizes() -> None:
-    lib = kernel_lib("softmax_kernel")
+    lib = kernel_library("softmax_kernel")
     buf = torch.zeros(16, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     for rows, Tk in [(0, 4), (4, 0), (-1, 4)]:
@@ -148,7 +150,7 @@ def test_softmax_bw_raw_rejects_bad_sizes() -> None:
 
 
 def test_softmax_bw_speedup_report() -> None:
-    """Fused backward vs minitorch's own composed backward (TensorOps.attn_softmax_bw) on the GPU."""
+    """Fused backward vs minitorch's own composed backward (fused.softmax.softmax_backward_reference) on the GPU."""
     rng = np.random.default_rng(0)
     print()
     for shape in [(64, 8, 40, 40), (8, 12, 256, 256), (8, 12, 1024, 1024)]:
@@ -156,6 +158,6 @@ def test_softmax_bw_speedup_report() -> None:
         y = minitorch.tensor_from_numpy(rng.random(shape).astype(np.float32), backend=BACKEND)
         print_speedup(
             f"attn_softmax bw {shape}",
-            lambda: minitorch.CudaKernelOps.attn_softmax_bw(g, y),
-            lambda: minitorch.TensorOps.attn_softmax_bw(g, y),
+            lambda: on_tensors(minitorch.CudaKernelOps.attn_softmax_bw, g, y),
+            lambda: softmax_backward_reference(g, y),
         )

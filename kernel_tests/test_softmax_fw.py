@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import minitorch
+from minitorch.cuda.libraries import kernel_library
+from minitorch.fused.softmax import softmax_reference
 
-from fused_testing import kernel_lib, print_speedup, rel_err
+from fused_testing import on_tensors, print_speedup, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -153,7 +155,7 @@ def test_softmax_fw_every_key_masked() -> None:
 
 
 def _raw_forward(out, x, mask, causal: bool) -> int:
-    lib = kernel_lib("softmax_kernel")
+    lib = kernel_library("softmax_kernel")
     B, H, Tq, Tk = x.shape
     stream = torch.cuda.current_stream().cuda_stream
     mask_ptr = None if mask is None else mask.data_ptr()
@@ -179,14 +181,14 @@ def test_softmax_fw_raw_poisoned(Tk: int, misaligned: bool) -> None:
     x = x_buf[off:].view(shape)
     out = out_buf[off:].view(shape)
     code = _raw_forward(out, x, m_buf[off:].view(2, Tk), causal=False)
-    assert code == 0, kernel_lib("softmax_kernel").minitorch_error_string(code).decode()
+    assert code == 0, kernel_library("softmax_kernel").minitorch_error_string(code).decode()
     torch.cuda.synchronize()
     err = rel_err(out.cpu().numpy(), reference(x_np, mask_np, False))
     assert err < TOL, f"{shape} misaligned={misaligned}: relative error {err:.3g}"
 
 
 def test_softmax_fw_raw_rejects_bad_sizes() -> None:
-    lib = kernel_lib("softmax_kernel")
+    lib = kernel_library("softmax_kernel")
     buf = torch.zeros(16, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     for B, H, Tq, Tk in [(0, 1, 1, 4), (1, 1, 1, 0), (1, -1, 1, 4)]:
@@ -199,7 +201,7 @@ def test_softmax_fw_raw_rejects_bad_sizes() -> None:
 
 
 def test_softmax_fw_speedup_report() -> None:
-    """Fused kernel vs minitorch's own composed softmax (TensorOps.attn_softmax_fw) on the GPU."""
+    """Fused kernel vs minitorch's own composed softmax (fused.softmax.softmax_reference) on the GPU."""
     rng = np.random.default_rng(0)
     print()
     for shape in [(64, 8, 40, 40), (8, 12, 256, 256), (8, 12, 1024, 1024)]:
@@ -207,6 +209,6 @@ def test_softmax_fw_speedup_report() -> None:
         mask = minitorch.tensor_from_numpy(make_mask(rng, shape[0], shape[3], "inf"), backend=BACKEND)
         print_speedup(
             f"attn_softmax fw {shape} + mask",
-            lambda: minitorch.CudaKernelOps.attn_softmax_fw(x, mask, False),
-            lambda: minitorch.TensorOps.attn_softmax_fw(x, mask, False),
+            lambda: on_tensors(minitorch.CudaKernelOps.attn_softmax_fw, x, mask, False),
+            lambda: softmax_reference(x, mask, False),
         )
