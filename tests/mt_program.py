@@ -7,14 +7,19 @@ word-by-word "translations" where the real corpus is absent.
 """
 
 import gzip
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
+import pytest
 
 from project import mt_data
 from project.mt_run import CHECKPOINT_KIND
-from project.run_checkpoint import load_checkpoint
+from project.run_checkpoint import CheckpointError, load_checkpoint
 
 REAL_DATA_DIR = Path(__file__).resolve().parent.parent / ".." / "shared" / "data" / "multi30k"
 SPLIT_SIZES = {"train": 240, "valid": 32, "test": 12}
@@ -62,3 +67,39 @@ def load(out_dir: Path) -> Dict:
 def computed(history: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Metric records without the fields that depend on the clock."""
     return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in history]
+
+
+# ---- the program as a subprocess (to kill it) -------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "project" / "run_machine_translation.py"
+WAIT_S = 900  # a subprocess compiles its numba kernels first: minutes on a busy 2-core machine
+
+
+def start(args: list, log: Path) -> subprocess.Popen:
+    """The program with these arguments, its output going to log."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=ROOT)  # fmt: skip
+
+
+def saved_step(out_dir: Path) -> int:
+    """The step of the checkpoint in out_dir (-1 while there is none)."""
+    try:
+        return load_checkpoint(out_dir / "checkpoint.npz", CHECKPOINT_KIND).state["progress"]["step"]
+    except CheckpointError:
+        return -1
+
+
+def wait_for_step(proc: subprocess.Popen, out_dir: Path, step: int, log: Path) -> int:
+    """Wait until the checkpoint in out_dir is at `step` or later (fail if the process ends first)."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        reached = saved_step(out_dir)
+        if reached >= step:
+            return reached
+        if proc.poll() is not None:
+            pytest.fail(f"the run exited ({proc.returncode}) before step {step}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"no checkpoint of step {step} within {WAIT_S}s:\n{log.read_text()[-3000:]}")

@@ -2,53 +2,16 @@
 --resume, end with the parameters, optimizer state and metrics of an uninterrupted run, bit for bit
 (CPU backend, fixed seed); a corrupted checkpoint is refused and the previous good one kept."""
 
-import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mt_program import TINY, computed, load
+from mt_program import TINY, WAIT_S, computed, load, saved_step, start, wait_for_step
 from project import run_machine_translation as run_mt
 from project.mt_run import CHECKPOINT_KIND
-from project.run_checkpoint import CheckpointError, load_checkpoint
-
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "project" / "run_machine_translation.py"
-WAIT_S = 900  # a subprocess compiles its numba kernels first: minutes on a busy 2-core machine
-
-
-def start(args: list, log: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                cwd=ROOT)  # fmt: skip
-
-
-def saved_step(out_dir: Path) -> int:
-    """The step of the checkpoint in out_dir (-1 while there is none)."""
-    try:
-        return load_checkpoint(out_dir / "checkpoint.npz", CHECKPOINT_KIND).state["progress"]["step"]
-    except CheckpointError:
-        return -1
-
-
-def wait_for_step(proc: subprocess.Popen, out_dir: Path, step: int, log: Path) -> int:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        reached = saved_step(out_dir)
-        if reached >= step:
-            return reached
-        if proc.poll() is not None:
-            pytest.fail(f"the run exited ({proc.returncode}) before step {step}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.05)
-    proc.kill()
-    pytest.fail(f"no checkpoint of step {step} within {WAIT_S}s:\n{log.read_text()[-3000:]}")
+from project.run_checkpoint import load_checkpoint
 
 
 def test_kill_9_then_sigint_then_resume_equals_the_uninterrupted_run(straight_run, corpus_dir, tmp_path) -> None:
