@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 
 # file -> test function -> {parameter: the values kept} ({}: every case of the test).
 SMALL_CASES: Dict[str, Dict[str, Dict[str, List[Any]]]] = {
-    "test_cuda_ops.py": {  # combine, random_kernel, embedding_kernel and the SIMT matmul
+    "test_cuda_ops.py": {  # combine, random_kernel, embedding_kernel and matmul through the backend
         "test_fill_and_zeros": {}, "test_fill_non_contiguous_view_writes_only_the_view": {}, "test_arange": {"n": [33]},
         "test_uniform_range_determinism_and_moments": {"shape": [(33,), (257, 1001)]},
         "test_uniform_permuted_out_matches_logical_order": {}, "test_map_contiguous": {"shape": [(1023,), (2, 3, 1, 7)]},

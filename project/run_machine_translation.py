@@ -51,7 +51,7 @@ PRESETS = {
     "tiny": {
         "n_embd": 64, "n_head": 4, "n_layers": 2, "vocab_size": 1000, "max_len": 48, "batch_size": 32,
         "samples_per_epoch": 1280, "epochs": 2, "warmup_steps": 10, "lr": 3e-3, "dropout": 0.0,
-        "valid_samples": 200, "test_samples": 100, "eval_batch_size": 100,
+        "valid_samples": 200, "test_samples": 100, "eval_batch_size": 100, "log_every": 5,
     },
 }  # fmt: skip
 
@@ -176,6 +176,10 @@ def resolve_config(argv: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], Optio
     if "preset" in explicit:
         raise InputError("--preset chooses a new run's configuration; --resume takes it from the checkpoint")
     if not path.exists() and not previous_path(path).exists():
+        old = path.with_name("checkpoint.pkl")
+        if old.exists():
+            raise InputError(f"--resume: {old} is a pickle checkpoint of an older version, which is no longer read "
+                             f"(loading a pickle can run code); start a new run")
         raise InputError(f"--resume: no checkpoint {path}; train without --resume first")
     try:
         checkpoint = load_checkpoint(path, CHECKPOINT_KIND)

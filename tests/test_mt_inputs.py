@@ -126,6 +126,8 @@ def test_output_directory_guards(saved_run, tmp_path) -> None:
     before = files(saved_run)
     assert "checkpoint.npz exists; pass --resume" in error_of(TINY + ["--out-dir", str(saved_run)])
     assert f"--resume: no checkpoint {tmp_path / 'checkpoint.npz'}" in error_of(["--resume", "--out-dir", str(tmp_path)])
+    (tmp_path / "checkpoint.pkl").write_bytes(b"\x80\x04K\x01.")
+    assert "checkpoint.pkl is a pickle checkpoint of an older version" in error_of(["--resume", "--out-dir", str(tmp_path)])
     assert files(saved_run) == before
 
 
