@@ -1,15 +1,71 @@
 """GPU tests of the CUDA backend.  Every test here is skipped, with the reason, when the backend
-cannot run (no CUDA GPU visible to torch, or kernels not built with `bash compile_cuda.sh`)."""
+cannot run (no CUDA GPU visible to torch, or kernels not built with `bash compile_cuda.sh`).
+
+`-m small` selects the SMALL_CASES below: small shapes that still take each kernel library's code
+paths, cheap enough to run under compute-sanitizer in minutes (scripts/sanitize.sh); speed reports
+and memory-limit tests are not among them."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
+
+# file -> test function -> {parameter: the values kept} ({}: every case of the test).
+SMALL_CASES: Dict[str, Dict[str, Dict[str, List[Any]]]] = {
+    "test_cuda_ops.py": {  # combine, random_kernel, embedding_kernel and matmul through the backend
+        "test_fill_and_zeros": {}, "test_fill_non_contiguous_view_writes_only_the_view": {}, "test_arange": {"n": [33]},
+        "test_uniform_range_determinism_and_moments": {"shape": [(33,), (257, 1001)]},
+        "test_uniform_permuted_out_matches_logical_order": {}, "test_map_contiguous": {"shape": [(1023,), (2, 3, 1, 7)]},
+        "test_map_permuted_input": {}, "test_map_into_out_broadcasts_and_writes_strided_out": {},
+        "test_zip_broadcast": {"name": ["add", "mul", "pow", "max"]}, "test_zip_permuted_and_expanded": {},
+        "test_reduce": {"name": ["add", "max"]}, "test_reduce_permuted": {}, "test_reduce_start_value_and_empty_dim": {},
+        "test_matmul": {"transpose": ["nn", "tt"], "shapes": [((33, 33), (33, 33)), ((2, 1, 33, 17), (3, 17, 40)),
+                                                              ((4, 3, 65, 129), (4, 3, 129, 66))]},
+        "test_matmul_expanded_batch_and_odd_strides": {},
+        "test_embedding_gather_and_scatter_add": {}, "test_embedding_invalid_ids_give_zero_rows_and_no_gradient": {},
+    },
+    "test_matmul.py": {  # matmul_kernel: every layout, direct and split-K, epilogues, accumulate
+        "test_layouts": {}, "test_sizes": {"M": [1, 17, 64, 128]}, "test_strided_and_misaligned": {},
+        "test_batch_broadcast": {}, "test_epilogues": {"M": [100, 37, 5]}, "test_activation_without_bias": {},
+        "test_accumulate": {"K": [100]}, "test_empty_and_invalid": {},
+    },
+    "test_softmax_fw.py": {  # sub-warp, warp, block and streaming rows; float4 and scalar; causal
+        "test_softmax_fw_lengths": {"Tk": [3, 33, 1025, 4097]}, "test_softmax_fw_causal": {"Tq": [5, 33, 3, 8, 7]},
+        "test_softmax_fw_every_key_masked": {}, "test_softmax_fw_raw_poisoned": {},
+    },
+    "test_softmax_bw.py": {
+        "test_softmax_bw_lengths": {"Tk": [5, 33, 1025, 4097]}, "test_softmax_bw_causal": {"Tq": [1, 33, 4, 50]},
+        "test_softmax_bw_raw_poisoned": {"Tk": [3, 40, 1027, 16389]},
+    },
+    "test_layernorm_fw.py": {
+        "test_layernorm_fw_sizes": {"hidden": [3, 64, 1023, 4096, 16385]}, "test_layernorm_fw_constant_rows": {},
+        "test_layernorm_fw_raw_poisoned": {},
+    },
+    "test_layernorm_bw.py": {
+        "test_layernorm_bw_sizes": {"hidden": [3, 64, 1023, 8193]}, "test_layernorm_bw_row_counts": {"rows": [1, 17, 100]},
+        "test_layernorm_bw_hidden_one": {}, "test_layernorm_bw_two_columns": {},
+        "test_layernorm_bw_raw_poisoned": {"hidden": [3, 1025, 8192]},
+    },
+    "test_attention.py": {  # forward and backward, masks, causal offsets, odd head dims, one long row
+        "test_small_lengths": {"T": [7, 129], "D": [16, 128], "mask_kind": ["inf"]},
+        "test_cross_lengths": {"Tq": [7, 129]}, "test_odd_head_dims": {"D": [7, 65]},
+        "test_length_1000": {"D": [64], "causal": [True], "activation": ["softmax"]},
+        "test_non_contiguous_inputs_and_explicit_scale": {}, "test_matches_the_naive_minitorch_path": {},
+    },
+    "test_fused_loss.py": {  # classifier_kernel
+        "test_fused_loss_matches_torch_float64": {"vocab": [7, 1000], "hidden_size": [64]},
+        "test_all_zero_weights_give_zero_loss_and_gradients": {}, "test_classifier_launcher": {"vocab": [7, 64, 1003]},
+    },
+    "test_mt_resume_cuda.py": {"test_a_few_training_steps_use_every_library": {}},  # the program: all libraries
+    "test_adamw.py": {  # optimizer_kernel
+        "test_adamw_matches_torch_in_place": {"lr": [1e-3]}, "test_launcher_scalar_path_on_misaligned_buffers": {},
+    },
+}  # fmt: skip
 
 
 def _unavailable() -> Optional[str]:
@@ -20,7 +76,38 @@ def _unavailable() -> Optional[str]:
     return cuda_kernel_ops.unavailable_reason()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "small: a small case for compute-sanitizer runs (kernel_tests/conftest.py)")
+
+
+def _is_small(item: pytest.Item) -> Optional[tuple]:
+    """The (file, test) key of SMALL_CASES that selects this item, or None."""
+    key = (Path(str(item.fspath)).name, getattr(item, "originalname", item.name))
+    keep = SMALL_CASES.get(key[0], {}).get(key[1])
+    if keep is None:
+        return None
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    unknown = set(keep) - set(params)
+    if unknown:
+        raise pytest.UsageError(f"SMALL_CASES[{key}] filters {sorted(unknown)}, which {item.nodeid} does not take")
+    return key if all(params[name] in values for name, values in keep.items()) else None
+
+
+def _mark_small(config: pytest.Config, items: List[pytest.Item]) -> None:
+    matched = set()
+    for item in items:
+        key = _is_small(item)
+        if key is not None:
+            item.add_marker(pytest.mark.small)
+            matched.add(key)
+    files = {Path(str(item.fspath)).name for item in items}
+    missing = [(f, t) for f, tests in SMALL_CASES.items() if f in files for t in tests if (f, t) not in matched]
+    if missing and "small" in (config.option.markexpr or ""):
+        raise pytest.UsageError(f"SMALL_CASES names tests that select no case (renamed or removed?): {missing}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    _mark_small(config, items)
     reason = _unavailable()
     if reason is None:
         return

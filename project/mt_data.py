@@ -2,9 +2,9 @@
 
 The pipeline, in the order the training program uses it:
 
-1. ``load_corpus`` finds ``{train,valid,test}.{de,en}`` (plain or ``.gz``) in the data directory,
-   or downloads the same corpus from its public origin into a cache, checked against SHA-256
-   checksums of the uncompressed text.
+1. ``load_corpus`` finds ``{train,valid,test}.{de,en}`` (plain or ``.gz``) in the data directory
+   or the download cache; only when asked (``download=True``) does it fetch missing files from the
+   corpus's public origin into the cache, checked against SHA-256 checksums of the uncompressed text.
 2. ``load_or_train_tokenizer`` trains a byte-level BPE tokenizer on the training split (both
    languages, one shared vocabulary) and keeps it as JSON in the output directory, so a resumed
    run reuses it.
@@ -88,6 +88,10 @@ class ChecksumError(ValueError):
     """A downloaded file is corrupt or does not hold the expected text."""
 
 
+class CorpusError(ValueError):
+    """A corpus file that cannot be used (empty, unreadable, not line-aligned with its partner)."""
+
+
 # ----------------------------------------------------------------------------------------------
 # Locations
 
@@ -149,8 +153,12 @@ def text_sha256(path: str | os.PathLike) -> str:
 
 def read_lines(path: str | os.PathLike) -> list[str]:
     """The lines of a UTF-8 text file, plain or ``.gz``, with only the line ending removed
-    (``\\n`` or ``\\r\\n``; other whitespace is kept). A final line ending is optional."""
-    text = _read_text_bytes(Path(path)).decode("utf-8")
+    (``\\n`` or ``\\r\\n``; other whitespace is kept). A final line ending is optional.
+    Raises CorpusError naming the file when it is not valid gzip or UTF-8."""
+    try:
+        text = _read_text_bytes(Path(path)).decode("utf-8")
+    except (gzip.BadGzipFile, EOFError, zlib.error, UnicodeDecodeError) as err:
+        raise CorpusError(f"{path} is not readable UTF-8 text ({type(err).__name__}: {err})") from None
     if not text:
         return []
     lines = text.split("\n")
@@ -161,7 +169,8 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
 def read_split(data_dir: str | os.PathLike, split: str) -> list[Pair]:
     """The ``(german, english)`` pairs of one split; line i of the .de file pairs with line i
-    of the .en file. Raises ValueError when the two files differ in line count."""
+    of the .en file. Raises CorpusError naming the file when one is empty or the two differ in
+    line count."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     paths = []
@@ -173,8 +182,11 @@ def read_split(data_dir: str | os.PathLike, split: str) -> list[Pair]:
             )
         paths.append(path)
     de_lines, en_lines = (read_lines(path) for path in paths)
+    for path, lines in zip(paths, (de_lines, en_lines)):
+        if not lines:
+            raise CorpusError(f"{path} is empty: the {split} split needs one sentence per line")
     if len(de_lines) != len(en_lines):
-        raise ValueError(
+        raise CorpusError(
             f"{paths[0]} has {len(de_lines)} lines but {paths[1]} has {len(en_lines)}; "
             "the two sides of a split must be line-aligned translations"
         )
@@ -274,9 +286,9 @@ def _missing_message(data_dir: Path, cache: Path, base_url: str, reason: str) ->
     return (
         f"Multi30k corpus not found: {where}. Expected files in that directory: "
         f"{', '.join(expected_files())} (each plain text or .gz). "
-        f"Fetching them from {base_url} into {cache} was not possible: {reason}. "
+        f"Fetching them from {base_url} into {cache}: {reason}. "
         f"To fix: pass --data-dir or set {DATA_DIR_ENV} to a directory holding these files, "
-        f"or run once with network access so they are downloaded into the cache "
+        f"or, with network access, pass --download to fetch them into the cache "
         f"({CACHE_DIR_ENV} sets the cache, {BASE_URL_ENV} a mirror)."
     )
 
@@ -287,12 +299,12 @@ def load_corpus(
     cache_dir: str | os.PathLike | None = None,
     base_url: str | None = None,
     checksums: Mapping[str, str] = MULTI30K_SHA256,
-    download: bool = True,
+    download: bool = False,
     timeout: float = 60.0,
     progress: bool = True,
 ) -> Corpus:
     """The corpus from the data directory when complete, else from the download cache
-    (downloading what is missing when ``download`` is true). Files found locally are read
+    (downloading what is missing only when ``download`` is true: no network access otherwise). Files found locally are read
     as they are (a user may supply another corpus); downloads are checksummed.
 
     ``data_dir``, ``cache_dir`` and ``base_url`` default as ``resolve_data_dir``,
@@ -309,13 +321,13 @@ def load_corpus(
     url_prefix = resolve_base_url(base_url)
     if not download:
         raise MissingDataError(
-            _missing_message(directory, cache, url_prefix, "downloading is disabled")
+            _missing_message(directory, cache, url_prefix, "not attempted (downloading is off)")
         )
     try:
         download_corpus(cache, url_prefix, checksums, timeout, progress)
     except _NETWORK_ERRORS as err:
         raise MissingDataError(
-            _missing_message(directory, cache, url_prefix, f"download failed ({err})")
+            _missing_message(directory, cache, url_prefix, f"the download failed ({err})")
         ) from err
     return read_corpus(cache)
 

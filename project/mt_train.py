@@ -1,5 +1,6 @@
 """Training pieces of the translation program: backend and model, learning-rate schedule, the
-loss of a batch, validation loss, memory readings and checkpoints (the step itself: mt_steps.py).
+loss of a batch, validation loss, memory readings and the run state that a checkpoint holds (the
+step itself: mt_steps.py).
 
 Everything numeric runs as minitorch tensor ops on the chosen backend.
 """
@@ -7,30 +8,48 @@ Everything numeric runs as minitorch tensor ops on the chosen backend.
 from __future__ import annotations
 
 import math
-import os
-import pickle
 import resource
-import tempfile
-from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
+from tqdm import tqdm
 
 import minitorch
 from minitorch import DecoderLM, Tensor, TensorBackend, nn
-from project.mt_data import PAD_ID, Batch, eval_batches
+from project.mt_checks import InputError
+from project.mt_data import PAD_ID, Batch, Batcher, eval_batches
+from project.run_checkpoint import Checkpoint, CheckpointError
 
-CHECKPOINT_NAME = "checkpoint.pkl"
-CHECKPOINT_FORMAT = 1
+
+def cuda_unavailable_reason() -> Optional[str]:
+    """Why the CUDA backend cannot run here: no GPU (or torch) or kernels not built; None if it can."""
+    from minitorch import cuda_kernel_ops
+    from minitorch.cuda.libraries import LIBRARIES, kernel_library
+
+    reason = cuda_kernel_ops.unavailable_reason()
+    if reason is not None:
+        return reason
+    try:
+        for name in LIBRARIES:
+            kernel_library(name)
+    except RuntimeError as err:
+        return str(err)
+    return None
 
 
-def make_backend(name: str) -> TensorBackend:
-    """'cuda': the hand-written CUDA kernels; 'cpu': numba FastOps."""
-    if name == "cuda":
-        return TensorBackend(minitorch.CudaKernelOps)
+def make_backend(name: str) -> Tuple[TensorBackend, str]:
+    """(backend, a line saying which and why). 'cuda': the hand-written CUDA kernels; 'cpu': numba
+    FastOps; 'auto': CUDA where it can run, else the CPU. Raises InputError when 'cuda' cannot run."""
     if name == "cpu":
-        return TensorBackend(minitorch.FastOps)
-    raise ValueError(f"unknown backend {name!r}: expected 'cuda' or 'cpu'")
+        return TensorBackend(minitorch.FastOps), "backend cpu (numba FastOps)"
+    if name not in ("cuda", "auto"):
+        raise ValueError(f"unknown backend {name!r}: expected 'auto', 'cuda' or 'cpu'")
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        return TensorBackend(minitorch.CudaKernelOps), f"backend cuda{' (auto)' if name == 'auto' else ''}"
+    if name == "cuda":
+        raise InputError(f"--backend cuda cannot run here: {reason}; use --backend cpu or --backend auto")
+    return TensorBackend(minitorch.FastOps), f"backend cpu (auto: CUDA unavailable: {reason})"
 
 
 def build_model(config: Dict[str, Any], n_vocab: int, backend: TensorBackend) -> DecoderLM:
@@ -98,12 +117,14 @@ def count_tokens(batch: Batch) -> int:
 
 
 def validation_loss(model: DecoderLM, sequences: Sequence[np.ndarray], batch_size: int, backend: TensorBackend) -> float:
-    """Per-target-token cross-entropy over all sequences (eval mode, summed on the backend)."""
+    """Per-target-token cross-entropy over all sequences (eval mode, summed on the backend), with a
+    progress bar."""
     was_training = model.training
     model.eval()
     total: Optional[Tensor] = None
     n_targets = 0
-    with minitorch.no_grad():
+    bar = tqdm(total=len(sequences), desc="validation loss", unit="pair", leave=False)
+    with minitorch.no_grad(), bar:
         for batch in eval_batches(sequences, batch_size):
             tokens, targets, weights = batch_tensors(batch, backend)
             logits = model(tokens)
@@ -111,6 +132,7 @@ def validation_loss(model: DecoderLM, sequences: Sequence[np.ndarray], batch_siz
             summed = (nn.softmax_loss(logits.view(B * T, V), targets) * weights).sum()
             total = summed if total is None else total + summed
             n_targets += batch.n_targets
+            bar.update(B)
     if was_training:
         model.train()
     if total is None or n_targets == 0:
@@ -128,32 +150,31 @@ def peak_memory_mb(backend: TensorBackend) -> Dict[str, Any]:
     return {"peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "memory_kind": "host_rss"}
 
 
-def checkpoint_path(out_dir: str | os.PathLike) -> Path:
-    return Path(out_dir) / CHECKPOINT_NAME
+def run_state(model: DecoderLM, optimizer: minitorch.Adam, batcher: Batcher, progress: Dict[str, Any]) -> Dict[str, Any]:
+    """Everything a checkpoint needs to continue a run exactly: parameters, optimizer moments, the
+    batch order (mid-epoch included), the generators behind dropout and numpy's global one, and the
+    caller's progress record (epoch, step, the running sums of an unfinished epoch)."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "batcher": batcher.state_dict(),
+        "rng": {"minitorch": minitorch.get_rng_state(), "numpy": np.random.get_state(legacy=False)},
+        "progress": progress,
+    }
 
 
-def save_checkpoint(path: Path, state: Dict[str, Any]) -> None:
-    """Pickle state next to path, flush it to disk, then rename over path: a crash leaves either
-    the previous checkpoint or the new one, never a torn file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+def restore_run_state(
+    checkpoint: Checkpoint, model: DecoderLM, optimizer: minitorch.Adam, batcher: Batcher
+) -> Dict[str, Any]:
+    """Load what run_state saved into a freshly built model, optimizer and batcher; returns the
+    progress record. A state that does not fit them raises CheckpointError naming the file."""
+    state = checkpoint.state
     try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump({"format": CHECKPOINT_FORMAT, **state}, f, protocol=pickle.HIGHEST_PROTOCOL)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
-def load_checkpoint(path: Path) -> Dict[str, Any]:
-    """A checkpoint written by save_checkpoint."""
-    if not path.is_file():
-        raise FileNotFoundError(f"--resume: no checkpoint at {path}; train without --resume first")
-    with open(path, "rb") as f:
-        state = pickle.load(f)
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} has checkpoint format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
-    return state
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        batcher.load_state_dict(state["batcher"])
+        minitorch.set_rng_state(state["rng"]["minitorch"])
+        np.random.set_state(state["rng"]["numpy"])
+        return dict(state["progress"])
+    except (KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(f"{checkpoint.path} does not fit this run: {type(err).__name__}: {err}") from None

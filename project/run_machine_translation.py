@@ -3,10 +3,15 @@
 Each pair is one sequence ``de <eos_de> en <eos_en>``; the loss covers the English side only.
 Per epoch: training with a progress bar (loss, tokens/s), validation loss, batched greedy
 decoding of the test set, BLEU (sacrebleu, cased, detokenized), one JSON line appended to
-``<out-dir>/metrics.jsonl``, ``<out-dir>/translations_epoch{N}.txt`` and an atomically replaced
-``<out-dir>/checkpoint.pkl``; ``--resume`` continues from that checkpoint exactly.
+``<out-dir>/metrics.jsonl`` and ``<out-dir>/translations_epoch{N}.txt``.
 
-    python project/run_machine_translation.py --backend cuda --use-fused-kernel true
+``<out-dir>/checkpoint.npz`` (project/run_checkpoint.py: .npz + JSON, never a pickle; the one before
+is kept as checkpoint.prev.npz) is written at each epoch's end, every --save-every-steps steps and
+every --save-every-minutes minutes; Ctrl-C or SIGTERM finishes the step, saves and exits. ``--resume``
+continues from it exactly, mid-epoch included. Every input is checked before training starts.
+
+    python project/run_machine_translation.py                      # CUDA when available, else CPU
+    python project/run_machine_translation.py --preset tiny        # a few minutes on a laptop CPU
     python project/run_machine_translation.py --out-dir runs/mt --resume
 """
 
@@ -15,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -24,31 +28,31 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
-from tqdm import tqdm
 
 import minitorch
 from project import mt_data
-from project.mt_decode import corpus_bleu, greedy_decode, write_translations
-from project.mt_steps import StepTimer, TrainStep
-from project.mt_train import (
-    build_model,
-    checkpoint_path,
-    count_tokens,
-    learning_rate,
-    load_checkpoint,
-    make_backend,
-    peak_memory_mb,
-    save_checkpoint,
-    validation_loss,
-)
+from project.mt_checks import InputError, check_options, option
+from project.mt_run import CHECKPOINT_KIND, CHECKPOINT_NAME, TranslationRun, prepare_data
+from project.mt_train import make_backend, restore_run_state
+from project.run_checkpoint import Checkpoint, CheckpointError, check_config, describe, load_checkpoint, previous_path
+from project.run_control import GracefulStop, StopRequested
 
 METRICS_NAME = "metrics.jsonl"
 # Options a resumed run may change; all others are taken from the checkpoint (and must match it
 # when given on the command line), since they define the model, the data or the optimization.
 # --loss, --recompute-layers and --attention change how the same function is computed (memory, speed), not the model.
 RUN_CONTROL = {
-    "epochs", "backend", "use_fused_kernel", "data_dir", "eval_batch_size", "test_samples", "out_dir", "resume",
-    "loss", "recompute_layers", "attention", "cuda_graphs", "log_every", "matmul_precision",
+    "epochs", "backend", "use_fused_kernel", "data_dir", "download", "eval_batch_size", "valid_samples",
+    "test_samples", "out_dir", "resume", "loss", "recompute_layers", "attention", "save_every_steps",
+    "save_every_minutes", "cuda_graphs", "log_every", "matmul_precision",
+}  # fmt: skip
+# --preset NAME: defaults for a quick run (explicit options still win). tiny: a 2-core CPU, minutes.
+PRESETS = {
+    "tiny": {
+        "n_embd": 64, "n_head": 4, "n_layers": 2, "vocab_size": 1000, "max_len": 48, "batch_size": 32,
+        "samples_per_epoch": 1280, "epochs": 2, "warmup_steps": 10, "lr": 3e-3, "dropout": 0.0,
+        "valid_samples": 200, "test_samples": 100, "eval_batch_size": 100, "log_every": 5,
+    },
 }  # fmt: skip
 
 
@@ -78,14 +82,25 @@ class RenamedOption(argparse.Action):
         )
 
 
+def nonnegative_int(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="German->English translation with a minitorch decoder-only transformer (Multi30k).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    p.add_argument("--preset", choices=("none", *PRESETS), default="none",
+                   help="defaults for a quick run, explicit options still win; tiny: " +
+                   " ".join(f"{option(k)} {v}" for k, v in PRESETS["tiny"].items()))
     p.add_argument("--use-fused-kernel", type=str2bool, default=True, metavar="true|false",
                    help="fused attention softmax and LayerNorm (CUDA kernels on --backend cuda)")
-    p.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--backend", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: CUDA when a GPU and the built kernels are present, else the CPU (numba)")
     p.add_argument("--loss", choices=("naive", "fused"), default="naive",
                    help="naive: LM-head logits + cross_entropy; fused: fused_linear_cross_entropy (no logits tensor)")
     p.add_argument("--recompute-layers", type=str2bool, default=False, metavar="true|false",
@@ -103,63 +118,81 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--activation", choices=("softmax", "relu"), default="softmax",
                    help="attention weights: softmax, or relu(scores) without normalization")
     p.add_argument("--data-dir", default=None,
-                   help=f"corpus directory (default: ${mt_data.DATA_DIR_ENV} or {mt_data.DEFAULT_DATA_DIR})")
+                   help=f"corpus directory (None: ${mt_data.DATA_DIR_ENV} or {mt_data.DEFAULT_DATA_DIR})")
+    p.add_argument("--download", action="store_true",
+                   help=f"fetch missing corpus files from {mt_data.DEFAULT_BASE_URL} into the cache (needs network)")
     p.add_argument("--out-dir", default="runs/mt", help="metrics, translations, tokenizer and checkpoint")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out-dir")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=positive_int, default=10)
-    p.add_argument("--batch-size", type=positive_int, default=128)
+    p.add_argument("--save-every-steps", type=nonnegative_int, default=0,
+                   help="also checkpoint every N training steps (0: only at epoch ends and by time)")
+    p.add_argument("--save-every-minutes", type=float, default=10.0,
+                   help="also checkpoint when this many minutes passed since the last save (0: off)")
+    p.add_argument("--seed", type=int, default=0, help="seed of initialization, dropout and batch order")
+    p.add_argument("--epochs", type=positive_int, default=10, help="epochs to train in all")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="training pairs per step")
     p.add_argument("--samples-per-epoch", type=positive_int, default=None,
-                   help="training pairs drawn per epoch (default: all)")
+                   help="training pairs drawn per epoch (None: all)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of AdamW")
     p.add_argument("--warmup-steps", type=int, default=200, help="linear warmup, then cosine decay to 0")
     p.add_argument("--weight-decay", type=float, default=0.01, help="decoupled (AdamW) weight decay")
     p.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--n-embd", type=positive_int, default=256)
-    p.add_argument("--n-head", type=positive_int, default=8)
-    p.add_argument("--n-layers", type=positive_int, default=4)
+    p.add_argument("--dropout", type=float, default=0.1, help="dropout probability")
+    p.add_argument("--n-embd", type=positive_int, default=256, help="model width")
+    p.add_argument("--n-head", type=positive_int, default=8, help="attention heads")
+    p.add_argument("--n-layers", type=positive_int, default=4, help="transformer layers")
     p.add_argument("--max-len", type=positive_int, default=128,
                    help="longest sequence de <eos_de> en <eos_en> in tokens (longer pairs are dropped)")
     p.add_argument("--vocab-size", type=positive_int, default=8000, help="byte-level BPE vocabulary")
-    p.add_argument("--eval-batch-size", type=positive_int, default=256)
+    p.add_argument("--eval-batch-size", type=positive_int, default=256, help="sequences per evaluation batch")
+    p.add_argument("--valid-samples", type=positive_int, default=None,
+                   help="validation loss over the first N validation pairs only (None: all)")
     p.add_argument("--test-samples", type=positive_int, default=None,
-                   help="decode only the first N test sentences (default: all)")
+                   help="decode only the first N test sentences (None: all)")
     return p
 
 
-def resolve_config(argv: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
-    """(configuration, checkpoint or None). A resumed run takes its configuration from the
-    checkpoint, with the RUN_CONTROL options the command line sets."""
+def parse(argv: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(every option, the options given on the command line); --preset changes the defaults."""
     parser = build_parser()
+    preset = parser.parse_known_args(argv)[0].preset
+    parser.set_defaults(**PRESETS.get(preset, {}))
     args = vars(parser.parse_args(argv))
-    out_dir = Path(args["out_dir"])
-    if not args["resume"]:
-        if checkpoint_path(out_dir).exists():
-            raise SystemExit(
-                f"error: {out_dir} already holds a checkpoint; pass --resume to continue it "
-                f"or choose another --out-dir"
-            )
-        return args, None
     explicit_parser = build_parser()
     for action in explicit_parser._actions:
         action.default = argparse.SUPPRESS
-    explicit = vars(explicit_parser.parse_args(argv))
-    checkpoint = load_checkpoint(checkpoint_path(out_dir))
-    config = dict(checkpoint["args"])
-    if "checkpoint" in config:  # runs saved before the option was renamed
-        config["recompute_layers"] = config.pop("checkpoint")
+    return args, vars(explicit_parser.parse_args(argv))
+
+
+def resolve_config(argv: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], Optional[Checkpoint]]:
+    """(configuration, checkpoint or None). A resumed run takes its configuration from the
+    checkpoint, with the RUN_CONTROL options the command line sets."""
+    args, explicit = parse(argv)
+    path = Path(args["out_dir"]) / CHECKPOINT_NAME
+    if not args["resume"]:
+        for existing in (path, previous_path(path)):
+            if existing.exists():
+                raise InputError(f"{existing} exists; pass --resume to continue that run or choose another --out-dir")
+        return args, None
+    if "preset" in explicit:
+        raise InputError("--preset chooses a new run's configuration; --resume takes it from the checkpoint")
+    if not path.exists() and not previous_path(path).exists():
+        old = path.with_name("checkpoint.pkl")
+        if old.exists():
+            raise InputError(f"--resume: {old} is a pickle checkpoint of an older version, which is no longer read "
+                             f"(loading a pickle can run code); start a new run")
+        raise InputError(f"--resume: no checkpoint {path}; train without --resume first")
+    try:
+        checkpoint = load_checkpoint(path, CHECKPOINT_KIND)
+    except CheckpointError as err:
+        prev = previous_path(path)
+        if not prev.exists():
+            raise
+        raise CheckpointError(f"{err}; it was refused and left as it is. The previous checkpoint {prev} is "
+                              f"{describe(prev)}: to continue from it, move it to {path}") from None
+    config = dict(checkpoint.config)
     for key in RUN_CONTROL:  # options newer than the checkpoint take their defaults
-        config.setdefault(key, parser.get_default(key))
-    config.setdefault("activation", "softmax")  # what checkpoints from before --activation trained
-    conflicts = {
-        key: (value, config[key])
-        for key, value in explicit.items()
-        if key not in RUN_CONTROL and value != config[key]
-    }
-    if conflicts:
-        details = ", ".join(f"--{k.replace('_', '-')} {new} (saved: {old})" for k, (new, old) in conflicts.items())
-        raise SystemExit(f"error: --resume continues the saved configuration, but the command line asks for {details}")
+        config.setdefault(key, build_parser().get_default(key))
+    check_config(checkpoint, {k: v for k, v in explicit.items() if k not in RUN_CONTROL}, option)
     config.update({key: value for key, value in explicit.items() if key in RUN_CONTROL})
     config["out_dir"] = args["out_dir"]
     return config, checkpoint
@@ -187,127 +220,71 @@ def append_metrics(path: Path, record: Dict[str, Any]) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """Run the program; returns {"config", "history" (one metrics record per epoch), "out_dir"}."""
+    """Run the program; returns {"config", "history" (one metrics record per epoch), "out_dir",
+    "stopped" (the signal that stopped it, or None)}. Bad input exits with a one-line error."""
+    try:
+        return run(argv)
+    except (InputError, CheckpointError, mt_data.MissingDataError, mt_data.CorpusError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
     config, checkpoint = resolve_config(argv)
+    check_options(config)
+    backend, backend_line = make_backend(config["backend"])
     out_dir = Path(config["out_dir"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    backend = make_backend(config["backend"])
+    print(f"{backend_line}; {'resuming' if checkpoint else 'new run'} in {out_dir}", flush=True)
     minitorch.set_float32_matmul_precision(config["matmul_precision"])
     minitorch.manual_seed(config["seed"])
     np.random.seed(config["seed"])
-
-    corpus = mt_data.load_corpus(config["data_dir"])
-    tokenizer = mt_data.load_or_train_tokenizer(out_dir, corpus.train, config["vocab_size"])
-    train = mt_data.encode_pairs(tokenizer, corpus.train, config["max_len"])
-    valid = mt_data.encode_pairs(tokenizer, corpus.valid, config["max_len"])
-    test_pairs = corpus.test[: config["test_samples"]]
-    sources = [de for de, _ in test_pairs]
-    references = [en for _, en in test_pairs]
-    prompts = mt_data.encode_prompts(tokenizer, sources, config["max_len"])
-
-    model = build_model(config, tokenizer.get_vocab_size(), backend)
-    optimizer = minitorch.AdamW(
-        model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"], max_grad_norm=config["grad_clip"] or None
-    )
-    batcher = mt_data.Batcher(
-        train.sequences, config["batch_size"], seed=config["seed"], samples_per_epoch=config["samples_per_epoch"]
-    )
-    total_steps = config["epochs"] * len(batcher)
-    metrics_path = out_dir / METRICS_NAME
-    epoch, step = 0, 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(config, out_dir)
+    job = TranslationRun(config, backend, data)
     if checkpoint is not None:
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        batcher.load_state_dict(checkpoint["batcher"])
-        minitorch.set_rng_state(checkpoint["minitorch_rng"])
-        np.random.set_state(checkpoint["numpy_rng"])
-        epoch, step = checkpoint["epoch"], checkpoint["step"]
-    history = read_metrics(metrics_path, epoch)
+        job.progress = restore_run_state(checkpoint, job.model, job.optimizer, job.batcher)
+    metrics_path = out_dir / METRICS_NAME
+    history = read_metrics(metrics_path, job.progress["epoch"])
     write_metrics(metrics_path, history)
 
-    n_params = sum(p.value.size for p in model.parameters())
+    n_params = sum(p.value.size for p in job.model.parameters())
     print(
-        f"{'resuming after epoch ' + str(epoch) if checkpoint else 'training'} on {config['backend']} "
+        f"{'resuming at epoch ' + str(job.progress['epoch']) + ' step ' + str(job.progress['step']) if checkpoint else 'training'} "
         f"(fused kernels: {config['use_fused_kernel']}, loss: {config['loss']}, recompute layers: {config['recompute_layers']}, "
-        f"attention: {config['attention']} {config['activation']}): "
-        f"{n_params:,} parameters, vocab {tokenizer.get_vocab_size()}, "
-        f"{len(train.sequences)} train pairs ({train.n_dropped} longer than {config['max_len']} dropped), "
-        f"{len(valid.sequences)} valid, {len(prompts)} test; {len(batcher)} steps/epoch",
+        f"attention: {config['attention']} {config['activation']}): {n_params:,} parameters, "
+        f"vocab {data['tokenizer'].get_vocab_size()}, {len(data['train'].sequences)} train pairs "
+        f"({data['train'].n_dropped} longer than {config['max_len']} dropped), {len(data['valid'].sequences)} valid, "
+        f"{len(data['prompts'])} test; {len(job.batcher)} steps/epoch",
         flush=True,
     )
-    train_step = TrainStep(
-        model, optimizer, backend, config["loss"], use_graphs=config["cuda_graphs"] and backend.cuda,
-        graph_batch_size=config["batch_size"],
-    )  # fmt: skip
-    timer = StepTimer(backend)
-    for epoch in range(epoch + 1, config["epochs"] + 1):
-        start = time.perf_counter()
-        train_step.loss_sum.copy_(0.0)
-        n_targets, n_tokens = 0, 0
-        bar = tqdm(batcher.epoch(), total=len(batcher), desc=f"epoch {epoch}/{config['epochs']}", unit="batch")
-        timer.start()
-        for i, batch in enumerate(bar):
-            lr = learning_rate(step, config["lr"], config["warmup_steps"], total_steps)
-            replayed = train_step(batch, lr)
-            tokens = count_tokens(batch)
-            timer.mark(tokens, steady=replayed or not train_step.use_graphs)
-            step += 1
-            n_targets += batch.n_targets
-            n_tokens += tokens
-            if (i + 1) % config["log_every"] == 0:
-                loss = train_step.loss_total() / n_targets
-                elapsed = time.perf_counter() - start
-                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{n_tokens / elapsed:,.0f}", lr=f"{lr:.2e}", refresh=False)
-        train_loss = train_step.loss_total() / n_targets
-        bar.close()
-        train_seconds = time.perf_counter() - start
-
-        valid_loss = validation_loss(model, valid.sequences, config["eval_batch_size"], backend)
-        generated = greedy_decode(model, prompts, config["max_len"], config["eval_batch_size"], backend)
-        hypotheses = mt_data.decode_translations(tokenizer, generated)
-        bleu = corpus_bleu(hypotheses, references)
-        write_translations(out_dir / f"translations_epoch{epoch}.txt", sources, references, hypotheses)
-        seconds = time.perf_counter() - start
-        record = {
-            "epoch": epoch,
-            "step": step,
-            "lr": lr,
-            "train_loss": train_loss,
-            "valid_loss": valid_loss,
-            "bleu": bleu,
-            "tokens": n_tokens,
-            "tokens_per_s": n_tokens / train_seconds,
-            "tokens_per_s_median_step": timer.median_tokens_per_s(),
-            "graphs_captured": train_step.captured,
-            "train_seconds": train_seconds,
-            "eval_seconds": seconds - train_seconds,
-            "seconds": seconds,
-            **peak_memory_mb(backend),
-        }
-        append_metrics(metrics_path, record)
-        history.append(record)
-        save_checkpoint(
-            checkpoint_path(out_dir),
-            {
-                "args": config,
-                "epoch": epoch,
-                "step": step,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "batcher": batcher.state_dict(),
-                "minitorch_rng": minitorch.get_rng_state(),
-                "numpy_rng": np.random.get_state(),
-            },
-        )
-        print(
-            f"epoch {epoch}: train loss {record['train_loss']:.4f}, valid loss {valid_loss:.4f}, BLEU {bleu:.2f}, "
-            f"{record['tokens_per_s']:,.0f} tokens/s over the epoch (median step {_rate(record)}), {seconds:.1f}s, peak memory {record['peak_memory_mb']:,.0f} MiB "
-            f"({record['memory_kind']}); sample: {hypotheses[0]!r}",
-            flush=True,
-        )
-
+    with GracefulStop() as stop:
+        for epoch in range(job.progress["epoch"] + 1, config["epochs"] + 1):
+            if job.progress["partial"] is None:
+                job.progress["partial"] = {"epoch": epoch, "trained": False, "lr": None, "loss_sum": 0.0,
+                                           "n_targets": 0, "n_tokens": 0, "train_seconds": 0.0}  # fmt: skip
+            if not job.progress["partial"]["trained"] and not job.train_epoch(epoch, stop):
+                print(job.stopped(stop.requested), flush=True)
+                return {"config": config, "history": history, "out_dir": out_dir, "stopped": stop.requested}
+            try:
+                with stop.interruptible():
+                    record = job.evaluate(epoch)
+            except StopRequested:
+                job.save()
+                print(job.stopped(stop.requested), flush=True)
+                return {"config": config, "history": history, "out_dir": out_dir, "stopped": stop.requested}
+            sample = record.pop("sample")
+            append_metrics(metrics_path, record)
+            history.append(record)
+            job.progress = {"epoch": epoch, "step": job.progress["step"], "partial": None}
+            job.save()
+            print(
+                f"epoch {epoch}: train loss {record['train_loss']:.4f}, valid loss {record['valid_loss']:.4f}, "
+                f"BLEU {record['bleu']:.2f}, {record['tokens_per_s']:,.0f} tokens/s over the epoch (median step "
+                f"{_rate(record)}), {record['seconds']:.1f}s, peak memory {record['peak_memory_mb']:,.0f} MiB "
+                f"({record['memory_kind']}); sample: {sample!r}",
+                flush=True,
+            )
     print_summary(history, out_dir)
-    return {"config": config, "history": history, "out_dir": out_dir}
+    return {"config": config, "history": history, "out_dir": out_dir, "stopped": None}
 
 
 def _rate(record: Dict[str, Any]) -> str:
@@ -330,7 +307,7 @@ def print_summary(history: List[Dict[str, Any]], out_dir: Path) -> None:
         f"  best BLEU {best_bleu['bleu']:.2f} (epoch {best_bleu['epoch']}), "
         f"best valid loss {best_valid['valid_loss']:.4f} (epoch {best_valid['epoch']})\n"
         f"  peak memory {max(r['peak_memory_mb'] for r in history):,.0f} MiB ({last['memory_kind']})\n"
-        f"  outputs in {out_dir}: {METRICS_NAME}, translations_epoch*.txt, checkpoint.pkl, tokenizer",
+        f"  outputs in {out_dir}: {METRICS_NAME}, translations_epoch*.txt, {CHECKPOINT_NAME}, tokenizer",
         flush=True,
     )
 

@@ -1,4 +1,5 @@
-"""pytest setup of the CPU tests: the hypothesis profiles and the backend fixture.
+"""pytest setup of the CPU tests: the hypothesis profiles, the backend fixture and the translation
+program's corpus and two-epoch reference run (shared by its test modules).
 
 MINITORCH_HYPOTHESIS_PROFILE=minitorch-thorough runs 20x more examples per property (minutes, not
 for CI).  Both backends are built once per session (TensorBackend caches them), so numba compiles
@@ -10,6 +11,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 from minitorch_testing import BACKENDS
+from mt_program import TINY, write_corpus
 
 # No deadline: the first example of a test may include numba compiling a kernel.
 settings.register_profile(
@@ -27,3 +29,20 @@ settings.load_profile(os.environ.get("MINITORCH_HYPOTHESIS_PROFILE", "minitorch-
 def backend(request):
     """Each CPU backend in turn: SimpleOps (pure Python) and FastOps (numba)."""
     return BACKENDS[request.param]
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory):
+    """A small Multi30k-like corpus (tests/mt_program.py)."""
+    directory = tmp_path_factory.mktemp("corpus")
+    write_corpus(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def straight_run(corpus_dir, tmp_path_factory):
+    """The tiny translation model trained two epochs in one go (main()'s result)."""
+    from project import run_machine_translation as run_mt
+
+    out = tmp_path_factory.mktemp("straight")
+    return run_mt.main(TINY + ["--epochs", "2", "--data-dir", str(corpus_dir), "--out-dir", str(out)])

@@ -307,7 +307,7 @@ def test_decoder_lm_fused_loss_equals_its_logits_loss() -> None:
 def test_training_program_fused_loss_and_checkpointing(tmp_path) -> None:
     """run_machine_translation with --loss fused --recompute-layers true trains the same model as the plain
     program (same seed): the same losses up to float rounding."""
-    from test_run_machine_translation import TINY, write_corpus
+    from mt_program import TINY, write_corpus
 
     from project import run_machine_translation as run_mt
 

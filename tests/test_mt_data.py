@@ -185,6 +185,20 @@ def test_read_split_line_count_mismatch(tmp_path):
         mt_data.read_split(tmp_path, "dev")
 
 
+def test_read_split_names_an_empty_or_unreadable_file(tmp_path):
+    (tmp_path / "test.de").write_text("eins\n", encoding="utf-8")
+    (tmp_path / "test.en").write_bytes(b"")
+    with pytest.raises(mt_data.CorpusError, match=r"test\.en is empty: the test split"):
+        mt_data.read_split(tmp_path, "test")
+    (tmp_path / "test.en").write_bytes(b"\xff\xfe not utf-8\n")
+    with pytest.raises(mt_data.CorpusError, match=r"test\.en is not readable UTF-8 text"):
+        mt_data.read_split(tmp_path, "test")
+    (tmp_path / "test.en").unlink()
+    (tmp_path / "test.en.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(mt_data.CorpusError, match=r"test\.en\.gz is not readable UTF-8 text \(BadGzipFile"):
+        mt_data.read_split(tmp_path, "test")
+
+
 @needs_real_corpus
 def test_real_corpus_slice_and_checksum_table():
     corpus = mt_data.load_corpus(REAL_DATA_DIR, download=False)
@@ -204,7 +218,7 @@ def test_download_from_local_server(origin, tmp_path):
     url, requested, checksums, splits = origin
     cache = tmp_path / "cache"
     corpus = mt_data.load_corpus(tmp_path / "absent", cache_dir=cache, base_url=url,
-                                 checksums=checksums, timeout=5, progress=False)
+                                 checksums=checksums, download=True, timeout=5, progress=False)
     assert (corpus.train, corpus.valid, corpus.test) == (
         splits["train"], splits["valid"], splits["test"])
     assert corpus.directory == cache
@@ -214,7 +228,7 @@ def test_download_from_local_server(origin, tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == sorted(
         f"{name}.gz" for name in mt_data.expected_files())
     again = mt_data.load_corpus(tmp_path / "absent", cache_dir=cache, base_url=url,
-                                checksums=checksums, timeout=5, progress=False)
+                                checksums=checksums, download=True, timeout=5, progress=False)
     assert again.test == splits["test"]
     assert len(requested) == 6, "a complete cache is read, not downloaded again"
 
@@ -227,7 +241,7 @@ def test_download_fetches_only_missing_files_via_env(origin, tmp_path, monkeypat
     monkeypatch.setenv(mt_data.CACHE_DIR_ENV, str(cache))
     incomplete = tmp_path / "incomplete"
     write_corpus(incomplete, {"valid": splits["valid"]})
-    corpus = mt_data.load_corpus(incomplete, checksums=checksums, timeout=5, progress=False)
+    corpus = mt_data.load_corpus(incomplete, checksums=checksums, download=True, timeout=5, progress=False)
     assert corpus.directory == cache and corpus.valid == splits["valid"]
     assert sorted(requested) == sorted(
         f"/raw/{stem}.{lang}.gz" for stem in ("val", "test_2016_flickr") for lang in ("de", "en"))
@@ -243,7 +257,7 @@ def test_download_of_shared_files_passes_default_checksums(tmp_path):
             (raw / f"{stem}.{lang}.gz").symlink_to(source.resolve())
     with serve_directory(tmp_path / "www") as (url, requested):
         corpus = mt_data.load_corpus(tmp_path / "absent", cache_dir=tmp_path / "cache",
-                                     base_url=url, timeout=5, progress=False)
+                                     base_url=url, download=True, timeout=5, progress=False)
     assert len(requested) == 6
     assert [len(corpus.train), len(corpus.valid), len(corpus.test)] == [29000, 1014, 1000]
 
@@ -255,7 +269,7 @@ def test_download_checksum_mismatch_removes_file(origin, tmp_path):
     with pytest.raises(mt_data.ChecksumError, match=r"checksum mismatch for .*/val\.en\.gz.*"
                                                     r"expected 0{64}"):
         mt_data.load_corpus(tmp_path / "absent", cache_dir=cache, base_url=url,
-                            checksums=wrong, timeout=5, progress=False)
+                            checksums=wrong, download=True, timeout=5, progress=False)
     left = {p.name for p in cache.iterdir()}
     assert "valid.en.gz" not in left
     assert left <= {f"{name}.gz" for name in mt_data.expected_files()}, "no temporary files"
@@ -273,23 +287,31 @@ def test_download_rejects_non_gzip_payload(origin, tmp_path):
     assert left <= {f"{name}.gz" for name in mt_data.expected_files()}, "no temporary files"
 
 
-def test_missing_directory_without_network(tmp_path):
+def test_missing_directory_makes_no_network_attempt(tmp_path, monkeypatch):
+    """By default a missing corpus is reported, never fetched: the message names the directory,
+    every expected file and both fixes."""
     absent = tmp_path / "nowhere"
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("load_corpus tried the network without download=True")
+
+    monkeypatch.setattr(mt_data.urllib.request, "urlopen", no_network)
     with pytest.raises(mt_data.MissingDataError) as info:
         mt_data.load_corpus(absent, cache_dir=tmp_path / "cache", timeout=5, progress=False)
     message = str(info.value)
     assert f"{absent} does not exist" in message
     for name in mt_data.expected_files():
         assert name in message
-    assert "download failed" in message
+    assert "not attempted" in message and "--download" in message
     assert "--data-dir" in message and mt_data.DATA_DIR_ENV in message
-    assert not list((tmp_path / "cache").glob("*"))
+    assert "\n" not in message
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").glob("*"))
 
 
 def test_incomplete_directory_download_disabled(tmp_path):
     (tmp_path / "train.de").write_text("x\n", encoding="utf-8")
     with pytest.raises(mt_data.MissingDataError,
-                       match=r"lacks train\.en, valid\.de, .*downloading is disabled"):
+                       match=r"lacks train\.en, valid\.de, .*downloading is off"):
         mt_data.load_corpus(tmp_path, download=False)
 
 
@@ -298,7 +320,7 @@ def test_origin_answering_404_is_reported(tmp_path):
     with serve_directory(tmp_path / "www") as (url, _):
         with pytest.raises(mt_data.MissingDataError, match="HTTP Error 404"):
             mt_data.load_corpus(tmp_path / "absent", cache_dir=tmp_path / "cache",
-                                base_url=url, timeout=5, progress=False)
+                                base_url=url, download=True, timeout=5, progress=False)
 
 
 # ---------------------------------------------------------------------------------- tokenizer

@@ -1,14 +1,5 @@
-"""Smoke tests of project/run_machine_translation.py: a tiny model on a few hundred pairs, CPU.
-
-The corpus is the first lines of the real Multi30k files cut to their first four words (so a
-pair stays a rough translation and fits max_len 40 with a 300-token vocabulary), or generated
-word-by-word "translations" where the real corpus is absent.
-"""
-
-import gzip
-import pickle
-from pathlib import Path
-from typing import Dict, List, Tuple
+"""Smoke tests of project/run_machine_translation.py: a tiny model on a few hundred pairs, CPU
+(the corpus and the tiny configuration: tests/mt_program.py)."""
 
 import numpy as np
 import pytest
@@ -16,63 +7,12 @@ import torch
 
 import minitorch
 from minitorch_testing import FAST, assert_close, t64
-from project import mt_data
+from mt_program import SPLIT_SIZES, TINY, computed, load
+from project import mt_data, mt_run
 from project import run_machine_translation as run_mt
 from project.mt_decode import greedy_decode
 from project.mt_train import build_model, learning_rate
-
-REAL_DATA_DIR = Path(__file__).resolve().parent.parent / ".." / "shared" / "data" / "multi30k"
-SPLIT_SIZES = {"train": 240, "valid": 32, "test": 12}
-TINY = [
-    "--backend", "cpu", "--use-fused-kernel", "true", "--seed", "3",
-    "--n-embd", "32", "--n-head", "2", "--n-layers", "1", "--vocab-size", "300", "--max-len", "40",
-    "--batch-size", "16", "--samples-per-epoch", "128", "--lr", "3e-3", "--warmup-steps", "3",
-    "--eval-batch-size", "64",
-]
-# Fields of a metrics record that depend on the clock or the process, not on the computation.
-TIMING_FIELDS = {"tokens_per_s", "tokens_per_s_median_step", "train_seconds", "eval_seconds", "seconds", "peak_memory_mb"}
-
-
-def generated_pairs(n: int, seed: int) -> List[Tuple[str, str]]:
-    words = [("Hund", "dog"), ("Mann", "man"), ("Frau", "woman"), ("Kind", "child"), ("rennt", "runs"),
-             ("sitzt", "sits"), ("rot", "red"), ("groß", "big"), ("Ball", "ball"), ("Wasser", "water")]
-    rng = np.random.default_rng(seed)
-    pairs = []
-    for _ in range(n):
-        chosen = [words[i] for i in rng.integers(0, len(words), rng.integers(2, 5))]
-        pairs.append((" ".join(de for de, _ in chosen), " ".join(en for _, en in chosen)))
-    return pairs
-
-
-def write_corpus(directory: Path) -> None:
-    real = not mt_data.missing_files(REAL_DATA_DIR)
-    for i, (split, n) in enumerate(SPLIT_SIZES.items()):
-        if real:
-            pairs = [tuple(" ".join(s.split()[:4]) for s in pair) for pair in mt_data.read_split(REAL_DATA_DIR, split)[:n]]
-        else:
-            pairs = generated_pairs(n, seed=i)
-        for side, lang in enumerate(mt_data.LANGUAGES):
-            with gzip.open(directory / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
-                f.writelines(pair[side] + "\n" for pair in pairs)
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory) -> Path:
-    directory = tmp_path_factory.mktemp("corpus")
-    write_corpus(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def straight_run(corpus_dir, tmp_path_factory) -> Dict:
-    """Two epochs in one go."""
-    out = tmp_path_factory.mktemp("straight")
-    return run_mt.main(TINY + ["--epochs", "2", "--data-dir", str(corpus_dir), "--out-dir", str(out)])
-
-
-def load(out_dir: Path) -> Dict:
-    with open(out_dir / "checkpoint.pkl", "rb") as f:
-        return pickle.load(f)
+from project.run_checkpoint import load_checkpoint
 
 
 def test_training_learns_and_writes_every_output(straight_run) -> None:
@@ -91,9 +31,10 @@ def test_training_learns_and_writes_every_output(straight_run) -> None:
         assert text.count("\nhyp: ") == SPLIT_SIZES["test"]
     assert (out / "tokenizer-bpe300.json").is_file()
     state = load(out)
-    assert state["epoch"] == 2 and state["step"] == 16
-    assert set(state) >= {"model", "optimizer", "batcher", "minitorch_rng", "numpy_rng", "args"}
+    assert state["progress"] == {"epoch": 2, "step": 16, "partial": None}
+    assert set(state) >= {"model", "optimizer", "batcher", "rng", "args"}
     assert not list(out.glob(".*part*")), "temporary checkpoint files left behind"
+    assert load_checkpoint(out / "checkpoint.prev.npz", mt_run.CHECKPOINT_KIND).state["progress"]["epoch"] == 1
 
 
 class Preempted(Exception):
@@ -104,17 +45,17 @@ def test_resume_after_preemption_matches_straight_run(straight_run, corpus_dir, 
     """Stop right after epoch 1's checkpoint, resume: parameters, optimizer state and metrics equal
     the uninterrupted two-epoch run exactly (dropout RNG, batch order and schedule restored)."""
     out = tmp_path / "resumed"
-    save = run_mt.save_checkpoint
+    save = mt_run.save_checkpoint
 
-    def save_then_stop(path, state):
-        save(path, state)
+    def save_then_stop(*args):
+        save(*args)
         raise Preempted
 
-    monkeypatch.setattr(run_mt, "save_checkpoint", save_then_stop)
+    monkeypatch.setattr(mt_run, "save_checkpoint", save_then_stop)
     with pytest.raises(Preempted):
         run_mt.main(TINY + ["--epochs", "2", "--data-dir", str(corpus_dir), "--out-dir", str(out)])
     monkeypatch.undo()
-    assert load(out)["epoch"] == 1
+    assert load(out)["progress"]["epoch"] == 1
 
     resumed = run_mt.main(["--resume", "--out-dir", str(out), "--data-dir", str(corpus_dir)])
     straight_state, resumed_state = load(straight_run["out_dir"]), load(out)
@@ -125,9 +66,6 @@ def test_resume_after_preemption_matches_straight_run(straight_run, corpus_dir, 
             np.testing.assert_array_equal(resumed_state["optimizer"][moment][i], value)
     assert resumed_state["optimizer"]["t"] == straight_state["optimizer"]["t"] == 16
 
-    def computed(history):
-        return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in history]
-
     assert computed(resumed["history"]) == computed(straight_run["history"])
     assert (out / "translations_epoch2.txt").read_text() == (
         straight_run["out_dir"] / "translations_epoch2.txt"
@@ -136,9 +74,9 @@ def test_resume_after_preemption_matches_straight_run(straight_run, corpus_dir, 
 
 def test_resume_and_fresh_run_guard_the_output_directory(straight_run) -> None:
     out = str(straight_run["out_dir"])
-    with pytest.raises(SystemExit, match="already holds a checkpoint"):
+    with pytest.raises(SystemExit, match=r"checkpoint\.npz exists; pass --resume"):
         run_mt.main(TINY + ["--out-dir", out])
-    with pytest.raises(SystemExit, match=r"--n-embd 64 \(saved: 32\)"):
+    with pytest.raises(SystemExit, match=r"checkpoint\.npz was saved with .* asks for --n-embd 64 \(saved: 32\)"):
         run_mt.main(["--resume", "--out-dir", out, "--n-embd", "64"])
 
 
@@ -169,7 +107,7 @@ def test_defaults_match_the_reference_configuration() -> None:
     args = run_mt.build_parser().parse_args([])
     assert (args.n_embd, args.n_head, args.n_layers, args.vocab_size, args.dropout) == (256, 8, 4, 8000, 0.1)
     assert (args.lr, args.batch_size, args.grad_clip, args.epochs) == (1e-3, 128, 1.0, 10)
-    assert args.use_fused_kernel is True and args.backend == "cuda"
+    assert args.use_fused_kernel is True and args.backend == "auto"
     assert run_mt.build_parser().parse_args(["--use-fused-kernel", "false"]).use_fused_kernel is False
 
 

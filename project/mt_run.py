@@ -1,0 +1,148 @@
+"""One run of the translation program: its data (checked before training), model, optimizer and batch
+order, and the pieces of its epoch loop: train (the rest of) an epoch, evaluate, checkpoint.
+
+The checkpoint is ``<out-dir>/checkpoint.npz`` in project/run_checkpoint.py's format (kind
+"machine_translation"): the configuration and mt_train.run_state (parameters, AdamW moments, batch
+order, RNG states and the progress record, the running sums of an unfinished epoch included).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import numpy as np
+from tqdm import tqdm
+
+import minitorch
+from project import mt_data
+from project.mt_checks import check_corpus, check_encoded
+from project.mt_decode import corpus_bleu, greedy_decode, write_translations
+from project.mt_steps import StepTimer, TrainStep
+from project.mt_train import build_model, count_tokens, learning_rate, peak_memory_mb, run_state, validation_loss
+from project.run_checkpoint import save_checkpoint
+from project.run_control import GracefulStop, SaveSchedule
+
+CHECKPOINT_NAME = "checkpoint.npz"
+CHECKPOINT_KIND = "machine_translation"
+
+
+def prepare_data(config: Dict[str, Any], out_dir: Path) -> Dict[str, Any]:
+    """Corpus (never downloaded unless --download), its checks, tokenizer, encoded splits, test prompts."""
+    corpus = mt_data.load_corpus(config["data_dir"], download=config["download"])
+    check_corpus(corpus, config)
+    tokenizer = mt_data.load_or_train_tokenizer(out_dir, corpus.train, config["vocab_size"])
+    train = mt_data.encode_pairs(tokenizer, corpus.train, config["max_len"])
+    valid = mt_data.encode_pairs(tokenizer, corpus.valid[: config["valid_samples"]], config["max_len"])
+    check_encoded(train, valid, config)
+    test_pairs = corpus.test[: config["test_samples"]]
+    sources = [de for de, _ in test_pairs]
+    prompts = mt_data.encode_prompts(tokenizer, sources, config["max_len"])
+    return {"tokenizer": tokenizer, "train": train, "valid": valid, "sources": sources,
+            "references": [en for _, en in test_pairs], "prompts": prompts}  # fmt: skip
+
+
+class TranslationRun:
+    """A run's model, optimizer, batch order and progress: trains epochs, evaluates, checkpoints.
+
+    progress: {"epoch": last finished epoch, "step": updates so far, "partial": None between epochs,
+    else the unfinished epoch's running sums and whether its training part is done}."""
+
+    def __init__(self, config: Dict[str, Any], backend: minitorch.TensorBackend, data: Dict[str, Any]):
+        self.config, self.backend, self.data = config, backend, data
+        self.out_dir = Path(config["out_dir"])
+        self.model = build_model(config, data["tokenizer"].get_vocab_size(), backend)
+        self.optimizer = minitorch.AdamW(self.model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"],
+                                         max_grad_norm=config["grad_clip"] or None)  # fmt: skip
+        self.batcher = mt_data.Batcher(data["train"].sequences, config["batch_size"], seed=config["seed"],
+                                       samples_per_epoch=config["samples_per_epoch"])  # fmt: skip
+        self.total_steps = config["epochs"] * len(self.batcher)
+        self.progress: Dict[str, Any] = {"epoch": 0, "step": 0, "partial": None}
+        self.schedule = SaveSchedule(config["save_every_steps"], config["save_every_minutes"])
+        self.step = TrainStep(self.model, self.optimizer, backend, config["loss"],
+                              use_graphs=config["cuda_graphs"] and backend.cuda, graph_batch_size=config["batch_size"])
+        self.timer = StepTimer(backend)
+
+    def save(self) -> None:
+        """Checkpoint now (the device loss sum of an unfinished epoch is read into the progress)."""
+        partial = self.progress["partial"]
+        if partial is not None and not partial["trained"]:
+            partial["loss_sum"] = self.step.loss_total()
+        save_checkpoint(self.out_dir / CHECKPOINT_NAME, CHECKPOINT_KIND, self.config,
+                        run_state(self.model, self.optimizer, self.batcher, self.progress))  # fmt: skip
+        self.schedule.saved()
+
+    def train_epoch(self, epoch: int, stop: GracefulStop) -> bool:
+        """Train (the rest of) an epoch; False when a stop signal ended it (after a save)."""
+        partial, config = self.progress["partial"], self.config
+        batches = self.batcher.epoch()  # a resumed epoch skips the batches it had done
+        bar = tqdm(batches, total=len(self.batcher), desc=f"epoch {epoch}/{config['epochs']}", unit="batch",
+                   initial=self.batcher.state_dict()["batches_done"])  # fmt: skip
+        self.step.loss_sum.copy_(partial["loss_sum"])
+        start, before = time.perf_counter(), partial["train_seconds"]
+        self.timer.start()
+        for i, batch in enumerate(bar):
+            lr = learning_rate(self.progress["step"], config["lr"], config["warmup_steps"], self.total_steps)
+            replayed = self.step(batch, lr)
+            tokens = count_tokens(batch)
+            self.timer.mark(tokens, steady=replayed or not self.step.use_graphs)
+            self.progress["step"] += 1
+            partial["lr"] = lr
+            partial["n_targets"] += batch.n_targets
+            partial["n_tokens"] += tokens
+            partial["train_seconds"] = before + time.perf_counter() - start
+            if (i + 1) % config["log_every"] == 0:
+                bar.set_postfix(loss=f"{self.step.loss_total() / partial['n_targets']:.3f}", lr=f"{lr:.2e}",
+                                tok_s=f"{partial['n_tokens'] / partial['train_seconds']:,.0f}", refresh=False)  # fmt: skip
+            if stop.requested or self.schedule.due(self.progress["step"]):
+                self.save()
+                if stop.requested:
+                    bar.close()
+                    return False
+        bar.close()
+        partial["loss_sum"] = self.step.loss_total()
+        partial["train_seconds"] = before + time.perf_counter() - start
+        partial["trained"] = True
+        return True
+
+    def evaluate(self, epoch: int) -> Dict[str, Any]:
+        """Validation loss, greedy translations of the test sentences and BLEU: the epoch's record."""
+        config, data, partial = self.config, self.data, self.progress["partial"]
+        start = time.perf_counter()
+        valid_loss = validation_loss(self.model, data["valid"].sequences, config["eval_batch_size"], self.backend)
+        generated = self.decode(data["prompts"])
+        hypotheses = mt_data.decode_translations(data["tokenizer"], generated)
+        write_translations(self.out_dir / f"translations_epoch{epoch}.txt", data["sources"], data["references"], hypotheses)
+        eval_seconds = time.perf_counter() - start
+        return {
+            "epoch": epoch, "step": self.progress["step"], "lr": partial["lr"],
+            "train_loss": partial["loss_sum"] / partial["n_targets"], "valid_loss": valid_loss,
+            "bleu": corpus_bleu(hypotheses, data["references"]), "tokens": partial["n_tokens"],
+            "tokens_per_s": partial["n_tokens"] / partial["train_seconds"], "train_seconds": partial["train_seconds"],
+            "tokens_per_s_median_step": self.timer.median_tokens_per_s(), "graphs_captured": self.step.captured,
+            "eval_seconds": eval_seconds, "seconds": partial["train_seconds"] + eval_seconds,
+            **peak_memory_mb(self.backend), "sample": hypotheses[0],
+        }  # fmt: skip
+
+    def decode(self, prompts: List[np.ndarray]) -> List[np.ndarray]:
+        """greedy_decode batch by batch (length-sorted as it sorts them) under a progress bar."""
+        size = self.config["eval_batch_size"]
+        order = np.argsort([len(p) for p in prompts], kind="stable")
+        generated: List[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
+        with tqdm(total=len(prompts), desc="greedy decoding", unit="sentence", leave=False) as bar:
+            for start in range(0, len(order), size):
+                chunk = order[start : start + size]
+                outputs = greedy_decode(self.model, [prompts[i] for i in chunk], self.config["max_len"], size, self.backend)
+                for i, tokens in zip(chunk, outputs):
+                    generated[i] = tokens
+                bar.update(len(chunk))
+        return generated
+
+    def stopped(self, signal_name: str) -> str:
+        """The line printed when a signal stopped the run: where, what was saved, how to go on."""
+        where = f"epoch {self.progress['partial']['epoch']}, step {self.progress['step']}"
+        script = os.path.relpath(Path(__file__).with_name("run_machine_translation.py"))
+        return (f"stopped by {signal_name} in {where}; saved {self.out_dir / CHECKPOINT_NAME}; continue with: "
+                f"python {script} --resume --out-dir {self.out_dir}")  # fmt: skip

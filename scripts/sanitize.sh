@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Run the kernel tests' small cases (`pytest -m small`, chosen in kernel_tests/conftest.py) under
+# compute-sanitizer memcheck, racecheck and initcheck: one process per (tool, kernel library), several
+# at once, then a verdict table (also in OUT_DIR/summary.txt). Needs a GPU and built kernels.
+#
+#   bash scripts/sanitize.sh [OUT_DIR]          # default OUT_DIR: sanitize-logs
+#
+# Environment: SANITIZE_TOOLS (default "memcheck racecheck initcheck"), SANITIZE_JOBS (processes at
+# once, default: CPU count), SANITIZE_TIMEOUT (seconds per process, default 900), COMPUTE_SANITIZER
+# (its path, default: PATH, $CUDA_HOME/bin, /usr/local/cuda/bin). Every tensor gets its own
+# cudaMalloc (PYTORCH_NO_CUDA_MEMORY_CACHING=1), so memcheck sees an overrun past a tensor's end.
+# Exit status 0 only when every cell of the table is clean.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="$(mkdir -p "${1:-$ROOT/sanitize-logs}" && cd "${1:-$ROOT/sanitize-logs}" && pwd)"
+TOOLS="${SANITIZE_TOOLS:-memcheck racecheck initcheck}"
+JOBS="${SANITIZE_JOBS:-$(nproc)}"
+TIMEOUT="${SANITIZE_TIMEOUT:-900}"
+
+SANITIZER="${COMPUTE_SANITIZER:-}"
+for candidate in "$(command -v compute-sanitizer 2>/dev/null)" "${CUDA_HOME:-/nonexistent}/bin/compute-sanitizer" \
+    /usr/local/cuda/bin/compute-sanitizer; do
+  [[ -z "$SANITIZER" && -x "$candidate" ]] && SANITIZER="$candidate"
+done
+if [[ -z "$SANITIZER" ]]; then
+  echo "sanitize.sh: compute-sanitizer not found (install the CUDA toolkit or set COMPUTE_SANITIZER)" >&2
+  exit 2
+fi
+
+# library | test files (kernel_tests/) | pytest -k expression ("" for all)
+LIBRARY_TESTS=(
+  "combine|test_cuda_ops.py|not uniform and not embedding and not matmul"
+  "random_kernel|test_cuda_ops.py|uniform"
+  "embedding_kernel|test_cuda_ops.py|embedding"
+  "matmul_kernel|test_matmul.py test_cuda_ops.py|matmul"
+  "softmax_kernel|test_softmax_fw.py test_softmax_bw.py|"
+  "layernorm_kernel|test_layernorm_fw.py test_layernorm_bw.py|"
+  "attention_kernel|test_attention.py|"
+  "classifier_kernel|test_fused_loss.py|"
+  "optimizer_kernel|test_adamw.py|"
+  "mt_program_all_libs|test_mt_resume_cuda.py|"
+)
+
+run_one() {  # tool library files k-expression
+  local tool="$1" lib="$2" files="$3" kexpr="$4" extra=() paths=()
+  case "$tool" in
+    memcheck) extra=(--leak-check no --padding 512) ;;
+    racecheck) extra=(--racecheck-report analysis) ;;
+  esac
+  for f in $files; do paths+=("kernel_tests/$f"); done
+  local args=(-q -p no:cacheprovider -m small "${paths[@]}")
+  [[ -n "$kexpr" ]] && args+=(-k "$kexpr")
+  (cd "$ROOT" && PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
+    timeout "$TIMEOUT" "$SANITIZER" --tool "$tool" "${extra[@]}" --log-file "$OUT/$tool.$lib.sanitizer.log" \
+    python -m pytest "${args[@]}" > "$OUT/$tool.$lib.pytest.log" 2>&1)
+  echo $? > "$OUT/$tool.$lib.status"
+}
+
+echo "sanitize.sh: $("$SANITIZER" --version | tail -n 1); tools: $TOOLS; $JOBS at once; logs in $OUT"
+start=$SECONDS
+for tool in $TOOLS; do
+  for group in "${LIBRARY_TESTS[@]}"; do
+    IFS="|" read -r lib files kexpr <<< "$group"
+    while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n; done
+    run_one "$tool" "$lib" "$files" "$kexpr" &
+  done
+done
+wait
+
+count() {  # file pattern -> the sum of the numbers in the matches
+  grep -hoE "$2" "$1" 2>/dev/null | grep -oE '[0-9]+' | awk '{s += $1} END {print s + 0}'
+}
+
+verdict() {  # tool library -> one cell of the table
+  local tool="$1" lib="$2" log="$OUT/$1.$2.sanitizer.log" status summary errors warnings
+  status="$(cat "$OUT/$tool.$lib.status" 2>/dev/null || echo missing)"
+  summary="$(grep -E '^[0-9]+ (passed|failed|skipped|deselected|error)|no tests ran' "$OUT/$tool.$lib.pytest.log" | tail -n 1)"
+  summary="${summary%% in *}"
+  # memcheck/initcheck end with "ERROR SUMMARY: N errors", racecheck with "(N errors, M warnings)".
+  errors="$(count "$log" 'ERROR SUMMARY: [0-9]+ error')"
+  (( errors < $(count "$log" '\([0-9]+ errors?') )) && errors="$(count "$log" '\([0-9]+ errors?')"
+  warnings="$(count "$log" '[0-9]+ warnings?\)')"
+  (( warnings > 0 )) && summary="$summary; $warnings hazard warnings"
+  if [[ "$status" == 124 ]]; then echo "TIMEOUT after ${TIMEOUT}s"
+  elif (( errors > 0 )); then echo "${errors} ERRORS"
+  elif [[ "$status" == 0 ]]; then echo "clean (${summary})"
+  else echo "FAILED (exit $status: ${summary})"
+  fi
+}
+
+{
+  printf "%-20s" "library"; for tool in $TOOLS; do printf " | %-34s" "$tool"; done; printf "\n"
+  for group in "${LIBRARY_TESTS[@]}"; do
+    IFS="|" read -r lib files kexpr <<< "$group"
+    printf "%-20s" "$lib"; for tool in $TOOLS; do printf " | %-34s" "$(verdict "$tool" "$lib")"; done; printf "\n"
+  done
+  echo "($((SECONDS - start))s; logs: $OUT/<tool>.<library>.{sanitizer,pytest}.log)"
+} | tee "$OUT/summary.txt"
+! grep -qE 'ERRORS|TIMEOUT|FAILED' "$OUT/summary.txt"
