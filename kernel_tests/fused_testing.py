@@ -1,15 +1,14 @@
 """Helpers shared by the GPU kernel tests: the error measure, cached kernel libraries, and the
 fused-vs-unfused speed line each fused-kernel test file prints (visible with pytest -s)."""
 
-import functools
 from typing import Any, Callable
 
 import numpy as np
 
-from minitorch.cuda_kernel_ops import load_library
+from minitorch.cuda.libraries import kernel_library
 
-# A kernel library by name (built from src/<name>.cu), loaded once per test session.
-kernel_lib = functools.lru_cache(maxsize=None)(load_library)
+# A kernel library by name (built from src/<name>.cu), loaded once per process by the runtime.
+kernel_lib = kernel_library
 
 
 def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
