@@ -186,14 +186,16 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
 
     fig, (ax_loss, ax_diff, ax_ms) = plt.subplots(1, 3, figsize=(16, 4.5))
     reference = np.array(results["llm.c fp32"]["losses"])
-    for name, r in results.items():
+    for i, (name, r) in enumerate(results.items()):
         steps = np.arange(1, len(r["losses"]) + 1)
-        ax_loss.plot(steps, r["losses"], label=name, linewidth=1)
-        ax_diff.plot(steps, np.abs(np.array(r["losses"]) - reference) + 1e-9, label=name, linewidth=1)
+        ax_loss.plot(steps, r["losses"], label=name, linewidth=1, color=f"C{i}")
+        if name != "llm.c fp32":
+            diff = np.maximum(np.abs(np.array(r["losses"]) - reference), 1e-8)
+            ax_diff.plot(steps, diff, label=name, linewidth=1, color=f"C{i}")
     ax_loss.set(xlabel="step", ylabel="train loss", title="loss per step")
     ax_diff.set(xlabel="step", ylabel="|loss - llm.c fp32 loss|", title="agreement with llm.c fp32", yscale="log")
     names = list(results)
-    ax_ms.barh(names, [results[n]["ms_per_step"] for n in names], color="tab:blue")
+    ax_ms.barh(names, [results[n]["ms_per_step"] for n in names], color=[f"C{i}" for i in range(len(names))])
     ax_ms.set(xlabel="ms per step (median)", title="step time, B 4 x T 1024")
     for ax in (ax_loss, ax_diff):
         ax.grid(alpha=0.3)

@@ -111,13 +111,14 @@ def torch_gpt2_loss(params, idx, targets, config, activation):
 
 
 @pytest.mark.parametrize(
-    "activation,attention,loss_kind", [("softmax", "naive", "naive"), ("relu", "naive", "naive"), ("relu", "fused", "fused")]
+    "activation,attention,loss_kind,recompute",
+    [("softmax", "naive", "naive", False), ("relu", "naive", "naive", False), ("relu", "fused", "fused", True)],
 )
-def test_loss_and_gradients_match_float64_torch(activation, attention, loss_kind):
+def test_loss_and_gradients_match_float64_torch(activation, attention, loss_kind, recompute):
     params = gpt2_init_params(CONFIG, seed=5)
     rng = np.random.default_rng(6)
     idx, targets = rng.integers(0, CONFIG.vocab_size, (2, 2, 12))
-    model = GPT2(CONFIG, backend=FAST, attention=attention, activation=activation)
+    model = GPT2(CONFIG, backend=FAST, attention=attention, activation=activation, recompute_layers=recompute)
     model.load_llmc_params(params)
     loss = model.loss(model.token_ids(idx), model.token_ids(targets), loss_kind)
     loss.backward()
