@@ -19,7 +19,6 @@ import numpy as np
 import minitorch
 from project.gpt2_model import GPT2
 from project.llmc_format import ShardLoader, atomic_write
-from project.mt_train import clip_grad_norm
 
 STATE_MODEL = "model.bin"
 STATE_OPTIMIZER = "optimizer.npz"
@@ -37,23 +36,18 @@ def learning_rate(step: int, peak: float, warmup_steps: int, total_steps: int, f
 
 
 def train_step(
-    model: GPT2,
-    optimizer: minitorch.AdamW,
-    inputs: np.ndarray,
-    targets: np.ndarray,
-    lr: float,
-    grad_clip: float,
-    loss_kind: str,
+    model: GPT2, optimizer: minitorch.AdamW, inputs: np.ndarray, targets: np.ndarray, lr: float, loss_kind: str
 ) -> tuple[float, Optional[float]]:
-    """One update on a [B, T] batch: loss, backward, global-norm clipping when grad_clip > 0, AdamW
-    at this lr. Returns (loss, gradient norm before clipping or None without clipping)."""
+    """One update on a [B, T] batch: loss, backward, AdamW at this lr (which clips the gradients'
+    global norm when it has a max_grad_norm). Returns (loss, gradient norm before clipping, or None
+    when the optimizer does not clip)."""
     loss = model.loss(model.token_ids(inputs), model.token_ids(targets), loss_kind)
     optimizer.zero_grad()
     loss.backward()
-    norm = clip_grad_norm(optimizer.parameters, grad_clip) if grad_clip > 0 else None
     optimizer.lr = lr
     optimizer.step()
-    return loss.item(), None if norm is None else norm.item()
+    norm = optimizer.grad_norm().item() if optimizer.max_grad_norm else None
+    return loss.item(), norm
 
 
 def validation_loss(model: GPT2, loader: ShardLoader, batches: int, loss_kind: str) -> float:

@@ -199,7 +199,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     model = build_model(args, backend)
     if T > model.config.max_seq_len:
         raise SystemExit(f"error: --seq-len {T} exceeds the model's max_seq_len {model.config.max_seq_len}")
-    optimizer = minitorch.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, eps=1e-8)
+    optimizer = minitorch.AdamW(
+        model.parameters(), lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
+    )
     total_steps = args.steps or train.batches_per_epoch
     step, records = 0, []
     if args.resume_from:
@@ -238,7 +240,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         start = time.perf_counter()
         inputs, targets = train.next_batch()
         lr = learning_rate(step, args.lr, args.warmup_steps, total_steps, args.final_lr_frac)
-        loss, norm = train_step(model, optimizer, inputs, targets, lr, args.grad_clip, args.loss)
+        loss, norm = train_step(model, optimizer, inputs, targets, lr, args.loss)
         seconds = time.perf_counter() - start
         step += 1
         record = {"step": step, "loss": loss, "lr": lr, "ms": seconds * 1e3, "tokens_per_s": B * T / seconds}

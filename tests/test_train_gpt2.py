@@ -28,7 +28,7 @@ def tiny_args(shards, out_dir, *extra):
     return [
         "--backend", "cpu", "--train-shards", shards.train_pattern, "--val-shards", shards.val_pattern,
         "--batch-size", "2", "--seq-len", "16", "--steps", "4", "--lr", "1e-3", "--val-every", "2",
-        "--val-batches", "1", "--sample-every", "4", "--sample-tokens", "3", "--checkpoint-every", "2",
+        "--val-batches", "1", "--sample-every", "4", "--sample-tokens", "3", "--checkpoint-every", "2", "--grad-clip", "1",
         "--out-dir", str(out_dir), "--seed", "1", *extra,
     ]  # fmt: skip
 
@@ -40,7 +40,7 @@ def test_program_writes_model_metrics_plot_and_resumes_exactly(shards, tmp_path,
     run = tmp_path / "run"
     result = main(tiny_args(shards, run, *FRESH, "--vocab-size", str(shards.vocab_size)))
     out = capsys.readouterr().out
-    assert "step     4/4 | loss" in out and "tok/s" in out and "sample: '" in out
+    assert "step     4/4 | loss" in out and "tok/s | grad norm" in out and "sample: '" in out
     config, params = read_checkpoint(run / "model.bin")
     assert (config.num_layers, config.channels, config.vocab_size) == (2, 64, shards.vocab_size)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
