@@ -7,7 +7,9 @@ constant lr 3e-4, no weight decay, no clipping (llm.c's fp32 defaults), float32 
   llm.c fp32 / llm.c tf32      train_gpt2_fp32.cu built here from --llmc-src with nvcc -O3
                                --use_fast_math; TF32 off (a copy with ``enable_tf32 = 0``) and on
   torch fp32 / torch tf32      benchmarks/gpt2_torch_peer.py (eager, SDPA attention), TF32 off and on
-  minitorch <variant>          project/train_gpt2.py --backend cuda with the variant's options
+  minitorch <variant>          project/train_gpt2.py --backend cuda with the variant's options; its
+                               matmuls run in 3xTF32 (float32 accuracy) unless the variant says tf32
+                               (--matmul-precision high, one TF32 product)
 
 llm.c's DataLoader shuffles the training batches; both llm.c copies built here pass should_shuffle
 0 to the training loader, so every contender reads the shard in order. Each contender runs alone
@@ -57,6 +59,7 @@ LLMC_PATCHES = {
 }  # fmt: skip
 MINITORCH_VARIANTS = {
     "all-fused": ["--use-fused-kernel", "true", "--attention", "fused", "--loss", "fused"],
+    "all-fused tf32": ["--use-fused-kernel", "true", "--attention", "fused", "--loss", "fused", "--matmul-precision", "high"],
     "fused-kernels": ["--use-fused-kernel", "true", "--attention", "naive", "--loss", "naive"],
 }
 LLMC_STEP = re.compile(r"step\s+(\d+)/\d+: train loss (\S+) \(([\d.]+) ms")
@@ -154,12 +157,12 @@ def run_torch(work: Path, steps: int, tf32: bool, timeout: float) -> dict[str, A
 
 
 def run_minitorch(work: Path, steps: int, variant: str, timeout: float) -> dict[str, Any]:
-    out_dir = work / f"minitorch_{variant}"
+    out_dir = work / f"minitorch_{variant.replace(' ', '_')}"
     cmd = [sys.executable, str(ROOT / "project" / "train_gpt2.py"), "--backend", "cuda",
            "--init-from", str(work / "gpt2_124M.bin"), "--train-shards", str(work / "bench_train_*.bin"),
            "--batch-size", str(B), "--seq-len", str(T), "--steps", str(steps), "--lr", str(LR), "--weight-decay", "0",
            "--grad-clip", "0", "--val-every", "0", "--out-dir", str(out_dir), *MINITORCH_VARIANTS[variant]]  # fmt: skip
-    _, device_mib = run_measured(cmd, ROOT, work / f"minitorch_{variant}.log", timeout)
+    _, device_mib = run_measured(cmd, ROOT, out_dir.with_suffix(".log"), timeout)
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     steps_ = [r for r in records if "loss" in r]
     peak = next(r["peak_memory_mb"] for r in records if "peak_memory_mb" in r)
@@ -212,7 +215,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=20, help="training steps per contender (llm.c: one pass over the shard)")
     p.add_argument("--skip", type=int, default=3, help="first steps left out of the median (warm-up, allocation)")
     p.add_argument("--corpus", default=None, help="text file to tokenize instead of random tokens")
-    p.add_argument("--variants", default=",".join(MINITORCH_VARIANTS), help=f"minitorch variants: {list(MINITORCH_VARIANTS)}")
+    p.add_argument("--variants", default=",".join(MINITORCH_VARIANTS),
+                   help=f"comma-separated minitorch variants from {list(MINITORCH_VARIANTS)}")
     p.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds each contender may run")
     p.add_argument("--seed", type=int, default=0)

@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="naive: [B*T, V] logits + cross_entropy; fused: fused_linear_cross_entropy (no logits)")
     how.add_argument("--recompute-layers", type=str2bool, default=False, metavar="true|false",
                      help="gradient checkpointing: recompute each layer in backward instead of keeping it")
+    how.add_argument("--matmul-precision", choices=minitorch.precision.PRECISIONS, default="highest",
+                     help="CUDA float32 matmuls: highest = 3xTF32 (float32 accuracy), high = one TF32 product")
     p.add_argument("--out-dir", default="runs/gpt2", help="metrics, plot, checkpoints and the final model.bin")
     p.add_argument("--seed", type=int, default=0, help="initialisation of a fresh model and sampling")
     return p
@@ -192,6 +194,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     backend = make_backend(args.backend)
+    minitorch.set_float32_matmul_precision(args.matmul_precision)
     minitorch.manual_seed(args.seed)
     B, T = args.batch_size, args.seq_len
     train = ShardLoader(args.train_shards, B, T)
@@ -216,7 +219,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     n_params = sum(p.value.size for p in model.parameters())
     print(
         f"GPT-2 {model.config} ({n_params:,} parameters) on {args.backend}: fused kernels {args.use_fused_kernel}, "
-        f"attention {args.attention} {args.activation}, loss {args.loss}, recompute layers {args.recompute_layers}; "
+        f"attention {args.attention} {args.activation}, loss {args.loss}, recompute layers {args.recompute_layers}, "
+        f"matmul precision {args.matmul_precision}; "
         f"{train.num_tokens:,} training tokens in {len(train.paths)} shard(s) ({train.batches_per_epoch} batches of "
         f"{B}x{T}), {total_steps} steps" + (f" from step {step}" if step else ""),
         flush=True,
