@@ -1,0 +1,136 @@
+"""Training pieces of the GPT-2 program (project/train_gpt2.py): llm.c's learning-rate schedule,
+one optimization step, validation loss, the resumable training state and the loss plot.
+
+Per step the host sends one batch (two [B, T] arrays) and reads back the loss (and the gradient
+norm when clipping); everything else stays on the backend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+import minitorch
+from project.gpt2_model import GPT2
+from project.llmc_format import ShardLoader, atomic_write
+
+STATE_MODEL = "model.bin"
+STATE_OPTIMIZER = "optimizer.npz"
+STATE_JSON = "state.json"
+
+
+def learning_rate(step: int, peak: float, warmup_steps: int, total_steps: int, final_frac: float) -> float:
+    """llm.c's schedule for update ``step`` (from 0): linear warm-up to ``peak`` over warmup_steps,
+    then cosine decay from peak to ``peak * final_frac`` at total_steps (final_frac 1: constant)."""
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    floor = peak * final_frac
+    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak - floor)
+
+
+def train_step(
+    model: GPT2, optimizer: minitorch.AdamW, inputs: np.ndarray, targets: np.ndarray, lr: float, loss_kind: str
+) -> tuple[float, Optional[float]]:
+    """One update on a [B, T] batch: loss, backward, AdamW at this lr (which clips the gradients'
+    global norm when it has a max_grad_norm). Returns (loss, gradient norm before clipping, or None
+    when the optimizer does not clip)."""
+    loss = model.loss(model.token_ids(inputs), model.token_ids(targets), loss_kind)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.lr = lr
+    optimizer.step()
+    norm = optimizer.grad_norm().item() if optimizer.max_grad_norm else None
+    return loss.item(), norm
+
+
+def validation_loss(model: GPT2, loader: ShardLoader, batches: int, loss_kind: str) -> float:
+    """Mean loss over the first ``batches`` batches of ``loader`` (from its start, as llm.c does)."""
+    if batches < 1:
+        raise ValueError(f"validation needs at least one batch, got {batches}")
+    loader.reset()
+    total: Optional[minitorch.Tensor] = None
+    with minitorch.no_grad():
+        for _ in range(batches):
+            inputs, targets = loader.next_batch()
+            loss = model.loss(model.token_ids(inputs), model.token_ids(targets), loss_kind)
+            total = loss if total is None else total + loss
+    assert total is not None
+    return total.item() / batches
+
+
+def save_training_state(
+    directory: str | os.PathLike, model: GPT2, optimizer: minitorch.AdamW, step: int, loader: ShardLoader,
+    extra: Mapping[str, Any],
+) -> Path:  # fmt: skip
+    """Write ``directory/model.bin`` (llm.c's checkpoint format), ``optimizer.npz`` (AdamW's step
+    count and moments) and ``state.json`` (steps done, the training loader's position, ``extra``);
+    each file atomically, state.json last, so a directory with a state.json is complete."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_checkpoint(directory / STATE_MODEL)
+    state = optimizer.state_dict()
+    arrays = {"t": np.array(state["t"])}
+    arrays.update({f"m_{i}": m for i, m in state["m"].items()})
+    arrays.update({f"v_{i}": v for i, v in state["v"].items()})
+    atomic_write(directory / STATE_OPTIMIZER, lambda f: np.savez(f, **arrays))
+    record = {"step": step, "train_loader": loader.state(), **extra}
+    atomic_write(directory / STATE_JSON, lambda f: f.write(json.dumps(record, indent=1).encode("utf-8")))
+    return directory
+
+
+def load_training_state(directory: str | os.PathLike, optimizer: minitorch.AdamW, loader: ShardLoader) -> dict[str, Any]:
+    """Restore the optimizer and the loader position that ``save_training_state`` wrote (the model
+    comes from ``directory/model.bin``); returns the state.json record."""
+    directory = Path(directory)
+    if not (directory / STATE_JSON).is_file():
+        raise FileNotFoundError(f"{directory} holds no {STATE_JSON}: not a (complete) training checkpoint")
+    record = json.loads((directory / STATE_JSON).read_text(encoding="utf-8"))
+    with np.load(directory / STATE_OPTIMIZER) as saved:
+        moments = {key: saved[key] for key in saved.files if key != "t"}
+        t = int(saved["t"])
+    n = len(optimizer.parameters)
+    for key, value in moments.items():
+        i = int(key[2:])
+        if i >= n or value.shape != optimizer.parameters[i].value.shape:
+            raise ValueError(
+                f"{directory / STATE_OPTIMIZER}: moment {key} of shape {value.shape} does not fit the model's "
+                f"parameter {i} of {n}"
+            )
+    optimizer.load_state_dict({
+        "t": t,
+        "m": {int(k[2:]): v for k, v in moments.items() if k.startswith("m_")},
+        "v": {int(k[2:]): v for k, v in moments.items() if k.startswith("v_")},
+    })  # fmt: skip
+    loader.load_state(record["train_loader"])
+    return record
+
+
+def plot_losses(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, title: str) -> None:
+    """PNG of the training loss per step and the validation losses of the metric records."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot(*zip(*train), label="train", linewidth=1)
+    if val:
+        ax.plot(*zip(*val), "o-", label="val")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
