@@ -25,6 +25,7 @@ from .tensor_ops import SimpleBackend, SimpleOps, TensorBackend, TensorOps
 
 __all__ = [
     "nn",
+    "precision",
     "operators",
     "Context",
     "backpropagate",
