@@ -11,7 +11,11 @@ does. Reported: tokens/s (median step time after warm-up), peak GPU memory of a 
 minitorch paths a profile of one step: GPU kernel time (CUPTI, through torch.profiler) against the
 step's wall time; the difference is host time the GPU waits on (Python, autodiff, launches).
 
-Usage: python benchmarks/bench_train.py [--steps N] [--seq-len T] [--out DIR]
+The "program" rows time the translation program's own step function (CUDA graphs, multi-tensor
+clip + AdamW, no host read per step) over real Multi30k batches against a PyTorch eager loop of the
+same model with the same clipping and AdamW (see program_rows).
+
+Usage: python benchmarks/bench_train.py [--steps N] [--seq-len T] [--data-dir DIR] [--out DIR]
 Writes DIR/bench_train.json and DIR/bench_train.png (default DIR: benchmarks/results).
 """
 
@@ -83,7 +87,8 @@ def minitorch_trainer(level: int, seq_len: int) -> Callable[[Dict[str, np.ndarra
     return step
 
 
-def torch_trainer(torch: Any, seq_len: int) -> Callable[[Dict[str, np.ndarray]], float]:
+def torch_model(torch: Any, seq_len: int) -> Any:
+    """The benchmark's DecoderLM architecture in PyTorch (fp32), on the GPU."""
     F = torch.nn.functional
     C, H, V = CONFIG["n_embd"], CONFIG["n_head"], CONFIG["n_vocab"]
 
@@ -121,7 +126,13 @@ def torch_trainer(torch: Any, seq_len: int) -> Callable[[Dict[str, np.ndarray]],
             return self.head(self.ln(x))
 
     torch.manual_seed(0)
-    model = Model().cuda()
+    return Model().cuda()
+
+
+def torch_trainer(torch: Any, seq_len: int) -> Callable[[Dict[str, np.ndarray]], float]:
+    F = torch.nn.functional
+    V = CONFIG["n_vocab"]
+    model = torch_model(torch, seq_len)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step(batch: Dict[str, np.ndarray]) -> float:
@@ -173,12 +184,83 @@ def profile_step(torch: Any, step: Callable[[Dict[str, np.ndarray]], float], bat
     return dict(wall_s=wall, kernel_s=kernel_s, kernels=len(kernels), gpu_busy=kernel_s / wall, top_kernels=top)
 
 
+def program_rows(torch: Any, data_dir: str, epochs: int) -> Dict[str, Any]:
+    """The translation program's own step (project/mt_steps.TrainStep: CUDA graphs, multi-tensor
+    clip + AdamW, loss summed on the device) on the program's real batches (Multi30k, bucketed widths,
+    batch 128), against a PyTorch eager loop of the same model with the same clipping (1.0) and
+    AdamW, also without a host read per step.  One warm-up epoch (graph captures, torch's caching),
+    then `epochs` timed epochs: ms/step and tokens/s over the wall time, synchronized at the end."""
+    from project import mt_data
+    from project.mt_steps import TrainStep
+    from project.mt_train import count_tokens
+
+    corpus = mt_data.load_corpus(data_dir)
+    tokenizer = mt_data.train_tokenizer(corpus.train, CONFIG["n_vocab"])
+    train = mt_data.encode_pairs(tokenizer, corpus.train, 128)
+    batcher = mt_data.Batcher(train.sequences, CONFIG["batch"], seed=0)
+    epochs_batches = [list(batcher.epoch()) for _ in range(1 + epochs)]
+    timed = [b for batches in epochs_batches[1:] for b in batches]
+    tokens = sum(count_tokens(b) for b in timed)
+    rows: Dict[str, Any] = {}
+
+    cuda = minitorch.TensorBackend(minitorch.CudaKernelOps)
+    minitorch.manual_seed(0)
+    model = DecoderLM(n_vocab=tokenizer.get_vocab_size(), n_embd=CONFIG["n_embd"], n_head=CONFIG["n_head"],
+                      n_positions=128, n_layers=CONFIG["n_layers"], p_dropout=0.1, backend=cuda, use_fused_kernel=True)
+    opt = minitorch.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, max_grad_norm=1.0)
+    step = TrainStep(model, opt, cuda, "naive", use_graphs=True, graph_batch_size=CONFIG["batch"])
+    for b in epochs_batches[0]:
+        step(b, 1e-3)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for b in timed:
+        step(b, 1e-3)
+    step.loss_total()
+    rows["minitorch program step"] = dict(seconds=time.perf_counter() - t0, graphs=step.captured)
+
+    F = torch.nn.functional
+    tmodel = torch_model(torch, 128)
+    topt = torch.optim.AdamW(tmodel.parameters(), lr=1e-3, weight_decay=0.01)
+    total = torch.zeros((), device="cuda")
+
+    def torch_step(b: Any) -> None:
+        nonlocal total
+        tokens_t = torch.from_numpy(b.tokens).cuda(non_blocking=True)
+        targets = torch.from_numpy(b.targets.reshape(-1)).cuda(non_blocking=True)
+        weights = torch.from_numpy(b.weights.reshape(-1)).cuda(non_blocking=True)
+        logits = tmodel(tokens_t)
+        loss = (F.cross_entropy(logits.view(-1, logits.shape[-1]), targets, reduction="none") * weights).sum() / weights.sum()
+        topt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(tmodel.parameters(), 1.0)
+        topt.step()
+        total = total + loss.detach() * weights.sum()
+
+    for b in epochs_batches[0]:
+        torch_step(b)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for b in timed:
+        torch_step(b)
+    total.item()
+    rows["torch eager loop"] = dict(seconds=time.perf_counter() - t0)
+    for r in rows.values():
+        r["ms_per_step"] = 1e3 * r["seconds"] / len(timed)
+        r["tokens_per_s"] = tokens / r["seconds"]
+    rows["ratio"] = rows["minitorch program step"]["tokens_per_s"] / rows["torch eager loop"]["tokens_per_s"]
+    rows["steps"], rows["tokens"] = len(timed), tokens
+    return rows
+
+
 def main(argv: List[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per path (after warm-up)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--seq-len", type=int, default=48, help="tokens per sequence (Multi30k pairs average ~40)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--data-dir", default=None,
+                        help="Multi30k directory for the program row (default: the program's default)")
+    parser.add_argument("--program-epochs", type=int, default=1, help="timed epochs of the program row (0: skip it)")
     args = parser.parse_args(argv)
 
     import torch
@@ -222,6 +304,16 @@ def main(argv: List[str] | None = None) -> None:
           f"all fused / unfused = {results['all_fused_vs_unfused']:.2f}x   all fused / torch eager = {results['all_fused_vs_torch']:.2f}x")
     for name, r in p.items():
         print(f"top kernels of one step, {name}: " + ", ".join(f"{n[:40]} {1e3 * s:.2f} ms" for n, s in r["profile"]["top_kernels"][:5]))
+
+    if args.program_epochs > 0:
+        from project import mt_data
+
+        results["program"] = pr = program_rows(torch, args.data_dir or str(mt_data.DEFAULT_DATA_DIR), args.program_epochs)
+        print(f"program row: real Multi30k batches, {pr['steps']} steps, {pr['tokens']} tokens after a warm-up epoch")
+        for name in ("minitorch program step", "torch eager loop"):
+            r = pr[name]
+            print(f"{name:24s} {r['ms_per_step']:8.2f} ms/step {r['tokens_per_s']:10.0f} tokens/s")
+        print(f"program step / torch eager loop = {pr['ratio']:.2f}x")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
