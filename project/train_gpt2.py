@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-every", type=int, default=0,
                      help="save <out-dir>/checkpoint_NNNNNN/ (model.bin, optimizer.npz, state.json) every N steps")
     how = p.add_argument_group("how the same model is computed")
-    how.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
+    how.add_argument("--backend", choices=("auto", "cuda", "cpu"), default="auto",
+                     help="auto: CUDA when a GPU and built kernels are present, else the CPU")
     how.add_argument("--use-fused-kernel", type=str2bool, default=True, metavar="true|false",
                      help="fused LayerNorm and attention softmax (CUDA kernels on --backend cuda)")
     how.add_argument("--attention", choices=("naive", "fused"), default="fused",
@@ -193,7 +194,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    backend = make_backend(args.backend)
+    backend, backend_line = make_backend(args.backend)
+    print(backend_line, flush=True)
     minitorch.set_float32_matmul_precision(args.matmul_precision)
     minitorch.manual_seed(args.seed)
     B, T = args.batch_size, args.seq_len
