@@ -1,5 +1,6 @@
 """Training pieces of the GPT-2 program (project/train_gpt2.py): llm.c's learning-rate schedule,
-one optimization step, validation loss, the resumable training state and the loss plot.
+one optimization step, validation loss, the resumable training state (the model in llm.c's format
+beside a project/run_checkpoint.py archive) and the loss plot.
 
 Per step the host sends one batch (two [B, T] arrays) and reads back the loss (and the gradient
 norm when clipping); everything else stays on the backend.
@@ -7,7 +8,6 @@ norm when clipping); everything else stays on the backend.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -18,11 +18,12 @@ import numpy as np
 
 import minitorch
 from project.gpt2_model import GPT2
-from project.llmc_format import ShardLoader, atomic_write
+from project.llmc_format import ShardLoader
+from project.run_checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 STATE_MODEL = "model.bin"
-STATE_OPTIMIZER = "optimizer.npz"
-STATE_JSON = "state.json"
+STATE_NAME = "state.npz"
+CHECKPOINT_KIND = "gpt2"
 
 
 def learning_rate(step: int, peak: float, warmup_steps: int, total_steps: int, final_frac: float) -> float:
@@ -67,49 +68,36 @@ def validation_loss(model: GPT2, loader: ShardLoader, batches: int, loss_kind: s
 
 def save_training_state(
     directory: str | os.PathLike, model: GPT2, optimizer: minitorch.AdamW, step: int, loader: ShardLoader,
-    extra: Mapping[str, Any],
+    config: Mapping[str, Any],
 ) -> Path:  # fmt: skip
-    """Write ``directory/model.bin`` (llm.c's checkpoint format), ``optimizer.npz`` (AdamW's step
-    count and moments) and ``state.json`` (steps done, the training loader's position, ``extra``);
-    each file atomically, state.json last, so a directory with a state.json is complete."""
+    """Write ``directory/model.bin`` (llm.c's checkpoint format), then ``directory/state.npz``
+    (project/run_checkpoint.py: the run's ``config``, steps done, AdamW's step count and moments, the
+    training loader's position); each atomically, state.npz last, so a directory with one is complete."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_checkpoint(directory / STATE_MODEL)
-    state = optimizer.state_dict()
-    arrays = {"t": np.array(state["t"])}
-    arrays.update({f"m_{i}": m for i, m in state["m"].items()})
-    arrays.update({f"v_{i}": v for i, v in state["v"].items()})
-    atomic_write(directory / STATE_OPTIMIZER, lambda f: np.savez(f, **arrays))
-    record = {"step": step, "train_loader": loader.state(), **extra}
-    atomic_write(directory / STATE_JSON, lambda f: f.write(json.dumps(record, indent=1).encode("utf-8")))
+    state = {"step": step, "optimizer": optimizer.state_dict(), "train_loader": loader.state()}
+    save_checkpoint(directory / STATE_NAME, CHECKPOINT_KIND, config, state)
     return directory
 
 
 def load_training_state(directory: str | os.PathLike, optimizer: minitorch.AdamW, loader: ShardLoader) -> dict[str, Any]:
     """Restore the optimizer and the loader position that ``save_training_state`` wrote (the model
-    comes from ``directory/model.bin``); returns the state.json record."""
-    directory = Path(directory)
-    if not (directory / STATE_JSON).is_file():
-        raise FileNotFoundError(f"{directory} holds no {STATE_JSON}: not a (complete) training checkpoint")
-    record = json.loads((directory / STATE_JSON).read_text(encoding="utf-8"))
-    with np.load(directory / STATE_OPTIMIZER) as saved:
-        moments = {key: saved[key] for key in saved.files if key != "t"}
-        t = int(saved["t"])
+    comes from ``directory/model.bin``); returns the saved state (``step`` among it)."""
+    path = Path(directory) / STATE_NAME
+    state = load_checkpoint(path, CHECKPOINT_KIND).state
+    saved = state["optimizer"]
     n = len(optimizer.parameters)
-    for key, value in moments.items():
-        i = int(key[2:])
-        if i >= n or value.shape != optimizer.parameters[i].value.shape:
-            raise ValueError(
-                f"{directory / STATE_OPTIMIZER}: moment {key} of shape {value.shape} does not fit the model's "
-                f"parameter {i} of {n}"
-            )
-    optimizer.load_state_dict({
-        "t": t,
-        "m": {int(k[2:]): v for k, v in moments.items() if k.startswith("m_")},
-        "v": {int(k[2:]): v for k, v in moments.items() if k.startswith("v_")},
-    })  # fmt: skip
-    loader.load_state(record["train_loader"])
-    return record
+    for key, moments in (("m", saved["m"]), ("v", saved["v"])):
+        for i, value in moments.items():
+            if int(i) >= n or value.shape != optimizer.parameters[int(i)].value.shape:
+                raise CheckpointError(
+                    f"{path}: AdamW moment {key} {i} of shape {value.shape} does not fit parameter {i} of the "
+                    f"model's {n}"
+                )
+    optimizer.load_state_dict(saved)
+    loader.load_state(state["train_loader"])
+    return state
 
 
 def plot_losses(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, title: str) -> None:

@@ -44,6 +44,7 @@ from project.gpt2_training import (
     validation_loss,
 )
 from project.llmc_format import GPT2Config, ShardLoader
+from project.mt_checks import InputError
 from project.mt_train import make_backend, peak_memory_mb
 from project.run_machine_translation import positive_int, str2bool
 
@@ -104,10 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--eot-id", type=int, default=50256,
                      help="token that starts samples when there is no tokenizer (GPT-2's <|endoftext|>)")
     run.add_argument("--checkpoint-every", type=int, default=0,
-                     help="save <out-dir>/checkpoint_NNNNNN/ (model.bin, optimizer.npz, state.json) every N steps")
+                     help="save <out-dir>/checkpoint_NNNNNN/ (model.bin, state.npz) every N steps")
     how = p.add_argument_group("how the same model is computed")
     how.add_argument("--backend", choices=("auto", "cuda", "cpu"), default="auto",
-                     help="auto: CUDA when a GPU and built kernels are present, else the CPU")
+                     help="auto: CUDA where it can run, else the CPU")
     how.add_argument("--use-fused-kernel", type=str2bool, default=True, metavar="true|false",
                      help="fused LayerNorm and attention softmax (CUDA kernels on --backend cuda)")
     how.add_argument("--attention", choices=("naive", "fused"), default="fused",
@@ -194,8 +195,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    backend, backend_line = make_backend(args.backend)
-    print(backend_line, flush=True)
+    try:
+        backend, backend_line = make_backend(args.backend)
+    except InputError as err:
+        raise SystemExit(f"error: {err}") from None
     minitorch.set_float32_matmul_precision(args.matmul_precision)
     minitorch.manual_seed(args.seed)
     B, T = args.batch_size, args.seq_len
@@ -220,7 +223,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     val_batches = min(args.val_batches, val.batches_per_epoch) if val else 0
     n_params = sum(p.value.size for p in model.parameters())
     print(
-        f"GPT-2 {model.config} ({n_params:,} parameters) on {args.backend}: fused kernels {args.use_fused_kernel}, "
+        f"GPT-2 {model.config} ({n_params:,} parameters), {backend_line}: fused kernels {args.use_fused_kernel}, "
         f"attention {args.attention} {args.activation}, loss {args.loss}, recompute layers {args.recompute_layers}, "
         f"matmul precision {args.matmul_precision}; "
         f"{train.num_tokens:,} training tokens in {len(train.paths)} shard(s) ({train.batches_per_epoch} batches of "
@@ -259,9 +262,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
             flush=True,
         )
         if args.checkpoint_every and step % args.checkpoint_every == 0:
-            where = save_training_state(
-                out_dir / f"checkpoint_{step:06d}", model, optimizer, step, train, {"args": vars(args)}
-            )
+            where = save_training_state(out_dir / f"checkpoint_{step:06d}", model, optimizer, step, train, vars(args))
             print(f"step {step:5d} | saved {where}", flush=True)
 
     memory = peak_memory_mb(backend)

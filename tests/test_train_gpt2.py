@@ -74,6 +74,8 @@ def test_program_refuses_conflicting_or_impossible_options(shards, tmp_path, cap
         main(["--backend", "cpu", "--train-shards", str(tmp_path / "none_*.bin")])
     with pytest.raises(SystemExit):
         main(tiny_args(shards, tmp_path / "c", "--final-lr-frac", "2"))
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        main(tiny_args(shards, tmp_path / "e", "--resume-from", str(tmp_path)))
 
 
 def test_help_shows_defaults_and_schedule_is_llmc():
