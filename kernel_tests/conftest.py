@@ -29,6 +29,10 @@ SMALL_CASES: Dict[str, Dict[str, Dict[str, List[Any]]]] = {
         "test_matmul_expanded_batch_and_odd_strides": {},
         "test_embedding_gather_and_scatter_add": {}, "test_embedding_invalid_ids_give_zero_rows_and_no_gradient": {},
     },
+    "test_cuda_functions.py": {  # the same kernels under autodiff Functions
+        "test_function_forward_backward_matches_cpu": {}, "test_embedding_function_forward_backward": {},
+        "test_linear_gelu_softmax_loss_training_step_matches_cpu": {},
+    },
     "test_matmul.py": {  # matmul_kernel: every layout, direct and split-K, epilogues, accumulate
         "test_layouts": {}, "test_sizes": {"M": [1, 17, 64, 128]}, "test_strided_and_misaligned": {},
         "test_batch_broadcast": {}, "test_epilogues": {"M": [100, 37, 5]}, "test_activation_without_bias": {},

@@ -190,8 +190,9 @@ def resolve_config(argv: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], Optio
         raise CheckpointError(f"{err}; it was refused and left as it is. The previous checkpoint {prev} is "
                               f"{describe(prev)}: to continue from it, move it to {path}") from None
     config = dict(checkpoint.config)
+    parser = build_parser()
     for key in RUN_CONTROL:  # options newer than the checkpoint take their defaults
-        config.setdefault(key, build_parser().get_default(key))
+        config.setdefault(key, parser.get_default(key))
     check_config(checkpoint, {k: v for k, v in explicit.items() if k not in RUN_CONTROL}, option)
     config.update({key: value for key, value in explicit.items() if key in RUN_CONTROL})
     config["out_dir"] = args["out_dir"]
@@ -229,6 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
+    """main() without turning bad input into SystemExit."""
     config, checkpoint = resolve_config(argv)
     check_options(config)
     backend, backend_line = make_backend(config["backend"])
@@ -261,14 +263,14 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
             if job.progress["partial"] is None:
                 job.progress["partial"] = {"epoch": epoch, "trained": False, "lr": None, "loss_sum": 0.0,
                                            "n_targets": 0, "n_tokens": 0, "train_seconds": 0.0}  # fmt: skip
-            if not job.progress["partial"]["trained"] and not job.train_epoch(epoch, stop):
-                print(job.stopped(stop.requested), flush=True)
-                return {"config": config, "history": history, "out_dir": out_dir, "stopped": stop.requested}
-            try:
-                with stop.interruptible():
-                    record = job.evaluate(epoch)
-            except StopRequested:
-                job.save()
+            record = None
+            if job.progress["partial"]["trained"] or job.train_epoch(epoch, stop):
+                try:
+                    with stop.interruptible():
+                        record = job.evaluate(epoch)
+                except StopRequested:
+                    job.save()
+            if record is None:
                 print(job.stopped(stop.requested), flush=True)
                 return {"config": config, "history": history, "out_dir": out_dir, "stopped": stop.requested}
             sample = record.pop("sample")

@@ -30,9 +30,9 @@ fi
 
 # library | test files (kernel_tests/) | pytest -k expression ("" for all)
 LIBRARY_TESTS=(
-  "combine|test_cuda_ops.py|not uniform and not embedding and not matmul"
+  "combine|test_cuda_ops.py test_cuda_functions.py|not uniform and not embedding and not matmul"
   "random_kernel|test_cuda_ops.py|uniform"
-  "embedding_kernel|test_cuda_ops.py|embedding"
+  "embedding_kernel|test_cuda_ops.py test_cuda_functions.py|embedding"
   "matmul_kernel|test_matmul.py test_cuda_ops.py|matmul"
   "softmax_kernel|test_softmax_fw.py test_softmax_bw.py|"
   "layernorm_kernel|test_layernorm_fw.py test_layernorm_bw.py|"
