@@ -290,6 +290,8 @@ class DecoderLM(Module):
             raise IndexingError(f"DecoderLM expects token ids of shape [B, T], got {idx.shape}")
         B, T = idx.shape
         if cache is None:
+            if positions is not None:
+                raise ValueError("DecoderLM.hidden_states: positions are for decoding with a cache; pass cache= too")
             if T > self.n_positions:
                 raise ValueError(f"sequence length {T} exceeds the model's n_positions {self.n_positions}")
             position_ids = idx._arange(T)

@@ -25,7 +25,7 @@ import minitorch
 from minitorch import DecoderLM, Tensor, TensorBackend, nn
 from minitorch.fused.masks import NEG_BIG
 from project.mt_data import EOS_EN_ID
-from project.mt_decode import CachedDecoder
+from project.mt_decode import CachedDecoder, decode_in_batches
 
 DEAD = -1e20  # score of an unused beam row: far below any real log-probability, far above NEG_BIG
 
@@ -91,19 +91,10 @@ def beam_search(
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if length_penalty < 0:
         raise ValueError(f"length_penalty must be >= 0, got {length_penalty}")
-    was_training = model.training
-    model.eval()
-    generated: List[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
-    order = np.argsort([len(p) for p in prompts], kind="stable")
-    with minitorch.no_grad():
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            best = _search_batch(model, [prompts[i] for i in chunk], max_len, backend, beam_size, length_penalty)
-            for index, tokens in zip(chunk, best):
-                generated[index] = tokens
-    if was_training:
-        model.train()
-    return generated
+    return decode_in_batches(
+        model, prompts, batch_size,
+        lambda batch: _search_batch(model, batch, max_len, backend, beam_size, length_penalty),
+    )  # fmt: skip
 
 
 def _search_batch(

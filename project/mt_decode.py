@@ -13,7 +13,7 @@ row ends at <eos_en> or when its sequence fills max_len.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 import sacrebleu
@@ -93,73 +93,83 @@ class CachedDecoder:
         self.prompt_lengths = self.prompt_lengths[sources]
 
 
+def decode_in_batches(
+    model: DecoderLM,
+    prompts: Sequence[np.ndarray],
+    batch_size: int,
+    decode_batch: Callable[[List[np.ndarray]], List[np.ndarray]],
+) -> List[np.ndarray]:
+    """decode_batch over batches of up to batch_size prompts sorted by length, in eval mode without
+    gradients (the model's mode is restored); its outputs in the order of prompts."""
+    was_training = model.training
+    model.eval()
+    generated: List[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
+    order = np.argsort([len(p) for p in prompts], kind="stable")
+    try:
+        with minitorch.no_grad():
+            for start in range(0, len(order), batch_size):
+                chunk = order[start : start + batch_size]
+                for index, tokens in zip(chunk, decode_batch([prompts[i] for i in chunk])):
+                    generated[index] = tokens
+    finally:
+        if was_training:
+            model.train()
+    return generated
+
+
 def greedy_decode(
     model: DecoderLM, prompts: Sequence[np.ndarray], max_len: int, batch_size: int, backend: TensorBackend
 ) -> List[np.ndarray]:
     """The tokens generated after each prompt (up to and including <eos_en>, or until the whole
     sequence reaches max_len), in the order of prompts; KV-cached."""
-    was_training = model.training
-    model.eval()
-    generated: List[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
-    order = np.argsort([len(p) for p in prompts], kind="stable")
     vocab_ids = vocab_range(model, backend)
-    with minitorch.no_grad():
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            decoder = CachedDecoder(model, [prompts[i] for i in chunk], max_len, backend)
-            tokens = np.zeros((len(chunk), decoder.max_new), dtype=np.int64)
-            n_new = np.zeros(len(chunk), dtype=np.int64)
-            active = np.ones(len(chunk), dtype=bool)
-            logits = decoder.start()
-            for step in range(decoder.max_new):
-                ids = argmax_ids(logits, vocab_ids)
-                picked = ids.to_numpy().reshape(-1).astype(np.int64)
-                tokens[active, step] = picked[active]
-                n_new[active] += 1
-                active &= (picked != EOS_EN_ID) & (decoder.prompt_lengths + n_new < max_len)
-                if not active.any():
-                    break
-                logits = decoder.step(ids)
-            for row, index in enumerate(chunk):
-                generated[index] = tokens[row, : n_new[row]].copy()
-    if was_training:
-        model.train()
-    return generated
+
+    def decode_batch(batch: List[np.ndarray]) -> List[np.ndarray]:
+        decoder = CachedDecoder(model, batch, max_len, backend)
+        tokens = np.zeros((len(batch), decoder.max_new), dtype=np.int64)
+        n_new = np.zeros(len(batch), dtype=np.int64)
+        active = np.ones(len(batch), dtype=bool)
+        logits = decoder.start()
+        for step in range(decoder.max_new):
+            ids = argmax_ids(logits, vocab_ids)
+            picked = ids.to_numpy().reshape(-1).astype(np.int64)
+            tokens[active, step] = picked[active]
+            n_new[active] += 1
+            active &= (picked != EOS_EN_ID) & (decoder.prompt_lengths + n_new < max_len)
+            if not active.any():
+                break
+            logits = decoder.step(ids)
+        return [tokens[row, : n_new[row]].copy() for row in range(len(batch))]
+
+    return decode_in_batches(model, prompts, batch_size, decode_batch)
 
 
 def greedy_decode_recompute(
     model: DecoderLM, prompts: Sequence[np.ndarray], max_len: int, batch_size: int, backend: TensorBackend
 ) -> List[np.ndarray]:
     """greedy_decode without a cache: every step re-runs the model on the whole prefix."""
-    was_training = model.training
-    model.eval()
-    generated: List[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
-    order = np.argsort([len(p) for p in prompts], kind="stable")
     vocab_ids = vocab_range(model, backend)
-    with minitorch.no_grad():
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            prompt_ids, lengths = pad_prompts([prompts[i] for i in chunk])
-            prompt_lengths = lengths.copy()
-            ids = np.full((len(chunk), max_len), PAD_ID, dtype=np.int64)
-            ids[:, : prompt_ids.shape[1]] = prompt_ids
-            active = np.flatnonzero(lengths < max_len)
-            while active.size:
-                A, W = active.size, int(lengths[active].max())
-                hidden = model.hidden_states(minitorch.tensor_from_numpy(ids[active, :W], backend=backend))
-                last = np.zeros((A, W, 1), dtype=np.float32)
-                last[np.arange(A), lengths[active] - 1] = 1.0
-                picked = (hidden * minitorch.tensor_from_numpy(last, backend=backend)).sum(1)
-                logits = model.lm_head(picked.view(A, model.n_embd))
-                next_ids = argmax_ids(logits, vocab_ids).to_numpy().reshape(A).astype(np.int64)
-                ids[active, lengths[active]] = next_ids
-                lengths[active] += 1
-                active = active[(next_ids != EOS_EN_ID) & (lengths[active] < max_len)]
-            for row, index in enumerate(chunk):
-                generated[index] = ids[row, prompt_lengths[row] : lengths[row]].copy()
-    if was_training:
-        model.train()
-    return generated
+
+    def decode_batch(batch: List[np.ndarray]) -> List[np.ndarray]:
+        prompt_ids, lengths = pad_prompts(batch)
+        prompt_lengths = lengths.copy()
+        ids = np.full((len(batch), max_len), PAD_ID, dtype=np.int64)
+        ids[:, : prompt_ids.shape[1]] = prompt_ids
+        active = np.flatnonzero(lengths < max_len)
+        while active.size:
+            A, W = active.size, int(lengths[active].max())
+            hidden = model.hidden_states(minitorch.tensor_from_numpy(ids[active, :W], backend=backend))
+            last = np.zeros((A, W, 1), dtype=np.float32)
+            last[np.arange(A), lengths[active] - 1] = 1.0
+            picked = (hidden * minitorch.tensor_from_numpy(last, backend=backend)).sum(1)
+            logits = model.lm_head(picked.view(A, model.n_embd))
+            next_ids = argmax_ids(logits, vocab_ids).to_numpy().reshape(A).astype(np.int64)
+            ids[active, lengths[active]] = next_ids
+            lengths[active] += 1
+            active = active[(next_ids != EOS_EN_ID) & (lengths[active] < max_len)]
+        return [ids[row, prompt_lengths[row] : lengths[row]].copy() for row in range(len(batch))]
+
+    return decode_in_batches(model, prompts, batch_size, decode_batch)
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
