@@ -5,6 +5,7 @@ Vocab sizes {7, 1000, 10000, 50257} (odd ones take the kernel's scalar path, mul
 path; 50257 is split into vocab slabs with a remainder for dhidden), hidden {64, 768}, ~30% of the
 tokens ignored (weight 0, target -100), chunk sizes that divide the token count, do not, exceed it,
 and the default.  The loss is multiplied by 1.7 before backward, so the saved gradients are scaled.
+Label smoothing against torch's cross_entropy(label_smoothing=...), through the API and the launcher.
 """
 
 from typing import Optional
@@ -45,13 +46,15 @@ def problem(N: int, C: int, V: int, seed: int, with_bias: bool, device: str = "c
     return hidden, weight, bias, targets, weights
 
 
-def reference(hidden, weight, bias, targets, weights):
+def reference(hidden, weight, bias, targets, weights, label_smoothing: float = 0.0):
     """float64 loss and gradients of GRAD_SCALE * loss, on the GPU (torch float64)."""
     h = hidden.double().requires_grad_(True)
     w = weight.double().requires_grad_(True)
     b = bias.double().requires_grad_(True) if bias is not None else None
     logits = h @ w + (b if b is not None else 0.0)
-    ce = torch.nn.functional.cross_entropy(logits, torch.where(weights != 0, targets, 0.0).long(), reduction="none")
+    ce = torch.nn.functional.cross_entropy(
+        logits, torch.where(weights != 0, targets, 0.0).long(), reduction="none", label_smoothing=label_smoothing
+    )
     tw = weights.double()
     loss = (ce * tw).sum() / tw.sum()
     (loss * GRAD_SCALE).backward()
@@ -59,12 +62,13 @@ def reference(hidden, weight, bias, targets, weights):
     return loss.item(), [g.cpu().numpy() for g in grads]
 
 
-def run_minitorch(hidden, weight, bias, targets, weights, chunk_size: Optional[int]):
+def run_minitorch(hidden, weight, bias, targets, weights, chunk_size: Optional[int], label_smoothing: float = 0.0):
     h = minitorch.from_torch(hidden.clone()).requires_grad_(True)
     w = minitorch.from_torch(weight.clone()).requires_grad_(True)
     b = minitorch.from_torch(bias.clone()).requires_grad_(True) if bias is not None else None
     loss = fused_linear_cross_entropy(
-        h, w, minitorch.from_torch(targets), minitorch.from_torch(weights), chunk_size=chunk_size, bias=b
+        h, w, minitorch.from_torch(targets), minitorch.from_torch(weights), chunk_size=chunk_size, bias=b,
+        label_smoothing=label_smoothing,
     )
     (loss * GRAD_SCALE).backward()
     return loss, [h.grad.to_numpy(), w.grad.to_numpy()] + ([b.grad.to_numpy()] if b is not None else [])
@@ -86,6 +90,19 @@ def test_fused_loss_matches_torch_float64(vocab: int, hidden_size: int, chunk_si
         assert err < GRAD_TOL, f"{label}: {name} relative error {err:.3g}"
     ignored = (inputs[4] == 0).cpu().numpy()
     assert np.all(grads[0][ignored] == 0.0), f"{label}: an ignored token got a gradient"
+
+
+@pytest.mark.parametrize("label_smoothing", [0.1, 1.0])
+@pytest.mark.parametrize("vocab", [7, 1003, 10000])
+def test_label_smoothing_matches_torch_float64(vocab: int, label_smoothing: float) -> None:
+    inputs = problem(N_TOKENS, 64, vocab, seed=vocab + 11, with_bias=vocab != 10000)
+    loss, grads = run_minitorch(*inputs, 97, label_smoothing)
+    ref_loss, ref_grads = reference(*inputs, label_smoothing)
+    label = f"V={vocab} label_smoothing={label_smoothing}"
+    assert abs(loss.item() - ref_loss) / abs(ref_loss) < LOSS_TOL, f"{label}: loss {loss.item()} vs {ref_loss}"
+    for name, g, r in zip(("dhidden", "dweight", "dbias"), grads, ref_grads):
+        err = rel_err(g, r)
+        assert err < GRAD_TOL, f"{label}: {name} relative error {err:.3g}"
 
 
 @pytest.mark.parametrize("vocab", [1000, 50257])
@@ -155,9 +172,10 @@ def test_memory_stays_within_one_chunk_of_logits() -> None:
 @pytest.mark.parametrize("vocab", [7, 64, 1000, 1003, 50257])
 @pytest.mark.parametrize("misaligned", [False, True])
 @pytest.mark.parametrize("write_grad", [True, False])
-def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool) -> None:
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
+def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool, label_smoothing: float) -> None:
     """losses and dlogits (written over the logits) of the raw launcher, incl. a row offset by one
-    float (scalar path), a NaN-poisoned loss buffer, an ignored row and a bias."""
+    float (scalar path), a NaN-poisoned loss buffer, an ignored row, a bias and label smoothing."""
     rows = 37
     gen = torch.Generator(device="cuda").manual_seed(vocab)
     off = 1 if misaligned else 0
@@ -174,15 +192,16 @@ def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool) -> 
     losses = torch.full((rows,), float("nan"), device="cuda")
     x = (logits.double() + bias.double())
     counted_targets = torch.where(weights != 0, targets, 0.0).long()
-    ref_losses = torch.nn.functional.cross_entropy(x, counted_targets, reduction="none")
+    ref_losses = torch.nn.functional.cross_entropy(x, counted_targets, reduction="none", label_smoothing=label_smoothing)
     ref_losses = ref_losses * weights.double() / total.double()
-    ref_grad = torch.softmax(x, 1) - torch.nn.functional.one_hot(counted_targets, vocab)
+    smoothed = torch.nn.functional.one_hot(counted_targets, vocab) * (1.0 - label_smoothing) + label_smoothing / vocab
+    ref_grad = torch.softmax(x, 1) - smoothed
     ref_grad = ref_grad * (weights.double() / total.double())[:, None]
     before = logits.clone()
     stream = torch.cuda.current_stream().cuda_stream
     code = kernel_library("classifier_kernel").launch_fused_classifier(
         logits.data_ptr(), losses.data_ptr(), bias.data_ptr(), targets.data_ptr(), weights.data_ptr(), total.data_ptr(),
-        rows, vocab, int(write_grad), stream,
+        rows, vocab, label_smoothing, int(write_grad), stream,
     )
     assert code == 0
     torch.cuda.synchronize()
@@ -201,10 +220,12 @@ def test_classifier_launcher_rejects_bad_sizes() -> None:
     buf = torch.zeros(16, device="cuda")
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
-    assert lib.launch_fused_classifier(p, p, None, p, p, p, 2, 0, 1, stream) != 0
-    assert lib.launch_fused_classifier(p, p, None, p, p, p, -1, 4, 1, stream) != 0
-    assert lib.launch_fused_classifier(None, p, None, p, p, p, 2, 4, 1, stream) != 0
-    assert lib.launch_fused_classifier(p, p, None, p, p, p, 0, 4, 1, stream) == 0
+    assert lib.launch_fused_classifier(p, p, None, p, p, p, 2, 0, 0.0, 1, stream) != 0
+    assert lib.launch_fused_classifier(p, p, None, p, p, p, -1, 4, 0.0, 1, stream) != 0
+    assert lib.launch_fused_classifier(None, p, None, p, p, p, 2, 4, 0.0, 1, stream) != 0
+    assert lib.launch_fused_classifier(p, p, None, p, p, p, 2, 4, 1.5, 1, stream) != 0
+    assert lib.launch_fused_classifier(p, p, None, p, p, p, 2, 4, float("nan"), 1, stream) != 0
+    assert lib.launch_fused_classifier(p, p, None, p, p, p, 0, 4, 0.0, 1, stream) == 0
     assert lib.fused_loss_vocab_splits(1024, 768, 50257) >= 1
     assert lib.fused_loss_vocab_splits(1024, 768, 50257) <= 50257 // 1024
     assert lib.fused_loss_vocab_splits(0, 768, 50257) == 1

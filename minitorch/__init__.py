@@ -10,6 +10,7 @@ from .checkpoint import checkpoint
 from .cuda_kernel_ops import CudaKernelOps, cuda_memory_stats
 from .fast_ops import FastOps
 from .fused import adamw_step, fused_attention, fused_linear_cross_entropy
+from .kv_cache import KVCache
 from .module import Module, ModuleList, Parameter
 from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
 from .modules_transformer import DecoderLM, FeedForward, MultiHeadAttention, TransformerLayer
@@ -40,6 +41,7 @@ __all__ = [
     "fused_linear_cross_entropy",
     "adamw_step",
     "fused_attention",
+    "KVCache",
     "Module",
     "ModuleList",
     "Parameter",

@@ -12,15 +12,19 @@ fused attention paths (which never materialize the probabilities) the same model
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
+
+import numpy as np
 
 from . import nn
 from .checkpoint import checkpoint
 from .fused.attention import check_activation, fused_attention
-from .fused.masks import NEG_BIG
+from .fused.masks import NEG_BIG, masked_scores
+from .kv_cache import KVCache, LayerCache
 from .module import Module, ModuleList
 from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
 from .tensor import Tensor
+from .tensor_create import tensor_from_numpy
 from .tensor_data import IndexingError
 
 ATTENTIONS = ("naive", "fused")  # MultiHeadAttention(attention=...): scores materialized or not
@@ -42,6 +46,12 @@ class MultiHeadAttention(Module):
     (on CUDA: no [B, H, T, T] tensor in forward or backward); "naive" builds the scores as above.
     activation="relu" replaces the softmax by relu(q k^T / sqrt(D) + masks) (masked keys give 0),
     with either attention path.
+
+    cache (a LayerCache of a KVCache, for decoding): x holds the next T positions of each row; their
+    keys and values are appended to the cache and the queries attend to every filled slot (the
+    cache's key mask replaces padding_mask; causal within the new positions).  The scores are then
+    [B, H, T, L] for L filled slots, computed as on the naive path; a fused path (use_fused_kernel
+    or attention="fused") takes their softmax with Tensor.attn_softmax.
     """
 
     def __init__(
@@ -93,13 +103,17 @@ class MultiHeadAttention(Module):
             self._causal_masks[T] = mask
         return mask
 
-    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, cache: Optional[LayerCache] = None) -> Tensor:
         if x.dims != 3 or x.shape[2] != self.n_embd:
             raise IndexingError(f"MultiHeadAttention(n_embd={self.n_embd}) expects [B, T, {self.n_embd}], got {x.shape}")
         B, T, C = x.shape
         if padding_mask is not None and padding_mask.shape != (B, T):
             raise IndexingError(f"padding_mask must have shape [B, T] = {(B, T)}, got {padding_mask.shape}")
         H, D = self.n_head, self.head_dim
+        if cache is not None:
+            if padding_mask is not None:
+                raise ValueError("MultiHeadAttention: with a cache, padding comes from the cache's key mask")
+            return self._forward_cached(x, cache)
         if self.attention_path == "fused":
             q, k, v = (
                 proj(x).view(B, T, H, D).permute(0, 2, 1, 3)
@@ -125,6 +139,24 @@ class MultiHeadAttention(Module):
             probs = nn.softmax(scores, 3) if self.activation == "softmax" else scores.relu()
         attended = (probs @ v).permute(0, 2, 1, 3).contiguous().view(B, T, C)
         return self.dropout(self.out_projection(attended))
+
+    def _forward_cached(self, x: Tensor, cache: LayerCache) -> Tensor:
+        B, T, C = x.shape
+        H, D = self.n_head, self.head_dim
+        q = (self.q_projection(x) * (1.0 / math.sqrt(D))).view(B, T, H, D).permute(0, 2, 1, 3)
+        keys, values = cache.append(self.k_projection(x), self.v_projection(x), H)
+        L = keys.shape[1]
+        scores = q @ keys.permute(0, 2, 3, 1)
+        mask = cache.cache.key_mask(L)
+        if self.activation == "softmax" and (self.use_fused_kernel or self.attention_path == "fused"):
+            probs = scores.attn_softmax(mask, causal=True)
+        else:
+            scores, _ = masked_scores(scores, mask, causal=True)
+            probs = nn.softmax(scores, 3) if self.activation == "softmax" else scores.relu()
+        attended = probs @ values.permute(0, 2, 1, 3)
+        if T > 1:
+            attended = attended.permute(0, 2, 1, 3).contiguous()
+        return self.dropout(self.out_projection(attended.view(B, T, C)))
 
 
 class FeedForward(Module):
@@ -182,8 +214,8 @@ class TransformerLayer(Module):
             n_embd, 4 * n_embd if middle_dim is None else middle_dim, p_dropout=p_dropout, bias=bias, backend=backend
         )
 
-    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
-        x = x + self.attention(self.ln_1(x), padding_mask)
+    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, cache: Optional[LayerCache] = None) -> Tensor:
+        x = x + self.attention(self.ln_1(x), padding_mask, cache)
         return x + self.ff(self.ln_2(x))
 
 
@@ -200,6 +232,10 @@ class DecoderLM(Module):
     recomputes a layer's activations (same dropout masks) instead of keeping them from forward,
     so training holds one layer's activations plus each layer's input; gradients are unchanged.
     attention ("naive" | "fused") and activation ("softmax" | "relu") go to every MultiHeadAttention.
+
+    Incremental decoding: new_cache(...) makes a KVCache; hidden_states(ids, cache=cache) then runs
+    only the new positions ids [B, T] (the prompt first, then one token per step), appending their
+    keys and values, so each step costs one position instead of the whole prefix.
     """
 
     def __init__(
@@ -238,17 +274,47 @@ class DecoderLM(Module):
         self.ln = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=use_fused_kernel)
         self.lm_head = Linear(n_embd, n_vocab, bias=bias, backend=backend)
 
-    def hidden_states(self, idx: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
-        """[B, T] ids -> the final LayerNorm's output [B, T, n_embd]."""
+    def new_cache(self, like: Tensor, rows: int, capacity: int, pads: Optional[Sequence[int]] = None) -> KVCache:
+        """An empty KVCache for `rows` sequences of up to `capacity` slots on like's backend;
+        pads[r]: left-padding slots of row r (see KVCache)."""
+        return KVCache(like, len(self.layers), rows, capacity, self.n_embd, pads)
+
+    def hidden_states(
+        self, idx: Tensor, padding_mask: Optional[Tensor] = None, cache: Optional[KVCache] = None,
+        positions: Optional[np.ndarray] = None,
+    ) -> Tensor:  # fmt: skip
+        """[B, T] ids -> the final LayerNorm's output [B, T, n_embd].  With a cache, idx holds the
+        next T slots after the cache's filled ones, at position ids `positions` [B, T] (default
+        cache.positions(T)), each below n_positions."""
         if idx.dims != 2:
             raise IndexingError(f"DecoderLM expects token ids of shape [B, T], got {idx.shape}")
-        T = idx.shape[1]
-        if T > self.n_positions:
-            raise ValueError(f"sequence length {T} exceeds the model's n_positions {self.n_positions}")
-        positions = self.position_embeddings(idx._arange(T))
-        x = self.dropout(self.token_embeddings(idx) + positions)
-        for layer in self.layers:
-            x = checkpoint(layer, x, padding_mask) if self.recompute_layers else layer(x, padding_mask)
+        B, T = idx.shape
+        if cache is None:
+            if positions is not None:
+                raise ValueError("DecoderLM.hidden_states: positions are for decoding with a cache; pass cache= too")
+            if T > self.n_positions:
+                raise ValueError(f"sequence length {T} exceeds the model's n_positions {self.n_positions}")
+            position_ids = idx._arange(T)
+        else:
+            if B != cache.rows:
+                raise IndexingError(f"DecoderLM: ids {idx.shape} for a KVCache of {cache.rows} rows")
+            ids = cache.positions(T) if positions is None else np.asarray(positions)
+            if ids.shape != (B, T) or ids.min() < 0 or ids.max() >= self.n_positions:
+                raise ValueError(
+                    f"DecoderLM: positions must be [B, T] = {(B, T)} ids in [0, {self.n_positions}), got shape "
+                    f"{ids.shape} with range [{ids.min()}, {ids.max()}]"
+                )
+            position_ids = tensor_from_numpy(ids, backend=idx.backend)
+        x = self.dropout(self.token_embeddings(idx) + self.position_embeddings(position_ids))
+        for i, layer in enumerate(self.layers):
+            if cache is not None:
+                x = layer(x, padding_mask, cache.layers[i])
+            elif self.recompute_layers:
+                x = checkpoint(layer, x, padding_mask)
+            else:
+                x = layer(x, padding_mask)
+        if cache is not None:
+            cache.advance(T)
         return self.ln(x)
 
     def forward(self, idx: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:

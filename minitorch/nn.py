@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .fused.linear_cross_entropy import check_label_smoothing
 from .tensor import Tensor
 from .tensor_create import rand
 from .tensor_data import IndexingError
@@ -66,25 +67,33 @@ def one_hot(ids: Tensor, num_classes: int) -> Tensor:
     return flat == ids._arange(num_classes).view(*([1] * ids.dims), num_classes)
 
 
-def softmax_loss(logits: Tensor, target: Tensor) -> Tensor:
+def softmax_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> Tensor:
     """Cross-entropy of each row: logsumexp(logits) - logits[target]; shape target.shape.
 
-    logits [..., V]; target [...] holding integral class ids.
+    logits [..., V]; target [...] holding integral class ids.  label_smoothing = e trains against
+    (1 - e) * onehot(target) + e / V instead of the one-hot (torch's definition):
+    logsumexp(logits) - (1 - e) * logits[target] - e * mean(logits).
     """
     if logits.shape[:-1] != target.shape:
         raise IndexingError(f"softmax_loss: logits {logits.shape} need targets of shape {logits.shape[:-1]}, got {target.shape}")
+    smoothing = check_label_smoothing("softmax_loss", label_smoothing)
     V = logits.shape[-1]
-    picked = (logits * one_hot(target, V)).sum(logits.dims - 1)
-    loss = logsumexp(logits, logits.dims - 1) - picked
+    last = logits.dims - 1
+    picked = (logits * one_hot(target, V)).sum(last)
+    if smoothing:
+        picked = picked * (1.0 - smoothing) + logits.mean(last) * smoothing
+    loss = logsumexp(logits, last) - picked
     return loss.view(*target.shape)
 
 
-def cross_entropy(logits: Tensor, target: Tensor, weights: Optional[Tensor] = None) -> Tensor:
+def cross_entropy(
+    logits: Tensor, target: Tensor, weights: Optional[Tensor] = None, label_smoothing: float = 0.0
+) -> Tensor:
     """Mean cross-entropy, or with per-token weights sum(loss * w) / sum(w) (shape (1,)).
 
-    Weights of 0 leave a token out (padding, source tokens).
+    Weights of 0 leave a token out (padding, source tokens); label_smoothing: see softmax_loss.
     """
-    loss = softmax_loss(logits, target)
+    loss = softmax_loss(logits, target, label_smoothing)
     if weights is None:
         return loss.mean()
     if weights.shape != target.shape:

@@ -27,7 +27,9 @@ def check_options(config: Dict[str, Any]) -> None:
         problems.append(f"--dropout {config['dropout']} is outside [0, 1)")
     if not config["lr"] > 0.0:
         problems.append(f"--lr {config['lr']} must be positive")
-    for key in ("warmup_steps", "grad_clip", "save_every_steps", "save_every_minutes"):
+    if not 0.0 <= config["label_smoothing"] <= 1.0:
+        problems.append(f"--label-smoothing {config['label_smoothing']} is outside [0, 1]")
+    for key in ("warmup_steps", "grad_clip", "save_every_steps", "save_every_minutes", "length_penalty"):
         if config[key] < 0:
             problems.append(f"{option(key)} {config[key]} must be >= 0")
     if config["vocab_size"] < MIN_VOCAB_SIZE:

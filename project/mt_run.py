@@ -19,7 +19,8 @@ from tqdm import tqdm
 import minitorch
 from project import mt_data
 from project.mt_checks import check_corpus, check_encoded
-from project.mt_decode import corpus_bleu, greedy_decode, write_translations
+from project.mt_decode import corpus_bleu, write_translations
+from project.mt_evaluate import decode
 from project.mt_steps import StepTimer, TrainStep
 from project.mt_train import build_model, count_tokens, learning_rate, peak_memory_mb, run_state, validation_loss
 from project.run_checkpoint import save_checkpoint
@@ -62,7 +63,8 @@ class TranslationRun:
         self.progress: Dict[str, Any] = {"epoch": 0, "step": 0, "partial": None}
         self.schedule = SaveSchedule(config["save_every_steps"], config["save_every_minutes"])
         self.step = TrainStep(self.model, self.optimizer, backend, config["loss"],
-                              use_graphs=config["cuda_graphs"] and backend.cuda, graph_batch_size=config["batch_size"])
+                              use_graphs=config["cuda_graphs"] and backend.cuda, graph_batch_size=config["batch_size"],
+                              label_smoothing=config["label_smoothing"])
         self.timer = StepTimer(backend)
 
     def save(self) -> None:
@@ -108,7 +110,8 @@ class TranslationRun:
         return True
 
     def evaluate(self, epoch: int) -> Dict[str, Any]:
-        """Validation loss, greedy translations of the test sentences and BLEU: the epoch's record."""
+        """Validation loss, translations of the test sentences (greedy, or beam search with
+        config["beam_size"] > 1) and BLEU: the epoch's record."""
         config, data, partial = self.config, self.data, self.progress["partial"]
         start = time.perf_counter()
         valid_loss = validation_loss(self.model, data["valid"].sequences, config["eval_batch_size"], self.backend)
@@ -127,14 +130,16 @@ class TranslationRun:
         }  # fmt: skip
 
     def decode(self, prompts: List[np.ndarray]) -> List[np.ndarray]:
-        """greedy_decode batch by batch (length-sorted as it sorts them) under a progress bar."""
+        """mt_evaluate.decode batch by batch (length-sorted as it sorts them) under a progress bar."""
         size = self.config["eval_batch_size"]
         order = np.argsort([len(p) for p in prompts], kind="stable")
         generated: List[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
-        with tqdm(total=len(prompts), desc="greedy decoding", unit="sentence", leave=False) as bar:
+        beam = self.config["beam_size"]
+        with tqdm(total=len(prompts), desc="greedy decoding" if beam == 1 else f"beam-{beam} decoding",
+                  unit="sentence", leave=False) as bar:  # fmt: skip
             for start in range(0, len(order), size):
                 chunk = order[start : start + size]
-                outputs = greedy_decode(self.model, [prompts[i] for i in chunk], self.config["max_len"], size, self.backend)
+                outputs = decode(self.model, [prompts[i] for i in chunk], self.config, self.backend, beam)
                 for i, tokens in zip(chunk, outputs):
                     generated[i] = tokens
                 bar.update(len(chunk))

@@ -63,15 +63,17 @@ class TrainStep:
     """One training update per call; see the module docstring.
 
     use_graphs: capture and replay CUDA graphs (CUDA only); graph_batch_size: only batches of this
-    many rows are captured (the short last batch of an epoch runs eagerly)."""
+    many rows are captured (the short last batch of an epoch runs eagerly); loss_kind and
+    label_smoothing: see mt_train.batch_loss."""
 
     def __init__(
         self, model: DecoderLM, optimizer: minitorch.AdamW, backend: TensorBackend, loss_kind: str,
-        use_graphs: bool, graph_batch_size: Optional[int] = None,
+        use_graphs: bool, graph_batch_size: Optional[int] = None, label_smoothing: float = 0.0,
     ):  # fmt: skip
         if use_graphs and not backend.cuda:
             raise ValueError("CUDA graphs need the CUDA backend (--backend cuda)")
         self.model, self.optimizer, self.backend, self.loss_kind = model, optimizer, backend, loss_kind
+        self.label_smoothing = label_smoothing
         self.use_graphs = use_graphs
         self.graph_batch_size = graph_batch_size
         self.loss_sum = minitorch.zeros((1,), backend=backend)
@@ -120,7 +122,9 @@ class TrainStep:
             self._body(inputs)
 
     def _body(self, inputs: _Inputs) -> None:
-        loss = batch_loss_from_tensors(self.model, inputs.tokens, inputs.targets, inputs.weights, self.loss_kind)
+        loss = batch_loss_from_tensors(
+            self.model, inputs.tokens, inputs.targets, inputs.weights, self.loss_kind, self.label_smoothing
+        )
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.update()

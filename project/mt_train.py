@@ -86,12 +86,18 @@ def batch_tensors(batch: Batch, backend: TensorBackend) -> Tuple[Tensor, Tensor,
     return tokens, targets, weights
 
 
-def batch_loss(model: DecoderLM, batch: Batch, backend: TensorBackend, loss: str = "naive") -> Tensor:
-    """Token-weighted mean cross-entropy of the batch's targets (English side and <eos_en>)."""
-    return batch_loss_from_tensors(model, *batch_tensors(batch, backend), loss)
+def batch_loss(
+    model: DecoderLM, batch: Batch, backend: TensorBackend, loss: str = "naive", label_smoothing: float = 0.0
+) -> Tensor:
+    """Token-weighted mean cross-entropy of the batch's targets (English side and <eos_en>), against
+    targets smoothed by label_smoothing (see nn.softmax_loss)."""
+    return batch_loss_from_tensors(model, *batch_tensors(batch, backend), loss, label_smoothing)
 
 
-def batch_loss_from_tensors(model: DecoderLM, tokens: Tensor, targets: Tensor, weights: Tensor, loss: str = "naive") -> Tensor:
+def batch_loss_from_tensors(
+    model: DecoderLM, tokens: Tensor, targets: Tensor, weights: Tensor, loss: str = "naive",
+    label_smoothing: float = 0.0,
+) -> Tensor:  # fmt: skip
     """batch_loss of tokens [B, T], targets [B*T] and weights [B*T] already on the backend.
 
     loss "naive": the LM head's [B*T, V] logits, then nn.cross_entropy; "fused":
@@ -102,13 +108,13 @@ def batch_loss_from_tensors(model: DecoderLM, tokens: Tensor, targets: Tensor, w
         head = model.lm_head
         bias = None if head.bias is None else head.bias.value
         return minitorch.fused_linear_cross_entropy(
-            hidden.view(B * T, C), head.weights.value, targets, weights, bias=bias
+            hidden.view(B * T, C), head.weights.value, targets, weights, bias=bias, label_smoothing=label_smoothing
         )
     if loss != "naive":
         raise ValueError(f"unknown loss {loss!r}: expected 'naive' or 'fused'")
     logits = model(tokens)
     B, T, V = logits.shape
-    return nn.cross_entropy(logits.view(B * T, V), targets, weights)
+    return nn.cross_entropy(logits.view(B * T, V), targets, weights, label_smoothing=label_smoothing)
 
 
 def count_tokens(batch: Batch) -> int:

@@ -1,9 +1,11 @@
 """Train minitorch's DecoderLM to translate German to English on Multi30k, and evaluate it.
 
 Each pair is one sequence ``de <eos_de> en <eos_en>``; the loss covers the English side only.
-Per epoch: training with a progress bar (loss, tokens/s), validation loss, batched greedy
-decoding of the test set, BLEU (sacrebleu, cased, detokenized), one JSON line appended to
-``<out-dir>/metrics.jsonl`` and ``<out-dir>/translations_epoch{N}.txt``.
+Per epoch: training with a progress bar (loss, tokens/s), validation loss, batched decoding of
+the test set (greedy, or beam search with --beam-size), BLEU (sacrebleu, cased, detokenized), one
+JSON line appended to ``<out-dir>/metrics.jsonl`` and ``<out-dir>/translations_epoch{N}.txt``. At
+the end, a final evaluation (of the mean parameters of the last --average-last epochs) reports
+greedy and beam-search BLEU in ``<out-dir>/final.json``.
 
 ``<out-dir>/checkpoint.npz`` (project/run_checkpoint.py: .npz + JSON, never a pickle; the one before
 is kept as checkpoint.prev.npz) is written at each epoch's end, every --save-every-steps steps and
@@ -31,7 +33,9 @@ import numpy as np
 
 import minitorch
 from project import mt_data
+from project.mt_average import save_snapshot
 from project.mt_checks import InputError, check_options, option
+from project.mt_evaluate import FINAL_NAME, final_evaluation
 from project.mt_run import CHECKPOINT_KIND, CHECKPOINT_NAME, TranslationRun, prepare_data
 from project.mt_train import make_backend, restore_run_state
 from project.run_checkpoint import Checkpoint, CheckpointError, check_config, describe, load_checkpoint, previous_path
@@ -40,12 +44,16 @@ from project.run_control import GracefulStop, StopRequested
 METRICS_NAME = "metrics.jsonl"
 # Options a resumed run may change; all others are taken from the checkpoint (and must match it
 # when given on the command line), since they define the model, the data or the optimization.
-# --loss, --recompute-layers and --attention change how the same function is computed (memory, speed), not the model.
+# --loss, --recompute-layers and --attention change how the same function is computed (memory, speed), not the model;
+# the decoding and averaging options change only the evaluation.
 RUN_CONTROL = {
     "epochs", "backend", "use_fused_kernel", "data_dir", "download", "eval_batch_size", "valid_samples",
     "test_samples", "out_dir", "resume", "loss", "recompute_layers", "attention", "save_every_steps",
-    "save_every_minutes", "cuda_graphs", "log_every", "matmul_precision",
+    "save_every_minutes", "cuda_graphs", "log_every", "matmul_precision", "beam_size", "final_beam_size",
+    "length_penalty", "average_last",
 }  # fmt: skip
+# Options newer than some checkpoints that change the training, with the value those checkpoints trained with.
+TRAINED_BEFORE = {"label_smoothing": 0.0}
 # --preset NAME: defaults for a quick run (explicit options still win). tiny: a 2-core CPU, minutes.
 PRESETS = {
     "tiny": {
@@ -136,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-steps", type=int, default=200, help="linear warmup, then cosine decay to 0")
     p.add_argument("--weight-decay", type=float, default=0.01, help="decoupled (AdamW) weight decay")
     p.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
+    p.add_argument("--label-smoothing", type=float, default=0.0,
+                   help="train against (1 - e) * onehot + e / vocab (the validation loss stays unsmoothed)")
     p.add_argument("--dropout", type=float, default=0.1, help="dropout probability")
     p.add_argument("--n-embd", type=positive_int, default=256, help="model width")
     p.add_argument("--n-head", type=positive_int, default=8, help="attention heads")
@@ -148,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="validation loss over the first N validation pairs only (None: all)")
     p.add_argument("--test-samples", type=positive_int, default=None,
                    help="decode only the first N test sentences (None: all)")
+    p.add_argument("--beam-size", type=positive_int, default=1,
+                   help="per-epoch test decoding: 1 greedy, more: beam search with this many beams")
+    p.add_argument("--final-beam-size", type=positive_int, default=4,
+                   help="beams of the final evaluation's beam-search figure (it also reports greedy)")
+    p.add_argument("--length-penalty", type=float, default=1.0,
+                   help="beam search ranks finished hypotheses by log-prob / length ** this")
+    p.add_argument("--average-last", type=positive_int, default=1,
+                   help="final evaluation of the mean parameters of the last N epochs (snapshots params_epoch*.npz)")
     return p
 
 
@@ -193,6 +211,8 @@ def resolve_config(argv: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], Optio
     parser = build_parser()
     for key in RUN_CONTROL:  # options newer than the checkpoint take their defaults
         config.setdefault(key, parser.get_default(key))
+    for key, value in TRAINED_BEFORE.items():
+        config.setdefault(key, value)
     check_config(checkpoint, {k: v for k, v in explicit.items() if k not in RUN_CONTROL}, option)
     config.update({key: value for key, value in explicit.items() if key in RUN_CONTROL})
     config["out_dir"] = args["out_dir"]
@@ -222,7 +242,8 @@ def append_metrics(path: Path, record: Dict[str, Any]) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Run the program; returns {"config", "history" (one metrics record per epoch), "out_dir",
-    "stopped" (the signal that stopped it, or None)}. Bad input exits with a one-line error."""
+    "stopped" (the signal that stopped it, or None), "final" (the final evaluation's record, None
+    when stopped or when no epoch was trained)}. Bad input exits with a one-line error."""
     try:
         return run(argv)
     except (InputError, CheckpointError, mt_data.MissingDataError, mt_data.CorpusError) as err:
@@ -272,11 +293,13 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
                     job.save()
             if record is None:
                 print(job.stopped(stop.requested), flush=True)
-                return {"config": config, "history": history, "out_dir": out_dir, "stopped": stop.requested}
+                return {"config": config, "history": history, "out_dir": out_dir, "stopped": stop.requested, "final": None}
             sample = record.pop("sample")
             append_metrics(metrics_path, record)
             history.append(record)
             job.progress = {"epoch": epoch, "step": job.progress["step"], "partial": None}
+            if config["average_last"] > 1:
+                save_snapshot(out_dir, epoch, job.model.state_dict(), keep=config["average_last"])
             job.save()
             print(
                 f"epoch {epoch}: train loss {record['train_loss']:.4f}, valid loss {record['valid_loss']:.4f}, "
@@ -286,7 +309,8 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
                 flush=True,
             )
     print_summary(history, out_dir)
-    return {"config": config, "history": history, "out_dir": out_dir, "stopped": None}
+    final = final_evaluation(job.model, config, data, backend, history[-1]["epoch"]) if history else None
+    return {"config": config, "history": history, "out_dir": out_dir, "stopped": None, "final": final}
 
 
 def _rate(record: Dict[str, Any]) -> str:
@@ -309,7 +333,7 @@ def print_summary(history: List[Dict[str, Any]], out_dir: Path) -> None:
         f"  best BLEU {best_bleu['bleu']:.2f} (epoch {best_bleu['epoch']}), "
         f"best valid loss {best_valid['valid_loss']:.4f} (epoch {best_valid['epoch']})\n"
         f"  peak memory {max(r['peak_memory_mb'] for r in history):,.0f} MiB ({last['memory_kind']})\n"
-        f"  outputs in {out_dir}: {METRICS_NAME}, translations_epoch*.txt, {CHECKPOINT_NAME}, tokenizer",
+        f"  outputs in {out_dir}: {METRICS_NAME}, translations_epoch*.txt, {CHECKPOINT_NAME}, tokenizer, {FINAL_NAME}",
         flush=True,
     )
 

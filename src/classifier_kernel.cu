@@ -4,13 +4,15 @@
 // fused classifier. Shapes: logits [rows, V] (contiguous, a chunk of the tokens), one target id,
 // one token weight and one loss per row; weight_sum points at sum(token weights) over ALL tokens
 // of the loss (not just this chunk), so that the loss is sum(loss_r * w_r) / sum(w).
+// Label smoothing e replaces the one-hot target by q = (1 - e) * onehot + e / V (torch's
+// definition): loss_r = logsumexp - (1 - e) * x[target] - e * mean(x), dlogits = softmax - q.
 //
 // Thread mapping: one block per row. Pass 1: every thread folds its elements of the row (lanes
 // consecutive, float4 when the row is 16-byte aligned, else scalar with four loads in flight) into
-// an online (max, sum of exp) pair; the pairs merge across the warp with shuffles, then across the
-// block through shared memory. Thread 0 reads the target's logit before anything is overwritten.
+// an online (max, sum of exp) pair plus the plain sum of the row (for label smoothing); these merge
+// across the warp with shuffles, then across the block through shared memory. Thread 0 reads the target's logit before anything is overwritten.
 // Pass 2 (when the gradient is wanted): each thread rereads its own elements (mostly from L2) and
-// writes, IN PLACE over the logits, dlogits = (softmax - onehot(target)) * w_r / sum(w). Nothing of
+// writes, IN PLACE over the logits, dlogits = (softmax - q) * w_r / sum(w). Nothing of
 // size [rows, V] besides the logits buffer itself is ever allocated.
 //
 // A row whose scale w_r / sum(w) is 0 (an ignored token, or sum(w) == 0) reads nothing: its loss is
@@ -32,34 +34,46 @@ namespace {
 constexpr int kMaxThreads = 1024;
 constexpr int kElemsPerThread = 8;  // fewer threads than V / 8 only when V is small
 
-// The online-softmax state of a set of logits: m = their max, s = sum(exp(x - m)).
-// Merging two states rescales both sums to the larger max; (-inf, 0) is the empty set.
-struct MaxSumOp {
-  __device__ __forceinline__ float2 operator()(float2 a, float2 b) const {
-    const float m = fmaxf(a.x, b.x);
-    if (m == -INFINITY) return make_float2(-INFINITY, 0.f);
-    return make_float2(m, a.y * expf(a.x - m) + b.y * expf(b.x - m));
+// The state of a set of logits: max = their max, sum_exp = sum(exp(x - max)) (the online softmax)
+// and total = sum(x) (for label smoothing). Merging two states rescales both sums of exponentials
+// to the larger max; {-inf, 0, 0} is the empty set.
+struct RowStats {
+  float max, sum_exp, total;
+};
+
+__device__ __forceinline__ RowStats shfl_xor(RowStats v, int lane_mask, int width) {
+  return {mt::shfl_xor(v.max, lane_mask, width), mt::shfl_xor(v.sum_exp, lane_mask, width),
+          mt::shfl_xor(v.total, lane_mask, width)};
+}
+
+struct RowStatsOp {
+  __device__ __forceinline__ RowStats operator()(RowStats a, RowStats b) const {
+    const float m = fmaxf(a.max, b.max);
+    if (m == -INFINITY) return {-INFINITY, 0.f, a.total + b.total};
+    return {m, a.sum_exp * expf(a.max - m) + b.sum_exp * expf(b.max - m), a.total + b.total};
   }
 };
 
-__device__ __forceinline__ void fold4(float& m, float& s, float a, float b, float c, float d) {
-  const float nm = fmaxf(m, fmaxf(fmaxf(a, b), fmaxf(c, d)));
-  s = s * expf(m - nm) + (expf(a - nm) + expf(b - nm)) + (expf(c - nm) + expf(d - nm));
-  m = nm;
+__device__ __forceinline__ void fold4(RowStats& r, float a, float b, float c, float d) {
+  const float nm = fmaxf(r.max, fmaxf(fmaxf(a, b), fmaxf(c, d)));
+  r.sum_exp = r.sum_exp * expf(r.max - nm) + (expf(a - nm) + expf(b - nm)) + (expf(c - nm) + expf(d - nm));
+  r.max = nm;
+  r.total += (a + b) + (c + d);
 }
 
-__device__ __forceinline__ void fold1(float& m, float& s, float a) {
-  const float nm = fmaxf(m, a);
-  s = s * expf(m - nm) + expf(a - nm);
-  m = nm;
+__device__ __forceinline__ void fold1(RowStats& r, float a) {
+  const float nm = fmaxf(r.max, a);
+  r.sum_exp = r.sum_exp * expf(r.max - nm) + expf(a - nm);
+  r.max = nm;
+  r.total += a;
 }
 
 // The row's elements a thread owns: VEC: float4 groups q = tid, tid + T, ... (elements 4q..4q+3);
 // scalar: elements j = tid, tid + T, ... taken four at a time (j, j+T, j+2T, j+3T) for ILP.
 template <bool VEC, bool HAS_BIAS>
-__device__ __forceinline__ float2 row_max_sum(const float* x, const float* bias, int V) {
+__device__ __forceinline__ RowStats row_stats(const float* x, const float* bias, int V) {
   const int T = blockDim.x;
-  float m = -INFINITY, s = 0.f;
+  RowStats r{-INFINITY, 0.f, 0.f};
   if (VEC) {
     const int V4 = V >> 2;
     for (int q = threadIdx.x; q < V4; q += T) {
@@ -68,7 +82,7 @@ __device__ __forceinline__ float2 row_max_sum(const float* x, const float* bias,
         const float4 b = mt::load_float4(bias + 4 * q);
         v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
       }
-      fold4(m, s, v.x, v.y, v.z, v.w);
+      fold4(r, v.x, v.y, v.z, v.w);
     }
   } else {
     int j = threadIdx.x;
@@ -80,17 +94,18 @@ __device__ __forceinline__ float2 row_max_sum(const float* x, const float* bias,
         c += bias[j + 2 * T];
         d += bias[j + 3 * T];
       }
-      fold4(m, s, a, b, c, d);
+      fold4(r, a, b, c, d);
     }
-    for (; j < V; j += T) fold1(m, s, HAS_BIAS ? x[j] + bias[j] : x[j]);
+    for (; j < V; j += T) fold1(r, HAS_BIAS ? x[j] + bias[j] : x[j]);
   }
-  return make_float2(m, s);
+  return r;
 }
 
-// dlogits over the same elements row_max_sum read: (exp(x - max) / sum - [j == target]) * scale.
+// dlogits over the same elements row_stats read: (exp(x - max) / sum - q_j) * scale, where the
+// smoothed target q_j is on_target + off_target at the target and off_target elsewhere.
 template <bool VEC, bool HAS_BIAS>
 __device__ __forceinline__ void row_dlogits(float* x, const float* bias, int V, int target, float max,
-                                            float inv_sum, float scale) {
+                                            float inv_sum, float scale, float on_target, float off_target) {
   const int T = blockDim.x;
   if (VEC) {
     const int V4 = V >> 2;
@@ -101,15 +116,16 @@ __device__ __forceinline__ void row_dlogits(float* x, const float* bias, int V, 
         v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
       }
       const int j = 4 * q;
-      mt::store_float4(x + j, make_float4((expf(v.x - max) * inv_sum - (j == target ? 1.f : 0.f)) * scale,
-                                          (expf(v.y - max) * inv_sum - (j + 1 == target ? 1.f : 0.f)) * scale,
-                                          (expf(v.z - max) * inv_sum - (j + 2 == target ? 1.f : 0.f)) * scale,
-                                          (expf(v.w - max) * inv_sum - (j + 3 == target ? 1.f : 0.f)) * scale));
+      mt::store_float4(
+          x + j, make_float4((expf(v.x - max) * inv_sum - (j == target ? on_target : 0.f) - off_target) * scale,
+                             (expf(v.y - max) * inv_sum - (j + 1 == target ? on_target : 0.f) - off_target) * scale,
+                             (expf(v.z - max) * inv_sum - (j + 2 == target ? on_target : 0.f) - off_target) * scale,
+                             (expf(v.w - max) * inv_sum - (j + 3 == target ? on_target : 0.f) - off_target) * scale));
     }
   } else {
     for (int j = threadIdx.x; j < V; j += T) {
       const float v = HAS_BIAS ? x[j] + bias[j] : x[j];
-      x[j] = (expf(v - max) * inv_sum - (j == target ? 1.f : 0.f)) * scale;
+      x[j] = (expf(v - max) * inv_sum - (j == target ? on_target : 0.f) - off_target) * scale;
     }
   }
 }
@@ -134,12 +150,13 @@ struct ClassifierArgs {
   const float* token_weights;
   const float* weight_sum;
   int vocab;
+  float label_smoothing;
 };
 
 // Grid: one block per row; blockDim.x a multiple of 32, at most kMaxThreads.
 template <bool VEC, bool HAS_BIAS, bool WRITE_GRAD>
 __global__ void __launch_bounds__(kMaxThreads) fused_classifier_kernel(const ClassifierArgs a) {
-  __shared__ float2 scratch[32];
+  __shared__ RowStats scratch[32];
   const int row = blockIdx.x;
   const int V = a.vocab;
   const float* bias = a.bias;
@@ -158,10 +175,19 @@ __global__ void __launch_bounds__(kMaxThreads) fused_classifier_kernel(const Cla
     // Read before the block reduction's barriers, hence before pass 2 overwrites the row.
     target_logit = target >= 0 ? x[target] + (HAS_BIAS ? bias[target] : 0.f) : NAN;
   }
-  const float2 ms = mt::block_allreduce(row_max_sum<VEC, HAS_BIAS>(x, bias, V), MaxSumOp{},
-                                        make_float2(-INFINITY, 0.f), scratch);
-  if (threadIdx.x == 0) a.losses[row] = (ms.x + logf(ms.y) - target_logit) * scale;
-  if (WRITE_GRAD) row_dlogits<VEC, HAS_BIAS>(x, bias, V, target, ms.x, 1.f / ms.y, scale);
+  const RowStats st = mt::block_allreduce(row_stats<VEC, HAS_BIAS>(x, bias, V), RowStatsOp{},
+                                          RowStats{-INFINITY, 0.f, 0.f}, scratch);
+  const float eps = a.label_smoothing;
+  const float on_target = 1.f - eps;
+  const float off_target = eps / static_cast<float>(V);
+  if (threadIdx.x == 0) {
+    // Without smoothing the row sum stays out of the loss (an overflowing sum must not make it NaN).
+    const float smoothed = eps != 0.f ? off_target * st.total : 0.f;
+    a.losses[row] = (st.max + logf(st.sum_exp) - on_target * target_logit - smoothed) * scale;
+  }
+  if (WRITE_GRAD) {
+    row_dlogits<VEC, HAS_BIAS>(x, bias, V, target, st.max, 1.f / st.sum_exp, scale, on_target, off_target);
+  }
 }
 
 template <bool VEC, bool HAS_BIAS>
@@ -190,16 +216,17 @@ extern "C" {
 
 MT_DEFINE_ERROR_STRING()
 
-// For each row r < rows of logits [rows, vocab] (+ bias [vocab] when bias is not NULL):
-//   losses[r] = (logsumexp(row) - row[targets[r]]) * token_weights[r] / *weight_sum
+// For each row r < rows of logits [rows, vocab] (+ bias [vocab] when bias is not NULL), with
+// e = label_smoothing in [0, 1] and q = (1 - e) * onehot(targets[r]) + e / vocab:
+//   losses[r] = (logsumexp(row) - sum_j q_j row_j) * token_weights[r] / *weight_sum
 // and, when write_grad != 0, the row is overwritten with
-//   (softmax(row) - onehot(targets[r])) * token_weights[r] / *weight_sum.
+//   (softmax(row) - q) * token_weights[r] / *weight_sum.
 // weight_sum is a device pointer (no host read); a zero sum gives zero losses and gradients.
 // targets hold integral floats. All pointers are device pointers to contiguous float32.
 int launch_fused_classifier(float* logits, float* losses, const float* bias, const float* targets,
                             const float* token_weights, const float* weight_sum, int rows, int vocab,
-                            int write_grad, cudaStream_t stream) {
-  MT_RETURN_IF_INVALID(rows < 0 || vocab <= 0);
+                            float label_smoothing, int write_grad, cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(rows < 0 || vocab <= 0 || !(label_smoothing >= 0.f && label_smoothing <= 1.f));
   MT_RETURN_IF_INVALID(logits == nullptr || losses == nullptr || targets == nullptr ||
                        token_weights == nullptr || weight_sum == nullptr);
   if (rows == 0) return 0;
@@ -209,7 +236,7 @@ int launch_fused_classifier(float* logits, float* losses, const float* bias, con
   const bool vec = vocab % 4 == 0 && mt::is_aligned16(logits) && (bias == nullptr || mt::is_aligned16(bias));
   const bool wg = write_grad != 0;
   const int t = static_cast<int>(threads);
-  const ClassifierArgs args{logits, losses, bias, targets, token_weights, weight_sum, vocab};
+  const ClassifierArgs args{logits, losses, bias, targets, token_weights, weight_sum, vocab, label_smoothing};
   if (vec) {
     if (bias != nullptr) {
       launch_classifier_variant<true, true>(wg, rows, t, args, stream);

@@ -19,7 +19,7 @@ from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, runtime
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {
-    "launch_fused_classifier": (_I, [_P, _P, _P, _P, _P, _P, _I, _I, _I, _P]),
+    "launch_fused_classifier": (_I, [_P, _P, _P, _P, _P, _P, _I, _I, ctypes.c_float, _I, _P]),
     "fused_loss_vocab_splits": (_I, [_I, _I, _I]),
 }
 _F32 = 4  # bytes per element
@@ -41,10 +41,11 @@ def _slabs(lib: ctypes.CDLL, rows_set: set, C: int, V: int) -> Dict[int, Tuple[i
 
 def linear_cross_entropy_fw(
     hidden: TensorData, weight: TensorData, bias: Optional[TensorData], targets: TensorData,
-    token_weights: TensorData, chunk_size: int, need_grad: bool,
+    token_weights: TensorData, chunk_size: int, need_grad: bool, label_smoothing: float = 0.0,
 ) -> Tuple[TensorData, Optional[TensorData], Optional[TensorData], Optional[TensorData]]:  # fmt: skip
     """(loss (1,), dhidden, dweight, dbias) chunk by chunk; a target outside [0, V) on a token with a
-    non-zero weight makes the loss NaN (checking would need a device-to-host copy)."""
+    non-zero weight makes the loss NaN (checking would need a device-to-host copy).  label_smoothing:
+    see minitorch.fused_linear_cross_entropy."""
     rt = runtime()
     lib = rt.lib("classifier_kernel", SIGNATURES)
     N, C = hidden.shape
@@ -79,7 +80,7 @@ def linear_cross_entropy_fw(
         raw_matmul(lg, h_rows, wp, rows, V, C, (C, 1), (V, 1))
         code = lib.launch_fused_classifier(
             lg, ptr(losses) + _F32 * n0, bp, ptr(ids) + _F32 * n0, ptr(tw) + _F32 * n0, ptr(weight_sum),
-            rows, V, int(need_grad), rt.stream(),
+            rows, V, label_smoothing, int(need_grad), rt.stream(),
         )  # fmt: skip
         check(code, lib, f"fused classifier [{rows}, {V}]")
         if dhidden is None or dweight is None:

@@ -37,6 +37,14 @@ def default_chunk_size(n_tokens: int, vocab: int) -> int:
     return max(1, min(rows, n_tokens))
 
 
+def check_label_smoothing(op: str, label_smoothing: float) -> float:
+    """label_smoothing as a float in [0, 1]; ValueError naming op otherwise."""
+    value = float(label_smoothing)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
+    return value
+
+
 def fused_linear_cross_entropy(
     hidden: "Tensor",
     weight: "Tensor",
@@ -44,6 +52,7 @@ def fused_linear_cross_entropy(
     token_weights: "Tensor",
     chunk_size: Optional[int] = None,
     bias: Optional["Tensor"] = None,
+    label_smoothing: float = 0.0,
 ) -> "Tensor":
     """sum(loss * w) / sum(w), shape (1,), where loss[r] is the cross-entropy of the logits
     hidden[r] @ weight (+ bias) against targets[r], and w = token_weights.
@@ -51,8 +60,9 @@ def fused_linear_cross_entropy(
     hidden [N, C]; weight [C, V] (minitorch's Linear layout: Linear(C, V).weights); targets [N]
     holding integral class ids; token_weights [N] (0 leaves a token out: its target may then be any
     value, e.g. padding); bias [V] or None; chunk_size: rows of logits made at a time (any positive
-    int, need not divide N; default: default_chunk_size(N, V)).  It equals
-    nn.cross_entropy(hidden @ weight + bias, targets, token_weights) up to float rounding.
+    int, need not divide N; default: default_chunk_size(N, V)); label_smoothing = e in [0, 1] trains
+    against (1 - e) * onehot(target) + e / V (torch's definition).  It equals
+    nn.cross_entropy(hidden @ weight + bias, targets, token_weights, label_smoothing) up to float rounding.
 
     Gradients flow to hidden, weight and bias; they are computed during this call (when any of them
     requires grad), so backward is a cheap scaling.  All-zero weights (sum(w) == 0) give a loss of 0
@@ -87,11 +97,12 @@ def fused_linear_cross_entropy(
         chunk_size = default_chunk_size(N, V)
     elif isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"fused_linear_cross_entropy: chunk_size must be a positive int, got {chunk_size!r}")
+    smoothing = check_label_smoothing("fused_linear_cross_entropy", label_smoothing)
     if not hidden.backend.cuda:
         _check_targets(targets, token_weights, V)
     return FusedLinearCrossEntropy.apply(
         hidden.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
-        targets, token_weights, int(chunk_size),
+        targets, token_weights, int(chunk_size), smoothing,
     )  # fmt: skip
 
 
@@ -118,11 +129,12 @@ def _row_block(t: "Tensor", start: int, stop: int) -> "Tensor":
 
 def linear_cross_entropy_reference(
     hidden: "Tensor", weight: "Tensor", bias: Optional["Tensor"], targets: "Tensor", token_weights: "Tensor",
-    chunk_size: int, need_grad: bool,
+    chunk_size: int, need_grad: bool, label_smoothing: float = 0.0,
 ) -> Tuple["Tensor", Optional["Tensor"], Optional["Tensor"], Optional["Tensor"]]:  # fmt: skip
     """(loss (1,), dhidden [N, C], dweight [C, V], dbias [V]) of sum_r ce_r * w_r / sum(w) of logits =
-    hidden @ weight (+ bias), composed chunk by chunk.  The gradients (None unless need_grad; dbias
-    None without a bias) are those of the loss itself; sum(w) == 0 gives zero loss and gradients."""
+    hidden @ weight (+ bias), composed chunk by chunk; ce_r is smoothed by label_smoothing = e:
+    logsumexp - (1 - e) * logit[target] - e * mean(logits).  The gradients (None unless need_grad;
+    dbias None without a bias) are those of the loss itself; sum(w) == 0 gives zero loss and gradients."""
     N, C = hidden.shape
     V = weight.shape[1]
     h, ids, w = hidden.contiguous(), targets.contiguous(), token_weights.contiguous()
@@ -147,10 +159,11 @@ def linear_cross_entropy_reference(
         s = e.sum(1)
         one_hot = _row_block(ids, n0, n1).view(rows, 1) == classes
         row_scale = _row_block(w, n0, n1).view(rows, 1) * scale
-        part = ((s.log() + m - (logits * one_hot).sum(1)) * row_scale).sum(0)
+        target_weights = one_hot * (1.0 - label_smoothing) + label_smoothing / V
+        part = ((s.log() + m - (logits * target_weights).sum(1)) * row_scale).sum(0)
         loss = part if loss is None else loss + part
         if dhidden is not None:
-            dlogits = (e / s - one_hot) * row_scale
+            dlogits = (e / s - target_weights) * row_scale
             _row_block(dhidden, n0, n1).copy_(dlogits @ weight_t)
             part_w = h_rows.transpose(0, 1) @ dlogits
             dweight = part_w if dweight is None else dweight + part_w
@@ -169,18 +182,18 @@ class FusedLinearCrossEntropy(Function):
     @staticmethod
     def forward(
         ctx: Context, hidden: "Tensor", weight: "Tensor", bias: Optional["Tensor"], targets: "Tensor",
-        token_weights: "Tensor", chunk_size: int,
+        token_weights: "Tensor", chunk_size: int, label_smoothing: float,
     ) -> "Tensor":  # fmt: skip
         need_grad = not ctx.no_grad
         kernel = hook(hidden.backend.ops, "linear_cross_entropy_fw")
         if kernel is None:
             loss, dhidden, dweight, dbias = linear_cross_entropy_reference(
-                hidden, weight, bias, targets, token_weights, chunk_size, need_grad
+                hidden, weight, bias, targets, token_weights, chunk_size, need_grad, label_smoothing
             )
         else:
             tds = kernel(
                 hidden._tensor, weight._tensor, None if bias is None else bias._tensor, targets._tensor,
-                token_weights._tensor, chunk_size, need_grad,
+                token_weights._tensor, chunk_size, need_grad, label_smoothing,
             )  # fmt: skip
             loss, dhidden, dweight, dbias = (None if t is None else hidden._new(t) for t in tds)
         ctx.save_for_backward(dhidden, dweight, dbias)
