@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, List, Protocol, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Protocol, Tuple
 
 
 def central_difference(f: Any, *vals: Any, arg: int = 0, epsilon: float = 1e-6) -> Any:
@@ -67,22 +67,50 @@ def topological_sort(variable: Variable) -> List[Variable]:
 def backpropagate(variable: Variable, deriv: Any) -> None:
     """Run the chain rule from `variable` (whose derivative is `deriv`) back to the leaves.
 
-    Leaves accumulate their derivative; intermediate derivatives are summed per variable and dropped
-    as soon as they have been passed on.
+    Intermediate derivatives are summed per variable and dropped as soon as they have been passed
+    on.  A leaf accumulates its derivative as soon as the last variable using it has passed its
+    share on, not at its place in the topological order, so a model's parameters get their
+    gradients one after another while the rest of backward runs (what data-parallel training
+    overlaps communication with); then its grad-ready hooks run (`Tensor.register_grad_ready_hook`).
     """
+    if variable.is_leaf():
+        _finish_leaf(variable, deriv)
+        return
+    order = topological_sort(variable)
+    uses: Dict[int, int] = {}
+    for var in order:
+        if not var.is_leaf():
+            for parent in var.parents:
+                if not parent.is_constant():
+                    uses[parent.unique_id] = uses.get(parent.unique_id, 0) + 1
     derivs = {variable.unique_id: deriv}
-    for var in topological_sort(variable):
-        d = derivs.pop(var.unique_id, None)
-        if d is None:
-            continue
+    for var in order:
         if var.is_leaf():
-            var.accumulate_derivative(d)
             continue
-        for parent, d_parent in var.chain_rule(d):
-            if parent.is_constant():
-                continue
-            key = parent.unique_id
-            derivs[key] = d_parent if key not in derivs else derivs[key] + d_parent
+        d = derivs.pop(var.unique_id, None)
+        if d is not None:
+            for parent, d_parent in var.chain_rule(d):
+                if not parent.is_constant():
+                    key = parent.unique_id
+                    derivs[key] = d_parent if key not in derivs else derivs[key] + d_parent
+        for parent in var.parents:
+            if not parent.is_constant():
+                _use_done(parent, uses, derivs)
+
+
+def _use_done(parent: Variable, uses: Dict[int, int], derivs: Dict[int, Any]) -> None:
+    """One use of `parent` has passed its derivative on; a leaf whose last use it was is finished."""
+    key = parent.unique_id
+    uses[key] -= 1
+    if uses[key] == 0 and parent.is_leaf() and key in derivs:
+        _finish_leaf(parent, derivs.pop(key))
+
+
+def _finish_leaf(leaf: Variable, deriv: Any) -> None:
+    """Accumulate a leaf's complete derivative of this backward pass, then run its grad-ready hooks."""
+    leaf.accumulate_derivative(deriv)
+    for hook in getattr(leaf, "grad_ready_hooks", ()):
+        hook(leaf)
 
 
 _grad_enabled = [True]

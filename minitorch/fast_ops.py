@@ -245,11 +245,11 @@ class FastOps(TensorOps):
         return ret
 
     @staticmethod
-    def map_scalar(fn: Callable[[float, float], float]) -> Callable[[TensorData, float], TensorData]:
+    def map_scalar(fn: Callable[[float, float], float]) -> Callable[..., TensorData]:
         kernel = _map_scalar_kernel(fn)
 
-        def ret(x: TensorData, s: float) -> TensorData:
-            o = empty(FastOps, x.shape)
+        def ret(x: TensorData, s: float, out: Optional[TensorData] = None) -> TensorData:
+            o = empty(FastOps, x.shape) if out is None else out
             kernel(o._storage, o.np_shape, o.np_strides, x._storage, x.np_shape, x.np_strides, float(s))
             return o
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -10,11 +10,13 @@ from .tensor_create import tensor_from_numpy
 
 
 class Parameter:
-    """A trainable value held by a Module; `update` swaps in a new tensor and keeps it trainable."""
+    """A trainable value held by a Module; `update` swaps in a new tensor and keeps it trainable,
+    with the grad-ready hooks registered through the Parameter."""
 
     def __init__(self, x: Any, name: Optional[str] = None):
         self.value = x
         self.name = name
+        self.grad_ready_hooks: List[Callable[[Any], None]] = []
         if hasattr(x, "requires_grad_"):
             self.value.requires_grad_(True)
             if self.name:
@@ -22,11 +24,25 @@ class Parameter:
 
     def update(self, x: Any) -> None:
         """Replace the value (e.g. after an optimizer step)."""
-        self.value = x
+        previous, self.value = self.value, x
         if hasattr(x, "requires_grad_"):
             self.value.requires_grad_(True)
             if self.name:
                 self.value.name = self.name
+            if x is not previous:
+                for hook in self.grad_ready_hooks:
+                    x.register_grad_ready_hook(hook)
+
+    def register_grad_ready_hook(self, hook: Callable[[Any], None]) -> None:
+        """hook(tensor) after each backward pass has finished this parameter's gradient
+        (Tensor.register_grad_ready_hook), on its value now and on every value `update` sets."""
+        self.value.register_grad_ready_hook(hook)
+        self.grad_ready_hooks.append(hook)
+
+    def remove_grad_ready_hook(self, hook: Callable[[Any], None]) -> None:
+        """Undo register_grad_ready_hook(hook)."""
+        self.value.remove_grad_ready_hook(hook)
+        self.grad_ready_hooks.remove(hook)
 
     def __repr__(self) -> str:
         return repr(self.value)

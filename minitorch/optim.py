@@ -44,7 +44,9 @@ class SGD(Optimizer):
                 g = p.value.grad
                 if self.momentum:
                     buf = self.buffers.get(i)
-                    g = g if buf is None else buf * self.momentum + g
+                    # A fresh tensor either way: the gradient's storage may be reused by the next
+                    # backward (DistributedDataParallel's buckets), the momentum buffer must not be.
+                    g = g * 1.0 if buf is None else buf * self.momentum + g
                     self.buffers[i] = g
                 p.update(p.value.detach() - g * self.lr)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
@@ -39,6 +39,7 @@ class Tensor(Reductions):
     """A float32 array with a shape, strides, a backend, and optional autodiff history."""
 
     __array_priority__ = 1000
+    grad_ready_hooks: Tuple[Callable[["Tensor"], None], ...] = ()  # see register_grad_ready_hook
 
     def __init__(
         self,
@@ -416,3 +417,19 @@ class Tensor(Reductions):
     def zero_grad_(self) -> None:
         """Drop the accumulated gradient."""
         self.grad = None
+
+    def register_grad_ready_hook(self, hook: Callable[["Tensor"], None]) -> None:
+        """Call hook(self) in each backward pass, right after this leaf's .grad has received its
+        whole derivative of that pass (every use of it has contributed), while backward goes on
+        with the rest of the graph.  Data-parallel training starts gradient communication here."""
+        if not self.is_leaf():
+            raise RuntimeError(f"grad-ready hooks belong on leaf tensors; this one (shape {self.shape}) is not a leaf")
+        self.grad_ready_hooks = (*self.grad_ready_hooks, hook)
+
+    def remove_grad_ready_hook(self, hook: Callable[["Tensor"], None]) -> None:
+        """Undo register_grad_ready_hook(hook)."""
+        if hook not in self.grad_ready_hooks:
+            raise ValueError(f"{hook!r} is not a grad-ready hook of this tensor")
+        hooks = list(self.grad_ready_hooks)
+        hooks.remove(hook)
+        self.grad_ready_hooks = tuple(hooks)

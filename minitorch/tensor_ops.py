@@ -35,7 +35,7 @@ class TensorOps:
     storage_empty(size), storage_from_numpy(arr), storage_to_numpy(storage),
     storage_upload(storage, arr) (storage[:arr.size] = arr, without waiting on a device); fill(out, value),
     arange(out), uniform(out, seed) writing into `out`; map(fn) -> op(a, out=None),
-    map_scalar(fn) -> op(a, s), zip(fn) -> op(a, b), reduce(fn, start) -> op(a, dim) (dim kept with
+    map_scalar(fn) -> op(a, s, out=None), zip(fn) -> op(a, b), reduce(fn, start) -> op(a, dim) (dim kept with
     size 1), matrix_multiply(a, b).
 
     Optional kernel hooks, looked up by name with `hook(ops, name)` (absent: the Function runs its
@@ -102,8 +102,8 @@ class SimpleOps(TensorOps):
 
     @staticmethod
     def map_scalar(fn: Callable[[float, float], float]) -> Callable[..., TensorData]:
-        def ret(a: TensorData, s: float) -> TensorData:
-            out = empty(SimpleOps, a.shape)
+        def ret(a: TensorData, s: float, out: Optional[TensorData] = None) -> TensorData:
+            out = empty(SimpleOps, a.shape) if out is None else out
             _simple_map(lambda x: fn(x, s), out, a)
             return out
 

@@ -129,14 +129,15 @@ def map_op(fn: Callable[[float], float]) -> Callable[..., TensorData]:
     return ret
 
 
-def map_scalar_op(fn: Callable[[float, float], float]) -> Callable[[TensorData, float], TensorData]:
-    """fn(a, s) elementwise with a Python float s."""
+def map_scalar_op(fn: Callable[[float, float], float]) -> Callable[..., TensorData]:
+    """fn(a, s) elementwise with a Python float s; `out`, if given, is written in place (a broadcasts
+    to its shape)."""
     op = opcode(fn, BINARY_CODES, "map_scalar", BINARY_OPS)
     name = f"map_scalar({BINARY_OPS[op]})"
 
-    def ret(a: TensorData, s: float) -> TensorData:
-        out_l, a_l = _map_layouts(name, a, None)
-        o = empty(a.shape)
+    def ret(a: TensorData, s: float, out: Optional[TensorData] = None) -> TensorData:
+        out_l, a_l = _map_layouts(name, a, out)
+        o = empty(a.shape) if out is None else out
         if o.size:
             rt = runtime()
             c = lib(rt)

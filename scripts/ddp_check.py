@@ -1,0 +1,209 @@
+"""Check that data-parallel training equals one process training on the whole batch.
+
+Workers (one per rank, launched by torchrun) train a small DecoderLM for a few SGD steps with
+minitorch.distributed.DistributedDataParallel, once with communication overlapped with backward
+and once with sync_gradients() as a phase after it, and save their parameters after every step.
+Each rank starts from different random values (the wrapper broadcasts rank 0's), takes its rows
+of every global batch with a different number of target tokens (gradient_weight = its share), and
+in the last step only rank 0 has rows (the others run a copy with weight 0, as at the end of an
+epoch).  The comparison then trains one process on the concatenated batches from rank 0's start
+and requires every rank's parameters to equal rank 0's exactly and the single process's within
+--tolerance, after every step.  (SGD, whose update is linear in the gradient: Adam would turn the
+rounding noise of gradients that are zero in exact arithmetic, such as the key bias's, into
+full-size steps.  SGD also replaces each parameter's tensor every step, which the hooks follow.)
+
+    torchrun --standalone --nproc_per_node 2 scripts/ddp_check.py --backend simple --out DIR
+    python scripts/ddp_check.py --backend simple --out DIR --compare 2
+
+--capture-probe (CUDA) also tries to capture sync_gradients() (copies, NCCL all-reduce, stream
+waits) in a CUDA graph and to replay it, and prints what happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+import minitorch
+from minitorch import distributed, nn
+
+BACKENDS = {"simple": minitorch.SimpleOps, "fast": minitorch.FastOps, "cuda": minitorch.CudaKernelOps}
+# Model and batch sizes: tiny for the pure-Python backend (CI), larger (several buckets of real
+# size) on the GPU.
+SIZES = {
+    "simple": dict(n_vocab=13, n_embd=8, n_head=2, n_layers=1, seq=5, rows=2, bucket_cap_mb=0.001),
+    "fast": dict(n_vocab=13, n_embd=8, n_head=2, n_layers=1, seq=5, rows=2, bucket_cap_mb=0.001),
+    "cuda": dict(n_vocab=101, n_embd=64, n_head=4, n_layers=2, seq=16, rows=4, bucket_cap_mb=0.05),
+}
+MODES = ("overlap", "sync")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--backend", choices=sorted(BACKENDS), default="simple")
+    p.add_argument("--out", required=True, help="directory for the per-rank parameter files")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--compare", type=int, default=0, metavar="WORLD_SIZE",
+                   help="train the single-process reference and compare with the files of this many ranks")
+    p.add_argument("--tolerance", type=float, default=1e-5, help="max |rank - single| / max |single| per parameter")
+    p.add_argument("--capture-probe", action="store_true", help="CUDA: try sync_gradients() inside a CUDA graph")
+    return p
+
+
+def make_model(backend_name: str, seed: int) -> minitorch.DecoderLM:
+    size = SIZES[backend_name]
+    minitorch.manual_seed(seed)
+    return minitorch.DecoderLM(
+        n_vocab=size["n_vocab"], n_embd=size["n_embd"], n_head=size["n_head"], n_positions=size["seq"],
+        n_layers=size["n_layers"], p_dropout=0.0, backend=minitorch.TensorBackend(BACKENDS[backend_name]),
+    )  # fmt: skip
+
+
+def global_batches(backend_name: str, world_size: int, steps: int) -> Iterator[List[Tuple[np.ndarray, ...]]]:
+    """Per step, one (tokens, targets, weights) per rank; the last step has rows for rank 0 only."""
+    size = SIZES[backend_name]
+    rng = np.random.default_rng(1234)
+    for step in range(steps):
+        ranks = 1 if step == steps - 1 else world_size
+        batches = []
+        for rank in range(ranks):
+            tokens = rng.integers(0, size["n_vocab"], (size["rows"], size["seq"]))
+            targets = rng.integers(0, size["n_vocab"], size["rows"] * size["seq"])
+            weights = (rng.random(size["rows"] * size["seq"]) < 0.3 + 0.6 * rank / world_size).astype(np.float32)
+            weights[0] = 1.0
+            batches.append((tokens, targets, weights))
+        yield batches
+
+
+def loss_of(model: minitorch.DecoderLM, tokens: np.ndarray, targets: np.ndarray, weights: np.ndarray) -> minitorch.Tensor:
+    backend = model.lm_head.weights.value.backend
+    logits = model(minitorch.tensor_from_numpy(tokens.astype(np.float32), backend=backend))
+    B, T, V = logits.shape
+    t = minitorch.tensor_from_numpy(targets.astype(np.float32), backend=backend)
+    w = minitorch.tensor_from_numpy(weights, backend=backend)
+    return nn.cross_entropy(logits.view(B * T, V), t, w)
+
+
+def snapshot(model: minitorch.DecoderLM, prefix: str, into: Dict[str, np.ndarray]) -> None:
+    for name, p in model.named_parameters():
+        into[f"{prefix}/{name}"] = p.value.to_numpy()
+
+
+def worker(args: argparse.Namespace) -> None:
+    info = distributed.init_from_torchrun("cuda" if args.backend == "cuda" else "cpu")
+    size = SIZES[args.backend]
+    saved: Dict[str, np.ndarray] = {}
+    for mode in MODES:
+        model = make_model(args.backend, seed=100 + info.rank)
+        ddp = distributed.DistributedDataParallel(model, bucket_cap_mb=size["bucket_cap_mb"], overlap=mode == "overlap")
+        optimizer = minitorch.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        snapshot(model, f"{mode}/start", saved)
+        for step, batches in enumerate(global_batches(args.backend, info.world_size, args.steps)):
+            total = sum(float(w.sum()) for _, _, w in batches)
+            mine = batches[info.rank] if info.rank < len(batches) else batches[0]
+            ddp.gradient_weight = float(mine[2].sum()) / total if info.rank < len(batches) else 0.0
+            loss = loss_of(model, *mine)
+            optimizer.zero_grad()
+            loss.backward()
+            ddp.sync_gradients()
+            optimizer.step()
+            snapshot(model, f"{mode}/{step}", saved)
+        print(f"rank {info.rank}: {mode} mode, {len(ddp.bucket_sizes)} buckets {ddp.bucket_sizes}", flush=True)
+        ddp.close()
+    np.savez(Path(args.out) / f"rank{info.rank}.npz", **saved)
+    if args.capture_probe:
+        capture_probe(args.backend, info)
+    distributed.destroy_process_group()
+
+
+def reference(args: argparse.Namespace) -> Dict[str, np.ndarray]:
+    """One process, rank 0's start, each step's batches concatenated."""
+    model = make_model(args.backend, seed=100)
+    optimizer = minitorch.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    saved: Dict[str, np.ndarray] = {}
+    snapshot(model, "start", saved)
+    for step, batches in enumerate(global_batches(args.backend, args.compare, args.steps)):
+        tokens, targets, weights = (np.concatenate(parts) for parts in zip(*batches))
+        loss = loss_of(model, tokens, targets, weights)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        snapshot(model, str(step), saved)
+    return saved
+
+
+def compare(args: argparse.Namespace) -> int:
+    single = reference(args)
+    ranks = [dict(np.load(Path(args.out) / f"rank{r}.npz")) for r in range(args.compare)]
+    failures = []
+    worst = 0.0
+    for key, want in single.items():
+        for mode in MODES:
+            main = ranks[0][f"{mode}/{key}"]
+            for r in range(1, args.compare):
+                if not np.array_equal(ranks[r][f"{mode}/{key}"], main):
+                    failures.append(f"rank {r} differs from rank 0 at {mode}/{key}")
+            error = float(np.abs(main - want).max() / max(np.abs(want).max(), 1e-30))
+            worst = max(worst, error)
+            if error > args.tolerance:
+                failures.append(f"{mode}/{key}: ranks differ from the single process by {error:.2e} (relative)")
+    print(f"compared {len(single)} parameter snapshots x {len(MODES)} modes on {args.compare} ranks: ranks "
+          f"{'identical' if not any('rank 0' in f for f in failures) else 'DIFFER'}, largest difference to one "
+          f"process {worst:.2e} (tolerance {args.tolerance:.0e})")  # fmt: skip
+    for failure in failures[:20]:
+        print("FAIL:", failure)
+    return 1 if failures else 0
+
+
+def capture_probe(backend_name: str, info: distributed.ProcessInfo) -> None:
+    """Capture sync_gradients() of constant gradients (rank r: r + 1) in a CUDA graph, replay it with
+    other values, and check the reduced sums."""
+    import torch
+
+    model = make_model(backend_name, seed=7)
+    ddp = distributed.DistributedDataParallel(model, overlap=False)
+    ddp.gradient_weight = 1.0
+    grads = [p.value.zeros() for p in model.parameters()]
+
+    def set_grads(value: float) -> None:
+        for p, g in zip(model.parameters(), grads):
+            g.copy_(value)
+            p.value.grad = g
+
+    set_grads(info.rank + 1.0)
+    ddp.sync_gradients()  # warm-up outside the capture (creates the NCCL communicator)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        set_grads(info.rank + 1.0)
+        with torch.cuda.graph(graph):
+            ddp.sync_gradients()
+        set_grads(10.0 * (info.rank + 1.0))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = 10.0 * info.world_size * (info.world_size + 1) / 2
+        got = np.unique(np.concatenate([p.value.grad.to_numpy().ravel() for p in model.parameters()]))
+        verdict = "correct" if got.tolist() == [want] else f"WRONG (values {got[:5]}, expected {want})"
+        print(f"rank {info.rank}: capture probe: sync_gradients captured and replayed: {verdict}", flush=True)
+    except Exception as e:  # the answer to report, whatever torch/NCCL says
+        print(f"rank {info.rank}: capture probe: capture failed: {type(e).__name__}: {e}", flush=True)
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.compare:
+        return compare(args)
+    worker(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
