@@ -9,7 +9,7 @@ from typing import Dict, List
 
 import numpy as np
 import pytest
-from test_run_machine_translation import SPLIT_SIZES, TINY, write_corpus
+from mt_program import SPLIT_SIZES, TINY, write_corpus
 
 from project import mt_data
 from project import run_machine_translation as run_mt
