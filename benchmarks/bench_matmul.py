@@ -19,7 +19,6 @@ Writes DIR/bench_matmul.json and DIR/bench_matmul.png (default DIR: benchmarks/r
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import statistics
 import sys
@@ -31,29 +30,19 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from minitorch.tensor_data import MAX_DIMS  # noqa: E402
+from minitorch.cuda.layout import MtLayout  # noqa: E402
+from minitorch.cuda.matmul import SIGNATURES  # noqa: E402
+from minitorch.cuda.runtime import load_library  # noqa: E402
 
 LIB_PATH = ROOT / "minitorch" / "cuda_kernels" / "matmul_kernel.so"
 VARIANTS = ["ours highest", "ours high", "torch fp32", "torch tf32"]
 T, C, VOCAB = 4096, 768, 50257
 
 
-class MtLayout(ctypes.Structure):
-    _fields_ = [("ndim", ctypes.c_int), ("shape", ctypes.c_int * MAX_DIMS), ("strides", ctypes.c_int * MAX_DIMS)]
-
-
-def load_library() -> ctypes.CDLL:
+def load_matmul_library() -> Any:
     if not LIB_PATH.exists():
         sys.exit(f"{LIB_PATH} is missing: build it with `bash compile_cuda.sh`")
-    lib = ctypes.CDLL(str(LIB_PATH))
-    i, p, ll = ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong
-    lib.matmul_workspace_floats.argtypes = [i, i, i, i]
-    lib.matmul_workspace_floats.restype = ll
-    lib.launch_matmul.argtypes = [p, p, p, i, i, i, i, i, i, i, MtLayout, MtLayout, p, i, p, i, i, p, ll, p]
-    lib.launch_matmul.restype = i
-    lib.minitorch_error_string.argtypes = [i]
-    lib.minitorch_error_string.restype = ctypes.c_char_p
-    return lib
+    return load_library("matmul_kernel", SIGNATURES)
 
 
 def shapes() -> List[Tuple[str, Tuple[int, int, int], str, str]]:
@@ -174,7 +163,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU visible to torch")
-    lib = load_library()
+    lib = load_matmul_library()
     props = torch.cuda.get_device_properties(0)
     todo = shapes()
     if args.quick:

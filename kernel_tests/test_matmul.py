@@ -11,13 +11,14 @@ product) within 2x torch's error with TF32 on, or TF32_FLOOR where torch picks a
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import pytest
 
-from minitorch.tensor_data import MAX_DIMS
+from minitorch.cuda.layout import layout
+from minitorch.cuda.matmul import SIGNATURES
+from minitorch.cuda.runtime import load_library
 
 torch = pytest.importorskip("torch")
 
@@ -33,31 +34,7 @@ if not LIB_PATH.exists():
     pytest.skip(f"{LIB_PATH} is missing: build it with `bash compile_cuda.sh`", allow_module_level=True)
 
 
-class MtLayout(ctypes.Structure):
-    _fields_ = [("ndim", ctypes.c_int), ("shape", ctypes.c_int * MAX_DIMS), ("strides", ctypes.c_int * MAX_DIMS)]
-
-
-def _load() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(LIB_PATH))
-    i, p, ll = ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong
-    lib.matmul_workspace_floats.argtypes = [i, i, i, i]
-    lib.matmul_workspace_floats.restype = ll
-    lib.launch_matmul.argtypes = [p, p, p, i, i, i, i, i, i, i, MtLayout, MtLayout, p, i, p, i, i, p, ll, p]
-    lib.launch_matmul.restype = i
-    lib.minitorch_error_string.argtypes = [i]
-    lib.minitorch_error_string.restype = ctypes.c_char_p
-    return lib
-
-
-LIB = _load()
-
-
-def layout(shape: Sequence[int], strides: Sequence[int]) -> MtLayout:
-    out = MtLayout()
-    out.ndim = len(shape)
-    for d, (n, s) in enumerate(zip(shape, strides)):
-        out.shape[d], out.strides[d] = n, s
-    return out
+LIB = load_library("matmul_kernel", SIGNATURES)
 
 
 def ptr(t: Optional["torch.Tensor"]) -> Optional[int]:
