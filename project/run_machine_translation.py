@@ -73,6 +73,20 @@ def str2bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
+def fraction(value: str) -> float:
+    x = float(value)
+    if not 0.0 <= x < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a value in [0, 1), got {value}")
+    return x
+
+
+def non_negative(value: str) -> float:
+    x = float(value)
+    if x < 0.0:
+        raise argparse.ArgumentTypeError(f"expected a value >= 0, got {value}")
+    return x
+
+
 def positive_int(value: str) -> int:
     n = int(value)
     if n < 1:
@@ -144,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-steps", type=int, default=200, help="linear warmup, then cosine decay to 0")
     p.add_argument("--weight-decay", type=float, default=0.01, help="decoupled (AdamW) weight decay")
     p.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
-    p.add_argument("--label-smoothing", type=float, default=0.0,
+    p.add_argument("--label-smoothing", type=fraction, default=0.0,
                    help="train against (1 - e) * onehot + e / vocab (the validation loss stays unsmoothed)")
     p.add_argument("--dropout", type=float, default=0.1, help="dropout probability")
     p.add_argument("--n-embd", type=positive_int, default=256, help="model width")
@@ -162,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-epoch test decoding: 1 greedy, more: beam search with this many beams")
     p.add_argument("--final-beam-size", type=positive_int, default=4,
                    help="beams of the final evaluation's beam-search figure (it also reports greedy)")
-    p.add_argument("--length-penalty", type=float, default=1.0,
+    p.add_argument("--length-penalty", type=non_negative, default=1.0,
                    help="beam search ranks finished hypotheses by log-prob / length ** this")
     p.add_argument("--average-last", type=positive_int, default=1,
                    help="final evaluation of the mean parameters of the last N epochs (snapshots params_epoch*.npz)")
