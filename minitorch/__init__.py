@@ -11,7 +11,7 @@ from .cuda_kernel_ops import CudaKernelOps, cuda_memory_stats
 from .fast_ops import FastOps
 from .fused import adamw_step, fused_attention, fused_linear_cross_entropy
 from .kv_cache import KVCache
-from .module import Module, ModuleList, Parameter
+from .module import LoadResult, Module, ModuleList, Parameter
 from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
 from .modules_transformer import DecoderLM, FeedForward, MultiHeadAttention, TransformerLayer
 from .optim import SGD, Adam, AdamW
@@ -19,8 +19,22 @@ from . import precision
 from .precision import get_float32_matmul_precision, set_float32_matmul_precision
 from .scalar import Scalar, ScalarHistory, derivative_check
 from .rng import get_rng_state, manual_seed, set_rng_state
+from .serialization import load, save
 from .tensor import History, Tensor
-from .tensor_create import from_torch, full, ones, rand, tensor, tensor_from_numpy, zeros
+from .tensor_combine import cat, stack, where
+from .tensor_convert import bool_, float32
+from .tensor_create import (
+    arange,
+    from_torch,
+    full,
+    ones,
+    ones_like,
+    rand,
+    tensor,
+    tensor_from_numpy,
+    zeros,
+    zeros_like,
+)
 from .tensor_data import IndexingError, TensorData, shape_broadcast
 from .tensor_ops import SimpleBackend, SimpleOps, TensorBackend, TensorOps
 
@@ -42,6 +56,7 @@ __all__ = [
     "adamw_step",
     "fused_attention",
     "KVCache",
+    "LoadResult",
     "Module",
     "ModuleList",
     "Parameter",
@@ -63,16 +78,26 @@ __all__ = [
     "derivative_check",
     "History",
     "Tensor",
+    "arange",
+    "bool",
+    "cat",
+    "float32",
     "from_torch",
     "full",
     "get_rng_state",
     "manual_seed",
+    "load",
     "ones",
+    "ones_like",
     "rand",
+    "save",
     "set_rng_state",
     "tensor",
+    "stack",
     "tensor_from_numpy",
+    "where",
     "zeros",
+    "zeros_like",
     "IndexingError",
     "TensorData",
     "shape_broadcast",
@@ -81,3 +106,5 @@ __all__ = [
     "TensorBackend",
     "TensorOps",
 ]
+
+bool = bool_  # minitorch.bool, as torch.bool: the dtype of comparisons' results (after __all__, so builtins stay usable above)

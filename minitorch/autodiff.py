@@ -150,6 +150,7 @@ class Context:
 
     no_grad: bool = False
     saved_values: Tuple[Any, ...] = field(default_factory=tuple)
+    needs_input_grad: Tuple[bool, ...] = ()  # per tensor input, as in torch: backward may skip the others
 
     def save_for_backward(self, *values: Any) -> None:
         """Keep values for backward (skipped when no backward will run)."""

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .autodiff import no_grad
 from .tensor_create import tensor_from_numpy
+
+
+class LoadResult(NamedTuple):
+    """What Module.load_state_dict did not match: names the module has and the state lacks, and the reverse."""
+
+    missing_keys: List[str]
+    unexpected_keys: List[str]
 
 
 class Parameter:
@@ -91,21 +99,37 @@ class Module:
         return [p for _, p in self.named_parameters()]
 
     def state_dict(self) -> Dict[str, np.ndarray]:
-        """Parameter values as numpy arrays, by dotted name."""
+        """Parameter values by dotted name, as float32 NumPy copies (unlike torch's tensors, they do not
+        alias the parameters, pickle anywhere, and `minitorch.save` writes them)."""
         return {name: p.value.to_numpy() for name, p in self.named_parameters()}
 
-    def load_state_dict(self, state: Dict[str, np.ndarray]) -> None:
-        """Load values saved by state_dict (names and shapes must match)."""
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> LoadResult:
+        """Copy values (NumPy arrays or tensors, by dotted name) into the parameters, in place.
+
+        strict=True (torch's default) raises KeyError when names are missing or unexpected; with
+        strict=False those are skipped.  Returns (missing_keys, unexpected_keys).  A shape that
+        differs raises ValueError."""
         own = dict(self.named_parameters())
-        missing = sorted(set(own) - set(state))
-        extra = sorted(set(state) - set(own))
-        if missing or extra:
-            raise KeyError(f"state dict mismatch: missing {missing}, unexpected {extra}")
+        result = LoadResult(sorted(set(own) - set(state)), sorted(set(state) - set(own)))
+        if strict and (result.missing_keys or result.unexpected_keys):
+            raise KeyError(f"state dict mismatch: missing {result.missing_keys}, unexpected {result.unexpected_keys}")
         for name, p in own.items():
-            arr = np.asarray(state[name])
+            if name not in state:
+                continue
+            value = state[name]
+            arr = value.to_numpy() if hasattr(value, "to_numpy") else np.asarray(value, dtype=np.float32)
             if tuple(arr.shape) != tuple(p.value.shape):
-                raise ValueError(f"parameter {name}: saved shape {arr.shape} differs from {p.value.shape}")
-            p.update(tensor_from_numpy(arr, backend=p.value.backend))
+                raise ValueError(f"parameter {name}: saved shape {tuple(arr.shape)} differs from {p.value.shape}")
+            with no_grad():
+                p.value.copy_(tensor_from_numpy(arr, backend=p.value.backend))
+        return result
+
+    def to(self, backend: Any) -> "Module":
+        """Move every parameter to a backend (a TensorBackend, or "cpu" / "cuda"), in place; returns self.
+        Parameters become new leaves there (gradients are dropped)."""
+        for p in self.parameters():
+            p.update(p.value.to(backend).detach())
+        return self
 
     def __setattr__(self, key: str, val: Any) -> None:
         if isinstance(val, Parameter):

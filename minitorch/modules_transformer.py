@@ -90,17 +90,17 @@ class MultiHeadAttention(Module):
         self.v_projection = Linear(n_embd, n_embd, bias=bias, backend=backend)
         self.out_projection = Linear(n_embd, n_embd, bias=bias, backend=backend)
         self.dropout = Dropout(p_dropout)
-        self._causal_masks: Dict[int, Tensor] = {}
+        self._causal_masks: Dict[Any, Tensor] = {}
 
     def causal_mask(self, like: Tensor, T: int) -> Tensor:
         """Additive [T, T] mask (0 on and below the diagonal, NEG_BIG above), built
-        with backend ops on like's backend and kept per length."""
-        mask = self._causal_masks.get(T)
+        with backend ops on like's backend and kept per length and backend."""
+        mask = self._causal_masks.get((T, like.backend.ops))
         if mask is None:
             rows = like._arange(T).view(T, 1)
             cols = like._arange(T).view(1, T)
             mask = ((rows < cols) * NEG_BIG).contiguous()
-            self._causal_masks[T] = mask
+            self._causal_masks[(T, like.backend.ops)] = mask
         return mask
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, cache: Optional[LayerCache] = None) -> Tensor:

@@ -12,33 +12,30 @@ from .tensor_data import IndexingError
 
 def max(input: Tensor, dim: int) -> Tensor:
     """Max over dim (kept with size 1); its gradient goes to the max elements."""
-    return input.max(dim)
+    return input.max(dim, keepdim=True)
 
 
 def argmax(input: Tensor, dim: int) -> Tensor:
     """A 1/0 tensor of input's shape marking the max of each slice along dim."""
-    return input == input.max(dim).detach()
+    return input == input.max(dim, keepdim=True).detach()
 
 
 def softmax(input: Tensor, dim: int) -> Tensor:
-    """exp(x) / sum(exp(x)) along dim, shifted by the (constant) max for stability."""
-    e = (input - input.max(dim).detach()).exp()
-    return e / e.sum(dim)
+    """exp(x) / sum(exp(x)) along dim (Tensor.softmax)."""
+    return input.softmax(dim)
 
 
-def logsumexp(input: Tensor, dim: int, keepdim: bool = True) -> Tensor:
-    """log(sum(exp(x))) along dim with the max trick; keepdim=False drops the reduced dim."""
-    m = input.max(dim).detach()
-    out = m + (input - m).exp().sum(dim).log()
-    if keepdim:
-        return out
-    shape = tuple(s for i, s in enumerate(out.shape) if i != input._dim(dim))
-    return out.view(*(shape or (1,)))
+def logsumexp(input: Tensor, dim: int, keepdim: bool = False) -> Tensor:
+    """log(sum(exp(x))) along dim with the max trick (Tensor.logsumexp); keepdim=True keeps the dim."""
+    return input.logsumexp(dim, keepdim)
 
 
 def logsoftmax(input: Tensor, dim: int) -> Tensor:
-    """log(softmax(x)) computed as x - logsumexp(x)."""
-    return input - logsumexp(input, dim)
+    """log(softmax(x)) computed as x - logsumexp(x) (Tensor.log_softmax)."""
+    return input.log_softmax(dim)
+
+
+log_softmax = logsoftmax
 
 
 def dropout(input: Tensor, p: float, training: bool = True) -> Tensor:
@@ -78,18 +75,16 @@ def softmax_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -
         raise IndexingError(f"softmax_loss: logits {logits.shape} need targets of shape {logits.shape[:-1]}, got {target.shape}")
     smoothing = check_label_smoothing("softmax_loss", label_smoothing)
     V = logits.shape[-1]
-    last = logits.dims - 1
-    picked = (logits * one_hot(target, V)).sum(last)
+    picked = (logits * one_hot(target, V)).sum(-1)
     if smoothing:
-        picked = picked * (1.0 - smoothing) + logits.mean(last) * smoothing
-    loss = logsumexp(logits, last) - picked
-    return loss.view(*target.shape)
+        picked = picked * (1.0 - smoothing) + logits.mean(-1) * smoothing
+    return logits.logsumexp(-1) - picked
 
 
 def cross_entropy(
     logits: Tensor, target: Tensor, weights: Optional[Tensor] = None, label_smoothing: float = 0.0
 ) -> Tensor:
-    """Mean cross-entropy, or with per-token weights sum(loss * w) / sum(w) (shape (1,)).
+    """Mean cross-entropy, or with per-token weights sum(loss * w) / sum(w) (0 dims).
 
     Weights of 0 leave a token out (padding, source tokens); label_smoothing: see softmax_loss.
     """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
@@ -13,9 +13,12 @@ from .autodiff import Context, backpropagate, no_grad
 from .fast_ops import FastOps
 from .fused.layernorm import layernorm as _layernorm
 from .fused.softmax import attn_softmax as _attn_softmax
-from .tensor_reduce import Reductions
-from .tensor_data import IndexingError, TensorData, UserShape, prod, resolve_shape, shape_args, shape_broadcast
+from .tensor_convert import Conversions, bool_, float32
+from .tensor_data import IndexingError, TensorData, UserShape, prod, shape_broadcast
+from .tensor_index import Indexing
 from .tensor_ops import TensorBackend
+from .tensor_reduce import Reductions
+from .tensor_views import Views
 
 TensorLike = Union[float, int, "Tensor"]
 _ids = itertools.count(1)
@@ -35,11 +38,16 @@ class History:
     inputs: Sequence["Tensor"] = field(default_factory=tuple)
 
 
-class Tensor(Reductions):
-    """A float32 array with a shape, strides, a backend, and optional autodiff history."""
+class Tensor(Conversions, Views, Indexing, Reductions):
+    """A float32 array with a shape, strides, a backend, and optional autodiff history.
+
+    Comparisons (<, >, <=, >=, ==, !=, ~, &, |) give 1.0/0.0 values of dtype minitorch.bool, which
+    index as a mask (x[x > 0]); any arithmetic on them gives float32 again.
+    """
 
     __array_priority__ = 1000
     grad_ready_hooks: Tuple[Callable[["Tensor"], None], ...] = ()  # see register_grad_ready_hook
+    _dtype = float32
 
     def __init__(
         self,
@@ -77,6 +85,36 @@ class Tensor(Reductions):
     def dims(self) -> int:
         return self._tensor.dims
 
+    def dim(self) -> int:
+        """Number of dims (torch's name)."""
+        return self._tensor.dims
+
+    def numel(self) -> int:
+        """Number of elements (torch's name)."""
+        return self._tensor.size
+
+    @property
+    def dtype(self) -> np.dtype:
+        """minitorch.float32, or minitorch.bool for the 1.0/0.0 results of comparisons."""
+        return self._dtype
+
+    @property
+    def device(self) -> str:
+        """'cuda' for tensors of the CUDA backend, else 'cpu'."""
+        return "cuda" if self.backend.cuda else "cpu"
+
+    def float(self) -> "Tensor":
+        """This tensor as float32 (a bool tensor's 1.0/0.0 values as numbers)."""
+        if self._dtype is float32:
+            return self
+        return Tensor(self._tensor, self.history, backend=self.backend)
+
+    def _keep_dtype(self, out: "Tensor") -> "Tensor":
+        """out (a view or copy of this tensor) with this tensor's dtype."""
+        if self._dtype is not float32:
+            out._dtype = self._dtype
+        return out
+
     def requires_grad_(self, flag: bool = True) -> "Tensor":
         """Make this tensor a leaf that collects .grad (flag=True) or a constant (False)."""
         if flag:
@@ -100,7 +138,7 @@ class Tensor(Reductions):
 
     def detach(self) -> "Tensor":
         """The same data with no history."""
-        return Tensor(self._tensor, backend=self.backend)
+        return self._keep_dtype(Tensor(self._tensor, backend=self.backend))
 
     # ---- construction helpers used by ops ----------------------------------------------------
     def _new(self, td: TensorData) -> "Tensor":
@@ -147,73 +185,15 @@ class Tensor(Reductions):
         self.backend.id_map(src._tensor, out=self._tensor)
         return self
 
-    def _view(self, shape: Sequence[int]) -> "Tensor":
-        shape = resolve_shape(tuple(int(s) for s in shape), self.size, self.shape)
-        if not self._tensor.is_contiguous():
-            raise IndexingError(
-                f"view of a non-contiguous tensor (shape {self.shape}, strides {self._tensor.strides}) "
-                f"to {shape}: call .contiguous() first, or use .reshape()"
-            )
-        return self._new(TensorData(self._tensor._storage, shape))
-
-    # ---- conversions -------------------------------------------------------------------------
-    def to_numpy(self) -> np.ndarray:
-        """A float32 numpy copy of the values (a device->host copy for GPU tensors)."""
-        flat = self.backend.ops.storage_to_numpy(self._tensor._storage)
-        if self.size == 0:
-            return np.zeros(self.shape, dtype=np.float32)
-        item = flat.itemsize
-        view = np.lib.stride_tricks.as_strided(
-            flat, shape=self.shape, strides=tuple(s * item for s in self._tensor.strides)
-        )
-        return np.array(view, dtype=np.float32, copy=True)
-
-    def item(self) -> float:
-        """The single value of a one-element tensor."""
-        if self.size != 1:
-            raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
-        return float(self.to_numpy().reshape(-1)[0])
-
-    def to(self, backend: TensorBackend) -> "Tensor":
-        """A copy on another backend (the same tensor if it is already there).
-
-        The copy is a new leaf: it keeps the requires_grad flag but not the history.
-        """
-        if backend.ops is self.backend.ops:
-            return self
-        out = Tensor(TensorData(backend.ops.storage_from_numpy(self.to_numpy()), self.shape), backend=backend)
-        return out.requires_grad_(self.requires_grad())
-
-    def to_torch(self) -> Any:
-        """A torch tensor sharing this tensor's memory (zero-copy on both CPU and GPU)."""
-        import torch
-
-        storage = self._tensor._storage
-        base = torch.from_numpy(storage) if isinstance(storage, np.ndarray) else storage
-        return base.as_strided(self.shape, self._tensor.strides)
-
-    # ---- printing and indexing ---------------------------------------------------------------
-    def __repr__(self) -> str:
-        text = np.array2string(self.to_numpy(), precision=4, separator=", ", threshold=200, edgeitems=3)
-        extra = f", backend={self.backend.ops.__name__}"
-        if self.requires_grad():
-            extra += ", requires_grad=True"
-        return f"tensor({text}{extra})"
-
-    def __getitem__(self, key: Union[int, Sequence[int]]) -> float:
-        key2 = (key,) if isinstance(key, int) else tuple(key)
-        position = self._tensor.index(key2)
-        storage = self._tensor._storage
-        if isinstance(storage, np.ndarray):
-            return float(storage[position])
-        return float(self.backend.ops.storage_to_numpy(storage[position : position + 1])[0])
-
-    def __setitem__(self, key: Union[int, Sequence[int]], val: float) -> None:
-        key2 = (key,) if isinstance(key, int) else tuple(key)
-        self._tensor.set(key2, val)
-
+    # ---- iteration ---------------------------------------------------------------------------
     def __len__(self) -> int:
+        if self.dims == 0:
+            raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
+
+    def __iter__(self) -> Iterator["Tensor"]:
+        for i in range(len(self)):
+            yield self[i]
 
     # ---- arithmetic --------------------------------------------------------------------------
     def _ensure(self, b: TensorLike) -> "Tensor":
@@ -224,7 +204,9 @@ class Tensor(Reductions):
                     f"{b.backend.ops.__name__} tensor {b.shape}: move one with .to(backend)"
                 )
             return b
-        return Tensor(TensorData(self.backend.ops.storage_from_numpy(np.array([b], np.float32)), (1,)), backend=self.backend)
+        if not isinstance(b, (int, float)):
+            raise TypeError(f"a tensor of shape {self.shape} cannot combine with {type(b).__name__} {b!r}")
+        return Tensor(TensorData(self.backend.ops.storage_from_numpy(np.array([b], np.float32)), ()), backend=self.backend)
 
     def __add__(self, b: TensorLike) -> "Tensor":
         if isinstance(b, (int, float)):
@@ -271,20 +253,53 @@ class Tensor(Reductions):
         shape_broadcast(self.shape[:-2], b.shape[:-2])
         return F.MatMul.apply(self, b)
 
+    def _mask(self, out: "Tensor") -> "Tensor":
+        out._dtype = bool_
+        return out
+
     def __lt__(self, b: TensorLike) -> "Tensor":
         if isinstance(b, (int, float)):
-            return F.LTScalar.apply(self, float(b))
-        return F.LT.apply(self, self._ensure(b))
+            return self._mask(F.LTScalar.apply(self, float(b)))
+        return self._mask(F.LT.apply(self, self._ensure(b)))
 
     def __gt__(self, b: TensorLike) -> "Tensor":
         if isinstance(b, (int, float)):
-            return F.LTScalar.apply(-self, -float(b))
-        return F.LT.apply(self._ensure(b), self)
+            return self._mask(F.LTScalar.apply(-self, -float(b)))
+        return self._mask(F.LT.apply(self._ensure(b), self))
 
     def __eq__(self, b: TensorLike) -> "Tensor":  # type: ignore[override]
         if isinstance(b, (int, float)):
-            return F.EQScalar.apply(self, float(b))
-        return F.EQ.apply(self, self._ensure(b))
+            return self._mask(F.EQScalar.apply(self, float(b)))
+        return self._mask(F.EQ.apply(self, self._ensure(b)))
+
+    def __le__(self, b: TensorLike) -> "Tensor":
+        return (self < b) | (self == b)
+
+    def __ge__(self, b: TensorLike) -> "Tensor":
+        return (self > b) | (self == b)
+
+    def __ne__(self, b: TensorLike) -> "Tensor":  # type: ignore[override]
+        return ~(self == b)
+
+    def __invert__(self) -> "Tensor":
+        """Logical not of a bool tensor."""
+        self._need_bool("~")
+        return self == 0.0
+
+    def __and__(self, b: "Tensor") -> "Tensor":
+        """Logical and of bool tensors."""
+        self._need_bool("&", b)
+        return self._mask(self * b)
+
+    def __or__(self, b: "Tensor") -> "Tensor":
+        """Logical or of bool tensors."""
+        self._need_bool("|", b)
+        return (self + b) > 0.0
+
+    def _need_bool(self, op: str, other: Any = None) -> None:
+        for t in (self, other) if other is not None else (self,):
+            if getattr(t, "dtype", None) != bool_:
+                raise TypeError(f"{op} needs bool tensors (results of comparisons), got {getattr(t, 'dtype', type(t).__name__)}")
 
     __hash__ = object.__hash__
 
@@ -297,7 +312,16 @@ class Tensor(Reductions):
         return F.PowerScalar.apply(self, float(p))
 
     def is_close(self, b: "Tensor") -> "Tensor":
-        return F.IsClose.apply(self, self._ensure(b))
+        return self._mask(F.IsClose.apply(self, self._ensure(b)))
+
+    def where(self, condition: "Tensor", other: TensorLike) -> "Tensor":
+        """This tensor where condition is non-zero, other elsewhere (broadcast; a NaN or inf in the
+        branch not taken never leaks); the gradient goes to the branch taken."""
+        return F.Where.apply(self._ensure(condition).float(), self, self._ensure(other))
+
+    def masked_fill(self, mask: "Tensor", value: float) -> "Tensor":
+        """value where mask is non-zero, this tensor elsewhere."""
+        return self._ensure(float(value)).where(mask, self)
 
     def sigmoid(self) -> "Tensor":
         return F.Sigmoid.apply(self)
@@ -318,47 +342,7 @@ class Tensor(Reductions):
     def tanh(self) -> "Tensor":
         return F.Tanh.apply(self)
 
-    # ---- views and layout --------------------------------------------------------------------
-    def view(self, *shape: Union[int, Sequence[int]]) -> "Tensor":
-        """Same data with another shape (one size may be -1); the tensor must be contiguous."""
-        return F.View.apply(self, shape_args(shape))
-
-    def reshape(self, *shape: Union[int, Sequence[int]]) -> "Tensor":
-        """view() after a contiguous copy when one is needed."""
-        return self.contiguous().view(*shape)
-
-    def permute(self, *order: Union[int, Sequence[int]]) -> "Tensor":
-        """Dims reordered (a view)."""
-        dims = tuple(self._dim(d) for d in shape_args(order))
-        return F.Permute.apply(self, dims)
-
-    def transpose(self, dim0: int = -2, dim1: int = -1) -> "Tensor":
-        """Two dims swapped (a view)."""
-        order = list(range(self.dims))
-        a, b = self._dim(dim0), self._dim(dim1)
-        order[a], order[b] = order[b], order[a]
-        return self.permute(*order)
-
-    def contiguous(self) -> "Tensor":
-        """This tensor if its layout is row-major, else a row-major copy."""
-        if self.is_contiguous():
-            return self
-        return F.Copy.apply(self)
-
-    def expand(self, shape: Sequence[int]) -> "Tensor":
-        """A broadcast view of this tensor with a larger shape (stride 0 on broadcast dims)."""
-        shape = tuple(int(s) for s in shape)
-        if shape_broadcast(self.shape, shape) != shape:
-            raise IndexingError(f"cannot expand shape {self.shape} to {shape}")
-        return F.Expand.apply(self, shape)
-
-    def _expand_view(self, shape: UserShape) -> "Tensor":
-        offset = len(shape) - self.dims
-        strides = [0] * offset
-        for size, own, stride in zip(shape[offset:], self.shape, self._tensor.strides):
-            strides.append(stride if own == size else 0)
-        return self._new(TensorData(self._tensor._storage, shape, tuple(strides)))
-
+    # ---- autodiff helpers --------------------------------------------------------------------
     def _sum_to(self, shape: UserShape) -> "Tensor":
         """Sum a broadcast gradient back to the shape of the input it belongs to."""
         if self.shape == tuple(shape):
@@ -389,7 +373,7 @@ class Tensor(Reductions):
         h = self.history
         assert h is not None and h.last_fn is not None and h.ctx is not None
         grads = h.last_fn._backward(h.ctx, d_output)
-        return [(inp, g._sum_to(inp.shape)) for inp, g in zip(h.inputs, grads)]
+        return [(inp, g._sum_to(inp.shape)) for inp, g in zip(h.inputs, grads) if g is not None and not inp.is_constant()]
 
     def accumulate_derivative(self, x: "Tensor") -> None:
         """Add x to .grad of this leaf (kept contiguous)."""

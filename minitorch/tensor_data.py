@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Any, Iterable, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -22,8 +22,9 @@ UserIndex = Sequence[int]
 UserStrides = Tuple[int, ...]
 
 
-class IndexingError(RuntimeError):
-    """An index, shape or stride that does not fit the tensor."""
+class IndexingError(RuntimeError, IndexError):
+    """An index, shape or stride that does not fit the tensor (an IndexError too, as torch's indexing
+    errors are, so iteration by indexing stops at the end)."""
 
 
 def index_to_position(index: Index, strides: Strides) -> int:
@@ -66,6 +67,32 @@ def shape_broadcast(shape1: UserShape, shape2: UserShape) -> UserShape:
         else:
             raise IndexingError(f"shapes {tuple(shape1)} and {tuple(shape2)} cannot be broadcast together")
     return tuple(out)
+
+
+def broadcast_strides(shape: Tuple[int, ...], strides: Tuple[int, ...], out_shape: Tuple[int, ...]) -> List[int]:
+    """Strides of a tensor viewed with the broadcast shape out_shape (0 on broadcast dims)."""
+    pad = len(out_shape) - len(shape)
+    return [0 if d < pad or shape[d - pad] != out_shape[d] else strides[d - pad] for d in range(len(out_shape))]
+
+
+def coalesce(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> Tuple[Tuple[int, ...], List[List[int]]]:
+    """Drop size-1 dims and merge neighbours that are contiguous in every operand."""
+    out_shape: List[int] = []
+    out_strides: List[List[int]] = [[] for _ in strides]
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        if out_shape and all(o[-1] == s[d] * size for o, s in zip(out_strides, strides)):
+            out_shape[-1] *= size
+            for o, s in zip(out_strides, strides):
+                o[-1] = s[d]
+        else:
+            out_shape.append(size)
+            for o, s in zip(out_strides, strides):
+                o.append(s[d])
+    if not out_shape:
+        return (1,), [[1] for _ in strides]
+    return tuple(out_shape), out_strides
 
 
 def prod(shape: Iterable[int]) -> int:
@@ -146,7 +173,10 @@ class TensorData:
         return self._np_strides
 
     def is_contiguous(self) -> bool:
-        """True when the strides are the row-major strides of the shape (size-1 dims ignored)."""
+        """True when the strides are the row-major strides of the shape (size-1 dims ignored; an empty
+        tensor is contiguous)."""
+        if self.size == 0:
+            return True
         expected = 1
         for size, stride in zip(reversed(self._shape), reversed(self._strides)):
             if size != 1 and stride != expected:

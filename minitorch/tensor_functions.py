@@ -4,13 +4,14 @@ Each Function runs backend ops (TensorData in, TensorData out) in `forward` and 
 wraps their results as Tensors; nothing here knows where storage lives.  Inputs arrive detached (no
 history); non-tensor arguments (dims, scalars, flags) pass through as plain Python values and get no
 gradient.  `backward` returns gradients for the tensor arguments in order; trailing tensor arguments
-that take no gradient (masks, ids) may be left out.  The fused ops' Functions live in
-`minitorch.fused`, one module each.
+that take no gradient (masks, ids) may be left out, and None may stand for the gradient of an input
+that `ctx.needs_input_grad` says needs none (a constant operand: its gradient would be discarded).
+The fused ops' Functions live in `minitorch.fused`, one module each.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from .autodiff import Context, is_grad_enabled
 from .tensor_data import TensorData
@@ -57,6 +58,8 @@ class Function:
                 raw.append(v)
         need_grad = need_grad and is_grad_enabled()
         ctx = Context(not need_grad)
+        if need_grad:
+            ctx.needs_input_grad = tuple(v.requires_grad() for v in vals if isinstance(v, Tensor))
         out = cls.forward(ctx, *raw)  # type: ignore[attr-defined]
         if not need_grad:
             return out
@@ -103,11 +106,15 @@ class Mul(Function):
         return a._new(a.backend.mul_zip(a._tensor, b._tensor))
 
     @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor"]:
+    def backward(ctx: Context, grad_output: "Tensor") -> Tuple[Optional["Tensor"], Optional["Tensor"]]:
         a, b = ctx.saved_values
         mul = grad_output.backend.mul_zip
         g = grad_output._tensor
-        return grad_output._new(mul(g, b._tensor)), grad_output._new(mul(g, a._tensor))
+        need_a, need_b = ctx.needs_input_grad
+        return (
+            grad_output._new(mul(g, b._tensor)) if need_a else None,
+            grad_output._new(mul(g, a._tensor)) if need_b else None,
+        )
 
 
 class Sigmoid(Function):
@@ -369,11 +376,15 @@ class MatMul(Function):
         return a._new(a.backend.matrix_multiply(a._tensor, b._tensor))
 
     @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor"]:
+    def backward(ctx: Context, grad_output: "Tensor") -> Tuple[Optional["Tensor"], Optional["Tensor"]]:
         a, b = ctx.saved_values
         mm = grad_output.backend.matrix_multiply
         g = grad_output._tensor
-        return grad_output._new(mm(g, _transpose(b))), grad_output._new(mm(_transpose(a), g))
+        need_a, need_b = ctx.needs_input_grad
+        return (
+            grad_output._new(mm(g, _transpose(b))) if need_a else None,
+            grad_output._new(mm(_transpose(a), g)) if need_b else None,
+        )
 
 
 class ClampMin(Function):
@@ -390,3 +401,25 @@ class ClampMin(Function):
         b = grad_output.backend
         keep = b.add_scalar(b.mul_scalar(b.lt_scalar(a._tensor, s), -1.0), 1.0)
         return grad_output._new(b.mul_zip(keep, grad_output._tensor))
+
+
+class Where(Function):
+    """condition ? a : b with broadcasting (condition: non-zero is true), as two selects
+    (relu_back(m, v) is v where m > 0, else 0), so a NaN or inf in the branch not taken never reaches
+    the result; no gradient for condition."""
+
+    @staticmethod
+    def forward(ctx: Context, condition: "Tensor", a: "Tensor", b: "Tensor") -> "Tensor":
+        backend = condition.backend
+        false = backend.eq_scalar(condition._tensor, 0.0)
+        true = backend.add_scalar(backend.mul_scalar(false, -1.0), 1.0)
+        ctx.save_for_backward(true, false)
+        return a._new(backend.add_zip(backend.relu_back_zip(true, a._tensor), backend.relu_back_zip(false, b._tensor)))
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor", "Tensor"]:
+        true, false = ctx.saved_values
+        backend = grad_output.backend
+        g = grad_output._tensor
+        no_grad = grad_output._new(backend.mul_scalar(true, 0.0))
+        return no_grad, grad_output._new(backend.relu_back_zip(true, g)), grad_output._new(backend.relu_back_zip(false, g))

@@ -81,7 +81,12 @@ class SimpleOps(TensorOps):
 
     @staticmethod
     def fill(out: TensorData, value: float) -> None:
-        out._storage[:] = value
+        """Set every element of out (any layout, e.g. a view into a larger storage) to value."""
+        if out.size:
+            item = out._storage.itemsize
+            np.lib.stride_tricks.as_strided(
+                out._storage, out.shape, tuple(s * item for s in out.strides), writeable=True
+            )[...] = value
 
     @staticmethod
     def arange(out: TensorData) -> None:

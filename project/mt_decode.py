@@ -26,7 +26,7 @@ from project.mt_data import EOS_EN_ID, PAD_ID, pad_prompts
 def argmax_ids(logits: Tensor, vocab_ids: Tensor) -> Tensor:
     """[rows, 1] id of each row's largest logit (the largest index among exact ties), on the backend.
     vocab_ids: [1, V] holding 0 .. V-1."""
-    return (nn.argmax(logits, 1) * vocab_ids).max(1)
+    return (nn.argmax(logits, 1) * vocab_ids).max(1, keepdim=True)
 
 
 def vocab_range(model: DecoderLM, backend: TensorBackend) -> Tensor:

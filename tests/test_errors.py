@@ -85,7 +85,7 @@ def test_layernorm_bad_shapes_and_eps(backend) -> None:
 
 def test_backward_needs_a_gradient_for_a_non_scalar(backend) -> None:
     x = zeros((2, 3), backend, requires_grad=True)
-    with raises(RuntimeError, "backward() without a gradient needs a one-element tensor, got shape (2, 1)"):
+    with raises(RuntimeError, "backward() without a gradient needs a one-element tensor, got shape (2,)"):
         x.sum(1).backward()
     with raises(IndexingError, "backward gradient of shape (3, 2) for a tensor of shape (2, 3)"):
         (x * 2.0).backward(zeros((3, 2), backend))
@@ -95,7 +95,7 @@ def test_misc_tensor_errors(backend) -> None:
     t = zeros((2, 3), backend)
     with raises(ValueError, "item() needs a tensor with one element, got shape (2, 3)"):
         t.item()
-    with raises(IndexingError, "index (2, 0) is out of range for shape (2, 3)"):
+    with raises(IndexError, "index 2 is out of range for dim 0 of size 2 (key (2, 0), shape (2, 3))"):
         t[2, 0]
     with raises(IndexingError, "dim 2 is out of range for shape (2, 3)"):
         t.sum(2)
@@ -129,7 +129,7 @@ def test_module_input_errors() -> None:
 
 def test_backward_without_history_is_an_error() -> None:
     x = minitorch.tensor([1.0, 2.0])
-    with raises(RuntimeError, "backward() on a tensor of shape (1,) that has no history"):
+    with raises(RuntimeError, "backward() on a tensor of shape () that has no history"):
         x.sum().backward()
 
 

@@ -29,6 +29,7 @@ from minitorch_testing import (
     shapes,
 )
 
+import minitorch
 from minitorch.fused.embedding import Embedding as EmbeddingFn
 
 layouts = st.sampled_from(["contiguous", "strided"])
@@ -150,57 +151,67 @@ def test_comparisons_give_01_and_no_gradient(backend, name, op, ref, data) -> No
     assert np.all(grad_of(ta, name) == 0.0) and np.all(grad_of(tb, name) == 0.0)
 
 
-def _keep(fn):
-    return lambda x, dim: fn(x, axis=dim, keepdims=True)
-
-
 REDUCTIONS = [
-    ("sum", lambda t, d: t.sum(d), _keep(np.sum)),
-    ("mean", lambda t, d: t.mean(d), _keep(np.mean)),
-    ("var", lambda t, d: t.var(d), lambda x, d: np.var(x, axis=d, keepdims=True)),
-    ("var unbiased", lambda t, d: t.var(d, correction=1), lambda x, d: np.var(x, axis=d, ddof=1, keepdims=True)),
-    ("max", lambda t, d: t.max(d), _keep(np.max)),
+    ("sum", lambda t, d, k: t.sum(d, keepdim=k), lambda x, d, k: np.sum(x, axis=d, keepdims=k)),
+    ("mean", lambda t, d, k: t.mean(d, keepdim=k), lambda x, d, k: np.mean(x, axis=d, keepdims=k)),
+    ("var", lambda t, d, k: t.var(d, keepdim=k), lambda x, d, k: np.var(x, axis=d, keepdims=k)),
+    ("var unbiased", lambda t, d, k: t.var(d, correction=1, keepdim=k), lambda x, d, k: np.var(x, axis=d, ddof=1, keepdims=k)),
+    ("max", lambda t, d, k: t.max(d, keepdim=k), lambda x, d, k: np.max(x, axis=d, keepdims=k)),
 ]
 
 
 @pytest.mark.parametrize("name,op,ref", REDUCTIONS, ids=[r[0] for r in REDUCTIONS])
 @given(data=st.data())
 def test_reduce_one_dim(backend, name, op, ref, data) -> None:
+    """dim removed by default (torch's keepdim=False), kept with size 1 with keepdim=True."""
     shape = data.draw(shapes(min_dims=1), label="shape")
     dim = data.draw(st.integers(-len(shape), len(shape) - 1), label="dim")
+    keepdim = data.draw(st.booleans(), label="keepdim")
     if name == "var unbiased":
         shape = tuple(max(s, 2) if i == dim % len(shape) else s for i, s in enumerate(shape))
     x = data.draw(distinct_arrays(shape), label="x")
     t = leaf(x, backend, data.draw(layouts, label="layout"))
-    out = op(t, dim)
-    expected = ref(f32(x), dim % len(shape))
-    assert_close(out, expected, f"{name}({dim}) forward")
+    out = op(t, dim, keepdim)
+    expected = ref(f32(x), dim % len(shape), keepdim)
+    assert out.shape == expected.shape
+    assert_close(out, expected, f"{name}({dim}, keepdim={keepdim}) forward")
     gout = data.draw(arrays(expected.shape), label="grad_out")
     out.backward(mt(gout, backend))
-    grad_ref = central_grad(lambda v: ref(v, dim % len(shape)), [f32(x)], 0, f32(gout))
+    grad_ref = central_grad(lambda v: ref(v, dim % len(shape), keepdim), [f32(x)], 0, f32(gout))
     assert_close(grad_of(t, name), grad_ref, f"{name}({dim}) grad", floor=gfloor(gout))
 
 
+@pytest.mark.parametrize("name", ["sum", "mean", "max"])
+def test_reduce_several_dims(backend, name) -> None:
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    t = mt(x, backend, requires_grad=True)
+    for dims, keepdim in (((0, 2), False), ((2, -3), True), ((1,), False)):
+        out = getattr(t, name)(dims, keepdim=keepdim)
+        expected = getattr(np, name)(f32(x), axis=tuple(d % 3 for d in dims), keepdims=keepdim)
+        assert out.shape == expected.shape
+        assert_close(out, expected, f"{name}({dims}, keepdim={keepdim})")
+
+
 REDUCE_ALL = [
-    ("sum", lambda t: t.sum(), lambda x: np.sum(x).reshape(1)),
-    ("mean", lambda t: t.mean(), lambda x: np.mean(x).reshape(1)),
-    ("var", lambda t: t.var(), lambda x: np.var(x).reshape(1)),
-    ("var unbiased", lambda t: t.var(correction=1), lambda x: np.var(x, ddof=1).reshape(1)),
-    ("max", lambda t: t.max(), lambda x: np.max(x).reshape(1)),
+    ("sum", lambda t: t.sum(), np.sum),
+    ("mean", lambda t: t.mean(), np.mean),
+    ("var", lambda t: t.var(), np.var),
+    ("var unbiased", lambda t: t.var(correction=1), lambda x: np.var(x, ddof=1)),
+    ("max", lambda t: t.max(), np.max),
 ]
 
 
 @pytest.mark.parametrize("name,op,ref", REDUCE_ALL, ids=[r[0] for r in REDUCE_ALL])
 @given(data=st.data())
-def test_reduce_everything_to_shape_1(backend, name, op, ref, data) -> None:
+def test_reduce_everything_to_0_dims(backend, name, op, ref, data) -> None:
     shape = data.draw(shapes().filter(lambda s: int(np.prod(s)) > 1), label="shape")
     x = data.draw(distinct_arrays(shape), label="x")
     t = leaf(x, backend, data.draw(layouts, label="layout"))
     out = op(t)
-    assert out.shape == (1,)
-    assert_close(out, ref(f32(x)), f"{name}() forward")
+    assert out.shape == ()
+    assert_close(out, np.asarray(ref(f32(x))), f"{name}() forward")
     out.backward()
-    assert_close(grad_of(t, name), central_grad(ref, [f32(x)], 0, np.ones(1)), f"{name}() grad", floor=1.0)
+    assert_close(grad_of(t, name), central_grad(lambda v: np.asarray(ref(v)), [f32(x)], 0, np.ones(())), f"{name}() grad", floor=1.0)
 
 
 @given(data=st.data())
@@ -209,13 +220,14 @@ def test_all(backend, data) -> None:
     x = data.draw(arrays(shape, st.sampled_from([0.0, 1.0, -2.0])), label="x")
     dim = data.draw(st.integers(0, len(shape) - 1), label="dim")
     t = mt(x, backend)
-    assert_close(t.all(dim), np.all(x != 0, axis=dim, keepdims=True), "all(dim)", floor=1.0)
-    assert t.all().item() == float(np.all(x != 0))
+    assert_close(t.all(dim), np.all(x != 0, axis=dim), "all(dim)", floor=1.0)
+    assert_close(t.any(dim, keepdim=True), np.any(x != 0, axis=dim, keepdims=True), "any(dim)", floor=1.0)
+    assert t.all().dtype == minitorch.bool and bool(t.all()) == bool(np.all(x != 0))
 
 
 def test_max_ties_each_take_the_gradient(backend) -> None:
     t = mt(np.array([[1.0, 3.0, 3.0], [2.0, 0.0, -1.0]]), backend, requires_grad=True)
-    t.max(1).backward(mt(np.array([[2.0], [5.0]]), backend))
+    t.max(1).backward(mt(np.array([2.0, 5.0]), backend))
     assert_close(t.grad, np.array([[0.0, 2.0, 2.0], [5.0, 0.0, 0.0]]), "max tie grad")
 
 
@@ -316,7 +328,7 @@ def test_a_graph_reusing_its_inputs(backend, data) -> None:
 
     tx, tw = mt(x, backend, requires_grad=True), mt(w, backend, requires_grad=True)
     h = (tx @ tw).tanh()
-    out = (h * tx + h @ tw).sum(1)
+    out = (h * tx + h @ tw).sum(1, keepdim=True)
     # The row sums may cancel to far below their terms, so errors are measured against the size
     # of the terms (|h| <= 1): for the output, and for the gradients a bound on |d out / d input|.
     mx, mw = float(np.abs(x).max()), float(np.abs(w).max())

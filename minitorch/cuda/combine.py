@@ -10,8 +10,8 @@ import ctypes
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from .. import operators
-from ..tensor_data import TensorData, prod, shape_broadcast, strides_from_shape
-from .layout import MtLayout, coalesce, elementwise_plan, layout, remember
+from ..tensor_data import TensorData, coalesce, prod, shape_broadcast, strides_from_shape
+from .layout import MtLayout, elementwise_plan, layout, remember
 from .runtime import BUILD_HINT, CudaShapeError, Runtime, check, empty, on_load, ptr, runtime
 
 UNARY_OPS = ("id", "neg", "sigmoid", "relu", "log", "exp", "inv", "tanh", "gelu")

@@ -8,9 +8,9 @@ dim of stride 1.  Plans depend only on shapes and strides, so each is computed o
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
-from ..tensor_data import MAX_DIMS, prod
+from ..tensor_data import MAX_DIMS, broadcast_strides, coalesce, prod
 from .runtime import INT_LIMIT, CudaShapeError
 
 _CACHE_LIMIT = 4096
@@ -20,26 +20,6 @@ class MtLayout(ctypes.Structure):
     """The by-value layout struct of src/includes/layout.cuh: shape and strides, outermost dim first."""
 
     _fields_ = [("ndim", ctypes.c_int), ("shape", ctypes.c_int * MAX_DIMS), ("strides", ctypes.c_int * MAX_DIMS)]
-
-
-def coalesce(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> Tuple[Tuple[int, ...], List[List[int]]]:
-    """Drop size-1 dims and merge neighbours that are contiguous in every operand."""
-    out_shape: List[int] = []
-    out_strides: List[List[int]] = [[] for _ in strides]
-    for d, size in enumerate(shape):
-        if size == 1:
-            continue
-        if out_shape and all(o[-1] == s[d] * size for o, s in zip(out_strides, strides)):
-            out_shape[-1] *= size
-            for o, s in zip(out_strides, strides):
-                o[-1] = s[d]
-        else:
-            out_shape.append(size)
-            for o, s in zip(out_strides, strides):
-                o.append(s[d])
-    if not out_shape:
-        return (1,), [[1] for _ in strides]
-    return tuple(out_shape), out_strides
 
 
 def layout(shape: Sequence[int], strides: Sequence[int]) -> MtLayout:
@@ -55,12 +35,6 @@ def layout(shape: Sequence[int], strides: Sequence[int]) -> MtLayout:
         out.shape[d] = s
         out.strides[d] = st
     return out
-
-
-def broadcast_strides(shape: Tuple[int, ...], strides: Tuple[int, ...], out_shape: Tuple[int, ...]) -> List[int]:
-    """Strides of a tensor viewed with the broadcast shape out_shape (0 on broadcast dims)."""
-    pad = len(out_shape) - len(shape)
-    return [0 if d < pad or shape[d - pad] != out_shape[d] else strides[d - pad] for d in range(len(out_shape))]
 
 
 def elementwise_plan(

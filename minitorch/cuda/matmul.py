@@ -9,8 +9,8 @@ import ctypes
 from typing import Dict, Optional, Tuple
 
 from ..precision import precision_code
-from ..tensor_data import TensorData, prod, shape_broadcast
-from .layout import MtLayout, broadcast_strides, coalesce, layout, remember
+from ..tensor_data import TensorData, broadcast_strides, coalesce, prod, shape_broadcast
+from .layout import MtLayout, layout, remember
 from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, runtime
 
 _P, _I, _LL, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, MtLayout

@@ -77,11 +77,11 @@ def attention_weights(
     if activation == "relu":
         weights = x.relu() if allowed is None else x.relu() * allowed
         return weights, q.zeros((B, H, Tq))
-    m = x.max(3).clamp(min=-3.0e38)  # a row of -inf keeps a finite shift, so x - m is never nan
+    m = x.max(3, keepdim=True).clamp(min=-3.0e38)  # a row of -inf keeps a finite shift, so x - m is never nan
     e = (x - m).exp()
     if allowed is not None:
         e = e * allowed
-    s = e.sum(3)
+    s = e.sum(3, keepdim=True)
     # A row without keys has e = 0 and s = 0: weights 0, and log(0) = -inf makes its lse -inf.
     return e / (s + (s == 0.0)), (m + s.log()).view(B, H, Tq)
 

@@ -47,8 +47,13 @@ class Embedding(Function):
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
         ids, num_embeddings = ctx.saved_values
-        kernel = hook(grad_output.backend.ops, "embedding_bw")
-        if kernel is None:
-            C = grad_output.shape[-1]
-            return (_one_hot(ids, num_embeddings).transpose(0, 1) @ grad_output.contiguous().view(ids.size, C),)
-        return (grad_output._new(kernel(grad_output._tensor, ids._tensor, num_embeddings)),)
+        return (scatter_rows(grad_output, ids, num_embeddings),)
+
+
+def scatter_rows(rows: "Tensor", ids: "Tensor", num_embeddings: int) -> "Tensor":
+    """[num_embeddings, C] zeros with each row r of rows [..., C] added at row ids[r] (no autodiff)."""
+    kernel = hook(rows.backend.ops, "embedding_bw")
+    if kernel is None:
+        C = rows.shape[-1]
+        return _one_hot(ids, num_embeddings).transpose(0, 1) @ rows.contiguous().view(ids.size, C)
+    return rows._new(kernel(rows._tensor, ids._tensor, num_embeddings))

@@ -54,7 +54,7 @@ def fused_linear_cross_entropy(
     bias: Optional["Tensor"] = None,
     label_smoothing: float = 0.0,
 ) -> "Tensor":
-    """sum(loss * w) / sum(w), shape (1,), where loss[r] is the cross-entropy of the logits
+    """sum(loss * w) / sum(w), a 0-dim tensor (as nn.cross_entropy's), where loss[r] is the cross-entropy of the logits
     hidden[r] @ weight (+ bias) against targets[r], and w = token_weights.
 
     hidden [N, C]; weight [C, V] (minitorch's Linear layout: Linear(C, V).weights); targets [N]
@@ -103,7 +103,7 @@ def fused_linear_cross_entropy(
     return FusedLinearCrossEntropy.apply(
         hidden.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
         targets, token_weights, int(chunk_size), smoothing,
-    )  # fmt: skip
+    ).view(())  # fmt: skip
 
 
 def _check_targets(targets: "Tensor", token_weights: "Tensor", vocab: int) -> None:
@@ -154,13 +154,13 @@ def linear_cross_entropy_reference(
         logits = h_rows @ weight
         if bias is not None:
             logits = logits + bias.view(1, V)
-        m = logits.max(1)
+        m = logits.max(1, keepdim=True)
         e = (logits - m).exp()
-        s = e.sum(1)
+        s = e.sum(1, keepdim=True)
         one_hot = _row_block(ids, n0, n1).view(rows, 1) == classes
         row_scale = _row_block(w, n0, n1).view(rows, 1) * scale
         target_weights = one_hot * (1.0 - label_smoothing) + label_smoothing / V
-        part = ((s.log() + m - (logits * target_weights).sum(1)) * row_scale).sum(0)
+        part = ((s.log() + m - (logits * target_weights).sum(1, keepdim=True)) * row_scale).sum()
         loss = part if loss is None else loss + part
         if dhidden is not None:
             dlogits = (e / s - target_weights) * row_scale

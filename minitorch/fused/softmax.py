@@ -31,12 +31,12 @@ def attn_softmax(scores: "Tensor", mask: Optional["Tensor"] = None, causal: bool
 def softmax_reference(x: "Tensor", mask: Optional["Tensor"], causal: bool) -> "Tensor":
     """The composed softmax: shifted by the row max; a row without keys gives zeros, never NaN."""
     x, allowed = masked_scores(x, mask, causal)
-    m = x.max(3)
+    m = x.max(3, keepdim=True)
     m = m.clamp(min=-3.0e38)  # a row of -inf keeps a finite shift, so x - m is never nan
     e = (x - m).exp()
     if allowed is not None:
         e = e * allowed
-    s = e.sum(3)
+    s = e.sum(3, keepdim=True)
     # A live row sums to >= 1 (its max contributes exp(0)); a dead row sums to 0 and must give 0.
     s = s.clamp(min=1.0) * (s > 0.0) + (s == 0.0)
     return (e / s).contiguous()
@@ -44,7 +44,7 @@ def softmax_reference(x: "Tensor", mask: Optional["Tensor"], causal: bool) -> "T
 
 def softmax_backward_reference(grad_out: "Tensor", y: "Tensor") -> "Tensor":
     """y * (g - sum(g * y)) over the last dim."""
-    return (y * (grad_out - (grad_out * y).sum(y.dims - 1))).contiguous()
+    return (y * (grad_out - (grad_out * y).sum(-1, keepdim=True))).contiguous()
 
 
 class Attn_Softmax(Function):
