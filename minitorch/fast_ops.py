@@ -1,21 +1,22 @@
 """FastOps: the CPU default backend, numba-compiled and parallel over output elements.
 
-Every kernel walks its output in row-major order and computes storage positions from the flat
-index directly (no per-element index arrays), with a straight-line fast path when input and output
-share one contiguous layout.  Matmul runs i-k-j loops so the innermost loop streams a row of b and
-a row of out, which the compiler vectorizes.
+Elementwise and reduce kernels run over a coalesced layout (size-1 dims dropped, dims contiguous in
+every operand merged, broadcast dims at stride 0): parallel over rows of the last dim, computing a
+row's storage positions once, with unit-stride loops the compiler vectorizes.  Matmul goes to
+NumPy's BLAS on strided views of the storages (no copies).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 from . import operators
-from .tensor_data import TensorData, shape_broadcast
+from .tensor_data import TensorData, broadcast_strides, coalesce, shape_broadcast
 from .tensor_ops import SimpleOps, TensorOps, empty
 
 _jit_cache: dict = {}
@@ -28,137 +29,148 @@ def _inline(fn: Callable) -> Any:
     return _jit_cache[fn]
 
 
-@njit
-def _position(i: int, out_shape: np.ndarray, in_shape: np.ndarray, in_strides: np.ndarray) -> int:
-    """Storage position in an input (broadcast to out_shape) of the i-th output element."""
-    offset = len(out_shape) - len(in_shape)
+@njit(inline="always")
+def _row_start(r: int, shape: np.ndarray, strides: np.ndarray) -> int:
+    """Storage position of the first element of row r, rows being every index of shape[:-1]."""
     pos = 0
-    rest = np.int64(i)  # prange indices can be unsigned; mixing them with int64 would give floats
-    for d in range(len(out_shape) - 1, -1, -1):
-        idx = rest % out_shape[d]
-        rest = rest // out_shape[d]
-        dd = d - offset
-        if dd >= 0 and in_shape[dd] > 1:
-            pos += idx * in_strides[dd]
+    rest = r
+    for d in range(len(shape) - 2, -1, -1):
+        pos += (rest % shape[d]) * strides[d]
+        rest //= shape[d]
     return pos
 
 
-@njit
-def _same_contiguous(a_shape: np.ndarray, a_strides: np.ndarray, b_shape: np.ndarray, b_strides: np.ndarray) -> bool:
-    if len(a_shape) != len(b_shape):
-        return False
-    expected = 1
-    for d in range(len(a_shape) - 1, -1, -1):
-        if a_shape[d] != b_shape[d]:
-            return False
-        if a_shape[d] != 1 and (a_strides[d] != expected or b_strides[d] != expected):
-            return False
-        expected *= a_shape[d]
-    return True
+@njit(inline="always")
+def _rows(shape: np.ndarray) -> int:
+    n = 1
+    for d in range(len(shape) - 1):
+        n *= shape[d]
+    return n
 
 
-def _map_kernel(fn: Callable) -> Any:
+# Kernels index with unsigned integers: that spares numba its negative-index wraparound, which keeps
+# LLVM from vectorizing the loops (several times slower); every stride here is >= 0.
+_U = np.uint64
+
+
+def _unary_kernel(fn: Callable) -> Any:
+    """out = fn(a) over a coalesced layout (see _plan): parallel over rows (all dims but the last),
+    or over the elements of a single row."""
     f = _inline(fn)
 
-    def kernel(out, out_shape, out_strides, a, a_shape, a_strides):  # type: ignore[no-untyped-def]
-        size = 1
-        for d in range(len(out_shape)):
-            size *= out_shape[d]
-        if _same_contiguous(out_shape, out_strides, a_shape, a_strides):
-            for i in prange(size):
-                out[i] = f(a[i])
-        else:
-            for i in prange(size):
-                out[_position(i, out_shape, out_shape, out_strides)] = f(a[_position(i, out_shape, a_shape, a_strides)])
+    def kernel(out, so, a, sa, shape):  # type: ignore[no-untyped-def]
+        last = len(shape) - 1
+        inner, o1, a1 = _U(shape[last]), _U(so[last]), _U(sa[last])
+        rows = _rows(shape)
+        if rows == 1:
+            for j in prange(inner):
+                out[j * o1] = f(a[j * a1])
+            return
+        for rr in prange(rows):
+            r = np.int64(rr)  # prange indices can be unsigned; mixing them with int64 would give floats
+            o, p = _U(_row_start(r, shape, so)), _U(_row_start(r, shape, sa))
+            for j in range(inner):
+                out[o + j * o1] = f(a[p + j * a1])
 
     return njit(parallel=True)(kernel)
 
 
-def _map_scalar_kernel(fn: Callable) -> Any:
+def _binary_kernel(fn: Callable) -> Any:
+    """out = fn(a, b) over a coalesced layout, as _unary_kernel; a or b may be broadcast (stride 0)."""
     f = _inline(fn)
 
-    def kernel(out, out_shape, out_strides, a, a_shape, a_strides, s):  # type: ignore[no-untyped-def]
-        size = 1
-        for d in range(len(out_shape)):
-            size *= out_shape[d]
-        if _same_contiguous(out_shape, out_strides, a_shape, a_strides):
-            for i in prange(size):
-                out[i] = f(a[i], s)
-        else:
-            for i in prange(size):
-                out[_position(i, out_shape, out_shape, out_strides)] = f(a[_position(i, out_shape, a_shape, a_strides)], s)
+    def kernel(out, so, a, sa, b, sb, shape):  # type: ignore[no-untyped-def]
+        last = len(shape) - 1
+        inner, o1, a1, b1 = _U(shape[last]), _U(so[last]), _U(sa[last]), _U(sb[last])
+        rows = _rows(shape)
+        if rows == 1:
+            for j in prange(inner):
+                out[j * o1] = f(a[j * a1], b[j * b1])
+            return
+        for rr in prange(rows):
+            r = np.int64(rr)
+            o, p, q = _U(_row_start(r, shape, so)), _U(_row_start(r, shape, sa)), _U(_row_start(r, shape, sb))
+            for j in range(inner):
+                out[o + j * o1] = f(a[p + j * a1], b[q + j * b1])
 
     return njit(parallel=True)(kernel)
 
 
-def _zip_kernel(fn: Callable) -> Any:
-    f = _inline(fn)
-
-    def kernel(out, out_shape, out_strides, a, a_shape, a_strides, b, b_shape, b_strides):  # type: ignore[no-untyped-def]
-        size = 1
-        for d in range(len(out_shape)):
-            size *= out_shape[d]
-        if _same_contiguous(out_shape, out_strides, a_shape, a_strides) and _same_contiguous(
-            out_shape, out_strides, b_shape, b_strides
-        ):
-            for i in prange(size):
-                out[i] = f(a[i], b[i])
-        else:
-            for i in prange(size):
-                out[i] = f(a[_position(i, out_shape, a_shape, a_strides)], b[_position(i, out_shape, b_shape, b_strides)])
-
-    return njit(parallel=True)(kernel)
+_REDUCE_BLOCK = 512  # output columns one task of a column reduction keeps hot in cache
 
 
 def _reduce_kernel(fn: Callable) -> Any:
+    """out = fold(fn, start) over n elements at stride rs, for every position of a coalesced outer
+    layout.  When the outer layout's last dim is contiguous and the reduced stride is not 1 (a column
+    reduction), rows are folded into blocks of the output, which streams the input in order;
+    otherwise each output element walks its own elements."""
     f = _inline(fn)
 
-    def kernel(out, out_shape, a, a_shape, a_strides, dim, start):  # type: ignore[no-untyped-def]
-        size = 1
-        for d in range(len(out_shape)):
-            size *= out_shape[d]
-        n = a_shape[dim]
-        step = a_strides[dim]
-        for i in prange(size):
-            pos = _position(i, out_shape, a_shape, a_strides)
+    def kernel(out, so, a, sa, shape, n, rs, start):  # type: ignore[no-untyped-def]
+        last = len(shape) - 1
+        inner, o1, a1 = shape[last], _U(so[last]), _U(sa[last])
+        rows = _rows(shape)
+        step = _U(rs)
+        if a1 == 1 and o1 == 1 and rs != 1 and inner > 1:
+            blocks = (inner + _REDUCE_BLOCK - 1) // _REDUCE_BLOCK
+            for tt in prange(rows * blocks):
+                t = np.int64(tt)
+                r, k0 = t // blocks, (t % blocks) * _REDUCE_BLOCK
+                width = _U(min(inner, k0 + _REDUCE_BLOCK) - k0)
+                o, p = _U(_row_start(r, shape, so) + k0), _U(_row_start(r, shape, sa) + k0)
+                for k in range(width):
+                    out[o + k] = start
+                for j in range(_U(n)):
+                    pj = p + j * step
+                    for k in range(width):
+                        out[o + k] = f(out[o + k], a[pj + k])
+            return
+        for tt in prange(rows * inner):
+            t = np.int64(tt)
+            r, k = t // inner, _U(t % inner)
+            p = _U(_row_start(r, shape, sa)) + k * a1
             acc = start
-            for j in range(n):
-                acc = f(acc, a[pos + j * step])
-            out[i] = acc
+            for j in range(_U(n)):
+                acc = f(acc, a[p + j * step])
+            out[_U(_row_start(r, shape, so)) + k * o1] = acc
 
     return njit(parallel=True)(kernel)
 
 
-@njit(parallel=True)
-def _matmul_kernel(out, a, a_base, a_strides, b, b_base, b_strides, n, k, m):  # type: ignore[no-untyped-def]
-    """out[batch, i, :] = sum_k a[batch, i, k] * b[batch, k, :], batches given by base positions."""
-    batches = len(a_base)
-    a_si, a_sk = a_strides[0], a_strides[1]
-    b_sk, b_sj = b_strides[0], b_strides[1]
-    for rr in prange(batches * n):
-        r = np.int64(rr)
-        bt = r // n
-        i = r % n
-        acc = np.zeros(m, dtype=np.float32)
-        arow = a_base[bt] + i * a_si
-        bb = b_base[bt]
-        if b_sj == 1:
-            for kk in range(k):
-                aik = a[arow + kk * a_sk]
-                # Unsigned positions spare numba its negative-index wraparound, which otherwise
-                # keeps LLVM from vectorizing this loop (about 5x slower).
-                brow = np.uint64(bb + kk * b_sk)
-                for j in range(np.uint64(m)):
-                    acc[j] += aik * b[brow + j]
-        else:
-            for kk in range(k):
-                aik = a[arow + kk * a_sk]
-                brow = bb + kk * b_sk
-                for j in range(m):
-                    acc[j] += aik * b[brow + j * b_sj]
-        o = r * m
-        for j in range(m):
-            out[o + j] = acc[j]
+# Below this many elements a kernel runs on one thread.  A parallel region waits for every thread
+# to be scheduled: microseconds on an idle machine, but a whole scheduler time slice (~15 ms,
+# measured on a busy 2-core machine) when other processes hold the cores, while one thread streams
+# 2M floats in about 2 ms.
+PARALLEL_MIN_ELEMENTS = 1 << 21
+
+
+def _launch(kernel: Any, work: int, *args: Any) -> None:
+    if work >= PARALLEL_MIN_ELEMENTS:
+        kernel(*args)
+        return
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        kernel(*args)
+    finally:
+        numba.set_num_threads(threads)
+
+
+_plans: Dict[tuple, tuple] = {}
+
+
+def _plan(shape: Tuple[int, ...], operands: Sequence[Tuple[Tuple[int, ...], Tuple[int, ...]]]) -> tuple:
+    """(shape, strides of each operand) as int64 arrays, operands broadcast to shape and dims coalesced
+    (size-1 dims dropped, neighbours contiguous in every operand merged); cached by layout."""
+    key = (shape,) + tuple(operands)
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= 4096:
+            _plans.clear()
+        merged, strides = coalesce(shape, [broadcast_strides(s, st, shape) for s, st in operands])
+        plan = (np.array(merged, dtype=np.int64),) + tuple(np.array(st, dtype=np.int64) for st in strides)
+        _plans[key] = plan
+    return plan
 
 
 @njit(parallel=True)
@@ -182,26 +194,10 @@ def _scatter_add_kernel(out, grad, ids, n, c):  # type: ignore[no-untyped-def]
             out[row * c + j] += grad[r * c + j]
 
 
-def _batch_bases(shape: Tuple[int, ...], batch: Tuple[int, ...], strides: Tuple[int, ...]) -> np.ndarray:
-    """Storage position of the [0, 0] element of every (broadcast) batch matrix."""
-    lead = shape[:-2]
-    lead_strides = strides[:-2]
-    offset = len(batch) - len(lead)
-    count = 1
-    for s in batch:
-        count *= s
-    bases = np.zeros(count, dtype=np.int64)
-    for i in range(count):
-        rest = i
-        pos = 0
-        for d in range(len(batch) - 1, -1, -1):
-            idx = rest % batch[d]
-            rest //= batch[d]
-            dd = d - offset
-            if dd >= 0 and lead[dd] > 1:
-                pos += idx * lead_strides[dd]
-        bases[i] = pos
-    return bases
+def as_array(t: TensorData) -> np.ndarray:
+    """A NumPy view (no copy) of a CPU TensorData: its storage with its shape and strides."""
+    item = t._storage.itemsize
+    return np.lib.stride_tricks.as_strided(t._storage, t.shape, tuple(s * item for s in t.strides))
 
 
 def _check_ids(ids: TensorData, num_embeddings: int) -> np.ndarray:
@@ -235,34 +231,31 @@ class FastOps(TensorOps):
 
     @staticmethod
     def map(fn: Callable[[float], float]) -> Callable[..., TensorData]:
-        kernel = _map_kernel(fn)
+        kernel = _unary_kernel(fn)
 
         def ret(x: TensorData, out: Optional[TensorData] = None) -> TensorData:
             o = empty(FastOps, x.shape) if out is None else out
-            kernel(o._storage, o.np_shape, o.np_strides, x._storage, x.np_shape, x.np_strides)
+            if o.size:
+                shape, so, sa = _plan(o.shape, ((o.shape, o.strides), (x.shape, x.strides)))
+                _launch(kernel, o.size, o._storage, so, x._storage, sa, shape)
             return o
 
         return ret
 
     @staticmethod
     def map_scalar(fn: Callable[[float, float], float]) -> Callable[..., TensorData]:
-        kernel = _map_scalar_kernel(fn)
-
-        def ret(x: TensorData, s: float, out: Optional[TensorData] = None) -> TensorData:
-            o = empty(FastOps, x.shape) if out is None else out
-            kernel(o._storage, o.np_shape, o.np_strides, x._storage, x.np_shape, x.np_strides, float(s))
-            return o
-
-        return ret
+        op = FastOps.zip(fn)
+        return lambda x, s, out=None: op(x, TensorData(np.array([s], dtype=np.float32), ()), out)
 
     @staticmethod
     def zip(fn: Callable[[float, float], float]) -> Callable[[TensorData, TensorData], TensorData]:
-        kernel = _zip_kernel(fn)
+        kernel = _binary_kernel(fn)
 
-        def ret(x: TensorData, y: TensorData) -> TensorData:
-            o = empty(FastOps, shape_broadcast(x.shape, y.shape))
-            kernel(o._storage, o.np_shape, o.np_strides, x._storage, x.np_shape, x.np_strides,
-                   y._storage, y.np_shape, y.np_strides)
+        def ret(x: TensorData, y: TensorData, out: Optional[TensorData] = None) -> TensorData:
+            o = empty(FastOps, shape_broadcast(x.shape, y.shape)) if out is None else out
+            if o.size:
+                shape, so, sa, sb = _plan(o.shape, ((o.shape, o.strides), (x.shape, x.strides), (y.shape, y.strides)))
+                _launch(kernel, o.size, o._storage, so, x._storage, sa, y._storage, sb, shape)
             return o
 
         return ret
@@ -272,25 +265,24 @@ class FastOps(TensorOps):
         kernel = _reduce_kernel(fn)
 
         def ret(x: TensorData, dim: int) -> TensorData:
-            shape = list(x.shape)
-            shape[dim] = 1
-            o = empty(FastOps, tuple(shape))
-            kernel(o._storage, o.np_shape, x._storage, x.np_shape, x.np_strides, dim, float(start))
+            o = empty(FastOps, x.shape[:dim] + (1,) + x.shape[dim + 1 :])
+            if o.size:
+                outer = x.shape[:dim] + (1,) + x.shape[dim + 1 :]
+                shape, so, sa = _plan(outer, ((o.shape, o.strides), (outer, x.strides[:dim] + (0,) + x.strides[dim + 1 :])))
+                n = x.shape[dim]
+                _launch(kernel, x.size, o._storage, so, x._storage, sa, shape, n, x.strides[dim] if n > 1 else 1, float(start))
             return o
 
         return ret
 
     @staticmethod
     def matrix_multiply(x: TensorData, y: TensorData) -> TensorData:
-        n, k, m = x.shape[-2], x.shape[-1], y.shape[-1]
+        """Batched, broadcasting x @ y by NumPy's matmul (BLAS gemm per matrix) on strided views of
+        the storages, so transposed and permuted operands are read in place, without copies."""
         batch = shape_broadcast(x.shape[:-2], y.shape[:-2])
-        o = empty(FastOps, batch + (n, m))
-        _matmul_kernel(
-            o._storage,
-            x._storage, _batch_bases(x.shape, batch, x.strides), x.np_strides[-2:].copy(),
-            y._storage, _batch_bases(y.shape, batch, y.strides), y.np_strides[-2:].copy(),
-            n, k, m,
-        )
+        o = empty(FastOps, batch + (x.shape[-2], y.shape[-1]))
+        if o.size:
+            np.matmul(as_array(x), as_array(y), out=as_array(o))
         return o
 
     @staticmethod
@@ -299,7 +291,7 @@ class FastOps(TensorOps):
         V, C = weight.shape
         flat = _check_ids(ids, V)
         o = empty(FastOps, ids.shape + (C,))
-        _gather_kernel(o._storage, weight._storage, weight.np_strides, flat, ids.size, C, V)
+        _launch(_gather_kernel, o.size, o._storage, weight._storage, weight.np_strides, flat, ids.size, C, V)
         return o
 
     @staticmethod
