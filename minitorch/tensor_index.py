@@ -27,6 +27,7 @@ outside `no_grad()`.  Through repeated positions the last value written wins.
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
@@ -41,6 +42,11 @@ if TYPE_CHECKING:
     from .tensor import Tensor
 
 EXACT_IDS = 1 << 24  # float32 holds every integer up to here: the most positions a gather can address
+
+
+def _show(key: Any) -> str:
+    """The key for an error message, long lists and arrays abbreviated."""
+    return reprlib.repr(key)
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,7 @@ def _index_array(entry: Any, key: Any) -> np.ndarray:
         if entry.dtype == np.bool_:
             return values != 0
         if not np.all(values == np.floor(values)):
-            raise IndexingError(f"index tensor of shape {entry.shape} holds non-integer values (key {key!r})")
+            raise IndexingError(f"index tensor of shape {entry.shape} holds non-integer values (key {_show(key)})")
         return values.astype(np.int64)
     arr = np.asarray(entry)
     if arr.size == 0 and arr.dtype.kind == "f":
@@ -102,7 +108,7 @@ def _index_array(entry: Any, key: Any) -> np.ndarray:
     if arr.dtype.kind == "b":
         return arr
     if arr.dtype.kind not in "iu":
-        raise IndexingError(f"index arrays must hold integers or booleans, got dtype {arr.dtype} (key {key!r})")
+        raise IndexingError(f"index arrays must hold integers or booleans, got dtype {arr.dtype} (key {_show(key)})")
     return arr.astype(np.int64)
 
 
@@ -115,34 +121,34 @@ def _entries(key: Any, shape: Tuple[int, ...]) -> List[Any]:
         if e is None or e is Ellipsis:
             out.append(e)
         elif isinstance(e, (bool, np.bool_)):
-            raise IndexingError(f"a bare boolean index is not supported (key {key!r}); index with a mask tensor")
+            raise IndexingError(f"a bare boolean index is not supported (key {_show(key)}); index with a mask tensor")
         elif isinstance(e, (int, np.integer)):
             out.append(int(e))
             consumed += 1
         elif isinstance(e, slice):
             for part in (e.start, e.stop, e.step):
                 if part is not None and not isinstance(part, (int, np.integer)):
-                    raise IndexingError(f"slice bounds must be ints or None, got {e} (key {key!r})")
+                    raise IndexingError(f"slice bounds must be ints or None, got {e} (key {_show(key)})")
             if e.step == 0:
-                raise IndexingError(f"slice step cannot be zero (key {key!r})")
+                raise IndexingError(f"slice step cannot be zero (key {_show(key)})")
             out.append(e)
             consumed += 1
         elif isinstance(e, (list, np.ndarray)) or hasattr(e, "_tensor"):
             arr = _index_array(e, key)
             if arr.dtype == np.bool_ and arr.ndim == 0:
-                raise IndexingError(f"a 0-d boolean index is not supported (key {key!r})")
+                raise IndexingError(f"a 0-d boolean index is not supported (key {_show(key)})")
             out.append(arr)
             consumed += arr.ndim if arr.dtype == np.bool_ else 1
         else:
             raise IndexingError(
                 f"tensor indices must be ints, slices, None, ..., or lists/arrays/tensors of ints or bools; "
-                f"got {type(e).__name__} (key {key!r})"
+                f"got {type(e).__name__} (key {_show(key)})"
             )
     ellipses = [i for i, e in enumerate(out) if e is Ellipsis]
     if len(ellipses) > 1:
-        raise IndexingError(f"an index can have only one ellipsis (...), got key {key!r}")
+        raise IndexingError(f"an index can have only one ellipsis (...), got key {_show(key)}")
     if consumed > len(shape):
-        raise IndexingError(f"too many indices for a tensor of shape {shape}: key {key!r} indexes {consumed} dims")
+        raise IndexingError(f"too many indices for a tensor of shape {shape}: key {_show(key)} indexes {consumed} dims")
     fill = [slice(None)] * (len(shape) - consumed)
     if ellipses:
         at = ellipses[0]
@@ -167,7 +173,7 @@ def parse_key(key: Any, shape: Tuple[int, ...]) -> IndexPlan:
         if isinstance(e, int):
             i = e + size if e < 0 else e
             if not 0 <= i < size:
-                raise IndexingError(f"index {e} is out of range for dim {d} of size {size} (key {key!r}, shape {shape})")
+                raise IndexingError(f"index {e} is out of range for dim {d} of size {size} (key {_show(key)}, shape {shape})")
             starts[d] = i
             d += 1
         elif isinstance(e, slice):
@@ -184,7 +190,7 @@ def parse_key(key: Any, shape: Tuple[int, ...]) -> IndexPlan:
             if e.shape != shape[d : d + e.ndim]:
                 raise IndexingError(
                     f"boolean index of shape {e.shape} does not match the indexed dims {shape[d : d + e.ndim]} "
-                    f"(key {key!r}, shape {shape})"
+                    f"(key {_show(key)}, shape {shape})"
                 )
             for positions in np.nonzero(e):
                 advanced.append((len(out_shape), positions.astype(np.int64)))
@@ -195,7 +201,7 @@ def parse_key(key: Any, shape: Tuple[int, ...]) -> IndexPlan:
             bad = (e < -size) | (e >= size)
             if bad.any():
                 raise IndexingError(
-                    f"index {int(e[bad].flat[0])} is out of range for dim {d} of size {size} (key {key!r}, shape {shape})"
+                    f"index {int(e[bad].flat[0])} is out of range for dim {d} of size {size} (key {_show(key)}, shape {shape})"
                 )
             advanced.append((len(out_shape), np.where(e < 0, e + size, e)))
             out_shape.append(size)
@@ -207,7 +213,7 @@ def parse_key(key: Any, shape: Tuple[int, ...]) -> IndexPlan:
             plan.broadcast = tuple(np.broadcast_shapes(*(a.shape for _, a in advanced)))
         except ValueError:
             shapes = ", ".join(str(a.shape) for _, a in advanced)
-            raise IndexingError(f"index arrays of shapes {shapes} cannot be broadcast together (key {key!r})") from None
+            raise IndexingError(f"index arrays of shapes {shapes} cannot be broadcast together (key {_show(key)})") from None
     return plan
 
 
@@ -258,7 +264,7 @@ class Indexing:
     def __setitem__(self: "Tensor", key: Any, value: Any) -> None:
         if self.history is not None and (not self.is_leaf() or is_grad_enabled()):
             what = "has autodiff history" if not self.is_leaf() else "requires grad (write inside minitorch.no_grad())"
-            raise RuntimeError(f"x[{key!r}] = ... writes in place into a tensor of shape {self.shape} that {what}")
+            raise RuntimeError(f"x[{_show(key)}] = ... writes in place into a tensor of shape {self.shape} that {what}")
         plan = parse_key(key, self.shape)
         with no_grad():
             if not plan.flips and not plan.advanced:
@@ -270,7 +276,7 @@ class Indexing:
         """self[key] = value for keys that copy: written as a select between self and the scattered values."""
         if self.size > EXACT_IDS:
             raise IndexingError(
-                f"assignment through key {key!r} into a tensor of {self.size} elements (more than {EXACT_IDS}); "
+                f"assignment through key {_show(key)} into a tensor of {self.size} elements (more than {EXACT_IDS}); "
                 f"use minitorch.where(mask, value, x) or a slice"
             )
         # Which element of self each element of self[key] is: the same key applied to their positions.

@@ -38,6 +38,7 @@ from project.mt_checks import InputError, check_options, option
 from project.mt_evaluate import FINAL_NAME, final_evaluation
 from project.mt_run import CHECKPOINT_KIND, CHECKPOINT_NAME, TranslationRun, prepare_data
 from project.mt_train import make_backend, restore_run_state
+from project.plot_metrics import plot_metrics
 from project.run_checkpoint import Checkpoint, CheckpointError, check_config, describe, load_checkpoint, previous_path
 from project.run_control import GracefulStop, StopRequested
 
@@ -310,6 +311,7 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
                 return {"config": config, "history": history, "out_dir": out_dir, "stopped": stop.requested, "final": None}
             sample = record.pop("sample")
             append_metrics(metrics_path, record)
+            plot_metrics(metrics_path)
             history.append(record)
             job.progress = {"epoch": epoch, "step": job.progress["step"], "partial": None}
             if config["average_last"] > 1:

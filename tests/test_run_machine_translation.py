@@ -26,6 +26,7 @@ def test_training_learns_and_writes_every_output(straight_run) -> None:
         assert record["tokens_per_s"] > 0 and record["peak_memory_mb"] > 0
     assert second["step"] == 16
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (out / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "the metrics plot of the run"
     for epoch in (1, 2):
         text = (out / f"translations_epoch{epoch}.txt").read_text()
         assert text.count("\nhyp: ") == SPLIT_SIZES["test"]
