@@ -6,7 +6,9 @@ naive loss, global-norm clipping at 1.0, AdamW with weight decay 0.01) on batche
 tokens laid out as the program's (targets = next token, loss weights on the last two thirds).
 PyTorch CPU trains the same architecture (benchmarks/bench_train.py's torch_model) with the same
 loss, clipping and AdamW, with as many threads as numba uses.  Each figure is the median wall time
-of the timed steps after warm-up (every step reads the loss, as the program does).
+of the timed steps after warm-up (every step reads the loss, as the program does).  The machine's
+load average before and after is recorded: other processes on the cores slow every path, and
+multithreaded ones (BLAS, numba's parallel kernels, torch) most.
 
 --before FILE adds a column from a JSON this script wrote earlier (e.g. on the code before a
 change) and the speedup over it.  --profile N prints cProfile's N most expensive functions of one
@@ -23,6 +25,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import platform
 import pstats
 import statistics
@@ -109,8 +112,12 @@ def profile(step: Callable[[Batch], float], batch: Batch, top: int) -> str:
     return text.getvalue()
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default."""
+
+
 def main(argv: List[str] | None = None) -> Dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--batch", type=int, default=128, help="sequences per step (the program's --batch-size)")
     parser.add_argument("--seq-len", type=int, default=30, help="tokens per sequence (Multi30k pairs: ~30-40)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per path (after warm-up)")
@@ -118,7 +125,7 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     parser.add_argument("--before", default=None, help="a bench_cpu.json of an earlier run to compare with")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions of one step")
     parser.add_argument("--skip-torch", action="store_true", help="time minitorch only")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="directory of the JSON and PNG")
     args = parser.parse_args(argv)
 
     batches = make_batches(args.warmup + args.steps, args.batch, args.seq_len)
@@ -126,6 +133,7 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     results: Dict[str, Any] = dict(
         machine=platform.processor() or platform.machine(), numba_threads=numba.get_num_threads(),
         batch=args.batch, seq_len=args.seq_len, steps=args.steps, config=CONFIG, paths={},
+        load_average_before=os.getloadavg()[0],
     )  # fmt: skip
     step = minitorch_step()
     results["paths"]["minitorch FastOps"] = measure(step, batches, args.warmup)
@@ -139,6 +147,7 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
         results["paths"]["torch CPU"] = measure(torch_step(torch), batches, args.warmup)
     for r in results["paths"].values():
         r["tokens_per_s"] = tokens / r["step_s"]
+    results["load_average_after"] = os.getloadavg()[0]
 
     ours = results["paths"]["minitorch FastOps"]["step_s"]
     before = None
@@ -150,7 +159,8 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
         results["minitorch_over_torch"] = ours / results["paths"]["torch CPU"]["step_s"]
 
     print(f"CPU ({results['numba_threads']} threads)  batch {args.batch} x T {args.seq_len}, n_embd {CONFIG['n_embd']}, "
-          f"{CONFIG['n_layers']} layers, vocab {CONFIG['n_vocab']}; median of {args.steps} steps after {args.warmup} warm-up")
+          f"{CONFIG['n_layers']} layers, vocab {CONFIG['n_vocab']}; median of {args.steps} steps after {args.warmup} warm-up; "
+          f"load average {results['load_average_before']:.1f} -> {results['load_average_after']:.1f}")
     print(f"{'path':20s} {'ms/step':>10s} {'tokens/s':>10s}  loss first->last")
     if before is not None:
         print(f"{'minitorch (before)':20s} {1e3 * before:10.0f} {tokens / before:10.0f}")
