@@ -187,10 +187,10 @@ class AdamW(Adam):
                 )  # fmt: skip
 
     def grad_norm(self) -> Tensor:
-        """Global L2 norm of the gradients of the last update, before clipping: shape (1,)."""
+        """Global L2 norm of the gradients of the last update, before clipping: a 0-dim tensor."""
         if self._multi is not None:
             first = self.parameters[0].value
-            return first._new(self._multi.grad_norm())
+            return first._new(self._multi.grad_norm()).view(())
         if self._norm is None:
             raise RuntimeError("AdamW.grad_norm(): no update has run yet")
         return self._norm

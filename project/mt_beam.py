@@ -41,8 +41,8 @@ def top_k(scores: Tensor, k: int, positions: Tensor) -> Tuple[np.ndarray, np.nda
     values, indices = [], []
     x = scores
     for _ in range(k):
-        best = x.max(1)
-        at = ((x == best) * positions).max(1)
+        best = x.max(1, keepdim=True)
+        at = ((x == best) * positions).max(1, keepdim=True)
         values.append(best)
         indices.append(at)
         x = x + (positions == at) * NEG_BIG
