@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import reprlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Tuple
 
 import numpy as np
 

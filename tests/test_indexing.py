@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from minitorch_testing import FAST, arrays, assert_close, f32, mt, mt_strided, shapes, t64
 
 import minitorch
-from minitorch import IndexingError
 
 # ---- random keys ------------------------------------------------------------------------------
 
@@ -72,7 +71,7 @@ def test_basic_keys_match_torch_and_are_views(backend, data) -> None:
     key = data.draw(basic_keys(shape), label="key")
     x = data.draw(arrays(shape), label="x")
     layout = data.draw(st.sampled_from(["contiguous", "strided"]), label="layout")
-    out = check_against_torch(backend, x, key, layout)
+    check_against_torch(backend, x, key, layout)
     t = mt(x, backend)
     view = t[key]
     if view.size:
