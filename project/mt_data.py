@@ -577,15 +577,25 @@ class Batcher:
 
     def epoch(self) -> Iterator[Batch]:
         """The batches of the next epoch (drawn now, built lazily as they are consumed)."""
+        return (make_batch([self.sequences[i] for i in indices]) for (indices,) in self.epoch_groups(1))
+
+    def epoch_groups(self, size: int) -> Iterator[list[np.ndarray]]:
+        """The next epoch's batches (drawn now) as arrays of sequence indices, in groups of ``size``
+        consecutive batches, the last group possibly smaller: one batch for each of the ``size``
+        processes of a data-parallel step.  A group counts as handed out as a whole, so the state
+        is the same in every process and a resumed run may use another group size."""
+        if size < 1:
+            raise ValueError(f"group size must be positive, got {size}")
         self._epoch_start_state = copy.deepcopy(self._rng.bit_generator.state)
         batches = self._draw_epoch()
         self._batches_done, self._resume_skip = self._resume_skip, 0
-        return self._iterate(batches[self._batches_done :])
+        return self._iterate(batches[self._batches_done :], size)
 
-    def _iterate(self, batches: list[np.ndarray]) -> Iterator[Batch]:
-        for indices in batches:
-            self._batches_done += 1
-            yield make_batch([self.sequences[i] for i in indices])
+    def _iterate(self, batches: list[np.ndarray], size: int) -> Iterator[list[np.ndarray]]:
+        for start in range(0, len(batches), size):
+            group = batches[start : start + size]
+            self._batches_done += len(group)
+            yield group
         self._epoch_start_state = None
         self._batches_done = 0
 

@@ -4,6 +4,11 @@ order, and the pieces of its epoch loop: train (the rest of) an epoch, evaluate,
 The checkpoint is ``<out-dir>/checkpoint.npz`` in project/run_checkpoint.py's format (kind
 "machine_translation"): the configuration and mt_train.run_state (parameters, AdamW moments, batch
 order, RNG states and the progress record, the running sums of an unfinished epoch included).
+
+Data parallel (torchrun, project/mt_parallel.py): every process trains its batch of each step; the
+running sums of an unfinished epoch are each process's own until the epoch ends or a checkpoint
+sums them, rank 0 writes the checkpoint (and resumes with the sums, the others from zero), and a
+save or a stop happens in every process at the same step (agreed every --log-every steps).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from project import mt_data
 from project.mt_checks import check_corpus, check_encoded
 from project.mt_decode import corpus_bleu, write_translations
 from project.mt_evaluate import decode
+from project.mt_parallel import DataParallel
 from project.mt_steps import StepTimer, TrainStep
-from project.mt_train import build_model, count_tokens, learning_rate, peak_memory_mb, run_state, validation_loss
+from project.mt_train import build_model, learning_rate, peak_memory_mb, run_state, validation_loss
 from project.run_checkpoint import save_checkpoint
 from project.run_control import GracefulStop, SaveSchedule
 
@@ -51,60 +57,80 @@ class TranslationRun:
     progress: {"epoch": last finished epoch, "step": updates so far, "partial": None between epochs,
     else the unfinished epoch's running sums and whether its training part is done}."""
 
-    def __init__(self, config: Dict[str, Any], backend: minitorch.TensorBackend, data: Dict[str, Any]):
-        self.config, self.backend, self.data = config, backend, data
+    def __init__(
+        self, config: Dict[str, Any], backend: minitorch.TensorBackend, data: Dict[str, Any], parallel: DataParallel
+    ):
+        self.config, self.backend, self.data, self.parallel = config, backend, data, parallel
         self.out_dir = Path(config["out_dir"])
         self.model = build_model(config, data["tokenizer"].get_vocab_size(), backend)
         self.optimizer = minitorch.AdamW(self.model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"],
                                          max_grad_norm=config["grad_clip"] or None)  # fmt: skip
         self.batcher = mt_data.Batcher(data["train"].sequences, config["batch_size"], seed=config["seed"],
                                        samples_per_epoch=config["samples_per_epoch"])  # fmt: skip
-        self.total_steps = config["epochs"] * len(self.batcher)
+        parallel.wrap(self.model)
+        # The schedule's clock counts batches (a step of N processes advances it by N): any N resumes.
+        self.total_batches = config["epochs"] * len(self.batcher)
         self.progress: Dict[str, Any] = {"epoch": 0, "step": 0, "partial": None}
         self.schedule = SaveSchedule(config["save_every_steps"], config["save_every_minutes"])
         self.step = TrainStep(self.model, self.optimizer, backend, config["loss"],
                               use_graphs=config["cuda_graphs"] and backend.cuda, graph_batch_size=config["batch_size"],
-                              label_smoothing=config["label_smoothing"])
+                              label_smoothing=config["label_smoothing"], gradient_sync=parallel.gradient_sync)  # fmt: skip
         self.timer = StepTimer(backend)
 
     def save(self) -> None:
-        """Checkpoint now (the device loss sum of an unfinished epoch is read into the progress)."""
-        partial = self.progress["partial"]
+        """Checkpoint now (the device loss sum of an unfinished epoch is read into the progress and,
+        in a data-parallel run, summed over the processes, all of which call this together)."""
+        partial, progress = self.progress["partial"], self.progress
         if partial is not None and not partial["trained"]:
             partial["loss_sum"] = self.step.loss_total()
-        save_checkpoint(self.out_dir / CHECKPOINT_NAME, CHECKPOINT_KIND, self.config,
-                        run_state(self.model, self.optimizer, self.batcher, self.progress))  # fmt: skip
+            loss_sum, n_targets = self.parallel.sum(partial["loss_sum"], partial["n_targets"])
+            progress = {**progress, "partial": {**partial, "loss_sum": loss_sum, "n_targets": int(n_targets)}}
+        if self.parallel.is_main:
+            save_checkpoint(self.out_dir / CHECKPOINT_NAME, CHECKPOINT_KIND, self.config,
+                            run_state(self.model, self.optimizer, self.batcher, progress))  # fmt: skip
         self.schedule.saved()
+
+    def resumed(self, progress: Dict[str, Any]) -> None:
+        """Continue from a checkpoint's progress record: rank 0 carries its running sums, the other
+        processes start theirs from zero."""
+        partial = progress["partial"]
+        if not self.parallel.is_main and partial is not None and not partial["trained"]:
+            progress = {**progress, "partial": {**partial, "loss_sum": 0.0, "n_targets": 0}}
+        self.progress = progress
 
     def train_epoch(self, epoch: int, stop: GracefulStop) -> bool:
         """Train (the rest of) an epoch; False when a stop signal ended it (after a save)."""
-        partial, config = self.progress["partial"], self.config
-        batches = self.batcher.epoch()  # a resumed epoch skips the batches it had done
-        bar = tqdm(batches, total=len(self.batcher), desc=f"epoch {epoch}/{config['epochs']}", unit="batch",
-                   initial=self.batcher.state_dict()["batches_done"])  # fmt: skip
+        partial, config, parallel = self.progress["partial"], self.config, self.parallel
+        done = self.batcher.state_dict()["batches_done"]
+        steps = parallel.steps(self.batcher)  # a resumed epoch skips the batches it had done
+        bar = tqdm(steps, total=parallel.steps_per_epoch(self.batcher), desc=f"epoch {epoch}/{config['epochs']}",
+                   unit="batch", initial=done // parallel.world_size, disable=not parallel.is_main)  # fmt: skip
         self.step.loss_sum.copy_(partial["loss_sum"])
         start, before = time.perf_counter(), partial["train_seconds"]
         self.timer.start()
-        for i, batch in enumerate(bar):
-            lr = learning_rate(self.progress["step"], config["lr"], config["warmup_steps"], self.total_steps)
-            replayed = self.step(batch, lr)
-            tokens = count_tokens(batch)
-            self.timer.mark(tokens, steady=replayed or not self.step.use_graphs)
+        for i, shard in enumerate(bar):
+            clock = (epoch - 1) * len(self.batcher) + shard.first_batch
+            lr = learning_rate(clock, config["lr"], config["warmup_steps"], self.total_batches)
+            replayed = self.step(shard.batch, lr, share=shard.share, n_targets=shard.n_targets)
+            self.timer.mark(shard.step_tokens, steady=replayed or not self.step.use_graphs)
             self.progress["step"] += 1
             partial["lr"] = lr
-            partial["n_targets"] += batch.n_targets
-            partial["n_tokens"] += tokens
+            partial["n_targets"] += shard.n_targets
+            partial["n_tokens"] += shard.step_tokens
             partial["train_seconds"] = before + time.perf_counter() - start
-            if (i + 1) % config["log_every"] == 0:
+            log = (i + 1) % config["log_every"] == 0
+            if log and parallel.is_main:
                 bar.set_postfix(loss=f"{self.step.loss_total() / partial['n_targets']:.3f}", lr=f"{lr:.2e}",
                                 tok_s=f"{partial['n_tokens'] / partial['train_seconds']:,.0f}", refresh=False)  # fmt: skip
-            if stop.requested or self.schedule.due(self.progress["step"]):
+            stopping, saving = parallel.agree(log, stop.requested, self.schedule.due(self.progress["step"]))
+            if stopping or saving:
                 self.save()
-                if stop.requested:
+                if stopping:
                     bar.close()
                     return False
         bar.close()
-        partial["loss_sum"] = self.step.loss_total()
+        loss_sum, n_targets = parallel.sum(self.step.loss_total(), partial["n_targets"])
+        partial["loss_sum"], partial["n_targets"] = loss_sum, int(n_targets)
         partial["train_seconds"] = before + time.perf_counter() - start
         partial["trained"] = True
         return True

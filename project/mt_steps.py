@@ -17,7 +17,7 @@ the device key, so an eager run and a graph run from the same seed compute the s
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -45,18 +45,23 @@ def pad_width(batch: Batch, multiple: int) -> Batch:
 
 
 class _Inputs:
-    """Device buffers of one batch shape, filled by queued uploads."""
+    """Device buffers of one batch shape, filled by queued uploads, and the step's share and
+    counted targets (see TrainStep.__call__)."""
 
     def __init__(self, shape: Tuple[int, int], backend: TensorBackend):
         B, T = shape
         self.tokens = minitorch.zeros((B, T), backend=backend)
         self.targets = minitorch.zeros((B * T,), backend=backend)
         self.weights = minitorch.zeros((B * T,), backend=backend)
+        self.share = minitorch.zeros((1,), backend=backend)
+        self.n_targets = minitorch.zeros((1,), backend=backend)
 
-    def upload(self, batch: Batch) -> None:
+    def upload(self, batch: Batch, share: float, n_targets: int) -> None:
         self.tokens.copy_(batch.tokens.astype(np.float32))
         self.targets.copy_(batch.targets.reshape(-1).astype(np.float32))
         self.weights.copy_(batch.weights.reshape(-1))
+        self.share.copy_(np.array([share], dtype=np.float32))
+        self.n_targets.copy_(np.array([n_targets], dtype=np.float32))
 
 
 class TrainStep:
@@ -64,11 +69,13 @@ class TrainStep:
 
     use_graphs: capture and replay CUDA graphs (CUDA only); graph_batch_size: only batches of this
     many rows are captured (the short last batch of an epoch runs eagerly); loss_kind and
-    label_smoothing: see mt_train.batch_loss."""
+    label_smoothing: see mt_train.batch_loss; gradient_sync: called between backward and the
+    optimizer update (DistributedDataParallel.sync_gradients)."""
 
     def __init__(
         self, model: DecoderLM, optimizer: minitorch.AdamW, backend: TensorBackend, loss_kind: str,
         use_graphs: bool, graph_batch_size: Optional[int] = None, label_smoothing: float = 0.0,
+        gradient_sync: Optional[Callable[[], None]] = None,
     ):  # fmt: skip
         if use_graphs and not backend.cuda:
             raise ValueError("CUDA graphs need the CUDA backend (--backend cuda)")
@@ -76,6 +83,7 @@ class TrainStep:
         self.label_smoothing = label_smoothing
         self.use_graphs = use_graphs
         self.graph_batch_size = graph_batch_size
+        self.gradient_sync = gradient_sync
         self.loss_sum = minitorch.zeros((1,), backend=backend)
         self.captured = 0
         self._inputs: Dict[Tuple[int, int], _Inputs] = {}
@@ -87,15 +95,20 @@ class TrainStep:
 
             self._seed = DeviceSeed()
 
-    def __call__(self, batch: Batch, lr: float) -> bool:
-        """Queue one update of `batch` at learning rate `lr`; True when it ran as a graph replay."""
+    def __call__(self, batch: Batch, lr: float, share: float = 1.0, n_targets: Optional[int] = None) -> bool:
+        """Queue one update of `batch` at learning rate `lr`; True when it ran as a graph replay.
+
+        Data parallel (project/mt_parallel.py): backward starts from loss x share, this process's
+        part of the step's target tokens (1 alone; 0 for a stand-in batch), and the loss sum counts
+        n_targets tokens (default: the batch's; 0 for a stand-in).  Both are device values, so a
+        replayed graph takes each step's own."""
         if self.backend.cuda:
             batch = pad_width(batch, WIDTH_MULTIPLE)
         shape = batch.tokens.shape
         inputs = self._inputs.get(shape)
         if inputs is None:
             inputs = self._inputs[shape] = _Inputs(shape, self.backend)
-        inputs.upload(batch)
+        inputs.upload(batch, share, batch.n_targets if n_targets is None else n_targets)
         self.optimizer.lr = lr
         self.optimizer.begin_step()
         if self._seed is not None:
@@ -108,6 +121,15 @@ class TrainStep:
         if self.use_graphs and (self.graph_batch_size is None or shape[0] == self.graph_batch_size):
             self._graphs[shape] = self._capture(inputs)
         return False
+
+    def release_graphs(self) -> None:
+        """Free the captured graphs (a new call captures again).  Call it before leaving a process
+        group whose all-reduces a graph captured: NCCL's communicator cannot be destroyed while
+        such a graph lives (destroy_process_group would hang; pytorch/pytorch#115388)."""
+        for graph in self._graphs.values():
+            graph.reset()
+        self._graphs.clear()
+        self._pool = None
 
     def loss_total(self) -> float:
         """The accumulated sum of loss x targets (a device read: it waits for queued steps)."""
@@ -126,10 +148,12 @@ class TrainStep:
             self.model, inputs.tokens, inputs.targets, inputs.weights, self.loss_kind, self.label_smoothing
         )
         self.optimizer.zero_grad()
-        loss.backward()
+        (loss * inputs.share).backward()
+        if self.gradient_sync is not None:
+            self.gradient_sync()
         self.optimizer.update()
         with minitorch.no_grad():
-            self.loss_sum.copy_(self.loss_sum + loss.detach() * inputs.weights.sum())
+            self.loss_sum.copy_(self.loss_sum + loss.detach() * inputs.n_targets)
 
     def _capture(self, inputs: _Inputs) -> Any:
         torch = runtime().torch

@@ -15,6 +15,11 @@ continues from it exactly, mid-epoch included. Every input is checked before tra
     python project/run_machine_translation.py                      # CUDA when available, else CPU
     python project/run_machine_translation.py --preset tiny        # a few minutes on a laptop CPU
     python project/run_machine_translation.py --out-dir runs/mt --resume
+    torchrun --nproc_per_node 2 project/run_machine_translation.py      # data parallel, 2 GPUs
+
+Under torchrun each process trains on its own batch of every step (project/mt_parallel.py) and the
+gradients are combined by minitorch.distributed; rank 0 alone evaluates, prints and writes the
+outputs, and a checkpoint resumes with any number of processes.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from project import mt_data
 from project.mt_average import save_snapshot
 from project.mt_checks import InputError, check_options, option
 from project.mt_evaluate import FINAL_NAME, final_evaluation
+from project.mt_parallel import DataParallel
 from project.mt_run import CHECKPOINT_KIND, CHECKPOINT_NAME, TranslationRun, prepare_data
 from project.mt_train import make_backend, restore_run_state
 from project.plot_metrics import plot_metrics
@@ -152,11 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also checkpoint when this many minutes passed since the last save (0: off)")
     p.add_argument("--seed", type=int, default=0, help="seed of initialization, dropout and batch order")
     p.add_argument("--epochs", type=positive_int, default=10, help="epochs to train in all")
-    p.add_argument("--batch-size", type=positive_int, default=128, help="training pairs per step")
+    p.add_argument("--batch-size", type=positive_int, default=128,
+                   help="training pairs per step (under torchrun: per process, N batches a step)")
     p.add_argument("--samples-per-epoch", type=positive_int, default=None,
                    help="training pairs drawn per epoch (None: all)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of AdamW")
-    p.add_argument("--warmup-steps", type=int, default=200, help="linear warmup, then cosine decay to 0")
+    p.add_argument("--warmup-steps", type=int, default=200,
+                   help="linear warmup, then cosine decay to 0 (counted in batches: a step of N processes counts N)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="decoupled (AdamW) weight decay")
     p.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
     p.add_argument("--label-smoothing", type=fraction, default=0.0,
@@ -269,51 +277,67 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
     """main() without turning bad input into SystemExit."""
     config, checkpoint = resolve_config(argv)
     check_options(config)
+    parallel = DataParallel(config["backend"])  # under torchrun: joins the group, picks this process's GPU
+    say = parallel.print
     backend, backend_line = make_backend(config["backend"])
     out_dir = Path(config["out_dir"])
-    print(f"{backend_line}; {'resuming' if checkpoint else 'new run'} in {out_dir}", flush=True)
+    say(f"{backend_line}; {'resuming' if checkpoint else 'new run'} in {out_dir}", flush=True)
     minitorch.set_float32_matmul_precision(config["matmul_precision"])
     minitorch.manual_seed(config["seed"])
     np.random.seed(config["seed"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(config, out_dir)
-    job = TranslationRun(config, backend, data)
+    with parallel.main_first():  # rank 0 trains and saves the tokenizer, the others load it
+        data = prepare_data(config, out_dir)
+    job = TranslationRun(config, backend, data, parallel)
     if checkpoint is not None:
-        job.progress = restore_run_state(checkpoint, job.model, job.optimizer, job.batcher)
+        job.resumed(restore_run_state(checkpoint, job.model, job.optimizer, job.batcher))
+    parallel.decorrelate_rng()
     metrics_path = out_dir / METRICS_NAME
     history = read_metrics(metrics_path, job.progress["epoch"])
-    write_metrics(metrics_path, history)
+    if parallel.is_main:
+        write_metrics(metrics_path, history)
 
     n_params = sum(p.value.size for p in job.model.parameters())
-    print(
+    say(
         f"{'resuming at epoch ' + str(job.progress['epoch']) + ' step ' + str(job.progress['step']) if checkpoint else 'training'} "
         f"(fused kernels: {config['use_fused_kernel']}, loss: {config['loss']}, recompute layers: {config['recompute_layers']}, "
         f"attention: {config['attention']} {config['activation']}): {n_params:,} parameters, "
         f"vocab {data['tokenizer'].get_vocab_size()}, {len(data['train'].sequences)} train pairs "
         f"({data['train'].n_dropped} longer than {config['max_len']} dropped), {len(data['valid'].sequences)} valid, "
-        f"{len(data['prompts'])} test; {len(job.batcher)} steps/epoch",
+        f"{len(data['prompts'])} test; {parallel.steps_per_epoch(job.batcher)} steps/epoch"
+        f"{f' on {parallel.world_size} processes' if parallel.world_size > 1 else ''}",
         flush=True,
     )
+
+    def finish(stopped: Optional[str], final: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        job.step.release_graphs()  # before leaving the group: a graph may hold its all-reduces
+        parallel.close()
+        return {"config": config, "history": history, "out_dir": out_dir, "stopped": stopped, "final": final}
+
     with GracefulStop() as stop:
         for epoch in range(job.progress["epoch"] + 1, config["epochs"] + 1):
             if job.progress["partial"] is None:
                 job.progress["partial"] = {"epoch": epoch, "trained": False, "lr": None, "loss_sum": 0.0,
                                            "n_targets": 0, "n_tokens": 0, "train_seconds": 0.0}  # fmt: skip
             record = None
-            if job.progress["partial"]["trained"] or job.train_epoch(epoch, stop):
+            trained = job.progress["partial"]["trained"] or job.train_epoch(epoch, stop)
+            if trained and parallel.is_main:  # rank 0 alone evaluates, writes and prints
                 try:
                     with stop.interruptible():
                         record = job.evaluate(epoch)
                 except StopRequested:
                     job.save()
-            if record is None:
-                print(job.stopped(stop.requested), flush=True)
-                return {"config": config, "history": history, "out_dir": out_dir, "stopped": stop.requested, "final": None}
+            # Every process learns whether rank 0 was stopped while evaluating.
+            if not trained or parallel.sum(float(parallel.is_main and record is None))[0]:
+                say(job.stopped(stop.requested or "another process's signal"), flush=True)
+                return finish(stop.requested)
+            job.progress = {"epoch": epoch, "step": job.progress["step"], "partial": None}
+            if not parallel.is_main:
+                continue
             sample = record.pop("sample")
             append_metrics(metrics_path, record)
             plot_metrics(metrics_path)
             history.append(record)
-            job.progress = {"epoch": epoch, "step": job.progress["step"], "partial": None}
             if config["average_last"] > 1:
                 save_snapshot(out_dir, epoch, job.model.state_dict(), keep=config["average_last"])
             job.save()
@@ -324,9 +348,11 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
                 f"({record['memory_kind']}); sample: {sample!r}",
                 flush=True,
             )
+    if not parallel.is_main:
+        return finish(None)
     print_summary(history, out_dir)
     final = final_evaluation(job.model, config, data, backend, history[-1]["epoch"]) if history else None
-    return {"config": config, "history": history, "out_dir": out_dir, "stopped": None, "final": final}
+    return finish(None, final)
 
 
 def _rate(record: Dict[str, Any]) -> str:

@@ -185,15 +185,18 @@ def capture_probe(backend_name: str, info: distributed.ProcessInfo) -> None:
         set_grads(info.rank + 1.0)
         with torch.cuda.graph(graph):
             ddp.sync_gradients()
+        reduced = [p.value.grad for p in model.parameters()]  # views of the buckets
         set_grads(10.0 * (info.rank + 1.0))
         graph.replay()
         torch.cuda.synchronize()
         want = 10.0 * info.world_size * (info.world_size + 1) / 2
-        got = np.unique(np.concatenate([p.value.grad.to_numpy().ravel() for p in model.parameters()]))
+        got = np.unique(np.concatenate([g.to_numpy().ravel() for g in reduced]))
         verdict = "correct" if got.tolist() == [want] else f"WRONG (values {got[:5]}, expected {want})"
         print(f"rank {info.rank}: capture probe: sync_gradients captured and replayed: {verdict}", flush=True)
     except Exception as e:  # the answer to report, whatever torch/NCCL says
         print(f"rank {info.rank}: capture probe: capture failed: {type(e).__name__}: {e}", flush=True)
+    finally:
+        graph.reset()  # before destroy_process_group, which hangs while a graph holds NCCL work
 
 
 def main() -> int:

@@ -1,11 +1,14 @@
 """Smoke tests of project/run_machine_translation.py: a tiny model on a few hundred pairs, CPU
 (the corpus and the tiny configuration: tests/mt_program.py)."""
 
+import socket
+
 import numpy as np
 import pytest
 import torch
 
 import minitorch
+from minitorch import distributed
 from minitorch_testing import FAST, assert_close, t64
 from mt_program import SPLIT_SIZES, TINY, computed, load
 from project import mt_data, mt_run
@@ -154,3 +157,21 @@ def test_old_checkpoint_option_names_its_new_spelling(capsys) -> None:
     with pytest.raises(SystemExit):
         run_mt.build_parser().parse_args(["--checkpoint", "true"])
     assert "--checkpoint was renamed --recompute-layers" in capsys.readouterr().err
+
+
+def test_torchrun_with_one_process_equals_the_plain_run(straight_run, corpus_dir, tmp_path, monkeypatch) -> None:
+    """The data-parallel path (gloo group, DistributedDataParallel, sharded steps, summed running
+    sums in mid-epoch checkpoints) with one process computes exactly what the plain run computes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(port)}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "torchrun1"
+    args = TINY + ["--epochs", "2", "--save-every-steps", "3", "--data-dir", str(corpus_dir), "--out-dir", str(out)]
+    parallel = run_mt.main(args)
+    assert not distributed.is_initialized()
+    for name, value in load(straight_run["out_dir"])["model"].items():
+        np.testing.assert_array_equal(load(out)["model"][name], value, err_msg=name)
+    assert computed(parallel["history"]) == computed(straight_run["history"])

@@ -1,0 +1,96 @@
+"""The translation program's data-parallel batches: every batch of an epoch trained once, by one
+process, with loss shares that make a step equal one process on all its batches."""
+
+import json
+
+import numpy as np
+import pytest
+from test_mt_data import numbered_sequences
+
+import minitorch
+from project import mt_data
+from project.mt_parallel import DataParallel, shard_steps
+from project.mt_steps import TrainStep
+
+
+def identities(batch: mt_data.Batch) -> tuple:
+    return tuple(sorted((batch.tokens[:, 0] - 3).tolist()))
+
+
+def sharded_epoch(batchers, world_size):
+    """Each rank's steps of one epoch, from its own Batcher (as each process draws its own)."""
+    return [list(shard_steps(b, rank, world_size)) for rank, b in enumerate(batchers)]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_every_batch_of_the_epoch_goes_to_exactly_one_rank(world_size) -> None:
+    sequences = numbered_sequences(103)  # 13 batches: 13 = 2 * 5 + 3 leaves a short last step
+    plain = [identities(batch) for batch in mt_data.Batcher(sequences, 8, seed=7).epoch()]
+    ranks = sharded_epoch([mt_data.Batcher(sequences, 8, seed=7) for _ in range(world_size)], world_size)
+    n_steps = -(-len(plain) // world_size)
+    assert all(len(steps) == n_steps for steps in ranks)
+    trained = []
+    for step in range(n_steps):
+        parts = [steps[step] for steps in ranks]
+        assert sum(p.share for p in parts) == pytest.approx(1.0)
+        assert len({p.first_batch for p in parts}) == 1 and parts[0].first_batch == step * world_size
+        assert len({p.step_tokens for p in parts}) == 1
+        real = parts[: min(world_size, len(plain) - step * world_size)]  # the others: stand-ins
+        assert parts[0].step_tokens == sum(int((p.batch.tokens != mt_data.PAD_ID).sum()) for p in real)
+        for rank, p in enumerate(parts):
+            assert p.n_targets == (p.batch.n_targets if rank < len(real) else 0)
+            assert p.share == pytest.approx(p.n_targets / sum(q.n_targets for q in real))
+        trained.extend(identities(p.batch) for p in real)
+    assert trained == plain
+
+
+def test_a_checkpoint_resumes_with_another_number_of_processes() -> None:
+    sequences = numbered_sequences(103)
+    plain = [identities(batch) for batch in mt_data.Batcher(sequences, 8, seed=7).epoch()]
+    two = [mt_data.Batcher(sequences, 8, seed=7) for _ in range(2)]
+    iterators = [shard_steps(b, rank, 2) for rank, b in enumerate(two)]
+    head = [identities(next(it).batch) for _ in range(2) for it in iterators]
+    states = [json.loads(json.dumps(b.state_dict())) for b in two]
+    assert states[0] == states[1] and states[0]["batches_done"] == 4
+
+    three = [mt_data.Batcher(sequences, 8, seed=99) for _ in range(3)]
+    for b in three:
+        b.load_state_dict(states[0])
+    tail = sharded_epoch(three, 3)
+    assert tail[0][0].first_batch == 4
+    rest = [identities(s.batch) for step in zip(*tail) for s in step if s.n_targets > 0]
+    assert head == plain[:4]
+    assert rest == plain[4:]
+
+
+def test_rank_must_be_in_the_group() -> None:
+    with pytest.raises(ValueError, match="0 <= rank < world_size"):
+        next(shard_steps(mt_data.Batcher(numbered_sequences(10), 4), 2, 2))
+
+
+def test_a_stand_in_step_changes_nothing_and_counts_no_loss() -> None:
+    """share 0 and no counted targets: zero gradients (AdamW without decay leaves the parameters),
+    nothing added to the loss sum; share 1 is the plain step."""
+    fast = minitorch.TensorBackend(minitorch.FastOps)
+    minitorch.manual_seed(5)
+    model = minitorch.DecoderLM(n_vocab=40, n_embd=16, n_head=2, n_positions=16, n_layers=1, p_dropout=0.0, backend=fast)
+    step = TrainStep(model, minitorch.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0), fast, "naive", use_graphs=False)
+    batch = mt_data.make_batch(numbered_sequences(4)[1:])
+    before = [p.value.to_numpy() for p in model.parameters()]
+    step(batch, lr=1e-2, share=0.0, n_targets=0)
+    assert step.loss_total() == 0.0
+    for p, old in zip(model.parameters(), before):
+        assert not p.value.grad.to_numpy().any()
+        np.testing.assert_array_equal(p.value.to_numpy(), old)
+    step(batch, lr=1e-2)
+    assert step.loss_total() > 0.0
+
+
+def test_one_process_acts_on_its_own_flags_every_step(monkeypatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    parallel = DataParallel("cpu")
+    assert (parallel.rank, parallel.world_size, parallel.gradient_sync) == (0, 1, None)
+    assert parallel.agree(False, "SIGTERM", False) == (True, False)
+    assert parallel.agree(True, None, True) == (False, True)
+    assert parallel.sum(2.5, 3) == [2.5, 3.0]
