@@ -558,22 +558,26 @@ class Batcher:
         self._epoch_start_state: dict | None = None
         self._batches_done = 0
         self._resume_skip = 0
+        self._epoch_group_size = 1
+        self._resume_group_size: int | None = None
 
     def __len__(self) -> int:
         """Batches per epoch."""
         return -(-self.samples_per_epoch // self.batch_size)
 
-    def _draw_epoch(self) -> list[np.ndarray]:
+    def _draw_epoch(self, group_size: int) -> list[list[np.ndarray]]:
+        # Each window (a multiple of group_size batches) is sorted by length and cut into batches;
+        # runs of group_size neighbouring batches, of similar lengths, stay together as one
+        # data-parallel step, and the epoch shuffles these groups (with group_size 1: the batches).
         chosen = self._rng.permutation(len(self.sequences))[: self.samples_per_epoch]
-        window = self.batch_size * self.bucket_batches
-        batches = []
+        window = self.batch_size * group_size * -(-self.bucket_batches // group_size)
+        groups = []
         for start in range(0, len(chosen), window):
             bucket = chosen[start : start + window]
             bucket = bucket[np.argsort(self._lengths[bucket], kind="stable")]
-            batches.extend(
-                bucket[i : i + self.batch_size] for i in range(0, len(bucket), self.batch_size)
-            )
-        return [batches[i] for i in self._rng.permutation(len(batches))]
+            batches = [bucket[i : i + self.batch_size] for i in range(0, len(bucket), self.batch_size)]
+            groups.extend(batches[i : i + group_size] for i in range(0, len(batches), group_size))
+        return [groups[g] for g in self._rng.permutation(len(groups))]
 
     def epoch(self) -> Iterator[Batch]:
         """The batches of the next epoch (drawn now, built lazily as they are consumed)."""
@@ -581,19 +585,29 @@ class Batcher:
 
     def epoch_groups(self, size: int) -> Iterator[list[np.ndarray]]:
         """The next epoch's batches (drawn now) as arrays of sequence indices, in groups of ``size``
-        consecutive batches, the last group possibly smaller: one batch for each of the ``size``
-        processes of a data-parallel step.  A group counts as handed out as a whole, so the state
-        is the same in every process and a resumed run may use another group size."""
+        (a group may be smaller at the end of the epoch's last length window): one batch for each
+        of the ``size`` processes of a data-parallel step, neighbours in length so that no process
+        waits long for another.  A group counts as handed out as a whole, so the state is the same
+        in every process; a run resumed with another group size finishes the epoch in the order it
+        was drawn in (cut into groups of the new size) and draws the next ones for it."""
         if size < 1:
             raise ValueError(f"group size must be positive, got {size}")
         self._epoch_start_state = copy.deepcopy(self._rng.bit_generator.state)
-        batches = self._draw_epoch()
+        drawn_size, self._resume_group_size = self._resume_group_size or size, None
+        self._epoch_group_size = drawn_size
+        groups, skip = [], self._resume_skip
+        for group in self._draw_epoch(drawn_size):
+            if skip < len(group):
+                groups.append(group[skip:])
+            skip = max(0, skip - len(group))
+        if drawn_size != size:
+            flat = [batch for group in groups for batch in group]
+            groups = [flat[i : i + size] for i in range(0, len(flat), size)]
         self._batches_done, self._resume_skip = self._resume_skip, 0
-        return self._iterate(batches[self._batches_done :], size)
+        return self._iterate(groups)
 
-    def _iterate(self, batches: list[np.ndarray], size: int) -> Iterator[list[np.ndarray]]:
-        for start in range(0, len(batches), size):
-            group = batches[start : start + size]
+    def _iterate(self, groups: list[list[np.ndarray]]) -> Iterator[list[np.ndarray]]:
+        for group in groups:
             self._batches_done += len(group)
             yield group
         self._epoch_start_state = None
@@ -615,6 +629,7 @@ class Batcher:
         return {
             "rng_state": copy.deepcopy(rng_state),
             "batches_done": self._batches_done if in_epoch else 0,
+            "group_size": self._epoch_group_size if in_epoch else 1,
             **self._config(),
         }
 
@@ -627,6 +642,7 @@ class Batcher:
             )
         self._rng.bit_generator.state = copy.deepcopy(state["rng_state"])
         self._resume_skip = int(state["batches_done"])
+        self._resume_group_size = int(state.get("group_size", 1)) if self._resume_skip else None
         self._epoch_start_state = None
         self._batches_done = 0
 

@@ -13,6 +13,7 @@ save or a stop happens in every process at the same step (agreed every --log-eve
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -26,12 +27,14 @@ from project import mt_data
 from project.mt_checks import check_corpus, check_encoded
 from project.mt_decode import corpus_bleu, write_translations
 from project.mt_evaluate import decode
-from project.mt_parallel import DataParallel
+from project.mt_parallel import TranslationParallel
 from project.mt_steps import StepTimer, TrainStep
 from project.mt_train import build_model, learning_rate, peak_memory_mb, run_state, validation_loss
 from project.run_checkpoint import save_checkpoint
 from project.run_control import GracefulStop, SaveSchedule
 
+# The peak learning rate for N processes (a global batch N times --batch-size), from --lr.
+LR_SCALING = {"none": lambda n: 1.0, "sqrt": math.sqrt, "linear": float}
 CHECKPOINT_NAME = "checkpoint.npz"
 CHECKPOINT_KIND = "machine_translation"
 
@@ -58,7 +61,11 @@ class TranslationRun:
     else the unfinished epoch's running sums and whether its training part is done}."""
 
     def __init__(
-        self, config: Dict[str, Any], backend: minitorch.TensorBackend, data: Dict[str, Any], parallel: DataParallel
+        self,
+        config: Dict[str, Any],
+        backend: minitorch.TensorBackend,
+        data: Dict[str, Any],
+        parallel: TranslationParallel,
     ):
         self.config, self.backend, self.data, self.parallel = config, backend, data, parallel
         self.out_dir = Path(config["out_dir"])
@@ -70,6 +77,7 @@ class TranslationRun:
         parallel.wrap(self.model)
         # The schedule's clock counts batches (a step of N processes advances it by N): any N resumes.
         self.total_batches = config["epochs"] * len(self.batcher)
+        self.peak_lr = config["lr"] * LR_SCALING[config["lr_scaling"]](parallel.world_size)
         self.progress: Dict[str, Any] = {"epoch": 0, "step": 0, "partial": None}
         self.schedule = SaveSchedule(config["save_every_steps"], config["save_every_minutes"])
         self.step = TrainStep(self.model, self.optimizer, backend, config["loss"],
@@ -110,7 +118,7 @@ class TranslationRun:
         self.timer.start()
         for i, shard in enumerate(bar):
             clock = (epoch - 1) * len(self.batcher) + shard.first_batch
-            lr = learning_rate(clock, config["lr"], config["warmup_steps"], self.total_batches)
+            lr = learning_rate(clock, self.peak_lr, config["warmup_steps"], self.total_batches)
             replayed = self.step(shard.batch, lr, share=shard.share, n_targets=shard.n_targets)
             self.timer.mark(shard.step_tokens, steady=replayed or not self.step.use_graphs)
             self.progress["step"] += 1

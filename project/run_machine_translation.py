@@ -41,7 +41,7 @@ from project import mt_data
 from project.mt_average import save_snapshot
 from project.mt_checks import InputError, check_options, option
 from project.mt_evaluate import FINAL_NAME, final_evaluation
-from project.mt_parallel import DataParallel
+from project.mt_parallel import TranslationParallel
 from project.mt_run import CHECKPOINT_KIND, CHECKPOINT_NAME, TranslationRun, prepare_data
 from project.mt_train import make_backend, restore_run_state
 from project.plot_metrics import plot_metrics
@@ -60,7 +60,7 @@ RUN_CONTROL = {
     "length_penalty", "average_last",
 }  # fmt: skip
 # Options newer than some checkpoints that change the training, with the value those checkpoints trained with.
-TRAINED_BEFORE = {"label_smoothing": 0.0}
+TRAINED_BEFORE = {"label_smoothing": 0.0, "lr_scaling": "none"}
 # --preset NAME: defaults for a quick run (explicit options still win). tiny: a 2-core CPU, minutes.
 PRESETS = {
     "tiny": {
@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples-per-epoch", type=positive_int, default=None,
                    help="training pairs drawn per epoch (None: all)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of AdamW")
+    p.add_argument("--lr-scaling", choices=("none", "sqrt", "linear"), default="sqrt",
+                   help="under torchrun with N processes (a global batch of N x --batch-size) the peak lr is "
+                   "--lr x 1, sqrt(N) or N")
     p.add_argument("--warmup-steps", type=int, default=200,
                    help="linear warmup, then cosine decay to 0 (counted in batches: a step of N processes counts N)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="decoupled (AdamW) weight decay")
@@ -277,7 +280,7 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
     """main() without turning bad input into SystemExit."""
     config, checkpoint = resolve_config(argv)
     check_options(config)
-    parallel = DataParallel(config["backend"])  # under torchrun: joins the group, picks this process's GPU
+    parallel = TranslationParallel(config["backend"])  # under torchrun: joins the group, picks this process's GPU
     say = parallel.print
     backend, backend_line = make_backend(config["backend"])
     out_dir = Path(config["out_dir"])
