@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -37,14 +37,18 @@ def learning_rate(step: int, peak: float, warmup_steps: int, total_steps: int, f
 
 
 def train_step(
-    model: GPT2, optimizer: minitorch.AdamW, inputs: np.ndarray, targets: np.ndarray, lr: float, loss_kind: str
-) -> tuple[float, Optional[float]]:
-    """One update on a [B, T] batch: loss, backward, AdamW at this lr (which clips the gradients'
-    global norm when it has a max_grad_norm). Returns (loss, gradient norm before clipping, or None
-    when the optimizer does not clip)."""
+    model: GPT2, optimizer: minitorch.AdamW, inputs: np.ndarray, targets: np.ndarray, lr: float, loss_kind: str,
+    gradient_sync: Optional[Callable[[], None]] = None,
+) -> tuple[float, Optional[float]]:  # fmt: skip
+    """One update on a [B, T] batch: loss, backward, gradient_sync (data parallel: the gradients
+    combined over the processes), AdamW at this lr (which clips the gradients' global norm when it
+    has a max_grad_norm). Returns (this process's loss, gradient norm before clipping, or None when
+    the optimizer does not clip)."""
     loss = model.loss(model.token_ids(inputs), model.token_ids(targets), loss_kind)
     optimizer.zero_grad()
     loss.backward()
+    if gradient_sync is not None:
+        gradient_sync()
     optimizer.lr = lr
     optimizer.step()
     norm = optimizer.grad_norm().item() if optimizer.max_grad_norm else None
@@ -52,7 +56,8 @@ def train_step(
 
 
 def validation_loss(model: GPT2, loader: ShardLoader, batches: int, loss_kind: str) -> float:
-    """Mean loss over the first ``batches`` batches of ``loader`` (from its start, as llm.c does)."""
+    """Mean loss over the first ``batches`` batches of ``loader`` (from its start, as llm.c does;
+    under data parallelism this process's part of them, to be averaged over the processes)."""
     if batches < 1:
         raise ValueError(f"validation needs at least one batch, got {batches}")
     loader.reset()

@@ -427,16 +427,23 @@ class ShardLoader:
 
     def load_state(self, state: Mapping[str, int]) -> None:
         """Resume at a position from ``state()``, so the next batch is the one that would have
-        come next. Raises ValueError when the state was saved for another geometry or shard set."""
+        come next. A state saved with another ``batch_size`` or ``num_processes`` (another
+        data-parallel split of the step) resumes at the same token of the shard, rounded up to
+        this loader's next whole sample. Raises ValueError when the state was saved for another
+        sequence length or shard set."""
         current = self.state()
         mismatched = {
-            key: (state.get(key), current[key])
-            for key in ("batch_size", "seq_len", "num_processes", "num_shards")
-            if state.get(key) != current[key]
+            key: (state.get(key), current[key]) for key in ("seq_len", "num_shards") if state.get(key) != current[key]
         }
         if mismatched:
             raise ValueError(f"loader state does not fit this loader, (saved, current): {mismatched}")
         shard_index, sample_index = int(state["shard_index"]), int(state["sample_index"])
+        saved_width = int(state["batch_size"]) * int(state.get("num_processes", 1))
+        width = self.batch_size * self.num_processes
+        if saved_width != width:
+            sample_index = -(-sample_index * saved_width // width)
+            if 0 <= shard_index < len(self.paths):
+                sample_index = min(sample_index, self.shard_samples[shard_index])
         if not 0 <= shard_index < len(self.paths):
             raise ValueError(f"state shard_index {shard_index} is outside 0..{len(self.paths) - 1}")
         if not 0 <= sample_index <= self.shard_samples[shard_index]:

@@ -46,6 +46,7 @@ from project.gpt2_training import (
 from project.llmc_format import GPT2Config, ShardLoader
 from project.mt_checks import InputError
 from project.mt_train import make_backend, peak_memory_mb
+from project.parallel import DataParallel
 from project.run_machine_translation import positive_int, str2bool
 
 FRESH_MODEL = ("depth", "channels", "heads", "max_seq_len", "vocab_size")
@@ -191,22 +192,37 @@ def write_metrics(path: Path, records: Sequence[dict]) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    """Run the program; returns {"args", "records" (the metric records), "model", "out_dir"}."""
+    """Run the program; returns {"args", "records" (the metric records), "model", "out_dir"}.
+
+    Under `torchrun --nproc_per_node N` process r trains on the r-th B x T slice of every N x B x T
+    sample of the shards (llm.c's multi-process DataLoader), the gradients are averaged during
+    backward (minitorch.distributed), validation losses are averaged over the processes, and rank 0
+    prints and writes every file; a checkpoint resumes with any N."""
     args = parse_args(argv)
+    parallel = DataParallel(args.backend)  # under torchrun: joins the group, picks this process's GPU
+    try:
+        return _run(args, parallel)
+    finally:
+        parallel.close()
+
+
+def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
     out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if parallel.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
     try:
         backend, backend_line = make_backend(args.backend)
     except InputError as err:
         raise SystemExit(f"error: {err}") from None
     minitorch.set_float32_matmul_precision(args.matmul_precision)
     minitorch.manual_seed(args.seed)
-    B, T = args.batch_size, args.seq_len
-    train = ShardLoader(args.train_shards, B, T)
-    val = ShardLoader(args.val_shards, B, T) if args.val_shards else None
+    B, T, N = args.batch_size, args.seq_len, parallel.world_size
+    train = ShardLoader(args.train_shards, B, T, parallel.rank, N)
+    val = ShardLoader(args.val_shards, B, T, parallel.rank, N) if args.val_shards else None
     model = build_model(args, backend)
     if T > model.config.max_seq_len:
         raise SystemExit(f"error: --seq-len {T} exceeds the model's max_seq_len {model.config.max_seq_len}")
+    parallel.wrap(model)
     optimizer = minitorch.AdamW(
         model.parameters(), lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
     )
@@ -218,55 +234,63 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         if metrics.is_file():
             lines = metrics.read_text(encoding="utf-8").splitlines()
             records = [r for r in map(json.loads, filter(None, lines)) if r["step"] <= step]
-    write_metrics(out_dir / METRICS_NAME, records)
+    if parallel.is_main:
+        write_metrics(out_dir / METRICS_NAME, records)
     tokenizer = find_tokenizer(args, train)
     val_batches = min(args.val_batches, val.batches_per_epoch) if val else 0
     n_params = sum(p.value.size for p in model.parameters())
-    print(
-        f"GPT-2 {model.config} ({n_params:,} parameters), {backend_line}: fused kernels {args.use_fused_kernel}, "
+    parallel.print(
+        f"GPT-2 {model.config} ({n_params:,} parameters), {backend_line}"
+        + (f", {N} processes (data parallel)" if N > 1 else "")
+        + f": fused kernels {args.use_fused_kernel}, "
         f"attention {args.attention} {args.activation}, loss {args.loss}, recompute layers {args.recompute_layers}, "
         f"matmul precision {args.matmul_precision}; "
-        f"{train.num_tokens:,} training tokens in {len(train.paths)} shard(s) ({train.batches_per_epoch} batches of "
-        f"{B}x{T}), {total_steps} steps" + (f" from step {step}" if step else ""),
+        f"{train.num_tokens:,} training tokens in {len(train.paths)} shard(s) ({train.batches_per_epoch} steps of "
+        f"{N}x{B}x{T}), {total_steps} steps" + (f" from step {step}" if step else ""),
         flush=True,
     )
 
     def log(record: dict) -> None:
         records.append(record)
-        with open(out_dir / METRICS_NAME, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        if parallel.is_main:
+            with open(out_dir / METRICS_NAME, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
 
     while True:
         last = step == total_steps
         if val and args.val_every and (step % args.val_every == 0 or last):
-            val_loss = validation_loss(model, val, val_batches, args.loss)
-            print(f"step {step:5d} | val loss {val_loss:.6f} ({val_batches} batches)", flush=True)
+            val_loss = parallel.sum(validation_loss(model, val, val_batches, args.loss))[0] / N
+            parallel.print(f"step {step:5d} | val loss {val_loss:.6f} ({N * val_batches} batches)", flush=True)
             log({"step": step, "val_loss": val_loss})
-        if args.sample_every and step > 0 and (step % args.sample_every == 0 or last):
+        if args.sample_every and step > 0 and (step % args.sample_every == 0 or last) and parallel.is_main:
             print(f"step {step:5d} | sample: {sample(model, args, tokenizer, args.seed + step)!r}", flush=True)
         if last:
             break
         start = time.perf_counter()
         inputs, targets = train.next_batch()
         lr = learning_rate(step, args.lr, args.warmup_steps, total_steps, args.final_lr_frac)
-        loss, norm = train_step(model, optimizer, inputs, targets, lr, args.loss)
+        loss, norm = train_step(model, optimizer, inputs, targets, lr, args.loss, parallel.gradient_sync)
         seconds = time.perf_counter() - start
+        loss = parallel.sum(loss)[0] / N  # the step's loss over all N x B x T tokens
         step += 1
-        record = {"step": step, "loss": loss, "lr": lr, "ms": seconds * 1e3, "tokens_per_s": B * T / seconds}
+        tokens_per_s = N * B * T / seconds
+        record = {"step": step, "loss": loss, "lr": lr, "ms": seconds * 1e3, "tokens_per_s": tokens_per_s}
         if norm is not None:
             record["grad_norm"] = norm
         log(record)
-        print(
+        parallel.print(
             f"step {step:5d}/{total_steps} | loss {loss:.6f} | lr {lr:.3e} | {seconds * 1e3:8.1f} ms | "
-            f"{B * T / seconds:10,.0f} tok/s" + (f" | grad norm {norm:.3f}" if norm is not None else ""),
+            f"{tokens_per_s:10,.0f} tok/s" + (f" | grad norm {norm:.3f}" if norm is not None else ""),
             flush=True,
         )
-        if args.checkpoint_every and step % args.checkpoint_every == 0:
+        if args.checkpoint_every and step % args.checkpoint_every == 0 and parallel.is_main:
             where = save_training_state(out_dir / f"checkpoint_{step:06d}", model, optimizer, step, train, vars(args))
             print(f"step {step:5d} | saved {where}", flush=True)
 
     memory = peak_memory_mb(backend)
     log({"step": step, **memory})
+    if not parallel.is_main:
+        return {"args": args, "records": records, "model": model, "out_dir": out_dir, **memory}
     model.save_checkpoint(out_dir / STATE_MODEL)
     plot_losses(records, out_dir / PLOT_NAME, f"GPT-2 L{model.config.num_layers} C{model.config.channels}, {args.activation}")
     steady = [r["ms"] for r in records if "ms" in r][1:]

@@ -293,6 +293,22 @@ def test_loader_state_resumes_exactly(tmp_path):
         loader.load_state({**saved, "shard_index": 0, "sample_index": 9})
 
 
+def test_loader_state_resumes_with_another_number_of_processes(tmp_path):
+    make_shards(tmp_path, [61, 40])
+    pattern, B, T = tmp_path / "s_*.bin", 2, 4
+    two = [ShardLoader(pattern, B, T, process_rank=r, num_processes=2) for r in range(2)]
+    for loader in two:
+        loader.next_batch()  # one step of 2 processes: tokens 0..15 of shard 0
+    saved = json.loads(json.dumps(two[0].state()))
+    one = ShardLoader(pattern, B, T)
+    one.load_state(saved)
+    assert int(one.next_batch()[0].flat[0]) == 2 * B * T  # the next token, no batch repeated or skipped
+    three = ShardLoader(pattern, B, T, process_rank=0, num_processes=3)
+    three.load_state(saved)  # token 16 is inside 3-process sample 0: resume at sample 1 (token 24)
+    assert (three.shard_index, three.sample_index) == (0, 1)
+    assert int(three.next_batch()[0].flat[0]) == 3 * B * T
+
+
 def test_loader_refuses_a_shard_shorter_than_one_batch(tmp_path):
     paths = make_shards(tmp_path, [30, 12])
     with pytest.raises(LlmcFormatError, match=r"s_000001\.bin: shard holds 12 tokens.*2\*3\*2 \+ 1 = 13"):

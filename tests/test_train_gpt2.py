@@ -2,6 +2,10 @@
 exact resume from a checkpoint, the learning-rate schedule and refused options."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,6 +66,33 @@ def test_program_writes_model_metrics_plot_and_resumes_exactly(shards, tmp_path,
     main(tiny_args(shards, init, "--init-from", str(run / "model.bin"), "--steps", "1", "--activation", "relu",
                    "--attention", "naive", "--loss", "naive", "--use-fused-kernel", "false"))
     assert read_checkpoint(init / "model.bin")[0] == config
+
+
+def test_two_processes_under_torchrun_equal_one_process_on_twice_the_batch(shards, tmp_path):
+    """torchrun --nproc_per_node 2 with batch 1 each (gloo, averaged gradients, averaged losses)
+    trains the model that one process trains with batch 2 (the two slices tile its batch); the
+    2-process checkpoint resumes in one process."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    two = tmp_path / "two"
+    args = tiny_args(shards, two, *FRESH, "--vocab-size", str(shards.vocab_size), "--batch-size", "1")
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(root / "project" / "train_gpt2.py"), *args]  # fmt: skip
+    workers = subprocess.run(run, env=env, capture_output=True, text=True, timeout=600)
+    assert workers.returncode == 0, workers.stdout + workers.stderr
+    assert workers.stdout.count("step     4/4 | loss") == 1  # rank 0 prints
+    one = tmp_path / "one"
+    main(tiny_args(shards, one, *FRESH, "--vocab-size", str(shards.vocab_size)))
+    losses = [[r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+              for d in (two, one)]  # fmt: skip
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    params = [read_checkpoint(d / "model.bin")[1] for d in (two, one)]
+    for name, value in params[1].items():
+        np.testing.assert_allclose(params[0][name], value, rtol=1e-4, atol=2e-5, err_msg=name)  # Adam: m / sqrt(v) magnifies rounding
+    resumed = tmp_path / "resumed"
+    main(tiny_args(shards, resumed, "--resume-from", str(two / "checkpoint_000002")))
+    for name, value in read_checkpoint(resumed / "model.bin")[1].items():
+        np.testing.assert_allclose(value, params[1][name], rtol=1e-4, atol=2e-5, err_msg=name)  # Adam: m / sqrt(v) magnifies rounding
 
 
 def test_program_refuses_conflicting_or_impossible_options(shards, tmp_path, capsys):
