@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples-per-epoch", type=positive_int, default=None,
                    help="training pairs drawn per epoch (None: all)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of AdamW")
-    p.add_argument("--lr-scaling", choices=("none", "sqrt", "linear"), default="sqrt",
+    p.add_argument("--lr-scaling", choices=("none", "sqrt", "linear"), default="linear",
                    help="under torchrun with N processes (a global batch of N x --batch-size) the peak lr is "
                    "--lr x 1, sqrt(N) or N")
     p.add_argument("--warmup-steps", type=int, default=200,
