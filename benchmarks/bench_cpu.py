@@ -1,6 +1,6 @@
 """CPU training-step benchmark: the translation program's default model on FastOps next to PyTorch CPU.
 
-minitorch runs the program's own step (project.mt_train.train_step: the default DecoderLM with
+minitorch runs the program's own step (project.mt_steps.TrainStep, eager: the default DecoderLM with
 n_embd 256, 8 heads, 4 layers, vocab 8000, dropout 0.1 and the fused ops' composed references,
 naive loss, global-norm clipping at 1.0, AdamW with weight decay 0.01) on batches of B x T random
 tokens laid out as the program's (targets = next token, loss weights on the last two thirds).
@@ -45,7 +45,8 @@ import numba  # noqa: E402
 import minitorch  # noqa: E402
 from bench_train import CONFIG, torch_model  # noqa: E402
 from project.mt_data import Batch  # noqa: E402
-from project.mt_train import build_model, train_step  # noqa: E402
+from project.mt_steps import TrainStep  # noqa: E402
+from project.mt_train import build_model  # noqa: E402
 
 MAX_LEN = 128  # the program's --max-len: the size of the position table
 LR, WEIGHT_DECAY, GRAD_CLIP = 1e-3, 0.01, 1.0
@@ -68,8 +69,15 @@ def minitorch_step() -> Callable[[Batch], float]:
     config = dict(n_embd=CONFIG["n_embd"], n_head=CONFIG["n_head"], n_layers=CONFIG["n_layers"], max_len=MAX_LEN,
                   dropout=0.1, use_fused_kernel=True)  # fmt: skip
     model = build_model(config, CONFIG["n_vocab"], backend)
-    optimizer = minitorch.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    return lambda batch: train_step(model, optimizer, batch, backend, LR, GRAD_CLIP)
+    optimizer = minitorch.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=GRAD_CLIP)
+    train = TrainStep(model, optimizer, backend, "naive", use_graphs=False)
+
+    def step(batch: Batch) -> float:
+        before = train.loss_total()
+        train(batch, LR)
+        return (train.loss_total() - before) / batch.n_targets
+
+    return step
 
 
 def torch_step(torch: Any) -> Callable[[Batch], float]:
