@@ -102,7 +102,7 @@ def run_shape(lib, name, mkn, la, lb, reps: int, l2_bytes: int) -> Dict[str, Any
         def call(i: int) -> None:
             a, b = inputs[i]
             code = lib.launch_matmul(
-                outs[i].data_ptr(), a.data_ptr(), b.data_ptr(), M, N, K, a.stride(0), a.stride(1),
+                outs[i].data_ptr(), N, a.data_ptr(), b.data_ptr(), M, N, K, a.stride(0), a.stride(1),
                 b.stride(0), b.stride(1), empty, empty, None, 0, None, 0, precision, ws.data_ptr(),
                 ws_floats, stream,
             )  # fmt: skip

@@ -53,19 +53,21 @@ def launch(
     accumulate: bool = False,
     workspace: str = "exact",
 ) -> None:
-    """out[..., M, N] (contiguous) = epilogue(a @ b) with a [..., M, K], b [..., K, N] of one batch shape
-    (expand() for broadcasting). workspace: "exact" (what the library asks for) or "none"."""
+    """out[..., M, N] = epilogue(a @ b) with a [..., M, K], b [..., K, N] of one batch shape (expand() for
+    broadcasting); out's rows may be further apart than N (a column slice of a wider tensor), its batch
+    matrices one after another. workspace: "exact" (what the library asks for) or "none"."""
     M, K = a.shape[-2:]
     N = b.shape[-1]
     batch = a.shape[:-2]
-    assert b.shape[:-2] == batch and out.shape == (*batch, M, N) and out.is_contiguous()
+    assert b.shape[:-2] == batch and out.shape == (*batch, M, N) and out.stride(-1) == 1
+    assert all(out.stride(d) == out.shape[d + 1] * out.stride(d + 1) for d in range(out.dim() - 2))
     n_batch = 1
     for n in batch:
         n_batch *= n
     floats = LIB.matmul_workspace_floats(M, N, K, n_batch) if workspace == "exact" else 0
     ws = torch.empty(max(floats, 1), device="cuda") if floats else None
     code = LIB.launch_matmul(
-        ptr(out), ptr(a), ptr(b), M, N, K,
+        ptr(out), out.stride(-2), ptr(a), ptr(b), M, N, K,
         a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1),
         layout(batch, a.stride()[:-2]), layout(batch, b.stride()[:-2]),
         ptr(bias), epilogue, ptr(pre_act), int(accumulate), precision,
@@ -104,10 +106,24 @@ def operand(gen, shape: Tuple[int, ...], transposed: bool) -> "torch.Tensor":
     return torch.randn((*shape[:-2], shape[-1], shape[-2]), generator=gen, device="cuda").transpose(-1, -2)
 
 
-def check_product(a, b, precision: int, workspace: str = "exact") -> None:
-    out = torch.full((*a.shape[:-1], b.shape[-1]), float("nan"), device="cuda")
+def aligned_operand(gen, shape: Tuple[int, ...], transposed: bool) -> "torch.Tensor":
+    """As operand, but a view into storage whose unit-stride dim is padded to a multiple of 4, so odd
+    sizes still have the 16-byte strides the TMA path (sm_90a) reads."""
+    inner = shape[-2] if transposed else shape[-1]
+    padded = (inner + 3) // 4 * 4
+    if not transposed:
+        return torch.randn((*shape[:-1], padded), generator=gen, device="cuda")[..., :inner]
+    store = torch.randn((*shape[:-2], shape[-1], padded), generator=gen, device="cuda")
+    return store[..., :inner].transpose(-1, -2)
+
+
+def check_product(a, b, precision: int, workspace: str = "exact", pad: int = 0) -> None:
+    """pad: output rows that many floats longer than N (which must stay untouched)."""
+    wide = torch.full((*a.shape[:-1], b.shape[-1] + pad), float("nan"), device="cuda")
+    out = wide[..., : b.shape[-1]]
     launch(out, a, b, precision=precision, workspace=workspace)
-    ref = a.double().cpu() @ b.double().cpu()
+    assert torch.isnan(wide[..., b.shape[-1] :]).all(), "a column beyond N was written"
+    ref = a.double() @ b.double()
     ours = rel_err(out, ref)
     if precision == HIGHEST:
         bound = 2 * torch_err(a, b, ref, tf32=False) + ACC_FLOOR
@@ -122,6 +138,28 @@ def check_product(a, b, precision: int, workspace: str = "exact") -> None:
 def test_layouts(precision: int, a_t: bool, b_t: bool) -> None:
     gen = torch.Generator(device="cuda").manual_seed(1 + 2 * a_t + 4 * b_t + 8 * precision)
     check_product(operand(gen, (197, 203), a_t), operand(gen, (203, 131), b_t), precision)
+
+
+@pytest.mark.parametrize("precision", [HIGHEST, HIGH])
+@pytest.mark.parametrize("a_t", [False, True])
+@pytest.mark.parametrize("b_t", [False, True])
+@pytest.mark.parametrize("M, N, K", [(300, 517, 1001), (129, 1000, 64), (2, 3, 5)])
+def test_aligned_layouts(precision: int, a_t: bool, b_t: bool, M: int, N: int, K: int) -> None:
+    """Odd sizes with 16-byte strides: on sm_90a the TMA kernel in each orientation (B K-major: direct;
+    only A K-major: transposed; neither: B transformed), partial tiles at every edge."""
+    gen = torch.Generator(device="cuda").manual_seed(M + N + K + 2 * a_t + 4 * b_t + 8 * precision)
+    check_product(aligned_operand(gen, (M, K), a_t), aligned_operand(gen, (K, N), b_t), precision)
+
+
+@pytest.mark.parametrize("precision", [HIGHEST, HIGH])
+@pytest.mark.parametrize("product", ["fwd", "dX", "dW"])
+def test_gpt2_products(precision: int, product: str) -> None:
+    """A GPT-2 feed-forward layer's three products (4096 tokens, 768 -> 3072), in the layouts autodiff
+    gives them: x @ W, dy @ W^T, x^T @ dy."""
+    gen = torch.Generator(device="cuda").manual_seed(len(product) + precision)
+    x, w, dy = (torch.randn(shape, generator=gen, device="cuda") for shape in ((4096, 768), (768, 3072), (4096, 3072)))
+    a, b = {"fwd": (x, w), "dX": (dy, w.t()), "dW": (x.t(), dy)}[product]
+    check_product(a, b, precision)
 
 
 @pytest.mark.parametrize(
@@ -182,6 +220,37 @@ def test_epilogues(epilogue: int, M: int, N: int, K: int) -> None:
     assert float((out.double().cpu() - y).abs().max()) / scale < 1e-5
 
 
+@pytest.mark.parametrize("epilogue", [EPI_BIAS, EPI_GELU, EPI_RELU])
+@pytest.mark.parametrize("b_t", [False, True])
+@pytest.mark.parametrize("precision", [HIGHEST, HIGH])
+def test_epilogues_aligned(epilogue: int, b_t: bool, precision: int) -> None:
+    """The epilogues on 16-byte strides: on sm_90a the TMA kernel, writing straight from its
+    accumulators (transposed for x @ W, where only A is K-major)."""
+    gen = torch.Generator(device="cuda").manual_seed(epilogue + 4 * b_t + 8 * precision)
+    M, N, K = 300, 260 if b_t else 258, 200  # direct: 16-byte stores; transposed: scalar ones
+    a, b = aligned_operand(gen, (M, K), False), aligned_operand(gen, (K, N), b_t)
+    bias = torch.randn(N, generator=gen, device="cuda")
+    out = torch.full((M, N), float("nan"), device="cuda")
+    pre = torch.full((M, N), float("nan"), device="cuda") if epilogue != EPI_BIAS else None
+    launch(out, a, b, precision=precision, bias=bias, epilogue=epilogue, pre_act=pre)
+    x = a.double() @ b.double() + bias.double()
+    scale = float(x.abs().max())
+    tol = 1e-5 if precision == HIGHEST else 3e-3
+    if pre is not None:
+        assert float((pre.double() - x).abs().max()) / scale < tol
+    y = x if epilogue == EPI_BIAS else gelu64(x) if epilogue == EPI_GELU else torch.relu(x)
+    assert float((out.double() - y).abs().max()) / scale < tol
+
+
+def test_batch_aligned() -> None:
+    """One batch dim on 16-byte strides: a batched A against a broadcast weight (transposed
+    orientation) and two batched operands (direct)."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    a = aligned_operand(gen, (5, 200, 132), False)
+    check_product(a, torch.randn(132, 260, generator=gen, device="cuda").expand(5, 132, 260), HIGHEST)
+    check_product(a, aligned_operand(gen, (5, 132, 70), True), HIGH)
+
+
 @pytest.mark.parametrize("epilogue", [EPI_GELU, EPI_RELU])
 def test_activation_without_bias(epilogue: int) -> None:
     gen = torch.Generator(device="cuda").manual_seed(epilogue)
@@ -203,11 +272,26 @@ def test_accumulate(M: int, N: int, K: int) -> None:
     assert rel_err(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("precision", [HIGHEST, HIGH])
+@pytest.mark.parametrize("make", [operand, aligned_operand])
+@pytest.mark.parametrize("pad", [3, 4])
+def test_output_row_stride(precision: int, make, pad: int) -> None:
+    """Output rows ldc = N + pad floats apart (16-byte stores only where ldc allows), direct and split-K."""
+    gen = torch.Generator(device="cuda").manual_seed(pad + 2 * precision)
+    for M, N, K in [(150, 70, 96), (64, 60, 8192)]:
+        check_product(make(gen, (M, K), False), make(gen, (K, N), M == 64), precision, pad=pad)
+
+
 def test_empty_and_invalid() -> None:
     a, b = torch.randn(0, 5, device="cuda"), torch.randn(5, 3, device="cuda")
     launch(torch.empty(0, 3, device="cuda"), a, b)  # nothing to write, no error
     code = LIB.launch_matmul(
-        None, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, EPI_GELU, None, 1, HIGHEST,
+        None, 2, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, EPI_GELU, None, 1, HIGHEST,
         None, 0, torch.cuda.current_stream().cuda_stream,
     )  # fmt: skip
     assert code != 0  # accumulate needs epilogue 0
+    code = LIB.launch_matmul(
+        None, 1, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 0, None, 0, HIGHEST,
+        None, 0, torch.cuda.current_stream().cuda_stream,
+    )  # fmt: skip
+    assert code != 0  # output rows shorter than N

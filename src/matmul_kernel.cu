@@ -59,6 +59,7 @@ struct MatmulParams {
   const float* bias;
   float* pre_act;
   int M, N, K;
+  int ldc;  // floats between output rows (>= N): out[i] row r at out + (i * M + r) * ldc
   int a_row_stride, a_k_stride, b_k_stride, b_col_stride;
   MtLayout a_batch, b_batch;
   int batch;
@@ -67,36 +68,46 @@ struct MatmulParams {
   long long split_stride;  // floats between the partial outputs of two splits
   int epilogue, accumulate;
   bool a_vec, b_vec;  // 16-byte copies allowed
-  bool out_vec;       // 16-byte stores allowed (N % 4 == 0, aligned outputs)
+  bool out_vec;       // 16-byte stores allowed (ldc % 4 == 0, aligned outputs)
 };
 
 __device__ __forceinline__ float gelu(float x) {
   return 0.5f * x * (1.f + tanhf(kGeluC * (x + kGeluA * x * x * x)));
 }
 
-// Stores x (n of its elements, 1..4) at out[idx..] for columns col.. after the epilogue; pre_act gets
-// x + bias. Four elements with p.out_vec go out as 16-byte stores.
-__device__ __forceinline__ void store_chunk(const MatmulParams& p, float* out, float* pre, long long idx, int col,
-                                            float4 v, int n) {
-  float x[4] = {v.x, v.y, v.z, v.w};
+// Stores x[0..n) (n <= W) at out[idx..] for columns col.. after the epilogue; pre_act gets x + bias. A
+// full run goes out as one W-wide store when p.out_vec (ldc % 4 == 0, 16-byte aligned outputs).
+template <int W>
+__device__ __forceinline__ void store_run(const MatmulParams& p, float* out, float* pre, long long idx, int col,
+                                          const float (&v)[W], int n) {
+  float x[W];
   const bool act = p.epilogue == kBiasGelu || p.epilogue == kBiasRelu;
-  if (p.epilogue != kNone && p.bias != nullptr) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) x[j] += j < n ? p.bias[col + j] : 0.f;
-  }
-  if (n == 4 && p.out_vec) {
-    if (act && pre != nullptr) mt::store_float4(pre + idx, make_float4(x[0], x[1], x[2], x[3]));
+  for (int j = 0; j < W; ++j) x[j] = v[j] + (p.epilogue != kNone && p.bias != nullptr && j < n ? p.bias[col + j] : 0.f);
+  if (W > 1 && n == W && p.out_vec) {
+    // x as one W-wide value at dst (W = 2 or 4).
+    const auto store_vec = [&](float* dst) {
+      if constexpr (W == 4) mt::store_float4(dst, make_float4(x[0], x[1], x[2], x[3]));
+      if constexpr (W == 2) *reinterpret_cast<float2*>(dst) = make_float2(x[0], x[1]);
+    };
+    if (act && pre != nullptr) store_vec(pre + idx);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) x[j] = !act ? x[j] : p.epilogue == kBiasGelu ? gelu(x[j]) : fmaxf(x[j], 0.f);
+    for (int j = 0; j < W; ++j) x[j] = !act ? x[j] : p.epilogue == kBiasGelu ? gelu(x[j]) : fmaxf(x[j], 0.f);
     if (p.accumulate) {
-      const float4 o = mt::load_float4(out + idx);
-      x[0] += o.x, x[1] += o.y, x[2] += o.z, x[3] += o.w;
+      if constexpr (W == 4) {
+        const float4 o = mt::load_float4(out + idx);
+        x[0] += o.x, x[1] += o.y, x[2] += o.z, x[3] += o.w;
+      }
+      if constexpr (W == 2) {
+        const float2 o = *reinterpret_cast<const float2*>(out + idx);
+        x[0] += o.x, x[1] += o.y;
+      }
     }
-    mt::store_float4(out + idx, make_float4(x[0], x[1], x[2], x[3]));
+    store_vec(out + idx);
     return;
   }
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < W; ++j) {
     if (j >= n) break;
     if (act && pre != nullptr) pre[idx + j] = x[j];
     const float y = !act ? x[j] : p.epilogue == kBiasGelu ? gelu(x[j]) : fmaxf(x[j], 0.f);
@@ -203,15 +214,15 @@ __device__ __forceinline__ void put_fragment(float* tile, int row, int col, cons
 
 template <int BM, int BN, int THREADS>
 __device__ __forceinline__ void store_tile(const MatmulParams& p, const float* tile, int bi, int row0, int col0) {
-  const long long mat = static_cast<long long>(bi) * p.M * p.N;
+  const long long mat = static_cast<long long>(bi) * p.M * p.ldc;
   float* out = p.out + blockIdx.y * p.split_stride + mat;
   float* pre = p.pre_act != nullptr ? p.pre_act + mat : nullptr;
   for (int c = threadIdx.x; c < BM * BN / 4; c += THREADS) {
     const int r = c / (BN / 4), cc = (c % (BN / 4)) * 4;
     const int row = row0 + r, col = col0 + cc;
     if (row < p.M && col < p.N) {
-      store_chunk(p, out, pre, static_cast<long long>(row) * p.N + col, col,
-                  mt::load_float4(tile + r * (BN + 8) + cc), min(4, p.N - col));
+      const float4 v = mt::load_float4(tile + r * (BN + 8) + cc);
+      store_run<4>(p, out, pre, static_cast<long long>(row) * p.ldc + col, col, {v.x, v.y, v.z, v.w}, min(4, p.N - col));
     }
   }
 }
@@ -425,9 +436,10 @@ __device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], const uint32_t (
 }
 
 // Register dependency on every accumulator after a wait, so no read of them moves above it.
-__device__ __forceinline__ void fence_registers(float (&d)[64]) {
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 #endif
 
@@ -548,10 +560,11 @@ __global__ void __launch_bounds__(MT_WGMMA_THREADS, WgmmaShape<PREC>::kBlocksPer
 #endif
 }
 
-// out[i] = epilogue(sum over splits s of partial[s * total + i]) for i < total (= batch * M * N), in
-// chunks of 4 consecutive elements of a row (single elements unless out_vec).
+// out = epilogue(sum over splits s of partial[s * total + i]) for the i < total (= batch * M * N) elements
+// of the contiguous partial products (row i / N, column i % N), in chunks of 4 consecutive elements
+// of a row (single elements unless out_vec and N % 4 == 0).
 __global__ void split_k_reduce(MatmulParams p, const float* partial, float* out, long long total, int splits) {
-  const int width = p.out_vec ? 4 : 1;
+  const int width = p.out_vec && p.N % 4 == 0 ? 4 : 1;
   const long long chunks = total / width;
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks; i += stride) {
@@ -559,14 +572,16 @@ __global__ void split_k_reduce(MatmulParams p, const float* partial, float* out,
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s = 0; s < splits; ++s) {
       const float* src = partial + s * total + idx;
-      if (p.out_vec) {
+      if (width == 4) {
         const float4 v = mt::load_float4(src);
         x.x += v.x, x.y += v.y, x.z += v.z, x.w += v.w;
       } else {
         x.x += *src;
       }
     }
-    store_chunk(p, out, p.pre_act, idx, static_cast<int>(idx % p.N), x, width);
+    const long long row = idx / p.N;
+    const int col = static_cast<int>(idx - row * p.N);
+    store_run<4>(p, out, p.pre_act, row * p.ldc + col, col, {x.x, x.y, x.z, x.w}, width);
   }
 }
 
@@ -714,7 +729,21 @@ int launch_products(const MatmulParams& p, int precision, TileConfig config, int
                                : launch_tiles<MmaKernels<SmallMma, kHigh>, 64, 64>(p, splits, stream);
 }
 
+// p writing its partial products to the split-K workspace; split_k_reduce then applies the epilogue.
+MatmulParams partial_params(MatmulParams p, float* workspace) {
+  p.out = workspace;
+  p.ldc = p.N;
+  p.split_stride = static_cast<long long>(p.batch) * p.M * p.N;
+  p.epilogue = kNone;
+  p.accumulate = 0;
+  p.pre_act = nullptr;
+  p.out_vec = p.N % 4 == 0;
+  return p;
+}
+
 }  // namespace
+
+#include "matmul_tma.cuh"
 
 // ================================================================================================
 // C ABI
@@ -727,20 +756,21 @@ MT_DEFINE_ERROR_STRING()
 long long matmul_workspace_floats(int M, int N, int K, int batch) {
   int sms = 0;
   if (M <= 0 || N <= 0 || K <= 0 || batch <= 0 || mt::sm_count(&sms) != cudaSuccess) return 0;
-  return plan_workspace(plan_matmul(M, N, K, batch, sms), M, N, batch);
+  return std::max(plan_workspace(plan_matmul(M, N, K, batch, sms), M, N, batch),
+                  wgmma_available() ? tma::workspace_floats(M, N, K, batch, sms) : 0LL);
 }
 
 // out[i] = epilogue(A[i] @ B[i]) for every batch index i of a_batch / b_batch (same shape; their strides
-// locate A[i] and B[i], 0 = broadcast); out[i] is contiguous [M, N] at out + i * M * N.
+// locate A[i] and B[i], 0 = broadcast); out[i] is [M, N] with rows ldc >= N floats apart, at out + i * M * ldc.
 // precision: 0 "highest" (3xTF32), 1 "high" (one TF32 product). epilogue: 0 none, 1 + bias[c],
 // 2 gelu(x + bias[c]), 3 relu(x + bias[c]) (bias may be NULL for 2 and 3). pre_act (epilogues 2, 3; may
 // be NULL): receives x + bias. accumulate: out += result (epilogue 0 only). workspace: device scratch of
 // workspace_floats floats; with fewer than matmul_workspace_floats(...) the product runs unsplit.
-int launch_matmul(float* out, const float* a, const float* b, int M, int N, int K, int a_row_stride,
+int launch_matmul(float* out, int ldc, const float* a, const float* b, int M, int N, int K, int a_row_stride,
                   int a_k_stride, int b_k_stride, int b_col_stride, MtLayout a_batch, MtLayout b_batch,
                   const float* bias, int epilogue, float* pre_act, int accumulate, int precision,
                   float* workspace, long long workspace_floats, cudaStream_t stream) {
-  MT_RETURN_IF_INVALID(M < 0 || N < 0 || K < 0);
+  MT_RETURN_IF_INVALID(M < 0 || N < 0 || K < 0 || ldc < N);
   MT_RETURN_IF_INVALID(!valid_layout(a_batch) || !valid_layout(b_batch) || !same_shape(a_batch, b_batch));
   MT_RETURN_IF_INVALID(epilogue < kNone || epilogue > kBiasRelu || (accumulate && epilogue != kNone));
   MT_RETURN_IF_INVALID(precision != kHighest && precision != kHigh);
@@ -760,6 +790,7 @@ int launch_matmul(float* out, const float* a, const float* b, int M, int N, int 
   p.M = M;
   p.N = N;
   p.K = K;
+  p.ldc = ldc;
   p.a_row_stride = a_row_stride;
   p.a_k_stride = a_k_stride;
   p.b_k_stride = b_k_stride;
@@ -769,29 +800,26 @@ int launch_matmul(float* out, const float* a, const float* b, int M, int N, int 
   p.batch = static_cast<int>(batch);
   p.epilogue = epilogue;
   p.accumulate = accumulate;
-  p.out_vec = N % 4 == 0 && mt::is_aligned16(out) && (p.pre_act == nullptr || mt::is_aligned16(p.pre_act));
+  p.out_vec = ldc % 4 == 0 && mt::is_aligned16(out) && (p.pre_act == nullptr || mt::is_aligned16(p.pre_act));
 
-  Plan plan = plan_matmul(M, N, K, batch, sms);
-  const long long needed = plan_workspace(plan, M, N, batch);
-  if (K == 0 || needed > workspace_floats || (needed > 0 && !mt::is_aligned16(workspace))) {
-    plan.splits = 1;
-    plan.k_tiles_per_split = static_cast<int>(ceil_div(K, kBK));
+  int splits = 1;
+  int status = wgmma_available() ? tma::launch(p, precision, workspace, workspace_floats, sms, stream, &splits)
+                                 : tma::kNotTaken;
+  if (status == tma::kNotTaken) {
+    Plan plan = plan_matmul(M, N, K, batch, sms);
+    const long long needed = plan_workspace(plan, M, N, batch);
+    if (K == 0 || needed > workspace_floats || (needed > 0 && !mt::is_aligned16(workspace))) {
+      plan.splits = 1;
+      plan.k_tiles_per_split = static_cast<int>(ceil_div(K, kBK));
+    }
+    p.k_tiles_per_split = plan.k_tiles_per_split;
+    splits = plan.splits;
+    status = launch_products(splits > 1 ? partial_params(p, workspace) : p, precision, plan.config, splits, stream);
   }
-  p.k_tiles_per_split = plan.k_tiles_per_split;
-  MatmulParams tile_params = p;
-  if (plan.splits > 1) {  // partial products first; the epilogue runs in the reduction
-    tile_params.out = workspace;
-    tile_params.split_stride = batch * M * N;
-    tile_params.epilogue = kNone;
-    tile_params.accumulate = 0;
-    tile_params.pre_act = nullptr;
-    tile_params.out_vec = N % 4 == 0;
-  }
-  const int status = launch_products(tile_params, precision, plan.config, plan.splits, stream);
-  if (status != 0 || plan.splits == 1) return status;
+  if (status != 0 || splits == 1) return status;
   const long long total = batch * M * N;
   split_k_reduce<<<static_cast<unsigned>(min(ceil_div(total, 256), 8LL * sms)), 256, 0, stream>>>(
-      p, workspace, out, total, plan.splits);
+      p, workspace, out, total, splits);
   return mt_launch_status();
 }
 

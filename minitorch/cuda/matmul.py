@@ -16,7 +16,7 @@ from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, runtime
 _P, _I, _LL, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, MtLayout
 SIGNATURES = {
     "matmul_workspace_floats": (_LL, [_I, _I, _I, _I]),
-    "launch_matmul": (_I, [_P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _L, _L, _P, _I, _P, _I, _I, _P, _LL, _P]),
+    "launch_matmul": (_I, [_P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _I, _L, _L, _P, _I, _P, _I, _I, _P, _LL, _P]),
 }
 EPILOGUES = {None: 0, "bias": 1, "gelu": 2, "relu": 3}
 
@@ -40,14 +40,14 @@ def _plan(a: TensorData, b: TensorData) -> Tuple[Tuple[int, ...], Tuple[int, int
 def _launch(
     out: int, a: int, b: int, M: int, N: int, K: int, strides: Tuple[int, int, int, int], a_batch: MtLayout,
     b_batch: MtLayout, batch: int, what: str, bias: Optional[int] = None, epilogue: int = 0,
-    pre_act: Optional[int] = None, accumulate: bool = False,
+    pre_act: Optional[int] = None, accumulate: bool = False, ldc: Optional[int] = None,
 ) -> None:  # fmt: skip
     rt = runtime()
     lib = rt.lib("matmul_kernel", SIGNATURES)
     ws_len = lib.matmul_workspace_floats(M, N, K, batch)
     ws = rt.buffer(ws_len) if ws_len > 0 else None
     code = lib.launch_matmul(
-        out, a, b, M, N, K, *strides, a_batch, b_batch, bias, epilogue, pre_act, int(accumulate), precision_code(),
+        out, N if ldc is None else ldc, a, b, M, N, K, *strides, a_batch, b_batch, bias, epilogue, pre_act, int(accumulate), precision_code(),
         None if ws is None else ws.data_ptr(), max(ws_len, 0), rt.stream(),
     )  # fmt: skip
     check(code, lib, what)
@@ -87,10 +87,11 @@ def linear_fw(x: TensorData, weight: TensorData, bias: Optional[TensorData], act
 
 def raw_matmul(
     out: int, a: int, b: int, M: int, N: int, K: int, a_strides: Tuple[int, int], b_strides: Tuple[int, int],
-    batch: int = 1, batch_offset: int = 0, accumulate: bool = False,
+    batch: int = 1, batch_offset: int = 0, accumulate: bool = False, ldc: Optional[int] = None,
 ) -> None:  # fmt: skip
-    """out[i] (+)= A[i] @ B[i] for i < batch on raw pointers, out contiguous [batch, M, N]; A[i][r, k] =
-    a[i * batch_offset + r * a_strides[0] + k * a_strides[1]], B[i][k, c] likewise with b."""
+    """out[i] (+)= A[i] @ B[i] for i < batch on raw pointers; out[i] row r at out + (i * M + r) * ldc floats
+    (ldc default N: contiguous [batch, M, N]); A[i][r, k] = a[i * batch_offset + r * a_strides[0] +
+    k * a_strides[1]], B[i][k, c] likewise with b."""
     slices = layout((batch,), (batch_offset,))
     _launch(out, a, b, M, N, K, (*a_strides, *b_strides), slices, slices, batch, f"matmul [{M}, {K}] @ [{K}, {N}] x{batch}",
-            accumulate=accumulate)
+            accumulate=accumulate, ldc=ldc)

@@ -1,0 +1,594 @@
+// The Hopper (sm_90a) path of matmul_kernel.cu: TMA loads, a warp-specialized pipeline and wgmma, for
+// products whose operands the Tensor Memory Accelerator can read (a unit-stride dim, 16-byte aligned
+// base and strides, at most one batch dim). Included by matmul_kernel.cu, whose MatmulParams,
+// store_run, tile_coords and wgmma helpers it uses.
+//
+// Orientation. wgmma reads its A operand from registers in any layout we can load, and its B operand
+// from shared memory only K-major (k contiguous) for TF32. The kernel computes rows x cols of
+// A' @ B' with B' K-major: the product itself when B is K-major; out^T = B^T A^T (rows and cols
+// swapped, the epilogue writing transposed) when only A is; when neither is (weight gradients
+// x^T @ dy), B stays N-major in global memory and the transform warps transpose each staged tile.
+//
+// Block 128 x BN x 32, 384 threads, one block per SM, persistent over the work units (output tile,
+// K split, batch matrix), grouped as tile_coords orders them:
+//   warp 0 (lane 0)    the producer: per K tile, waits for a free ring slot, then TMA-loads A' (128 x 32)
+//                      and B' (BN x 32) into it, the slot's `full` barrier counting the bytes;
+//   warps 1-3          the transform (where needed): per K tile, from the landed B' tile, write the
+//                      K-major TF32 words wgmma reads: B_lo = b - hi(b) ("highest"), and for an N-major
+//                      B the transposed hi words (rounded to nearest for "high"); then `conv` barrier;
+//   warpgroups 1, 2    consumers of 64 rows each: A fragments from shared memory into registers
+//                      (split into hi + lo, or rounded), wgmma.m64nBNk8 with B from shared memory,
+//                      then the slot's `empty` barrier; at the end of a unit, the epilogue straight
+//                      from the accumulators to global memory.
+// setmaxnreg moves registers from the producer warpgroup (40) to the consumers (232).
+//
+// Shared memory tiles use the 128-byte swizzle of TMA and wgmma: a tile row of 32 floats is 128 bytes,
+// and the 16-byte chunk c of row r sits at chunk c ^ (r % 8). K-major tiles (A or B' with k
+// contiguous) are [rows][32 k]; an M-major A and an N-major B arrive as boxes of [32 k][32 rows].
+// Precision as in the mma.sync kernel: "highest" splits A in registers and uses B's raw words as hi
+// (wgmma reads the top 19 bits) with B_lo from the transform, three products per k8 step summed into
+// fresh accumulators per K tile; "high" rounds A to nearest TF32 in registers, and B where the
+// transform writes it (an N-major B), otherwise wgmma truncates B.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+
+namespace tma {
+
+constexpr int kThreads = 384, kBM = 128, kABytes = kBM * kBK * 4, kBoxBytes = 32 * kBK * 4;
+constexpr int kRingBudget = 192 * 1024;
+// The block starts with 168 registers a thread (65536 / 384, rounded down to 8): 384 x 168 = 128 x 40 +
+// 256 x 232. Asking the consumers for more than the producers give back would stall them for good.
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+template <int PREC, bool A_KMAJOR, bool B_TRANSFORM, int BN>
+struct Config {
+  // Converted B tiles per slot: B_lo for "highest", the transposed hi words for an N-major B.
+  static constexpr int kConv = (PREC == kHighest ? 1 : 0) + (B_TRANSFORM ? 1 : 0);
+  static constexpr int kBBytes = BN * kBK * 4;
+  static constexpr int kSlotBytes = kABytes + kBBytes * (1 + kConv);
+  static constexpr int kStages = kRingBudget / kSlotBytes > 8 ? 8 : kRingBudget / kSlotBytes;
+  static constexpr int kSmemBytes = kStages * kSlotBytes + 3 * 8 * kStages + 1024;  // + barriers, alignment
+  static constexpr int kTxBytes = kABytes + kBBytes;
+};
+
+// What the kernel needs beyond the epilogue's MatmulParams (which keep the output's orientation).
+struct Params {
+  MatmulParams p;
+  int rows, cols, K;  // the kernel's product: rows x cols, over K
+  bool transposed;    // kernel element (r, c) is output element (c, r)
+  bool a_batched, b_batched;
+  int tiles_m, tiles_n, splits, k_tiles_per_split, units;
+};
+
+struct Unit {
+  int bi, split, row0, col0, kt0, k_tiles;
+};
+
+template <int BN>
+__device__ __forceinline__ Unit unit_of(const Params& tp, int u) {
+  const int tiles = tp.tiles_m * tp.tiles_n, per_batch = tiles * tp.splits;
+  Unit w;
+  w.bi = u / per_batch;
+  const int rem = u - w.bi * per_batch;
+  w.split = rem / tiles;
+  int tm, tn;
+  tile_coords(rem - w.split * tiles, tp.tiles_m, tp.tiles_n, &tm, &tn);
+  w.row0 = tm * kBM;
+  w.col0 = tn * BN;
+  w.kt0 = w.split * tp.k_tiles_per_split;
+  w.k_tiles = max(0, min(tp.k_tiles_per_split, (tp.K + kBK - 1) / kBK - w.kt0));
+  return w;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Waits until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// Box (c0, c1, c2) of the tensor map into shared memory at dst; completion counted on bar.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, uint32_t bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Descriptor of a K-major, 128-byte-swizzled tile at shared address addr (1024-byte aligned rows of 8):
+// 8-row groups 1024 bytes apart; one k8 step further along k is addr + 32 bytes (descriptor + 2).
+__device__ __forceinline__ uint64_t swizzled_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | 1ull << 16 | static_cast<uint64_t>(1024 >> 4) << 32 |
+         1ull << 62;
+}
+
+// d (+)= a b for one m64n256k8 TF32 product, A from registers; returns before the product is done.
+__device__ __forceinline__ void wgmma_m64n256k8_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b_desc,
+                                                   int accumulate) {
+#define MT_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define MT_D16(i) MT_D4(i), MT_D4(i + 4), MT_D4(i + 8), MT_D4(i + 12)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+      "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
+      "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "
+      "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, "
+      "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, "
+      "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, {%128, %129, %130, %131}, %132, p, 1, 1;\n}\n"
+      : MT_D16(0), MT_D16(16), MT_D16(32), MT_D16(48), MT_D16(64), MT_D16(80), MT_D16(96), MT_D16(112)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+#undef MT_D16
+#undef MT_D4
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
+  if constexpr (BN == 256) {
+    wgmma_m64n256k8_rs(d, a, b_desc, accumulate);
+  } else {
+    wgmma_m64n128k8(d, a, b_desc, accumulate);
+  }
+}
+
+__device__ __forceinline__ float tf32_hi(float x) { return __uint_as_float(__float_as_uint(x) & 0xffffe000u); }
+
+// The transform warps' work on one landed slot (96 threads, t96 = 0..95).
+template <int PREC, bool B_TRANSFORM, int BN>
+__device__ __forceinline__ void transform_slot(uint8_t* raw, uint8_t* conv, int t96) {
+  constexpr int kBBytes = BN * kBK * 4;
+  if constexpr (!B_TRANSFORM) {
+    // B_lo of a K-major B: same positions as the raw words.
+    for (int i = t96; i < BN * kBK / 4; i += 96) {
+      const float4 v = reinterpret_cast<const float4*>(raw)[i];
+      reinterpret_cast<float4*>(conv)[i] =
+          make_float4(v.x - tf32_hi(v.x), v.y - tf32_hi(v.y), v.z - tf32_hi(v.z), v.w - tf32_hi(v.w));
+    }
+  } else {
+    // N-major boxes [32 k][32 n] -> K-major [BN n][32 k], 4 x 4 blocks per thread. Block (box, d, x) is
+    // n0 = 32 box + 4 x, k0 = 4 (x ^ d): the 8 threads of a quarter warp (one d, x = 0..7) then read
+    // and write 8 different 16-byte chunks of the swizzled rows (no bank conflicts).
+    for (int b = t96; b < 2 * BN; b += 96) {
+      const int box = b >> 6, d = (b >> 3) & 7, x = b & 7;
+      const int n0 = 32 * box + 4 * x, k0 = 4 * (x ^ d);
+      float v[4][4];  // v[e][c] = B(n0 + c, k0 + e)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int k = k0 + e;
+        const float4 w = *reinterpret_cast<const float4*>(raw + box * kBoxBytes + k * 128 + ((x ^ (k & 7)) << 4));
+        v[e][0] = w.x, v[e][1] = w.y, v[e][2] = w.z, v[e][3] = w.w;
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int n = n0 + c;
+        const int at = n * 128 + (((k0 >> 2) ^ (n & 7)) << 4);
+        float4 hi, lo;
+        if constexpr (PREC == kHighest) {
+          hi = make_float4(tf32_hi(v[0][c]), tf32_hi(v[1][c]), tf32_hi(v[2][c]), tf32_hi(v[3][c]));
+          lo = make_float4(v[0][c] - hi.x, v[1][c] - hi.y, v[2][c] - hi.z, v[3][c] - hi.w);
+          *reinterpret_cast<float4*>(conv + kBBytes + at) = lo;
+        } else {
+          hi = make_float4(__uint_as_float(round_tf32(v[0][c])), __uint_as_float(round_tf32(v[1][c])),
+                           __uint_as_float(round_tf32(v[2][c])), __uint_as_float(round_tf32(v[3][c])));
+        }
+        *reinterpret_cast<float4*>(conv + at) = hi;
+      }
+    }
+  }
+}
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MT_TMA_THREADS 384
+#else
+#define MT_TMA_THREADS 1
+#endif
+
+template <int PREC, bool A_KMAJOR, bool B_TRANSFORM, int BN>
+__global__ void __launch_bounds__(MT_TMA_THREADS, 1)
+    matmul_tma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
+                      const Params tp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = Config<PREC, A_KMAJOR, B_TRANSFORM, BN>;
+  constexpr int S = Cfg::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = mt::shared_address(smem_raw);
+  const uint32_t base = (raw_addr + 1023) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw_addr);
+  const uint32_t bars = base + S * Cfg::kSlotBytes;
+  const auto full = [&](int s) { return bars + 8 * s; };
+  const auto conv = [&](int s) { return bars + 8 * (S + s); };
+  const auto empty = [&](int s) { return bars + 8 * (2 * S + s); };
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(conv(s), 3);
+      mbar_init(empty(s), 8);  // every consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&a_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&b_map)) : "memory");
+  }
+  __syncthreads();
+
+  if (warp < 4) {  // the producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp == 0) {
+      if (lane != 0) return;
+      int it = 0;
+      for (int u = blockIdx.x; u < tp.units; u += gridDim.x) {
+        const Unit w = unit_of<BN>(tp, u);
+        const int ba = tp.a_batched ? w.bi : 0, bb = tp.b_batched ? w.bi : 0;
+        for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
+          const int s = it % S, k0 = (w.kt0 + kt) * kBK;
+          mbar_wait(empty(s), ((it / S) & 1) ^ 1);
+          mbar_expect_tx(full(s), Cfg::kTxBytes);
+          const uint32_t slot = base + s * Cfg::kSlotBytes;
+          if constexpr (A_KMAJOR) {
+            tma_load(slot, a_map, full(s), k0, w.row0, ba);
+          } else {
+#pragma unroll
+            for (int i = 0; i < kBM / 32; ++i) tma_load(slot + i * kBoxBytes, a_map, full(s), w.row0 + 32 * i, k0, ba);
+          }
+          if constexpr (B_TRANSFORM) {
+#pragma unroll
+            for (int i = 0; i < BN / 32; ++i)
+              tma_load(slot + kABytes + i * kBoxBytes, b_map, full(s), w.col0 + 32 * i, k0, bb);
+          } else {
+            tma_load(slot + kABytes, b_map, full(s), k0, w.col0, bb);
+          }
+        }
+      }
+    } else if constexpr (Cfg::kConv > 0) {
+      int it = 0;
+      for (int u = blockIdx.x; u < tp.units; u += gridDim.x) {
+        const Unit w = unit_of<BN>(tp, u);
+        for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
+          const int s = it % S;
+          mbar_wait(full(s), (it / S) & 1);
+          uint8_t* slot = smem + s * Cfg::kSlotBytes;
+          transform_slot<PREC, B_TRANSFORM, BN>(slot + kABytes, slot + kABytes + Cfg::kBBytes, threadIdx.x - 32);
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the words are for wgmma
+          __syncwarp();
+          if (lane == 0) mbar_arrive(conv(s));
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  const int cw = warp / 4 - 1, wq = warp % 4, g = lane / 4, t = lane % 4;
+  const int tile_row = cw * 64 + wq * 16 + g;  // fragment rows tile_row and tile_row + 8
+  // Byte offsets in the A tile of this thread's fragment words for k8 step 0 (h = 0: k = t, h = 1:
+  // k = t + 4; rows tile_row, tile_row + 8); step j adds j * 32 bytes (K-major) or j * 1024 (M-major).
+  int a_off[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if constexpr (A_KMAJOR) {
+        a_off[h][r] = (tile_row + 8 * r) * 128 + ((h ^ g) << 4) + 4 * t;
+      } else {
+        const int box = cw * 2 + (wq >> 1), chunk = (wq & 1) * 4 + 2 * r + (g >> 2);
+        a_off[h][r] = box * kBoxBytes + (4 * h + t) * 128 + ((chunk ^ (4 * h + t)) << 4) + 4 * (g & 3);
+      }
+    }
+  }
+  // A fragment words of k8 step j from the slot (a0..a3 as the mma_tf32.cuh layout, natural k order).
+  const auto a_words = [&](const uint8_t* a_tile, int j, float (&x)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int h = i >> 1, r = i & 1;
+      const int off = A_KMAJOR ? (a_off[h][r] ^ (2 * j << 4)) : a_off[h][r] + j * 1024;
+      x[i] = *reinterpret_cast<const float*>(a_tile + off);
+    }
+  };
+  const auto wait_slot = [&](int s, int parity) {
+    mbar_wait(full(s), parity);
+    if constexpr (Cfg::kConv > 0) mbar_wait(conv(s), parity);
+  };
+  const uint32_t b_hi_off = kABytes + (B_TRANSFORM ? Cfg::kBBytes : 0);
+  const uint32_t b_lo_off = kABytes + Cfg::kBBytes * (B_TRANSFORM ? 2 : 1);
+
+  int it = 0;
+  for (int u = blockIdx.x; u < tp.units; u += gridDim.x) {
+    const Unit w = unit_of<BN>(tp, u);
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    if constexpr (PREC == kHighest) {
+      float fresh[BN / 2];
+      for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
+        const int s = it % S;
+        wait_slot(s, (it / S) & 1);
+        const uint8_t* slot = smem + s * Cfg::kSlotBytes;
+        mt::Tf32Frag<4> af[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float x[4];
+          a_words(slot, j, x);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) af[j].set(i, x[i]);
+        }
+        const uint64_t b_hi = swizzled_desc(base + s * Cfg::kSlotBytes + b_hi_off);
+        const uint64_t b_lo = swizzled_desc(base + s * Cfg::kSlotBytes + b_lo_off);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          wgmma_rs<BN>(fresh, af[j].lo, b_hi + 2 * j, j > 0);
+          wgmma_rs<BN>(fresh, af[j].hi, b_lo + 2 * j, 1);
+          wgmma_rs<BN>(fresh, af[j].hi, b_hi + 2 * j, 1);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        fence_registers(fresh);
+        if (lane == 0) mbar_arrive(empty(s));
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] += fresh[i];
+      }
+    } else {
+      // One K tile's products stay in flight while the next tile's fragments load: two register sets.
+      uint32_t a0[4][4], a1[4][4];
+      int prev = -1;
+      const auto step = [&](uint32_t (&a)[4][4]) {
+        const int s = it % S;
+        wait_slot(s, (it / S) & 1);
+        const uint8_t* slot = smem + s * Cfg::kSlotBytes;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float x[4];
+          a_words(slot, j, x);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[j][i] = round_tf32(x[i]);
+        }
+        const uint64_t b_hi = swizzled_desc(base + s * Cfg::kSlotBytes + b_hi_off);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wgmma_rs<BN>(acc, a[j], b_hi + 2 * j, 1);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+        prev = s;
+        ++it;
+      };
+      int kt = 0;
+      for (; kt + 1 < w.k_tiles; kt += 2) {  // no branch between the two steps: ptxas would serialize the products
+        step(a0);
+        step(a1);
+      }
+      if (kt < w.k_tiles) step(a0);
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      fence_registers(acc);
+      if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+    }
+
+    // Epilogue: fragment j holds rows tile_row (+ 8) and columns 8 j + 2 t, + 1 of the kernel's tile.
+    const MatmulParams& p = tp.p;
+    const long long mat = static_cast<long long>(w.bi) * p.M * p.ldc;
+    float* out = p.out + w.split * p.split_stride + mat;
+    float* pre = p.pre_act != nullptr ? p.pre_act + mat : nullptr;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = w.row0 + tile_row + 8 * h, c = w.col0 + 8 * j + 2 * t;
+        if (r >= tp.rows || c >= tp.cols) continue;
+        const float x[2] = {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]};
+        if (!tp.transposed) {
+          store_run<2>(p, out, pre, static_cast<long long>(r) * p.ldc + c, c, x, min(2, tp.cols - c));
+        } else {
+          store_run<1>(p, out, pre, static_cast<long long>(c) * p.ldc + r, r, {x[0]}, 1);
+          if (c + 1 < tp.cols) store_run<1>(p, out, pre, static_cast<long long>(c + 1) * p.ldc + r, r, {x[1]}, 1);
+        }
+      }
+    }
+  }
+#endif
+}
+
+// ------------------------------------------------------------------------------------------------
+// Host: which products take this path, in which orientation, with which tiles and K splits.
+// ------------------------------------------------------------------------------------------------
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static bool looked = false;
+  if (!looked) {
+    looked = true;
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    }
+    cudaGetLastError();  // no entry point means no TMA path, not an error for the next launch
+  }
+  return fn;
+}
+
+// One operand as the kernel reads it: element (i, o) of batch matrix b at
+// base[i + o * outer_stride + b * batch_stride] (floats), i along the unit-stride dim.
+struct Operand {
+  const float* base;
+  long long inner, outer, outer_stride, batch_stride;
+};
+
+// Tensor map of op in boxes of box_inner x box_outer, 128-byte swizzled, zeros outside; false where
+// TMA cannot read it (alignment) or the driver refuses it.
+inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int box_inner, int box_outer) {
+  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
+  if (fn == nullptr || !mt::is_aligned16(op.base) || op.outer_stride % 4 != 0 || op.batch_stride % 4 != 0) return false;
+  const long long matrix = ((op.outer * op.outer_stride + 3) / 4) * 4;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(op.inner), static_cast<cuuint64_t>(op.outer),
+                              static_cast<cuuint64_t>(op.batch_stride != 0 ? batches : 1)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(op.outer_stride) * 4,
+                                 static_cast<cuuint64_t>(op.batch_stride != 0 ? op.batch_stride : matrix) * 4};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_inner), static_cast<cuuint32_t>(box_outer), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(op.base), dims, strides, box, element_strides,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+struct Plan {
+  int bn, splits, k_tiles_per_split;
+};
+
+// Least estimated time over tile widths and K splits: waves of units on the SMs times a unit's
+// products at an SM's rate (TF32 ~3 TFLOP/s per SM at BN 256, less at 128; "highest" a third),
+// plus the split-K workspace's traffic (written and read once, ~2.5 TB/s).
+inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precision, bool transform, int max_splits) {
+  const long long k_tiles = ceil_div(K, kBK);
+  Plan best{128, 1, static_cast<int>(k_tiles)};
+  double best_cost = 1e300;
+  for (int bn = 256; bn >= 128; bn -= 128) {
+    if (bn == 256 && (precision != kHigh || transform)) continue;
+    const double rate = precision == kHighest ? 1.0e12 : bn == 256 ? 3.0e12 : 2.6e12;
+    const long long tiles = ceil_div(rows, kBM) * ceil_div(cols, bn) * batch;
+    for (int s = 1; s <= max_splits; ++s) {
+      const long long per_split = ceil_div(k_tiles, s);
+      if (s > 1 && (per_split < 4 || ceil_div(k_tiles, per_split) < s)) break;
+      const double cost = ceil_div(tiles * s, sms) * (2.0 * kBM * bn * kBK * per_split) / rate +
+                          (s > 1 ? 8.0 * s * batch * rows * cols / 2.5e12 : 0.0);
+      if (cost < best_cost * 0.97) {
+        best_cost = cost;
+        best = {bn, s, static_cast<int>(per_split)};
+      }
+    }
+  }
+  return best;
+}
+
+// Floats of split-K workspace that any choice of this path may ask for at these sizes.
+inline long long workspace_floats(int M, int N, int K, long long batch, int sms) {
+  long long most = 0;
+  for (int precision = kHighest; precision <= kHigh; ++precision) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool swap = variant & 1, transform = variant & 2;
+      const Plan pl = plan(swap ? N : M, swap ? M : N, K, batch, sms, precision, transform, kMaxSplits);
+      if (pl.splits > 1) most = std::max(most, pl.splits * batch * M * N);
+    }
+  }
+  return most;
+}
+
+template <int PREC, bool A_KMAJOR, bool B_TRANSFORM, int BN>
+int launch_instance(const CUtensorMap& a_map, const CUtensorMap& b_map, const Params& tp, int sms,
+                    cudaStream_t stream) {
+  using Cfg = Config<PREC, A_KMAJOR, B_TRANSFORM, BN>;
+  const auto kernel = matmul_tma_kernel<PREC, A_KMAJOR, B_TRANSFORM, BN>;
+  MT_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  kernel<<<std::min(tp.units, sms), kThreads, Cfg::kSmemBytes, stream>>>(a_map, b_map, tp);
+  return mt_launch_status();
+}
+
+template <int PREC>
+int launch_precision(const CUtensorMap& a_map, const CUtensorMap& b_map, const Params& tp, bool a_kmajor,
+                     bool transform, int bn, int sms, cudaStream_t stream) {
+  if (transform) return launch_instance<PREC, false, true, 128>(a_map, b_map, tp, sms, stream);
+  if constexpr (PREC == kHigh) {
+    if (bn == 256) {
+      return a_kmajor ? launch_instance<PREC, true, false, 256>(a_map, b_map, tp, sms, stream)
+                      : launch_instance<PREC, false, false, 256>(a_map, b_map, tp, sms, stream);
+    }
+  }
+  return a_kmajor ? launch_instance<PREC, true, false, 128>(a_map, b_map, tp, sms, stream)
+                  : launch_instance<PREC, false, false, 128>(a_map, b_map, tp, sms, stream);
+}
+
+constexpr int kNotTaken = -1;
+
+// Runs the product p on this path (split over K into `workspace` when the plan asks for it and the
+// workspace holds it; *splits says how many partial products were written). kNotTaken when the
+// operands do not fit the path: the caller runs the other kernels.
+inline int launch(const MatmulParams& p, int precision, float* workspace, long long workspace_floats, int sms,
+                  cudaStream_t stream, int* splits) {
+  if (p.K == 0) return kNotTaken;
+  int batch_dim = -1;  // the one batch dim with more than one matrix, if any
+  for (int d = 0; d < p.a_batch.ndim; ++d) {
+    if (p.a_batch.shape[d] == 1) continue;
+    if (batch_dim >= 0) return kNotTaken;
+    batch_dim = d;
+  }
+  const long long a_bs = batch_dim >= 0 ? p.a_batch.strides[batch_dim] : 0;
+  const long long b_bs = batch_dim >= 0 ? p.b_batch.strides[batch_dim] : 0;
+  const bool a_kmajor = p.a_k_stride == 1 && p.a_row_stride % 4 == 0;
+  const bool a_mmajor = p.a_row_stride == 1 && p.a_k_stride % 4 == 0;
+  const bool b_kmajor = p.b_k_stride == 1 && p.b_col_stride % 4 == 0;
+  const bool b_nmajor = p.b_col_stride == 1 && p.b_k_stride % 4 == 0;
+  Params tp{};
+  tp.p = p;
+  tp.K = p.K;
+  Operand a_op, b_op;  // the kernel's A' (rows: inner or outer) and B' (K-major, or N-major to transform)
+  bool kernel_a_kmajor, transform = false;
+  if (b_kmajor && (a_kmajor || a_mmajor)) {
+    tp.rows = p.M, tp.cols = p.N;
+    kernel_a_kmajor = a_kmajor;
+    a_op = a_kmajor ? Operand{p.a, p.K, p.M, p.a_row_stride, a_bs} : Operand{p.a, p.M, p.K, p.a_k_stride, a_bs};
+    b_op = Operand{p.b, p.K, p.N, p.b_col_stride, b_bs};
+  } else if (a_kmajor && b_nmajor) {  // out^T = B^T A^T
+    tp.rows = p.N, tp.cols = p.M, tp.transposed = true;
+    kernel_a_kmajor = false;
+    a_op = Operand{p.b, p.N, p.K, p.b_k_stride, b_bs};
+    b_op = Operand{p.a, p.K, p.M, p.a_row_stride, a_bs};
+  } else if (a_mmajor && b_nmajor) {
+    tp.rows = p.M, tp.cols = p.N;
+    kernel_a_kmajor = false;
+    transform = true;
+    a_op = Operand{p.a, p.M, p.K, p.a_k_stride, a_bs};
+    b_op = Operand{p.b, p.N, p.K, p.b_k_stride, b_bs};
+  } else {
+    return kNotTaken;
+  }
+  tp.a_batched = a_op.batch_stride != 0;
+  tp.b_batched = b_op.batch_stride != 0;
+  Plan pl = plan(tp.rows, tp.cols, p.K, p.batch, sms, precision, transform, kMaxSplits);
+  const long long needed = pl.splits > 1 ? pl.splits * static_cast<long long>(p.batch) * p.M * p.N : 0;
+  if (needed > workspace_floats || (needed > 0 && !mt::is_aligned16(workspace))) {
+    pl = plan(tp.rows, tp.cols, p.K, p.batch, sms, precision, transform, 1);
+  }
+  CUtensorMap a_map, b_map;
+  const bool mapped = (kernel_a_kmajor ? encode(&a_map, a_op, p.batch, kBK, kBM) : encode(&a_map, a_op, p.batch, 32, 32)) &&
+                      (transform ? encode(&b_map, b_op, p.batch, 32, 32) : encode(&b_map, b_op, p.batch, kBK, pl.bn));
+  if (!mapped) return kNotTaken;
+  tp.tiles_m = static_cast<int>(ceil_div(tp.rows, kBM));
+  tp.tiles_n = static_cast<int>(ceil_div(tp.cols, pl.bn));
+  tp.splits = pl.splits;
+  tp.k_tiles_per_split = pl.k_tiles_per_split;
+  const long long units = static_cast<long long>(tp.tiles_m) * tp.tiles_n * pl.splits * p.batch;
+  if (units > INT32_MAX) return kNotTaken;
+  tp.units = static_cast<int>(units);
+  if (pl.splits > 1) tp.p = partial_params(p, workspace);
+  *splits = pl.splits;
+  return precision == kHighest
+             ? launch_precision<kHighest>(a_map, b_map, tp, kernel_a_kmajor, transform, pl.bn, sms, stream)
+             : launch_precision<kHigh>(a_map, b_map, tp, kernel_a_kmajor, transform, pl.bn, sms, stream);
+}
+
+}  // namespace tma
