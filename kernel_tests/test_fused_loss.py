@@ -1,8 +1,8 @@
-"""fused_linear_cross_entropy on CUDA (src/classifier_kernel.cu with combine.cu's matmul) against torch
+"""fused_linear_cross_entropy on CUDA (src/classifier_kernel.cu with the matmul library) against torch
 float64, through the minitorch API, and the fused classifier launcher alone on torch buffers.
 
-Vocab sizes {7, 1000, 10000, 50257} (odd ones take the kernel's scalar path, multiples of 4 its float4
-path; 50257 is split into vocab slabs with a remainder for dhidden), hidden {64, 768}, ~30% of the
+Vocab sizes {7, 1000, 10000, 50257} (odd ones take the kernel's scalar path and padded logits rows,
+multiples of 4 its float4 path; dhidden's long vocab dim is split over K by the matmul), hidden {64, 768}, ~30% of the
 tokens ignored (weight 0, target -100), chunk sizes that divide the token count, do not, exceed it,
 and the default.  The loss is multiplied by 1.7 before backward, so the saved gradients are scaled.
 Label smoothing against torch's cross_entropy(label_smoothing=...), through the API and the launcher.
@@ -173,15 +173,18 @@ def test_memory_stays_within_one_chunk_of_logits() -> None:
 @pytest.mark.parametrize("misaligned", [False, True])
 @pytest.mark.parametrize("write_grad", [True, False])
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
-def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool, label_smoothing: float) -> None:
+@pytest.mark.parametrize("pad", [0, 4])
+def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool, label_smoothing: float, pad: int) -> None:
     """losses and dlogits (written over the logits) of the raw launcher, incl. a row offset by one
-    float (scalar path), a NaN-poisoned loss buffer, an ignored row, a bias and label smoothing."""
+    float (scalar path), rows `pad` floats longer than the vocab, a NaN-poisoned loss buffer, an ignored
+    row, a bias and label smoothing."""
     rows = 37
+    ld = vocab + pad
     gen = torch.Generator(device="cuda").manual_seed(vocab)
     off = 1 if misaligned else 0
     sentinel = 12345.0
-    store = torch.full((rows * vocab + 2,), sentinel, device="cuda")  # a float on each side of the rows
-    logits = store[off : off + rows * vocab].view(rows, vocab)
+    store = torch.full((rows * ld + 2,), sentinel, device="cuda")  # a float on each side of the rows
+    logits = store[off : off + rows * ld].view(rows, ld)[:, :vocab]
     logits.copy_(torch.randn(rows, vocab, device="cuda", generator=gen) * 4.0)
     bias = torch.randn(vocab, device="cuda", generator=gen)
     targets = torch.randint(0, vocab, (rows,), device="cuda", generator=gen).float()
@@ -200,7 +203,7 @@ def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool, lab
     before = logits.clone()
     stream = torch.cuda.current_stream().cuda_stream
     code = kernel_library("classifier_kernel").launch_fused_classifier(
-        logits.data_ptr(), losses.data_ptr(), bias.data_ptr(), targets.data_ptr(), weights.data_ptr(), total.data_ptr(),
+        logits.data_ptr(), ld, losses.data_ptr(), bias.data_ptr(), targets.data_ptr(), weights.data_ptr(), total.data_ptr(),
         rows, vocab, label_smoothing, int(write_grad), stream,
     )
     assert code == 0
@@ -211,8 +214,9 @@ def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool, lab
         assert torch.all(logits[3] == 0.0)
     else:
         assert torch.equal(logits, before), "the loss-only launch wrote over the logits"
-    outside = torch.cat([store[:off], store[off + rows * vocab :]])
-    assert torch.all(outside == sentinel), "the launcher wrote outside the rows"
+    inside = torch.zeros_like(store, dtype=torch.bool)
+    inside[off : off + rows * ld].view(rows, ld)[:, :vocab] = True
+    assert torch.all(store[~inside] == sentinel), "the launcher wrote outside the rows"
 
 
 def test_classifier_launcher_rejects_bad_sizes() -> None:
@@ -220,12 +224,10 @@ def test_classifier_launcher_rejects_bad_sizes() -> None:
     buf = torch.zeros(16, device="cuda")
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
-    assert lib.launch_fused_classifier(p, p, None, p, p, p, 2, 0, 0.0, 1, stream) != 0
-    assert lib.launch_fused_classifier(p, p, None, p, p, p, -1, 4, 0.0, 1, stream) != 0
-    assert lib.launch_fused_classifier(None, p, None, p, p, p, 2, 4, 0.0, 1, stream) != 0
-    assert lib.launch_fused_classifier(p, p, None, p, p, p, 2, 4, 1.5, 1, stream) != 0
-    assert lib.launch_fused_classifier(p, p, None, p, p, p, 2, 4, float("nan"), 1, stream) != 0
-    assert lib.launch_fused_classifier(p, p, None, p, p, p, 0, 4, 0.0, 1, stream) == 0
-    assert lib.fused_loss_vocab_splits(1024, 768, 50257) >= 1
-    assert lib.fused_loss_vocab_splits(1024, 768, 50257) <= 50257 // 1024
-    assert lib.fused_loss_vocab_splits(0, 768, 50257) == 1
+    assert lib.launch_fused_classifier(p, 4, p, None, p, p, p, 2, 0, 0.0, 1, stream) != 0
+    assert lib.launch_fused_classifier(p, 4, p, None, p, p, p, -1, 4, 0.0, 1, stream) != 0
+    assert lib.launch_fused_classifier(None, 4, p, None, p, p, p, 2, 4, 0.0, 1, stream) != 0
+    assert lib.launch_fused_classifier(p, 4, p, None, p, p, p, 2, 4, 1.5, 1, stream) != 0
+    assert lib.launch_fused_classifier(p, 4, p, None, p, p, p, 2, 4, float("nan"), 1, stream) != 0
+    assert lib.launch_fused_classifier(p, 3, p, None, p, p, p, 2, 4, 0.0, 1, stream) != 0  # rows shorter than V
+    assert lib.launch_fused_classifier(p, 4, p, None, p, p, p, 0, 4, 0.0, 1, stream) == 0

@@ -1,14 +1,14 @@
 // classifier_kernel.cu: the fused classifier behind minitorch.fused_linear_cross_entropy.
 //
 // Softmax, cross-entropy and the gradient of the logits in one kernel, in the manner of llm.c's
-// fused classifier. Shapes: logits [rows, V] (contiguous, a chunk of the tokens), one target id,
+// fused classifier. Shapes: logits [rows, V] (rows ld >= V floats apart, a chunk of the tokens), one target id,
 // one token weight and one loss per row; weight_sum points at sum(token weights) over ALL tokens
 // of the loss (not just this chunk), so that the loss is sum(loss_r * w_r) / sum(w).
 // Label smoothing e replaces the one-hot target by q = (1 - e) * onehot + e / V (torch's
 // definition): loss_r = logsumexp - (1 - e) * x[target] - e * mean(x), dlogits = softmax - q.
 //
 // Thread mapping: one block per row. Pass 1: every thread folds its elements of the row (lanes
-// consecutive, float4 when the row is 16-byte aligned, else scalar with four loads in flight) into
+// consecutive, float4 when every row is 16-byte aligned, else scalar with four loads in flight) into
 // an online (max, sum of exp) pair plus the plain sum of the row (for label smoothing); these merge
 // across the warp with shuffles, then across the block through shared memory. Thread 0 reads the target's logit before anything is overwritten.
 // Pass 2 (when the gradient is wanted): each thread rereads its own elements (mostly from L2) and
@@ -18,14 +18,10 @@
 // A row whose scale w_r / sum(w) is 0 (an ignored token, or sum(w) == 0) reads nothing: its loss is
 // 0 and its dlogits row is written as zeros. A row with a non-zero weight whose target is not an
 // integer in [0, V) gets a NaN loss (the device cannot raise; the CPU backends check on the host).
-//
-// Also here: the planner that tells the Python side how many vocab slabs to split the
-// dhidden = dlogits @ weight^T product into (see fused_loss_vocab_splits).
 #include <cmath>
 #include <cuda_runtime.h>
 
 #include "includes/cuda_check.cuh"
-#include "includes/device_info.cuh"
 #include "includes/reduce.cuh"
 #include "includes/vec.cuh"
 
@@ -150,6 +146,7 @@ struct ClassifierArgs {
   const float* token_weights;
   const float* weight_sum;
   int vocab;
+  int ld;  // floats between rows of logits
   float label_smoothing;
 };
 
@@ -160,7 +157,7 @@ __global__ void __launch_bounds__(kMaxThreads) fused_classifier_kernel(const Cla
   const int row = blockIdx.x;
   const int V = a.vocab;
   const float* bias = a.bias;
-  float* x = a.logits + static_cast<long long>(row) * V;
+  float* x = a.logits + static_cast<long long>(row) * a.ld;
   const float total = *a.weight_sum;
   const float scale = total != 0.f ? a.token_weights[row] / total : 0.f;
   if (scale == 0.f) {  // uniform over the block: no barrier is skipped by only some threads
@@ -200,11 +197,6 @@ void launch_classifier_variant(bool write_grad, int rows, int threads, const Cla
   }
 }
 
-constexpr int kMatmulTile = 128;   // combine.cu's big matmul tile (rows and columns)
-constexpr int kBlocksPerSm = 2;    // big-tile matmul blocks resident per SM (its register budget)
-constexpr int kWaves = 2;          // waves of resident blocks the split product is sized to fill
-constexpr int kMinVocabSlab = 1024;
-
 long long ceil_div(long long x, long long y) { return (x + y - 1) / y; }
 
 }  // namespace
@@ -216,27 +208,28 @@ extern "C" {
 
 MT_DEFINE_ERROR_STRING()
 
-// For each row r < rows of logits [rows, vocab] (+ bias [vocab] when bias is not NULL), with
+// For each row r < rows of logits [rows, vocab] (row r at logits + r * ld, ld >= vocab; + bias [vocab]
+// when bias is not NULL), with
 // e = label_smoothing in [0, 1] and q = (1 - e) * onehot(targets[r]) + e / vocab:
 //   losses[r] = (logsumexp(row) - sum_j q_j row_j) * token_weights[r] / *weight_sum
 // and, when write_grad != 0, the row is overwritten with
 //   (softmax(row) - q) * token_weights[r] / *weight_sum.
 // weight_sum is a device pointer (no host read); a zero sum gives zero losses and gradients.
-// targets hold integral floats. All pointers are device pointers to contiguous float32.
-int launch_fused_classifier(float* logits, float* losses, const float* bias, const float* targets,
+// targets hold integral floats. All pointers are device pointers to float32, contiguous but the logits.
+int launch_fused_classifier(float* logits, int ld, float* losses, const float* bias, const float* targets,
                             const float* token_weights, const float* weight_sum, int rows, int vocab,
                             float label_smoothing, int write_grad, cudaStream_t stream) {
-  MT_RETURN_IF_INVALID(rows < 0 || vocab <= 0 || !(label_smoothing >= 0.f && label_smoothing <= 1.f));
+  MT_RETURN_IF_INVALID(rows < 0 || vocab <= 0 || ld < vocab || !(label_smoothing >= 0.f && label_smoothing <= 1.f));
   MT_RETURN_IF_INVALID(logits == nullptr || losses == nullptr || targets == nullptr ||
                        token_weights == nullptr || weight_sum == nullptr);
   if (rows == 0) return 0;
   // Enough threads for kElemsPerThread elements each, in whole warps, at most kMaxThreads.
   long long threads = ceil_div(ceil_div(vocab, kElemsPerThread), 32) * 32;
   if (threads > kMaxThreads) threads = kMaxThreads;
-  const bool vec = vocab % 4 == 0 && mt::is_aligned16(logits) && (bias == nullptr || mt::is_aligned16(bias));
+  const bool vec = vocab % 4 == 0 && ld % 4 == 0 && mt::is_aligned16(logits) && (bias == nullptr || mt::is_aligned16(bias));
   const bool wg = write_grad != 0;
   const int t = static_cast<int>(threads);
-  const ClassifierArgs args{logits, losses, bias, targets, token_weights, weight_sum, vocab, label_smoothing};
+  const ClassifierArgs args{logits, losses, bias, targets, token_weights, weight_sum, vocab, ld, label_smoothing};
   if (vec) {
     if (bias != nullptr) {
       launch_classifier_variant<true, true>(wg, rows, t, args, stream);
@@ -251,22 +244,6 @@ int launch_fused_classifier(float* logits, float* losses, const float* bias, con
     }
   }
   return mt_launch_status();
-}
-
-// Number of vocab slabs for dhidden[rows, hidden] = dlogits[rows, vocab] @ weight^T: this product
-// has few output tiles and a long inner dim, so unsplit it would occupy a fraction of the SMs. Each
-// slab (a run of vocab columns) becomes one batch matrix of a single matmul launch, and the slabs'
-// partial products are summed afterwards. As many slabs as fit in kWaves full waves of big tiles
-// (a last wave that is mostly empty would idle most SMs), none shorter than kMinVocabSlab
-// columns; 1 when splitting does not pay (or on error).
-int fused_loss_vocab_splits(int rows, int hidden, int vocab) {
-  int sms = 0;
-  if (rows <= 0 || hidden <= 0 || vocab <= 0 || mt::sm_count(&sms) != cudaSuccess || sms <= 0) return 1;
-  const long long tiles = ceil_div(rows, kMatmulTile) * ceil_div(hidden, kMatmulTile);
-  long long splits = static_cast<long long>(kWaves) * kBlocksPerSm * sms / tiles;
-  const long long most = vocab / kMinVocabSlab;
-  if (splits > most) splits = most;
-  return splits < 2 ? 1 : static_cast<int>(splits);
 }
 
 }  // extern "C"

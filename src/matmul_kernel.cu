@@ -1,7 +1,7 @@
 // Batched, broadcasting float32 matrix product on the tensor cores, with a fused epilogue:
 //   out[i] = epilogue(A[i] @ B[i])   for every batch index i,
 // A[i][r, k] = a[a_off(i) + r * a_row_stride + k * a_k_stride], B[i][k, c] = b[b_off(i) + k * b_k_stride +
-// c * b_col_stride] (any strides: transposed views are read in place), out[i] contiguous [M, N].
+// c * b_col_stride] (any strides: transposed views are read in place), out[i] [M, N] with rows ldc apart.
 // Epilogues: none, + bias[c], gelu(x + bias[c]) (tanh form, as minitorch.operators.gelu), relu(x + bias[c]);
 // the pre-activation x + bias can be stored too, and out += result instead of out = result.
 //
@@ -23,7 +23,9 @@
 // chunk that crosses the matrix edge reads only its valid part and zero-fills the rest. Other layouts
 // take 4-byte copies.
 //
-// On sm_90a builds the big tiles run on wgmma instead (matmul_wgmma_kernel, described there).
+// On sm_90a builds, products whose operands TMA can read (a unit-stride dim, 16-byte strides, at most
+// one batch dim) run on matmul_tma.cuh's warp-specialized TMA + wgmma kernel, and the other big tiles on
+// matmul_wgmma.cuh's wgmma kernel.
 //
 // Grid: x = output tile (grouped by 8 tile rows so that consecutive blocks share A and B tiles in L2),
 // y = K split, z = batch. When a problem has too few output tiles to fill the GPU and K is long, the
@@ -386,179 +388,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) matmul_mma_kernel(const Matm
   }
 }
 
-// ------------------------------------------------------------------------------------------------
-// wgmma kernel (sm_90a): the same tiles and ring, products on Hopper's warpgroup MMA.
-// Block 128 x 128 x 32, two warpgroups of 64 rows each; per K tile each warpgroup issues
-// wgmma.m64n128k8 with A from registers (fragments read from the staged A tile, as in the mma.sync
-// kernel, split or rounded there) and B from shared memory. wgmma reads a TF32 B only K-major, in 8-row
-// x 16-byte core matrices: all threads first convert the staged B tile (either layout) into that form,
-// as hi (and lo) words, with k permuted as the A fragments permute it. Element (n, slot s) of k8 step j
-// sits at word j * 8 * BN + (s / 4) * 4 * BN + (n / 8) * 32 + (n % 8) * 4 + s % 4: the core matrices of
-// one k half are 128 bytes apart along n (stride offset) and the two halves 4 * BN words apart (leading
-// offset). Tile kt's products run while the threads convert tile kt + 1 into the other of two buffers;
-// they are waited for (and, for "highest", added to the running sums) just before tile kt + 1's issue.
-// The body exists only where the sm_90a instructions were compiled. Elsewhere the kernel declares a
-// 1-thread limit, which the host reads (cudaFuncGetAttributes) to know whether it can launch it.
-// ------------------------------------------------------------------------------------------------
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MT_WGMMA_THREADS 256
-#else
-#define MT_WGMMA_THREADS 1
-#endif
-constexpr int kWgThreads = 256, kWgBM = 128, kWgBN = 128;
-// Ring depth and blocks per SM. "high" is bound by the L2 -> SM traffic of its float32 tiles (32 flops
-// per byte); two blocks per SM (fewer stages to fit) keep more of it in flight and overlap one block's
-// conversion with the other's products. "highest", 3x the products per byte, needs the registers of a
-// whole SM-half for its fresh accumulators.
-template <int PREC>
-struct WgmmaShape {
-  static constexpr int kStages = PREC == kHigh ? 2 : 3, kBlocksPerSm = PREC == kHigh ? 2 : 1;
-};
+}  // namespace
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ uint64_t smem_desc(const float* p, int leading_bytes, int stride_bytes) {
-  return static_cast<uint64_t>((mt::shared_address(p) & 0x3ffff) >> 4) |
-         static_cast<uint64_t>(leading_bytes >> 4) << 16 | static_cast<uint64_t>(stride_bytes >> 4) << 32;
-}
+#include "matmul_wgmma.cuh"
 
-// d = a b + (accumulate ? d : 0) for one m64n128k8 TF32 product; returns before the product is done.
-__device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc,
-                                                int accumulate) {
-#define MT_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
-#define MT_D16(i) MT_D4(i), MT_D4(i + 4), MT_D4(i + 8), MT_D4(i + 12)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-      : MT_D16(0), MT_D16(16), MT_D16(32), MT_D16(48)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-#undef MT_D16
-#undef MT_D4
-}
-
-// Register dependency on every accumulator after a wait, so no read of them moves above it.
-template <int N>
-__device__ __forceinline__ void fence_registers(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-#endif
-
-template <int PREC, bool A_KC, bool B_KC>
-constexpr int wgmma_smem_bytes() {
-  constexpr int ring = OperandTile<kWgBM, A_KC, kWgThreads>::kFloats + OperandTile<kWgBN, B_KC, kWgThreads>::kFloats;
-  return 4 * (2 * (PREC == kHighest ? 2 : 1) * kWgBN * kBK + WgmmaShape<PREC>::kStages * ring);
-}
-
-template <int PREC, bool A_KC, bool B_KC>
-__global__ void __launch_bounds__(MT_WGMMA_THREADS, WgmmaShape<PREC>::kBlocksPerSm)
-    matmul_wgmma_kernel(const MatmulParams p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using ATile = OperandTile<kWgBM, A_KC, kWgThreads>;
-  using BTile = OperandTile<kWgBN, B_KC, kWgThreads>;
-  constexpr int STAGES = WgmmaShape<PREC>::kStages, BN = kWgBN, kConv = BN * kBK, kConvSets = PREC == kHighest ? 2 : 1;
-  extern __shared__ __align__(128) float smem[];
-  float* conv = smem;  // two buffers of B hi (then B lo for "highest")
-  float* a_smem = smem + 2 * kConvSets * kConv;
-  float* b_smem = a_smem + STAGES * ATile::kFloats;
-
-  const BlockWork w(p, kWgBM, BN);
-  const int row0 = w.row0, col0 = w.col0, k_tiles = w.k_tiles;
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int arow = (threadIdx.x / 128) * 64 + (threadIdx.x / 32 % 4) * 16 + g;  // fragment rows arow, arow + 8
-
-  for (int bi = blockIdx.z; bi < p.batch; bi += gridDim.z) {
-    const float* A = p.a + mt::layout_offset(p.a_batch, bi);
-    const float* B = p.b + mt::layout_offset(p.b_batch, bi);
-    const auto load_stage = [&](int kt) {
-      if (kt < k_tiles) {
-        const int slot = kt % STAGES;
-        load_k_tile<ATile, BTile>(p, A, B, a_smem + slot * ATile::kFloats, b_smem + slot * BTile::kFloats, row0, col0,
-                                  (w.kt_begin + kt) * kBK, w.k_end);
-      }
-      mt::cp_async_commit();
-    };
-
-    __syncthreads();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) load_stage(s);
-
-    float acc[64] = {}, fresh[64];
-    // Waits for the products in flight; "highest" adds them (tile kt - 1's fresh sums) to acc.
-    const auto finish_products = [&](bool pending) {
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-      fence_registers(PREC == kHighest ? fresh : acc);
-      if (PREC == kHighest && pending) {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) acc[i] += fresh[i];
-      }
-    };
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      mt::cp_async_wait<STAGES - 2>();
-      __syncthreads();  // tile kt landed; the products of tile kt - 2 (which read this conv buffer) are done
-      const float* As = a_smem + (kt % STAGES) * ATile::kFloats;
-      const float* Bs = b_smem + (kt % STAGES) * BTile::kFloats;
-      float* cb = conv + (kt & 1) * kConvSets * kConv;
-#pragma unroll
-      for (int i = 0; i < BN * 4 / kWgThreads; ++i) {  // unit: 8 k (one k8 step) of one column n
-        const int u = threadIdx.x + i * kWgThreads, n = u % BN, j = u / BN;
-        float v[8];
-#pragma unroll
-        for (int e = 0; e < 8; e += 2) {
-          const float2 w = BTile::pair(Bs, n, 8 * j, e / 2);
-          v[e] = w.x, v[e + 1] = w.y;
-        }
-        float* dst = cb + j * 8 * BN + (n / 8) * 32 + (n % 8) * 4;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // slots 0-3 hold k = 8j, 8j + 2, .., slots 4-7 k = 8j + 1, ..
-          mt::Tf32Frag<4> f;
-#pragma unroll
-          for (int s = 0; s < 4; ++s) set_operand<PREC>(f, s, v[2 * s + h]);
-          *reinterpret_cast<uint4*>(dst + h * 4 * BN) = *reinterpret_cast<const uint4*>(f.hi);
-          if constexpr (PREC == kHighest) *reinterpret_cast<uint4*>(dst + kConv + h * 4 * BN) = *reinterpret_cast<const uint4*>(f.lo);
-        }
-      }
-      // The stores must be visible to wgmma (the async proxy). The fence waits for all of this
-      // thread's outstanding memory operations, so the next tile's copies are issued after it.
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      __syncthreads();
-      load_stage(kt + STAGES - 1);  // into the slot of tile kt - 1, which every thread has consumed
-
-      finish_products(kt > 0);  // tile kt - 1's products ran during the conversion above
-      mt::Tf32Frag<4> af[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 top = ATile::pair(As, arow, 8 * j, t), bottom = ATile::pair(As, arow + 8, 8 * j, t);
-        set_operand<PREC>(af[j], 0, top.x);
-        set_operand<PREC>(af[j], 1, bottom.x);
-        set_operand<PREC>(af[j], 2, top.y);
-        set_operand<PREC>(af[j], 3, bottom.y);
-      }
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint64_t b_hi = smem_desc(cb + j * 8 * BN, 4 * BN * 4, 128);
-        if constexpr (PREC == kHighest) {
-          const uint64_t b_lo = smem_desc(cb + kConv + j * 8 * BN, 4 * BN * 4, 128);
-          wgmma_m64n128k8(fresh, af[j].lo, b_hi, j > 0);
-          wgmma_m64n128k8(fresh, af[j].hi, b_lo, 1);
-          wgmma_m64n128k8(fresh, af[j].hi, b_hi, 1);
-        } else {
-          wgmma_m64n128k8(acc, af[j].hi, b_hi, 1);
-        }
-      }
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    }
-    finish_products(k_tiles > 0);
-    mt::cp_async_wait<0>();
-    __syncthreads();
-    static_assert(kWgBM * (BN + 8) <= 2 * kConv + STAGES * (ATile::kFloats + BTile::kFloats), "C tile must fit");
-#pragma unroll
-    for (int j = 0; j < 16; ++j) put_fragment<BN>(smem, arow, 8 * j + 2 * t, acc + 4 * j);
-    __syncthreads();
-    store_tile<kWgBM, BN, kWgThreads>(p, smem, bi, row0, col0);
-  }
-#endif
-}
+namespace {
 
 // out = epilogue(sum over splits s of partial[s * total + i]) for the i < total (= batch * M * N) elements
 // of the contiguous partial products (row i / N, column i % N), in chunks of 4 consecutive elements

@@ -2,14 +2,17 @@
 fused linear cross-entropy.
 
 Everything [rows, V]-sized lives in one reused buffer: each chunk's logits, which the fused
-classifier overwrites with their gradient.  The products run through the matmul library directly,
-on raw pointers into row blocks of the inputs and outputs (no copies, no views).
+classifier overwrites with their gradient.  Its rows are padded to a multiple of 4 floats, and the
+weight is read in place with its own strides (the tied LM head is a transposed view), so the
+products get the 16-byte strides of the matmul library's TMA path.  The products run through the
+matmul library directly, on raw pointers into row blocks of the inputs and outputs (no copies, no
+views); the library splits the long vocab dim of dhidden = dlogits @ weight^T itself.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 from .. import operators
 from ..tensor_data import TensorData
@@ -19,24 +22,10 @@ from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, runtime
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {
-    "launch_fused_classifier": (_I, [_P, _P, _P, _P, _P, _P, _I, _I, ctypes.c_float, _I, _P]),
-    "fused_loss_vocab_splits": (_I, [_I, _I, _I]),
+    "launch_fused_classifier": (_I, [_P, _I, _P, _P, _P, _P, _P, _I, _I, ctypes.c_float, _I, _P]),
 }
 _F32 = 4  # bytes per element
 _sum0 = reduce_op(operators.add, 0.0)
-
-
-def _slabs(lib: ctypes.CDLL, rows_set: set, C: int, V: int) -> Dict[int, Tuple[int, int, int, int]]:
-    """dhidden = dlogits @ weight^T is split over `splits` vocab slabs of `slab` columns (one batched
-    launch) plus, when slab does not divide V, a last short slab of `rest` columns; the partial
-    products are then summed into dhidden's rows.  Planned per row count (full and last chunk)."""
-    slabs = {}
-    for rows in rows_set:
-        splits = lib.fused_loss_vocab_splits(rows, C, V)
-        slab = V // splits
-        rest = V - splits * slab
-        slabs[rows] = (splits, slab, rest, splits + (1 if rest else 0))
-    return slabs
 
 
 def linear_cross_entropy_fw(
@@ -50,58 +39,43 @@ def linear_cross_entropy_fw(
     lib = rt.lib("classifier_kernel", SIGNATURES)
     N, C = hidden.shape
     V = weight.shape[1]
+    ld = -(-V // 4) * 4  # floats between logits rows
     chunk = min(chunk_size, N)
-    if chunk * V >= INT_LIMIT:
+    if chunk * ld >= INT_LIMIT:
         raise CudaShapeError(
             f"fused_linear_cross_entropy: a chunk of {chunk} rows x {V} classes exceeds the kernels' 32-bit "
-            f"indexing; pass chunk_size <= {(INT_LIMIT - 1) // V}"
+            f"indexing; pass chunk_size <= {(INT_LIMIT - 1) // ld}"
         )
-    h, w, ids, tw = (contiguous(t) for t in (hidden, weight, targets, token_weights))
+    h, ids, tw = (contiguous(t) for t in (hidden, targets, token_weights))
     b = None if bias is None else contiguous(bias)
-    hp, wp, bp = ptr(h), ptr(w), None if b is None else ptr(b)
+    hp, wp, bp = ptr(h), ptr(weight), None if b is None else ptr(b)
+    w_strides, wt_strides = weight.strides, weight.strides[::-1]
     weight_sum = _sum0(tw, 0)
     losses = empty((N,))
-    logits = rt.buffer(chunk * V)  # kept referenced: every chunk reuses it
+    logits = rt.buffer(chunk * ld)  # kept referenced: every chunk reuses it
     lg = logits.data_ptr()
-    dhidden = dweight = dbias = partial = w_scratch = b_scratch = None
-    slabs: Dict[int, Tuple[int, int, int, int]] = {}
+    dhidden = dweight = dbias = b_scratch = None
     if need_grad:
         dhidden, dweight = empty((N, C)), empty((C, V))
         dbias = None if b is None else empty((V,))
-        slabs = _slabs(lib, {chunk, N - (N - 1) // chunk * chunk}, C, V)
-        partial_len = max((n_parts * rows * C for rows, (_, _, _, n_parts) in slabs.items() if n_parts > 1), default=0)
-        partial = rt.buffer(partial_len) if partial_len else None
-        # Later chunks' contributions to dweight and dbias go through a scratch buffer and are added.
-        w_scratch = rt.buffer(C * V) if N > chunk else None
+        # Later chunks' dbias contributions go through a scratch buffer and are added.
         b_scratch = rt.buffer(V) if N > chunk and b is not None else None
     for n0 in range(0, N, chunk):
         rows = min(chunk, N - n0)
         h_rows = hp + _F32 * n0 * C
-        raw_matmul(lg, h_rows, wp, rows, V, C, (C, 1), (V, 1))
+        raw_matmul(lg, h_rows, wp, rows, V, C, (C, 1), w_strides, ldc=ld)
         code = lib.launch_fused_classifier(
-            lg, ptr(losses) + _F32 * n0, bp, ptr(ids) + _F32 * n0, ptr(tw) + _F32 * n0, ptr(weight_sum),
+            lg, ld, ptr(losses) + _F32 * n0, bp, ptr(ids) + _F32 * n0, ptr(tw) + _F32 * n0, ptr(weight_sum),
             rows, V, label_smoothing, int(need_grad), rt.stream(),
         )  # fmt: skip
         check(code, lib, f"fused classifier [{rows}, {V}]")
         if dhidden is None or dweight is None:
             continue
-        dh_rows = ptr(dhidden) + _F32 * n0 * C
-        splits, slab, rest, n_parts = slabs[rows]
-        if n_parts == 1:
-            raw_matmul(dh_rows, lg, wp, rows, C, V, (V, 1), (1, V))
-        else:
-            pp = partial.data_ptr()
-            raw_matmul(pp, lg, wp, rows, C, slab, (V, 1), (1, V), batch=splits, batch_offset=slab)
-            if rest:
-                off = _F32 * splits * slab
-                raw_matmul(pp + _F32 * splits * rows * C, lg + off, wp + off, rows, C, rest, (V, 1), (1, V))
-            column_sums(dh_rows, pp, rows * C, n_parts, rows * C)
+        raw_matmul(ptr(dhidden) + _F32 * n0 * C, lg, wp, rows, C, V, (ld, 1), wt_strides)
         first = n0 == 0
-        raw_matmul(ptr(dweight) if first else w_scratch.data_ptr(), h_rows, lg, C, V, rows, (1, C), (V, 1))
-        if not first:
-            add_into(ptr(dweight), w_scratch.data_ptr(), C * V)
+        raw_matmul(ptr(dweight), h_rows, lg, C, V, rows, (1, C), (ld, 1), accumulate=not first)
         if dbias is not None:
-            column_sums(ptr(dbias) if first else b_scratch.data_ptr(), lg, V, rows, V)
+            column_sums(ptr(dbias) if first else b_scratch.data_ptr(), lg, V, rows, ld)
             if not first:
                 add_into(ptr(dbias), b_scratch.data_ptr(), V)
     return _sum0(losses, 0), dhidden, dweight, dbias
