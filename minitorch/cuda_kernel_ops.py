@@ -14,7 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from .cuda import attention, classifier, combine, embedding, layernorm, matmul, optimizer, random, softmax, staging
+from .cuda import (
+    attention, beam_search, classifier, combine, embedding, kv_cache, layernorm, matmul, optimizer, random, softmax,
+    staging, topk,
+)  # fmt: skip
 from .cuda.runtime import (
     INT_LIMIT,
     CudaKernelError,
@@ -82,3 +85,7 @@ class CudaKernelOps(TensorOps):
     adamw_step = staticmethod(optimizer.adamw_step)
     adamw_multi = staticmethod(optimizer.MultiTensorAdamW)
     storage_upload = staticmethod(staging.upload_storage)
+    slot_write = staticmethod(kv_cache.slot_write)
+    gather_rows = staticmethod(embedding.gather_rows)
+    top_k = staticmethod(topk.top_k)
+    beam_search_step = staticmethod(beam_search.beam_search_step)
