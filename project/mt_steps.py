@@ -125,10 +125,7 @@ class TrainStep:
         """Free the captured graphs (a new call captures again).  Call it before leaving a process
         group whose all-reduces a graph captured: NCCL's communicator cannot be destroyed while
         such a graph lives (destroy_process_group would hang; pytorch/pytorch#115388)."""
-        for graph in self._graphs.values():
-            graph.reset()
-        self._graphs.clear()
-        self._pool = None
+        self._graphs.release()
 
     def loss_total(self) -> float:
         """The accumulated sum of loss x targets (a device read: it waits for queued steps)."""

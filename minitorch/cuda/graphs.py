@@ -49,3 +49,10 @@ class StepGraphs:
             self._graphs[key] = graph
             self.captured += 1
         return False
+
+    def release(self) -> None:
+        """Free the captured graphs and their pool (a later step of any key captures again)."""
+        for graph in self._graphs.values():
+            graph.reset()
+        self._graphs.clear()
+        self._pool = None
