@@ -33,7 +33,7 @@ from project.mt_data import EOS_EN_ID, PAD_ID, pad_prompts
 CHECK_EVERY = 8  # decoding steps between the host's reads of which rows have ended
 WIDTH_STEP = 16  # attention widths of cached steps are multiples of this: one CUDA graph each
 CAPACITY_STEP = 32  # cache capacities round up to this, so batches of similar prompts share a cache
-KEEP_CACHES = 2  # caches (with their graphs and buffers) a CachedDecoder keeps for later batches
+KEEP_CACHES = 4  # caches (with their graphs and buffers) a CachedDecoder keeps for later batches
 
 
 def argmax_ids(logits: Tensor, vocab_ids: Tensor) -> Tensor:

@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--matmul-precision", choices=minitorch.precision.PRECISIONS, default="highest",
                    help="CUDA float32 matmuls: highest = 3xTF32 (float32 accuracy), high = one TF32 product")
     p.add_argument("--cuda-graphs", type=str2bool, default=True, metavar="true|false",
-                   help="replay each training step from a CUDA graph (CUDA backend; ignored on the CPU)")
+                   help="replay each training and decoding step from a CUDA graph (CUDA backend; ignored on the CPU)")
     p.add_argument("--log-every", type=positive_int, default=50,
                    help="steps between progress-bar loss readings (each one waits for the GPU)")
     p.add_argument("--attention", choices=("naive", "fused"), default="naive",
@@ -354,7 +354,9 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
     if not parallel.is_main:
         return finish(None)
     print_summary(history, out_dir)
-    final = final_evaluation(job.model, config, data, backend, history[-1]["epoch"]) if history else None
+    final = None
+    if history:
+        final = final_evaluation(job.model, config, data, backend, history[-1]["epoch"], job.decoders)
     return finish(None, final)
 
 
