@@ -33,8 +33,8 @@ from project.mt_decode import CHECK_EVERY, CachedDecoder, decode_in_batches, fil
 class BeamDecoder:
     """Beam search (see the module docstring); call it with prompts and a batch size counting
     sentences (each takes beam_size cache rows).  beam_size 1 is greedy decoding.  Like
-    GreedyDecoder it keeps its caches and CUDA graphs for later calls (make a new one after
-    replacing the model's parameters) and, with graphs, fills batches up to batch_size sentences."""
+    GreedyDecoder it keeps its caches and CUDA graphs for later calls (valid while the model's
+    parameters are updated in place) and, with graphs, fills batches up to batch_size sentences."""
 
     def __init__(
         self, model: DecoderLM, max_len: int, backend: TensorBackend, beam_size: int = 4,

@@ -180,9 +180,10 @@ def decode_in_batches(
 
 class GreedyDecoder:
     """Greedy decoding with the KV cache (see the module docstring); call it with prompts and a batch
-    size.  A decoder keeps its caches and CUDA graphs for later calls: they capture the model's
-    parameter buffers, so make a new decoder after replacing them (load_state_dict).  On CUDA with
-    graphs, batches are filled up to batch_size rows so that every batch can replay the same graphs."""
+    size.  A decoder keeps its caches and CUDA graphs for later calls: the graphs read the model's
+    parameter tensors where they were at capture, which in-place updates (training, load_state_dict)
+    keep, but a parameter given a new tensor needs a new decoder.  On CUDA with graphs, batches are
+    filled up to batch_size rows so that every batch can replay the same graphs."""
 
     def __init__(self, model: DecoderLM, max_len: int, backend: TensorBackend, use_graphs: bool = True):
         self.decoder = CachedDecoder(model, max_len, backend, use_graphs)
