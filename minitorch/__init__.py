@@ -9,7 +9,7 @@ from .autodiff import Context, backpropagate, central_difference, enable_grad, n
 from .checkpoint import checkpoint
 from .cuda_kernel_ops import CudaKernelOps, cuda_memory_stats
 from .fast_ops import FastOps
-from .fused import adamw_step, fused_attention, fused_linear_cross_entropy
+from .fused import adamw_step, fused_attention, fused_attention_qkv, fused_linear_cross_entropy
 from .kv_cache import KVCache
 from .module import LoadResult, Module, ModuleList, Parameter
 from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
@@ -55,6 +55,7 @@ __all__ = [
     "fused_linear_cross_entropy",
     "adamw_step",
     "fused_attention",
+    "fused_attention_qkv",
     "KVCache",
     "LoadResult",
     "Module",

@@ -108,7 +108,9 @@ class Module:
 
         strict=True (torch's default) raises KeyError when names are missing or unexpected; with
         strict=False those are skipped.  Returns (missing_keys, unexpected_keys).  A shape that
-        differs raises ValueError."""
+        differs raises ValueError.  Entries of an older parameter layout are first rewritten into
+        the current one (upgrade_state)."""
+        state = self.upgrade_state(state)
         own = dict(self.named_parameters())
         result = LoadResult(sorted(set(own) - set(state)), sorted(set(state) - set(own)))
         if strict and (result.missing_keys or result.unexpected_keys):
@@ -123,6 +125,23 @@ class Module:
             with no_grad():
                 p.value.copy_(tensor_from_numpy(arr, backend=p.value.backend))
         return result
+
+    def upgrade_state(self, state: Mapping[str, Any]) -> Dict[str, Any]:
+        """A copy of state (arrays or tensors by dotted name, in the shapes of the parameters they
+        belong to: values, gradients or optimizer moments) in which entries of an older layout of a
+        module's parameters are rewritten into the current layout.  Modules whose layout changed
+        override `_upgrade_entries`; the rest pass state through."""
+        out = dict(state)
+        self._upgrade_tree(out, "")
+        return out
+
+    def _upgrade_tree(self, state: Dict[str, Any], prefix: str) -> None:
+        self._upgrade_entries(state, prefix)
+        for name, m in self.__dict__["_modules"].items():
+            m._upgrade_tree(state, f"{prefix}{name}.")
+
+    def _upgrade_entries(self, state: Dict[str, Any], prefix: str) -> None:
+        """Rewrite, in place, this module's entries (names starting with prefix) of an older layout."""
 
     def to(self, backend: Any) -> "Module":
         """Move every parameter to a backend (a TensorBackend, or "cpu" / "cuda"), in place; returns self.

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import nn
 from .checkpoint import checkpoint
-from .fused.attention import check_activation, fused_attention
+from .fused.attention import check_activation, fused_attention_qkv
 from .fused.masks import NEG_BIG, masked_scores
 from .kv_cache import KVCache, LayerCache
 from .module import Module, ModuleList
@@ -33,6 +33,11 @@ ATTENTIONS = ("naive", "fused")  # MultiHeadAttention(attention=...): scores mat
 class MultiHeadAttention(Module):
     """Multi-head self-attention: softmax((x Wq)(x Wk)^T / sqrt(D) + masks) (x Wv), then Wout.
 
+    q, k and v come from one Linear of width 3C, qkv_projection: its weights [C, 3C] hold the columns
+    of Wq, then Wk, then Wv (torch's in_proj_weight and llm.c's qkvw, transposed), and its bias bq,
+    bk, bv. load_state_dict also takes the older layout of three Linears q_projection, k_projection
+    and v_projection (see upgrade_state).
+
     forward(x [B, T, C], padding_mask=None) -> [B, T, C]. padding_mask is additive, shape [B, T]:
     0 for a real key, a large negative value (-1e9) or -inf for a padded one. causal=True keeps
     key j of query i only when j <= i.
@@ -42,7 +47,7 @@ class MultiHeadAttention(Module):
     plus explicit mask tensors. Both compute the same function. It needs the naive path with the
     softmax activation (the other paths have no separate softmax) and raises ValueError otherwise.
 
-    attention="fused" runs the whole of softmax(q k^T / sqrt(D) + masks) v as minitorch.fused_attention
+    attention="fused" runs the whole of softmax(q k^T / sqrt(D) + masks) v as minitorch.fused_attention_qkv
     (on CUDA: no [B, H, T, T] tensor in forward or backward); "naive" builds the scores as above.
     activation="relu" replaces the softmax by relu(q k^T / sqrt(D) + masks) (masked keys give 0),
     with either attention path.
@@ -85,12 +90,20 @@ class MultiHeadAttention(Module):
         self.head_dim = n_embd // n_head
         self.causal = causal
         self.use_fused_kernel = use_fused_kernel
-        self.q_projection = Linear(n_embd, n_embd, bias=bias, backend=backend)
-        self.k_projection = Linear(n_embd, n_embd, bias=bias, backend=backend)
-        self.v_projection = Linear(n_embd, n_embd, bias=bias, backend=backend)
+        self.qkv_projection = Linear(n_embd, 3 * n_embd, bias=bias, backend=backend)
         self.out_projection = Linear(n_embd, n_embd, bias=bias, backend=backend)
         self.dropout = Dropout(p_dropout)
         self._causal_masks: Dict[Any, Tensor] = {}
+
+    def _upgrade_entries(self, state: Dict[str, Any], prefix: str) -> None:
+        """The older layout: separate q_projection, k_projection and v_projection Linears, packed
+        here into qkv_projection (weights side by side along the output columns, biases end to end)."""
+        for part in ("weights", "bias"):
+            names = [f"{prefix}{n}_projection.{part}" for n in "qkv"]
+            if all(n in state for n in names):
+                values = [state.pop(n) for n in names]
+                arrays = [v.to_numpy() if hasattr(v, "to_numpy") else np.asarray(v, dtype=np.float32) for v in values]
+                state[f"{prefix}qkv_projection.{part}"] = np.concatenate(arrays, axis=-1)
 
     def causal_mask(self, like: Tensor, T: int) -> Tensor:
         """Additive [T, T] mask (0 on and below the diagonal, NEG_BIG above), built
@@ -114,20 +127,18 @@ class MultiHeadAttention(Module):
             if padding_mask is not None:
                 raise ValueError("MultiHeadAttention: with a cache, padding comes from the cache's key mask")
             return self._forward_cached(x, cache)
+        qkv = self.qkv_projection(x)
         if self.attention_path == "fused":
-            q, k, v = (
-                proj(x).view(B, T, H, D).permute(0, 2, 1, 3)
-                for proj in (self.q_projection, self.k_projection, self.v_projection)
-            )
-            out = fused_attention(
-                q, k, v, padding_mask, causal=self.causal, activation=self.activation, scale=1.0 / math.sqrt(D)
+            out = fused_attention_qkv(
+                qkv, H, padding_mask, causal=self.causal, activation=self.activation, scale=1.0 / math.sqrt(D)
             )
             attended = out.permute(0, 2, 1, 3).contiguous().view(B, T, C)
             return self.dropout(self.out_projection(attended))
-        # The 1/sqrt(D) scale goes on q ([B, T, C]) rather than on the [B, H, T, T] scores.
-        q = (self.q_projection(x) * (1.0 / math.sqrt(D))).view(B, T, H, D).permute(0, 2, 1, 3)
-        k_t = self.k_projection(x).view(B, T, H, D).permute(0, 2, 3, 1)
-        v = self.v_projection(x).view(B, T, H, D).permute(0, 2, 1, 3)
+        # Views of qkv as [B, T, 3, H, D]; the 1/sqrt(D) scale goes on q rather than on the [B, H, T, T] scores.
+        heads = qkv.view(B, T, 3, H, D)
+        q = (heads[:, :, 0] * (1.0 / math.sqrt(D))).permute(0, 2, 1, 3)
+        k_t = heads[:, :, 1].permute(0, 2, 3, 1)
+        v = heads[:, :, 2].permute(0, 2, 1, 3)
         scores = q @ k_t
         if self.use_fused_kernel:
             probs = scores.attn_softmax(padding_mask, causal=self.causal)
@@ -143,8 +154,9 @@ class MultiHeadAttention(Module):
     def _forward_cached(self, x: Tensor, cache: LayerCache) -> Tensor:
         B, T, C = x.shape
         H, D = self.n_head, self.head_dim
-        q = (self.q_projection(x) * (1.0 / math.sqrt(D))).view(B, T, H, D).permute(0, 2, 1, 3)
-        keys, values = cache.append(self.k_projection(x), self.v_projection(x), H)
+        qkv = self.qkv_projection(x)
+        q = (qkv[:, :, :C] * (1.0 / math.sqrt(D))).view(B, T, H, D).permute(0, 2, 1, 3)
+        keys, values = cache.append(qkv[:, :, C : 2 * C], qkv[:, :, 2 * C :], H)
         L = keys.shape[1]
         scores = q @ keys.permute(0, 2, 3, 1)
         mask = cache.cache.key_mask(L)

@@ -7,8 +7,8 @@ embedding table has ``padded_vocab_size`` rows (llm.c pads V to a multiple of 12
 are never looked up and give no logits, so they stay as loaded (zero in a fresh model).
 
 minitorch's Linear weights are ``[in, out]`` and llm.c stores ``[out, in]``: every Linear weight is
-transposed on the way in and out. llm.c's ``qkvw`` ``[3C, C]`` holds the rows of Q, then K, then V;
-``qkv_linears`` names the Linear layers those rows map to, in that order.
+transposed on the way in and out. llm.c's ``qkvw`` ``[3C, C]`` holds the rows of Q, then K, then V:
+transposed, the columns of MultiHeadAttention's packed ``qkv_projection``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from typing import Any, Optional
 import numpy as np
 
 import minitorch
-from minitorch import LayerNorm1d, Linear, Module, ModuleList, Parameter, Tensor, TransformerLayer, nn
+from minitorch import LayerNorm1d, Module, ModuleList, Parameter, Tensor, TransformerLayer, nn
 from minitorch.autodiff import Context
 from minitorch.checkpoint import checkpoint
 from minitorch.fused.linear_cross_entropy import _row_block
 from minitorch.modules_basic import Embedding
-from minitorch.modules_transformer import MultiHeadAttention
 from minitorch.tensor_data import IndexingError
 from minitorch.tensor_functions import Function
 from project.llmc_format import GPT2Config, parameter_shapes, read_checkpoint, write_checkpoint
@@ -61,17 +60,12 @@ def row_range(t: Tensor, start: int, stop: int) -> Tensor:
     return RowRange.apply(t.contiguous(), start, stop)
 
 
-def qkv_linears(attention: MultiHeadAttention) -> list[Linear]:
-    """The Linear layers that make q, k and v, in the order of the rows of llm.c's qkvw (Q, K, V).
-    Each takes the next ``out_size`` rows of qkvw and qkvb."""
-    return [attention.q_projection, attention.k_projection, attention.v_projection]
-
-
 def _layer_parameters(layer: TransformerLayer) -> dict[str, tuple[Parameter, bool]]:
-    """llm.c's per-layer names (but qkv) -> (parameter, stored transposed in llm.c's file)."""
+    """llm.c's per-layer names -> (parameter, stored transposed in llm.c's file)."""
     attn, ff = layer.attention, layer.ff
     return {
         "ln1w": (layer.ln_1.weights, False), "ln1b": (layer.ln_1.bias, False),
+        "qkvw": (attn.qkv_projection.weights, True), "qkvb": (attn.qkv_projection.bias, False),
         "attprojw": (attn.out_projection.weights, True), "attprojb": (attn.out_projection.bias, False),
         "ln2w": (layer.ln_2.weights, False), "ln2b": (layer.ln_2.bias, False),
         "fcw": (ff.linear_in.weights, True), "fcb": (ff.linear_in.bias, False),
@@ -155,22 +149,15 @@ class GPT2(Module):
         return self.wte.weights.value.backend
 
     # ---- llm.c layout --------------------------------------------------------------------------
-    def _llmc_slots(self) -> Iterator[tuple[str, int, Parameter, bool, slice]]:
-        """(llm.c name, layer or -1, parameter, transposed, rows of the llm.c tensor) for every
-        parameter; qkv parameters take consecutive row blocks of qkvw / qkvb."""
-        yield "wte", -1, self.wte.weights, False, slice(None)
-        yield "wpe", -1, self.wpe.weights, False, slice(None)
+    def _llmc_slots(self) -> Iterator[tuple[str, int, Parameter, bool]]:
+        """(llm.c name, layer or -1, parameter, transposed) for every parameter."""
+        yield "wte", -1, self.wte.weights, False
+        yield "wpe", -1, self.wpe.weights, False
         for index, layer in enumerate(self.layers):
-            row = 0
-            for linear in qkv_linears(layer.attention):
-                rows = slice(row, row + linear.out_size)
-                yield "qkvw", index, linear.weights, True, rows
-                yield "qkvb", index, linear.bias, False, rows
-                row += linear.out_size
             for name, (param, transposed) in _layer_parameters(layer).items():
-                yield name, index, param, transposed, slice(None)
-        yield "lnfw", -1, self.ln_f.weights, False, slice(None)
-        yield "lnfb", -1, self.ln_f.bias, False, slice(None)
+                yield name, index, param, transposed
+        yield "lnfw", -1, self.ln_f.weights, False
+        yield "lnfb", -1, self.ln_f.bias, False
 
     def load_llmc_params(self, params: Mapping[str, np.ndarray]) -> None:
         """Set every parameter from llm.c-layout arrays (``read_checkpoint``'s dict) of this
@@ -185,15 +172,15 @@ class GPT2(Module):
                     f"for {self.config}"
                 )
         backend = self.backend
-        for name, layer, param, transposed, rows in self._llmc_slots():
-            value = np.asarray(params[name] if layer < 0 else params[name][layer])[rows]
+        for name, layer, param, transposed in self._llmc_slots():
+            value = np.asarray(params[name] if layer < 0 else params[name][layer])
             param.update(minitorch.tensor_from_numpy(value.T if transposed else value, backend=backend))
 
     def _llmc_arrays(self, read: Callable[[Parameter], np.ndarray]) -> dict[str, np.ndarray]:
         out = {name: np.zeros(shape, dtype=np.float32) for name, shape in parameter_shapes(self.config).items()}
-        for name, layer, param, transposed, rows in self._llmc_slots():
+        for name, layer, param, transposed in self._llmc_slots():
             value = read(param)
-            (out[name] if layer < 0 else out[name][layer])[rows] = value.T if transposed else value
+            (out[name] if layer < 0 else out[name][layer])[...] = value.T if transposed else value
         return out
 
     def llmc_params(self) -> dict[str, np.ndarray]:

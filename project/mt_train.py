@@ -169,6 +169,21 @@ def run_state(model: DecoderLM, optimizer: minitorch.Adam, batcher: Batcher, pro
     }
 
 
+def upgrade_moments(model: DecoderLM, saved_names: Sequence[str], optimizer_state: Dict[str, Any]) -> Dict[str, Any]:
+    """Adam's state (moments keyed by parameter position) saved with a model whose parameters were
+    saved_names, re-keyed for model: a checkpoint of an older parameter layout (separate q, k, v
+    projections) gets its moments packed as its parameters are (Module.upgrade_state)."""
+    names = [name for name, _ in model.named_parameters()]
+    if list(saved_names) == names:
+        return optimizer_state
+    position = {name: i for i, name in enumerate(names)}
+    out = dict(optimizer_state)
+    for key in ("m", "v"):
+        by_name = model.upgrade_state({saved_names[int(i)]: value for i, value in optimizer_state[key].items()})
+        out[key] = {str(position[name]): value for name, value in by_name.items()}
+    return out
+
+
 def restore_run_state(
     checkpoint: Checkpoint, model: DecoderLM, optimizer: minitorch.Adam, batcher: Batcher
 ) -> Dict[str, Any]:
@@ -177,10 +192,10 @@ def restore_run_state(
     state = checkpoint.state
     try:
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer.load_state_dict(upgrade_moments(model, list(state["model"]), state["optimizer"]))
         batcher.load_state_dict(state["batcher"])
         minitorch.set_rng_state(state["rng"]["minitorch"])
         np.random.set_state(state["rng"]["numpy"])
         return dict(state["progress"])
-    except (KeyError, ValueError, TypeError) as err:
+    except (KeyError, IndexError, ValueError, TypeError) as err:
         raise CheckpointError(f"{checkpoint.path} does not fit this run: {type(err).__name__}: {err}") from None

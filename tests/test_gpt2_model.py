@@ -40,15 +40,12 @@ def numpy_checkpoint(path, config, params):
 def test_numpy_written_checkpoint_loads_into_the_right_parameters(tmp_path):
     params = random_llmc_params(CONFIG, seed=1)
     model = GPT2.from_checkpoint(numpy_checkpoint(tmp_path / "m.bin", CONFIG, params), backend=FAST)
-    C = CONFIG.channels
     value = lambda p: p.value.to_numpy()  # noqa: E731
     attn1 = model.layers[1].attention
     np.testing.assert_array_equal(value(model.wte.weights), params["wte"])
     np.testing.assert_array_equal(value(model.wpe.weights), params["wpe"])
-    np.testing.assert_array_equal(value(attn1.q_projection.weights), params["qkvw"][1][:C].T)
-    np.testing.assert_array_equal(value(attn1.k_projection.weights), params["qkvw"][1][C : 2 * C].T)
-    np.testing.assert_array_equal(value(attn1.v_projection.weights), params["qkvw"][1][2 * C :].T)
-    np.testing.assert_array_equal(value(attn1.k_projection.bias), params["qkvb"][1][C : 2 * C])
+    np.testing.assert_array_equal(value(attn1.qkv_projection.weights), params["qkvw"][1].T)
+    np.testing.assert_array_equal(value(attn1.qkv_projection.bias), params["qkvb"][1])
     np.testing.assert_array_equal(value(attn1.out_projection.weights), params["attprojw"][1].T)
     np.testing.assert_array_equal(value(model.layers[0].ff.linear_in.weights), params["fcw"][0].T)
     np.testing.assert_array_equal(value(model.layers[0].ff.linear_out.weights), params["fcprojw"][0].T)

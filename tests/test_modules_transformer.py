@@ -54,21 +54,14 @@ def copy_layernorm(mod: minitorch.Module, prefix: str, ln: torch.nn.LayerNorm) -
 
 def copy_attention(mod: minitorch.Module, prefix: str, mha: torch.nn.MultiheadAttention) -> None:
     p = f"{prefix}." if prefix else ""
-    mha.in_proj_weight.data = t64(
-        np.concatenate([param(mod, f"{p}{n}_projection.weights").T for n in "qkv"], axis=0)
-    )
-    mha.in_proj_bias.data = t64(np.concatenate([param(mod, f"{p}{n}_projection.bias") for n in "qkv"]))
+    mha.in_proj_weight.data = t64(param(mod, f"{p}qkv_projection.weights").T)
+    mha.in_proj_bias.data = t64(param(mod, f"{p}qkv_projection.bias"))
     copy_linear(mod, f"{p}out_projection", mha.out_proj)
 
 
 def attention_grads(mha: torch.nn.MultiheadAttention, prefix: str) -> Dict[str, torch.Tensor]:
     p = f"{prefix}." if prefix else ""
-    C = mha.embed_dim
-    w, b = mha.in_proj_weight.grad, mha.in_proj_bias.grad
-    out = {}
-    for i, n in enumerate("qkv"):
-        out[f"{p}{n}_projection.weights"] = w[i * C : (i + 1) * C].T
-        out[f"{p}{n}_projection.bias"] = b[i * C : (i + 1) * C]
+    out = {f"{p}qkv_projection.weights": mha.in_proj_weight.grad.T, f"{p}qkv_projection.bias": mha.in_proj_bias.grad}
     out[f"{p}out_projection.weights"] = mha.out_proj.weight.grad.T
     out[f"{p}out_projection.bias"] = mha.out_proj.bias.grad
     return out
@@ -329,7 +322,7 @@ def test_lm_structure_and_errors() -> None:
     model = small_lm(False)
     assert len(model.layers) == 2
     names = [n for n, _ in model.named_parameters()]
-    assert "layers.1.attention.q_projection.weights" in names and "lm_head.weights" in names
+    assert "layers.1.attention.qkv_projection.weights" in names and "lm_head.weights" in names
     assert model.hidden_states(mt(np.zeros((1, 4)), FAST)).shape == (1, 4, 16)
     with pytest.raises(ValueError, match="n_positions 10"):
         model(mt(np.zeros((1, 11)), FAST))

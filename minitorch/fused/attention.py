@@ -66,6 +66,29 @@ def fused_attention(
     return FusedAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), flat_mask, bool(causal), activation, float(scale))
 
 
+def fused_attention_qkv(
+    qkv: "Tensor",
+    n_head: int,
+    mask: Optional["Tensor"] = None,
+    causal: bool = False,
+    activation: str = "softmax",
+    scale: Optional[float] = None,
+) -> "Tensor":
+    """fused_attention of the packed projections qkv [B, T, 3C] (q, then k, then v, each of n_head
+    heads of D = C / n_head channels) -> [B, n_head, T, D]; mask, causal, activation and scale as
+    fused_attention. Its gradient is one [B, T, 3C] tensor, so a packed q/k/v projection gets it
+    without the three slices' gradients being padded to [B, T, 3C] and summed."""
+    check_activation("fused_attention_qkv", activation)
+    if qkv.dims != 3 or n_head < 1 or qkv.shape[2] % (3 * n_head):
+        raise IndexingError(f"fused_attention_qkv expects qkv [B, T, 3C] with C a multiple of n_head {n_head}, got {qkv.shape}")
+    B, T, C3 = qkv.shape
+    D = C3 // (3 * n_head)
+    if T == 0 or D == 0:
+        raise IndexingError(f"fused_attention_qkv needs at least one position and D >= 1, got qkv {qkv.shape}")
+    flat_mask = key_mask("fused_attention_qkv", f"qkv {qkv.shape}", qkv, mask, B, T)
+    return PackedAttention.apply(qkv, n_head, flat_mask, bool(causal), activation, 1.0 / math.sqrt(D) if scale is None else float(scale))
+
+
 def attention_weights(
     q: "Tensor", k: "Tensor", mask: Optional["Tensor"], causal: bool, activation: str, scale: float
 ) -> Tuple["Tensor", "Tensor"]:
@@ -120,3 +143,28 @@ class FusedAttention(Function):
             dscores = softmax_backward_reference(dweights, weights)
         dscores = dscores * scale
         return (dscores @ k).contiguous(), (dscores.transpose(2, 3) @ q).contiguous(), (weights.transpose(2, 3) @ grad_output).contiguous()
+
+
+class PackedAttention(Function):
+    """FusedAttention of q, k, v cut from a packed [B, T, 3C] tensor: one copy makes them contiguous
+    [B, H, T, D] heads, and backward writes dq, dk, dv straight into the thirds of one gradient."""
+
+    @staticmethod
+    def forward(
+        ctx: Context, qkv: "Tensor", heads: int, mask: Optional["Tensor"], causal: bool, activation: str, scale: float
+    ) -> "Tensor":  # fmt: skip
+        B, T, C3 = qkv.shape
+        split = qkv.view(B, T, 3, heads, C3 // (3 * heads)).permute(2, 0, 3, 1, 4).contiguous()
+        inner = Context(ctx.no_grad)
+        out = FusedAttention.forward(inner, split[0], split[1], split[2], mask, causal, activation, scale)
+        ctx.save_for_backward(inner, qkv.shape)
+        return out
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
+        inner, (B, T, C3) = ctx.saved_values
+        grads = FusedAttention.backward(inner, grad_output)
+        dqkv = grad_output._new_empty((B, T, 3, grads[0].shape[1], grads[0].shape[3]))
+        for i, g in enumerate(grads):
+            dqkv[:, :, i].copy_(g.permute(0, 2, 1, 3))
+        return dqkv.view(B, T, C3)
