@@ -37,6 +37,7 @@ if __package__ in (None, ""):
 import numpy as np
 
 import minitorch
+from project.arg_types import fraction, non_negative, nonnegative_int, positive_int, str2bool
 from project import mt_data
 from project.mt_average import save_snapshot
 from project.mt_checks import InputError, check_options, option
@@ -71,36 +72,6 @@ PRESETS = {
 }  # fmt: skip
 
 
-def str2bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-
-
-def fraction(value: str) -> float:
-    x = float(value)
-    if not 0.0 <= x < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a value in [0, 1), got {value}")
-    return x
-
-
-def non_negative(value: str) -> float:
-    x = float(value)
-    if x < 0.0:
-        raise argparse.ArgumentTypeError(f"expected a value >= 0, got {value}")
-    return x
-
-
-def positive_int(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return n
-
-
 class RenamedOption(argparse.Action):
     """The old spelling of --recompute-layers: an error that names the new one."""
 
@@ -109,13 +80,6 @@ class RenamedOption(argparse.Action):
             "--checkpoint was renamed --recompute-layers (gradient checkpointing); the saved training "
             "checkpoint always goes to --out-dir"
         )
-
-
-def nonnegative_int(value: str) -> int:
-    n = int(value)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
