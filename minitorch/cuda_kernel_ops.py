@@ -84,6 +84,7 @@ class CudaKernelOps(TensorOps):
     linear_cross_entropy_fw = staticmethod(classifier.linear_cross_entropy_fw)
     adamw_step = staticmethod(optimizer.adamw_step)
     adamw_multi = staticmethod(optimizer.MultiTensorAdamW)
+    gradient_pack = staticmethod(optimizer.gradient_pack)
     storage_upload = staticmethod(staging.upload_storage)
     slot_write = staticmethod(kv_cache.slot_write)
     gather_rows = staticmethod(embedding.gather_rows)
