@@ -27,7 +27,7 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from project.llmc_format import GPT2Config, ShardLoader, read_checkpoint  # noqa: E402
-from project.run_machine_translation import str2bool  # noqa: E402
+from project.arg_types import str2bool  # noqa: E402
 
 
 class Block(nn.Module):

@@ -14,7 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from .cuda import attention, classifier, combine, embedding, layernorm, matmul, optimizer, random, softmax, staging
+from .cuda import (
+    attention, beam_search, classifier, combine, embedding, kv_cache, layernorm, matmul, optimizer, random, softmax,
+    staging, topk,
+)  # fmt: skip
 from .cuda.runtime import (
     INT_LIMIT,
     CudaKernelError,
@@ -81,4 +84,9 @@ class CudaKernelOps(TensorOps):
     linear_cross_entropy_fw = staticmethod(classifier.linear_cross_entropy_fw)
     adamw_step = staticmethod(optimizer.adamw_step)
     adamw_multi = staticmethod(optimizer.MultiTensorAdamW)
+    gradient_pack = staticmethod(optimizer.gradient_pack)
     storage_upload = staticmethod(staging.upload_storage)
+    slot_write = staticmethod(kv_cache.slot_write)
+    gather_rows = staticmethod(embedding.gather_rows)
+    top_k = staticmethod(topk.top_k)
+    beam_search_step = staticmethod(beam_search.beam_search_step)

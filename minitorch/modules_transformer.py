@@ -293,11 +293,13 @@ class DecoderLM(Module):
 
     def hidden_states(
         self, idx: Tensor, padding_mask: Optional[Tensor] = None, cache: Optional[KVCache] = None,
-        positions: Optional[np.ndarray] = None,
+        positions: Optional[np.ndarray | Tensor] = None,
     ) -> Tensor:  # fmt: skip
         """[B, T] ids -> the final LayerNorm's output [B, T, n_embd].  With a cache, idx holds the
         next T slots after the cache's filled ones, at position ids `positions` [B, T] (default
-        cache.positions(T)), each below n_positions."""
+        cache.positions(T), or cache.slot_positions() in its device-slot mode), each below
+        n_positions: a NumPy array is checked, a Tensor on the model's backend is not (its values
+        stay where they are, e.g. on the device, for a step replayed from a CUDA graph)."""
         if idx.dims != 2:
             raise IndexingError(f"DecoderLM expects token ids of shape [B, T], got {idx.shape}")
         B, T = idx.shape
@@ -310,13 +312,20 @@ class DecoderLM(Module):
         else:
             if B != cache.rows:
                 raise IndexingError(f"DecoderLM: ids {idx.shape} for a KVCache of {cache.rows} rows")
-            ids = cache.positions(T) if positions is None else np.asarray(positions)
-            if ids.shape != (B, T) or ids.min() < 0 or ids.max() >= self.n_positions:
-                raise ValueError(
-                    f"DecoderLM: positions must be [B, T] = {(B, T)} ids in [0, {self.n_positions}), got shape "
-                    f"{ids.shape} with range [{ids.min()}, {ids.max()}]"
-                )
-            position_ids = tensor_from_numpy(ids, backend=idx.backend)
+            if positions is None and cache.slot is not None:
+                positions = cache.slot_positions()
+            if isinstance(positions, Tensor):
+                if positions.shape != (B, T):
+                    raise ValueError(f"DecoderLM: positions must be [B, T] = {(B, T)}, got {positions.shape}")
+                position_ids = positions
+            else:
+                ids = cache.positions(T) if positions is None else np.asarray(positions)
+                if ids.shape != (B, T) or ids.min() < 0 or ids.max() >= self.n_positions:
+                    raise ValueError(
+                        f"DecoderLM: positions must be [B, T] = {(B, T)} ids in [0, {self.n_positions}), got shape "
+                        f"{ids.shape} with range [{ids.min()}, {ids.max()}]"
+                    )
+                position_ids = tensor_from_numpy(ids, backend=idx.backend)
         x = self.dropout(self.token_embeddings(idx) + self.position_embeddings(position_ids))
         for i, layer in enumerate(self.layers):
             if cache is not None:

@@ -7,40 +7,54 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from minitorch import DecoderLM, TensorBackend
 from project import mt_data
 from project.mt_average import average_snapshots
-from project.mt_beam import beam_search
-from project.mt_decode import corpus_bleu, greedy_decode, write_translations
+from project.mt_beam import BeamDecoder
+from project.mt_decode import GreedyDecoder, corpus_bleu, write_translations
 from project.mt_train import validation_loss
 
 FINAL_NAME = "final.json"
 
 
-def decode(
-    model: DecoderLM, prompts: Sequence[np.ndarray], config: Dict[str, Any], backend: TensorBackend, beam_size: int
-) -> List[np.ndarray]:
-    """Tokens generated after each prompt: greedy (KV-cached) for beam_size 1, else beam search
-    with config's length_penalty; config's max_len and eval_batch_size (sentences per batch)."""
-    if beam_size == 1:
-        return greedy_decode(model, prompts, config["max_len"], config["eval_batch_size"], backend)
-    return beam_search(
-        model, prompts, config["max_len"], config["eval_batch_size"], backend, beam_size, config["length_penalty"]
-    )
+class Decoders:
+    """The run's decoders (greedy, and beam search per beam size), made on first use and kept: their
+    caches and CUDA graphs (unless config["cuda_graphs"] is off) serve every later call, each epoch's
+    evaluation and the final one (the graphs read the model's parameters, which training and
+    load_state_dict update in place)."""
+
+    def __init__(self, model: DecoderLM, config: Dict[str, Any], backend: TensorBackend):
+        self.model, self.config, self.backend = model, config, backend
+        self._made: Dict[int, Any] = {}
+
+    def __call__(self, prompts: Sequence[np.ndarray], beam_size: int) -> List[np.ndarray]:
+        """Tokens generated after each prompt: greedy (KV-cached) for beam_size 1, else beam search
+        with config's length_penalty; config's max_len and eval_batch_size (sentences per batch)."""
+        decoder = self._made.get(beam_size)
+        if decoder is None:
+            c, graphs = self.config, self.config.get("cuda_graphs", True)
+            decoder = self._made[beam_size] = (
+                GreedyDecoder(self.model, c["max_len"], self.backend, graphs) if beam_size == 1
+                else BeamDecoder(self.model, c["max_len"], self.backend, beam_size, c["length_penalty"], graphs)
+            )  # fmt: skip
+        return decoder(prompts, self.config["eval_batch_size"])
 
 
 def final_evaluation(
-    model: DecoderLM, config: Dict[str, Any], data: Dict[str, Any], backend: TensorBackend, epoch: int
-) -> Dict[str, Any]:
+    model: DecoderLM, config: Dict[str, Any], data: Dict[str, Any], backend: TensorBackend, epoch: int,
+    decoders: Optional[Decoders] = None,
+) -> Dict[str, Any]:  # fmt: skip
     """Load the mean of the last config["average_last"] epochs' snapshots into model (when more than
-    one), then decode the test prompts greedily and with config["final_beam_size"] beams; writes
+    one), then decode the test prompts greedily and with config["final_beam_size"] beams (with
+    `decoders`, the run's, or new ones); writes
     <out_dir>/final.json and translations_final_{greedy,beam}.txt and returns the record.  data:
     mt_run.prepare_data's tokenizer, valid, sources, references and prompts."""
     out_dir = Path(config["out_dir"])
+    decoders = decoders or Decoders(model, config, backend)
     last = min(config["average_last"], epoch)
     if last > 1:
         model.load_state_dict(average_snapshots(out_dir, last, epoch))
@@ -55,7 +69,7 @@ def final_evaluation(
     }
     for name, beam_size in (("greedy", 1), ("beam", config["final_beam_size"])):
         start = time.perf_counter()
-        generated = decode(model, prompts, config, backend, beam_size)
+        generated = decoders(prompts, beam_size)
         record[f"{name}_seconds"] = time.perf_counter() - start
         hypotheses = mt_data.decode_translations(data["tokenizer"], generated)
         record[f"{name}_bleu"] = corpus_bleu(hypotheses, references)

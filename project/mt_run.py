@@ -26,7 +26,7 @@ import minitorch
 from project import mt_data
 from project.mt_checks import check_corpus, check_encoded
 from project.mt_decode import corpus_bleu, write_translations
-from project.mt_evaluate import decode
+from project.mt_evaluate import Decoders
 from project.mt_parallel import TranslationParallel
 from project.mt_steps import StepTimer, TrainStep
 from project.mt_train import build_model, learning_rate, peak_memory_mb, run_state, validation_loss
@@ -84,6 +84,7 @@ class TranslationRun:
                               use_graphs=config["cuda_graphs"] and backend.cuda, graph_batch_size=config["batch_size"],
                               label_smoothing=config["label_smoothing"], gradient_sync=parallel.gradient_sync)  # fmt: skip
         self.timer = StepTimer(backend)
+        self.decoders = Decoders(self.model, config, backend)
 
     def save(self) -> None:
         """Checkpoint now (the device loss sum of an unfinished epoch is read into the progress and,
@@ -164,7 +165,7 @@ class TranslationRun:
         }  # fmt: skip
 
     def decode(self, prompts: List[np.ndarray]) -> List[np.ndarray]:
-        """mt_evaluate.decode batch by batch (length-sorted as it sorts them) under a progress bar."""
+        """The run's decoders batch by batch (length-sorted as they sort them) under a progress bar."""
         size = self.config["eval_batch_size"]
         order = np.argsort([len(p) for p in prompts], kind="stable")
         generated: List[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
@@ -173,7 +174,7 @@ class TranslationRun:
                   unit="sentence", leave=False) as bar:  # fmt: skip
             for start in range(0, len(order), size):
                 chunk = order[start : start + size]
-                outputs = decode(self.model, [prompts[i] for i in chunk], self.config, self.backend, beam)
+                outputs = self.decoders([prompts[i] for i in chunk], beam)
                 for i, tokens in zip(chunk, outputs):
                     generated[i] = tokens
                 bar.update(len(chunk))

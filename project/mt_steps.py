@@ -3,10 +3,11 @@
 `TrainStep(batch, lr)` queues one update: forward, backward, global-norm clip and AdamW, with the
 batch's loss summed into a device accumulator (`loss_sum`, read every N steps by the caller).  On
 CUDA with graphs on, the first batch of each shape runs eagerly and the step is then captured in a
-CUDA graph (one per batch shape, all in one memory pool) and replayed for every later batch of
-that shape: a replay is one launch instead of ~1,000 Python-dispatched kernels.  The host work of a
-step is then copying the batch into pinned staging memory and queueing its upload, the learning
-rate and a fresh dropout key (`minitorch.rng.seeds_from_device`), and the replay.
+CUDA graph (one per batch shape, all in one memory pool: minitorch.cuda.graphs.StepGraphs) and
+replayed for every later batch of that shape: a replay is one launch instead of ~1,000
+Python-dispatched kernels.  The host work of a step is then copying the batch into pinned staging
+memory and queueing its upload, the learning rate and a fresh dropout key
+(`minitorch.rng.seeds_from_device`), and the replay.
 
 Batch widths are padded up to a multiple of `WIDTH_MULTIPLE` on CUDA, so a few graphs cover every
 batch (padding positions have weight 0 and, with right padding and causal attention, change
@@ -23,6 +24,7 @@ import numpy as np
 
 import minitorch
 from minitorch import DecoderLM, TensorBackend
+from minitorch.cuda.graphs import StepGraphs
 from minitorch.cuda.runtime import runtime
 from project.mt_data import PAD_ID, Batch
 from project.mt_train import batch_loss_from_tensors
@@ -85,10 +87,8 @@ class TrainStep:
         self.graph_batch_size = graph_batch_size
         self.gradient_sync = gradient_sync
         self.loss_sum = minitorch.zeros((1,), backend=backend)
-        self.captured = 0
         self._inputs: Dict[Tuple[int, int], _Inputs] = {}
-        self._graphs: Dict[Tuple[int, int], Any] = {}
-        self._pool: Any = None
+        self._graphs = StepGraphs(use_graphs)
         self._seed: Any = None
         if backend.cuda:
             from minitorch.cuda.staging import DeviceSeed
@@ -113,23 +113,19 @@ class TrainStep:
         self.optimizer.begin_step()
         if self._seed is not None:
             self._seed.advance(minitorch.rng.next_seed())
-        graph = self._graphs.get(shape)
-        if graph is not None:
-            graph.replay()
-            return True
-        self._run(inputs)
-        if self.use_graphs and (self.graph_batch_size is None or shape[0] == self.graph_batch_size):
-            self._graphs[shape] = self._capture(inputs)
-        return False
+        capture = self.graph_batch_size is None or shape[0] == self.graph_batch_size
+        return self._graphs.run(shape, lambda: self._run(inputs), capture)
+
+    @property
+    def captured(self) -> int:
+        """CUDA graphs captured so far (one per batch shape)."""
+        return self._graphs.captured
 
     def release_graphs(self) -> None:
         """Free the captured graphs (a new call captures again).  Call it before leaving a process
         group whose all-reduces a graph captured: NCCL's communicator cannot be destroyed while
         such a graph lives (destroy_process_group would hang; pytorch/pytorch#115388)."""
-        for graph in self._graphs.values():
-            graph.reset()
-        self._graphs.clear()
-        self._pool = None
+        self._graphs.release()
 
     def loss_total(self) -> float:
         """The accumulated sum of loss x targets (a device read: it waits for queued steps)."""
@@ -154,17 +150,6 @@ class TrainStep:
         self.optimizer.update()
         with minitorch.no_grad():
             self.loss_sum.copy_(self.loss_sum + loss.detach() * inputs.n_targets)
-
-    def _capture(self, inputs: _Inputs) -> Any:
-        torch = runtime().torch
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self._run(inputs)
-        self._pool = graph.pool()
-        self.captured += 1
-        return graph
-
-
 
 
 class StepTimer:

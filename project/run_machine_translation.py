@@ -37,6 +37,7 @@ if __package__ in (None, ""):
 import numpy as np
 
 import minitorch
+from project.arg_types import fraction, non_negative, nonnegative_int, positive_int, str2bool
 from project import mt_data
 from project.mt_average import save_snapshot
 from project.mt_checks import InputError, check_options, option
@@ -71,36 +72,6 @@ PRESETS = {
 }  # fmt: skip
 
 
-def str2bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-
-
-def fraction(value: str) -> float:
-    x = float(value)
-    if not 0.0 <= x < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a value in [0, 1), got {value}")
-    return x
-
-
-def non_negative(value: str) -> float:
-    x = float(value)
-    if x < 0.0:
-        raise argparse.ArgumentTypeError(f"expected a value >= 0, got {value}")
-    return x
-
-
-def positive_int(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return n
-
-
 class RenamedOption(argparse.Action):
     """The old spelling of --recompute-layers: an error that names the new one."""
 
@@ -109,13 +80,6 @@ class RenamedOption(argparse.Action):
             "--checkpoint was renamed --recompute-layers (gradient checkpointing); the saved training "
             "checkpoint always goes to --out-dir"
         )
-
-
-def nonnegative_int(value: str) -> int:
-    n = int(value)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--matmul-precision", choices=minitorch.precision.PRECISIONS, default="highest",
                    help="CUDA float32 matmuls: highest = 3xTF32 (float32 accuracy), high = one TF32 product")
     p.add_argument("--cuda-graphs", type=str2bool, default=True, metavar="true|false",
-                   help="replay each training step from a CUDA graph (CUDA backend; ignored on the CPU)")
+                   help="replay each training and decoding step from a CUDA graph (CUDA backend; ignored on the CPU)")
     p.add_argument("--log-every", type=positive_int, default=50,
                    help="steps between progress-bar loss readings (each one waits for the GPU)")
     p.add_argument("--attention", choices=("naive", "fused"), default="naive",
@@ -354,7 +318,9 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
     if not parallel.is_main:
         return finish(None)
     print_summary(history, out_dir)
-    final = final_evaluation(job.model, config, data, backend, history[-1]["epoch"]) if history else None
+    final = None
+    if history:
+        final = final_evaluation(job.model, config, data, backend, history[-1]["epoch"], job.decoders)
     return finish(None, final)
 
 

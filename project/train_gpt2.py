@@ -47,7 +47,7 @@ from project.llmc_format import GPT2Config, ShardLoader
 from project.mt_checks import InputError
 from project.mt_train import make_backend, peak_memory_mb
 from project.parallel import DataParallel
-from project.run_machine_translation import positive_int, str2bool
+from project.arg_types import positive_int, str2bool
 
 FRESH_MODEL = ("depth", "channels", "heads", "max_seq_len", "vocab_size")
 METRICS_NAME = "metrics.jsonl"

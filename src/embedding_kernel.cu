@@ -1,7 +1,8 @@
 // embedding_kernel.cu: the embedding lookup out[r, :] = weight[ids[r], :] and its scatter-add
-// backward.
+// backward, and the same row gather over rows of their own strides (gather_rows: the first n floats
+// of each row, e.g. the filled slots of KV cache rows, reordered by beam search).
 //
-//   forward    one thread per float4 (when dim % 4 == 0 and the pointers are 16-byte aligned) or
+//   forward    one thread per float4 (when dim, both row strides and both pointers allow it) or
 //              float of the output, grid-stride; consecutive threads cover a row, so both the
 //              gather from weight and the store to out are coalesced.
 //   backward   deterministic (no atomics, the same bits every run, which CUDA-graph replays are
@@ -30,9 +31,10 @@ __device__ __forceinline__ int embedding_row(float id, int num_embeddings) {
   return row < num_embeddings ? row : -1;
 }
 
-// One thread per float4 (vec) or float of the output; consecutive threads cover a row.
-__global__ void embedding_fw_kernel(float* out, const float* weight, const float* ids, int rows,
-                                    int num_embeddings, int dim, bool vec) {
+// One thread per float4 (vec) or float of the output; consecutive threads cover a row. Row r of out
+// starts at out + r * out_stride, row v of weight at weight + v * weight_stride (floats).
+__global__ void embedding_fw_kernel(float* out, long long out_stride, const float* weight, long long weight_stride,
+                                    const float* ids, int rows, int num_embeddings, int dim, bool vec) {
   const int per_row = vec ? dim / 4 : dim;
   const long long total = static_cast<long long>(rows) * per_row;
   const long long stride = mt::grid_stride_step();
@@ -41,13 +43,23 @@ __global__ void embedding_fw_kernel(float* out, const float* weight, const float
     const int c = static_cast<int>(i - r * per_row);
     const int row = embedding_row(ids[r], num_embeddings);
     if (vec) {
-      reinterpret_cast<float4*>(out)[i] =
-          row >= 0 ? reinterpret_cast<const float4*>(weight)[static_cast<long long>(row) * per_row + c]
-                   : make_float4(0.f, 0.f, 0.f, 0.f);
+      reinterpret_cast<float4*>(out + r * out_stride)[c] =
+          row >= 0 ? reinterpret_cast<const float4*>(weight + row * weight_stride)[c] : make_float4(0.f, 0.f, 0.f, 0.f);
     } else {
-      out[i] = row >= 0 ? weight[static_cast<long long>(row) * dim + c] : 0.f;
+      out[r * out_stride + c] = row >= 0 ? weight[row * weight_stride + c] : 0.f;
     }
   }
+}
+
+int launch_gather(float* out, long long out_stride, const float* weight, long long weight_stride, const float* ids,
+                  int rows, int num_embeddings, int dim, cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(rows < 0 || num_embeddings < 0 || dim < 0 || out_stride < dim || weight_stride < 0);
+  const long long total = static_cast<long long>(rows) * dim;
+  if (total == 0) return 0;
+  const bool vec = dim % 4 == 0 && out_stride % 4 == 0 && weight_stride % 4 == 0 && mt::is_aligned16(out) &&
+                   mt::is_aligned16(weight);
+  return mt::launch_grid_stride<embedding_fw_kernel>(vec ? total / 4 : total, stream, out, out_stride, weight,
+                                                     weight_stride, ids, rows, num_embeddings, dim, vec);
 }
 
 constexpr int kBwThreads = 128;
@@ -112,12 +124,14 @@ MT_DEFINE_ERROR_STRING()
 // zeros (the device cannot raise, and checking on the host would need a copy).
 int launch_embedding_fw(float* out, const float* weight, const float* ids, int rows,
                         int num_embeddings, int dim, cudaStream_t stream) {
-  MT_RETURN_IF_INVALID(rows < 0 || num_embeddings < 0 || dim < 0);
-  const long long total = static_cast<long long>(rows) * dim;
-  if (total == 0) return 0;
-  const bool vec = dim % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(weight);
-  return mt::launch_grid_stride<embedding_fw_kernel>(vec ? total / 4 : total, stream, out, weight, ids,
-                                                     rows, num_embeddings, dim, vec);
+  return launch_gather(out, dim, weight, dim, ids, rows, num_embeddings, dim, stream);
+}
+
+// out[r * out_stride + c] = in[ids[r] * in_stride + c] for r < rows, c < n, ids as in
+// launch_embedding_fw (an id outside [0, in_rows) gives zeros); out must not overlap in.
+int launch_gather_rows(float* out, long long out_stride, const float* in, long long in_stride, const float* ids,
+                       int rows, int in_rows, int n, cudaStream_t stream) {
+  return launch_gather(out, out_stride, in, in_stride, ids, rows, in_rows, n, stream);
 }
 
 // grad_weight[v, :] = sum of grad_out[r, :] over the positions r with ids[r] == v, in position order

@@ -21,6 +21,10 @@
 //   3. adamw_multi_kernel: per block, one chunk of one tensor, g scaled by the clip factor.
 // Tensors come in lists of up to kMaxTensors pointers passed by value (several launches of 1 and
 // 3 for longer lists; their partials go to consecutive ranges of one buffer).
+//
+// The gradient pack of data-parallel training uses the same lists: param[t] <- grad[t] * scale for
+// every tensor of a list in one launch (param[t] is the gradient's slot in a flat bucket that is
+// then all-reduced; the moments are unused), instead of one copy kernel per parameter.
 #include <cmath>
 #include <cuda_runtime.h>
 
@@ -217,6 +221,24 @@ adamw_multi_kernel(const TensorList l, const AdamWCoefficients* __restrict__ coe
   }
 }
 
+__global__ void __launch_bounds__(kThreads) gradient_pack_kernel(const TensorList l, float scale) {
+  const int t = tensor_of_block(l, blockIdx.x);
+  const long long begin = (blockIdx.x - l.block_start[t]) * kChunk;
+  const long long end = min(begin + kChunk, l.numel[t]);
+  float* out = l.param[t];
+  const float* g = l.grad[t];
+  if (mt::is_aligned16(out) && mt::is_aligned16(g)) {
+    long long i = begin + 4 * threadIdx.x;
+    for (; i + 3 < end; i += 4 * blockDim.x) {
+      const float4 v = *reinterpret_cast<const float4*>(g + i);
+      *reinterpret_cast<float4*>(out + i) = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+    }
+    for (long long j = i; j < min(i + 4, end); ++j) out[j] = g[j] * scale;
+  } else {
+    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) out[j] = g[j] * scale;
+  }
+}
+
 bool valid_list(const TensorList& l) {
   if (l.count < 1 || l.count > kMaxTensors || l.block_start[0] != 0) return false;
   for (int t = 0; t < l.count; ++t) {
@@ -288,6 +310,14 @@ int launch_adamw_multi(TensorList list, const void* coefficients, cudaStream_t s
   }
   adamw_multi_kernel<<<list.block_start[list.count], kThreads, 0, stream>>>(
       list, static_cast<const AdamWCoefficients*>(coefficients));
+  return mt_launch_status();
+}
+
+// The gradient pack: list.param[t] <- list.grad[t] * scale for every tensor of the list.
+int launch_gradient_pack(TensorList list, float scale, cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(!valid_list(list));
+  for (int t = 0; t < list.count; ++t) MT_RETURN_IF_INVALID(list.param[t] == nullptr);
+  gradient_pack_kernel<<<list.block_start[list.count], kThreads, 0, stream>>>(list, scale);
   return mt_launch_status();
 }
 

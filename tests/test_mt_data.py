@@ -471,6 +471,28 @@ def test_batcher_bucketing_reduces_padding_and_samples_per_epoch():
         mt_data.Batcher(sequences, batch_size=16, samples_per_epoch=401)
 
 
+def test_a_length_window_holds_bucket_batches_steps_of_any_group_size():
+    """96 sequences, batches of 8, 3 steps per window: with groups of 4 batches the epoch is one
+    window, so the groups sorted by their shortest sequence do not overlap in length; with groups
+    of 2 it is two windows of 48 sequences."""
+    lengths = np.random.default_rng(0).permutation(np.arange(96) % 24)
+    sequences = [np.array([3] + [7] * int(n) + [EOS_DE_ID, 8, EOS_EN_ID]) for n in lengths]
+
+    def ranges(group_size):
+        batcher = mt_data.Batcher(sequences, batch_size=8, seed=1, bucket_batches=3)
+        spans = []
+        for group in batcher.epoch_groups(group_size):
+            n = [int(lengths[i]) for batch in group for i in batch]
+            spans.append((min(n), max(n), len(n)))
+        return sorted(spans)
+
+    whole = ranges(4)
+    assert len(whole) == 3 and all(hi <= lo for (_, hi, _), (lo, _, _) in zip(whole, whole[1:]))
+    halves = ranges(2)
+    assert len(halves) == 6 and sum(n for *_, n in halves) == 96
+    assert any(hi > lo for (_, hi, _), (lo, _, _) in zip(halves, halves[1:]))
+
+
 def test_batcher_resume_mid_epoch_and_between_epochs():
     sequences = numbered_sequences(90)
     original = mt_data.Batcher(sequences, batch_size=8, seed=3, samples_per_epoch=80)

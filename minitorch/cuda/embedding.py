@@ -1,4 +1,5 @@
-"""Bindings of embedding_kernel.so (src/embedding_kernel.cu): row gather and its scatter-add.
+"""Bindings of embedding_kernel.so (src/embedding_kernel.cu): row gather and its scatter-add, and the
+row gather over rows of their own strides (gather_rows: the KV cache's reorder by row ids).
 
 Ids live on the device, so they cannot be checked without a copy: an id that is not an integer in
 [0, num_embeddings) gives a row of zeros forward and is skipped backward.
@@ -10,12 +11,13 @@ import ctypes
 
 from ..tensor_data import TensorData
 from .combine import contiguous, fill
-from .runtime import check, empty, ptr, runtime
+from .runtime import CudaShapeError, check, empty, ptr, runtime
 
-_P, _I = ctypes.c_void_p, ctypes.c_int
+_P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 SIGNATURES = {
     "launch_embedding_fw": (_I, [_P, _P, _P, _I, _I, _I, _P]),
     "launch_embedding_bw": (_I, [_P, _P, _P, _I, _I, _I, _P]),
+    "launch_gather_rows": (_I, [_P, _L, _P, _L, _P, _I, _I, _I, _P]),
 }
 
 
@@ -43,3 +45,20 @@ def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int) -> 
         code = lib.launch_embedding_bw(ptr(out), ptr(g), ptr(i), ids.size, num_embeddings, C, rt.stream())
         check(code, lib, "embedding_bw")
     return out
+
+
+def gather_rows(out: TensorData, source: TensorData, ids: TensorData) -> None:
+    """out[r, :] = source[ids[r], :] for out [rows, n] and source [m, n], each row at its own stride
+    (unit stride within a row); in place."""
+    rows, n = out.shape
+    for t, what in ((out, "output"), (source, "source")):
+        if n > 1 and t.strides[1] != 1:
+            raise CudaShapeError(f"gather_rows' {what} needs a unit stride within rows, got strides {t.strides}")
+    if rows * n:
+        rt = runtime()
+        lib = rt.lib("embedding_kernel", SIGNATURES)
+        code = lib.launch_gather_rows(
+            ptr(out), out.strides[0], ptr(source), source.strides[0], ptr(contiguous(ids)), rows, source.shape[0], n,
+            rt.stream(),
+        )  # fmt: skip
+        check(code, lib, f"gather_rows {source.shape} -> {out.shape}")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ctypes
 from typing import Dict, Tuple
 
-from . import attention, classifier, combine, embedding, layernorm, matmul, optimizer, random, softmax
+from . import (
+    attention, beam_search, classifier, combine, embedding, kv_cache, layernorm, matmul, optimizer, random, softmax, topk,
+)  # fmt: skip
 from .runtime import ERROR_STRING, Signatures, runtime
 
 LIBRARIES: Dict[str, Signatures] = {
@@ -18,6 +20,9 @@ LIBRARIES: Dict[str, Signatures] = {
     "attention_kernel": attention.SIGNATURES,
     "classifier_kernel": classifier.SIGNATURES,
     "optimizer_kernel": optimizer.SIGNATURES,
+    "kv_cache_kernel": kv_cache.SIGNATURES,
+    "topk_kernel": topk.SIGNATURES,
+    "beam_search_kernel": beam_search.SIGNATURES,
 }
 
 

@@ -1,6 +1,7 @@
 """Bindings of optimizer_kernel.so (src/optimizer_kernel.cu): the fused AdamW update of one tensor,
-and the multi-tensor step (global gradient norm, clip and AdamW for all parameters in a few
-launches, reading the learning rate and step count from device memory)."""
+the multi-tensor step (global gradient norm, clip and AdamW for all parameters in a few
+launches, reading the learning rate and step count from device memory), and the gradient pack of
+data-parallel training (many gradients scaled into their bucket slots in one launch)."""
 
 from __future__ import annotations
 
@@ -33,12 +34,13 @@ class TensorList(ctypes.Structure):
     ]
 
 
-_P, _I, _D, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_double, ctypes.c_longlong
+_P, _I, _F, _D, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_double, ctypes.c_longlong
 SIGNATURES = {
     "launch_adamw": (_I, [_P, _P, _P, _P, _LL, _D, _D, _D, _D, _D, _I, _P]),
     "launch_grad_sumsq": (_I, [TensorList, _P, _P]),
     "launch_adamw_prepare": (_I, [_P, _I, _P, _D, _D, _D, _D, _D, _P, _P]),
     "launch_adamw_multi": (_I, [TensorList, _P, _P]),
+    "launch_gradient_pack": (_I, [TensorList, _F, _P]),
     "adamw_max_tensors": (_I, []),
     "adamw_chunk": (_LL, []),
     "adamw_coefficient_floats": (_I, []),
@@ -119,14 +121,30 @@ class MultiTensorAdamW:
             check(lib.launch_adamw_multi(l, self.coefficients.data_ptr(), stream), lib, "multi-tensor adamw")
 
 
+def gradient_pack(slots: Sequence[TensorData], grads: Sequence[TensorData], scale: float) -> None:
+    """slots[i] <- grads[i] * scale for every i (contiguous slots of equal sizes), in one launch per
+    MAX_TENSORS gradients: the copy of data-parallel gradients into their all-reduce bucket."""
+    rt = runtime()
+    lib = _lib(rt)
+    for slot, grad in zip(slots, grads):
+        if slot.size != grad.size:
+            raise ValueError(f"gradient_pack: gradient of shape {grad.shape} for a slot of shape {slot.shape}")
+    grads = [contiguous(g) for g in grads]
+    for l in _tensor_lists(slots, grads):
+        check(lib.launch_gradient_pack(l, scale, rt.stream()), lib, f"gradient pack of {l.count} tensors")
+
+
 def _tensor_lists(*columns: Sequence[TensorData]) -> List[TensorList]:
+    """Lists of the rows (param, grad[, exp_avg, exp_avg_sq]); absent columns stay null."""
     lists = []
     rows = list(zip(*columns))
     for start in range(0, len(rows), MAX_TENSORS):
         l = TensorList()
         l.block_start[0] = 0
-        for t, (p, g, m, v) in enumerate(rows[start : start + MAX_TENSORS]):
-            l.param[t], l.grad[t], l.exp_avg[t], l.exp_avg_sq[t] = ptr(p), ptr(g), ptr(m), ptr(v)
+        for t, (p, g, *moments) in enumerate(rows[start : start + MAX_TENSORS]):
+            l.param[t], l.grad[t] = ptr(p), ptr(g)
+            if moments:
+                l.exp_avg[t], l.exp_avg_sq[t] = ptr(moments[0]), ptr(moments[1])
             l.numel[t] = p.size
             l.block_start[t + 1] = l.block_start[t] + -(-p.size // CHUNK)
         l.count = min(MAX_TENSORS, len(rows) - start)

@@ -3,10 +3,11 @@ gradients are combined over the processes before the optimizer step, so all copi
 
 Buckets.  The parameters are laid out, in reverse order of `module.parameters()` (about the order
 in which backward finishes them), in flat buckets of about `bucket_cap_mb` each; one buffer per
-bucket on the parameters' backend (a numpy array on the CPU, a torch CUDA buffer on the GPU).  A
-parameter's gradient is copied into its slot, scaled by this process's `gradient_weight`, in one
-kernel (map_scalar with `out`); a bucket is all-reduced (sum) in place once all its slots are
-filled, and afterwards each parameter's `.grad` is a view of its slot.  The copy is what lets many
+bucket on the parameters' backend (a numpy array on the CPU, a torch CUDA buffer on the GPU).  Once
+backward has finished every gradient of a bucket, they are copied into their slots, scaled by this
+process's `gradient_weight` (on CUDA in one kernel for the whole bucket, the backend's
+gradient_pack; elsewhere one map_scalar with `out` each), and the bucket is all-reduced (sum) in
+place; afterwards each parameter's `.grad` is a view of its slot.  The copy is what lets many
 small gradients travel in one collective, and it keeps the reduction off the gradient tensors
 themselves, whose storage backward may share with other tensors (an Add hands the same derivative
 to both inputs).
@@ -16,14 +17,14 @@ default 1 / world_size averages; a program whose processes see different numbers
 sets each process's share (its tokens / all tokens) before backward, and the result is exactly the
 gradient of the token-weighted loss of the whole, concatenated batch.
 
-Two ways to run.  overlap=True: a grad-ready hook (Tensor.register_grad_ready_hook) copies each
-gradient as soon as backward finishes it and launches each bucket's all-reduce as soon as the
-bucket is full, in bucket order (so every process issues the same collectives in the same order),
-while backward goes on.  On CUDA the all-reduce waits for the copies through an event recorded on
-the compute stream and runs on a communication stream; when the last bucket is launched, the
-compute stream waits for the communication stream, so the optimizer reads reduced gradients.
-overlap=False: backward runs untouched and `sync_gradients()`, called after it, does the copies and
-all-reduces as a phase of its own (what a captured CUDA graph of backward, or any caller that
+Two ways to run.  overlap=True: a grad-ready hook (Tensor.register_grad_ready_hook) notes each
+gradient as soon as backward finishes it, and each bucket is packed and its all-reduce launched as
+soon as the bucket is complete, in bucket order (so every process issues the same collectives in
+the same order), while backward goes on.  On CUDA the all-reduce waits for the pack through an
+event recorded on the compute stream and runs on a communication stream; when the last bucket is
+launched, the compute stream waits for the communication stream, so the optimizer reads reduced
+gradients.  overlap=False: backward runs untouched and `sync_gradients()`, called after it, packs
+and all-reduces as a phase of its own (what a captured CUDA graph of backward, or any caller that
 wants the phases apart, uses).  In both modes `sync_gradients()` after backward is safe: it
 completes whatever backward did not (parameters that got no gradient count as zeros).
 """
@@ -34,11 +35,12 @@ import contextlib
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Set
+from typing import Any, Dict, Iterator, List, Optional
 
 from ..module import Module, Parameter
 from ..tensor import Tensor
 from ..tensor_data import TensorData
+from ..tensor_ops import hook
 from .process_group import DistributedSetupError, broadcast_object, is_initialized, process_info
 
 
@@ -49,9 +51,9 @@ class _Bucket:
     storage: Any  # the backend's 1-D float32 storage
     comm: Any  # the same memory as a torch tensor (what torch.distributed reduces)
     members: List[int]  # parameter indices
-    missing: int = 0  # members not yet copied in this round
+    missing: int = 0  # members whose gradient this round has not produced yet
     work: Optional[Any] = None  # the all-reduce in flight
-    event: Optional[Any] = None  # CUDA: marks the end of the copies on the compute stream
+    event: Optional[Any] = None  # CUDA: marks the end of the pack on the compute stream
 
 
 @dataclass
@@ -65,7 +67,7 @@ class _Slot:
 class _Round:
     """What the backward pass in progress has done."""
 
-    ready: Set[int] = field(default_factory=set)
+    ready: Dict[int, Optional[TensorData]] = field(default_factory=dict)  # index -> gradient (None: zeros)
     launched: int = 0  # buckets whose all-reduce has started (always a prefix)
     dirty: bool = False  # gradients accumulated under no_sync, not reduced yet
 
@@ -213,15 +215,16 @@ class DistributedDataParallel:
             self._local = previous
 
     def sync_gradients(self) -> None:
-        """Make every parameter's .grad the reduced gradient now: copy what backward has not copied
-        (a parameter without a gradient counts as zeros), all-reduce the buckets not yet launched,
-        and wait.  With overlap=True after a complete backward it has nothing left to do."""
+        """Make every parameter's .grad the reduced gradient now: take the gradients backward has not
+        handed over (a parameter without a gradient counts as zeros), pack and all-reduce the buckets
+        not yet launched, and wait.  With overlap=True after a complete backward it has nothing left
+        to do."""
         state = self._round
         if self.overlap and not state.ready and not state.dirty:
             return
         for index in range(len(self._params)):
             if index not in state.ready:
-                self._copy_in(index, self._params[index].value.grad)
+                self._take(index, self._params[index].value.grad)
         self._launch_full_buckets()
         self._finish()
 
@@ -243,21 +246,36 @@ class DistributedDataParallel:
                 f"was reduced; the last backward gave no gradient to {missing}. Call sync_gradients() after "
                 f"each backward when some parameters may get none, or accumulate inside no_sync()"
             )
-        self._copy_in(index, tensor.grad)
+        self._take(index, tensor.grad)
         self._launch_full_buckets()
         if self._round.launched == len(self._buckets):
             self._finish()
 
-    def _copy_in(self, index: int, grad: Optional[Tensor]) -> None:
+    def _take(self, index: int, grad: Optional[Tensor]) -> None:
+        """Note this round's gradient of parameter `index` (None: zeros) for its bucket's pack."""
         slot = self._slots[index]
-        if grad is None:
-            self._backend.ops.fill(slot.view, 0.0)
-        elif grad.shape != slot.view.shape:
+        if grad is not None and grad.shape != slot.view.shape:
             raise ValueError(f"gradient of {self._names[index]} has shape {grad.shape}, the parameter {slot.view.shape}")
-        else:
-            self._backend.mul_scalar(grad._tensor, self._gradient_weight, out=slot.view)
-        self._round.ready.add(index)
+        self._round.ready[index] = None if grad is None else grad._tensor
         self._buckets[slot.bucket].missing -= 1
+
+    def _pack(self, bucket: _Bucket) -> None:
+        """Each member's gradient x gradient_weight into its slot (zeros where it has none)."""
+        ops = self._backend.ops
+        slots, grads = [], []
+        for index in bucket.members:
+            grad = self._round.ready[index]
+            if grad is None:
+                ops.fill(self._slots[index].view, 0.0)
+            else:
+                slots.append(self._slots[index].view)
+                grads.append(grad)
+        pack = hook(ops, "gradient_pack")
+        if pack is not None and grads:
+            pack(slots, grads, self._gradient_weight)
+        else:
+            for slot, grad in zip(slots, grads):
+                self._backend.mul_scalar(grad, self._gradient_weight, out=slot)
 
     def _launch_full_buckets(self) -> None:
         state = self._round
@@ -266,6 +284,7 @@ class DistributedDataParallel:
             state.launched += 1
 
     def _launch(self, bucket: _Bucket) -> None:
+        self._pack(bucket)
         if not self._cuda:
             bucket.work = self._dist.all_reduce(bucket.comm, async_op=True)
             return

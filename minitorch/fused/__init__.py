@@ -13,5 +13,9 @@ from .embedding import embedding
 from .layernorm import layernorm
 from .linear_cross_entropy import fused_linear_cross_entropy
 from .softmax import attn_softmax
+from .topk import top_k
 
-__all__ = ["adamw_step", "attn_softmax", "embedding", "fused_attention", "fused_attention_qkv", "fused_linear_cross_entropy", "layernorm"]
+__all__ = [
+    "adamw_step", "attn_softmax", "embedding", "fused_attention", "fused_attention_qkv",
+    "fused_linear_cross_entropy", "layernorm", "top_k",
+]

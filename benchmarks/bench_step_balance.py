@@ -1,0 +1,102 @@
+"""How evenly a data-parallel translation step splits its work: padded tokens per process, on the CPU.
+
+Under torchrun with N processes a step hands each process one batch of a group of N length
+neighbours (Batcher.epoch_groups) and lasts as long as the slowest process, the one with the most
+padded tokens (batch size x width rounded up as the CUDA step pads it).  For each N this prints,
+over the epochs of the real training split and its tokenizer:
+- longest / mean: the padded tokens of each step's largest batch over the step's mean (1.0 = even);
+- cap: one process's padded tokens per epoch over the sum of the steps' largest batches, the
+  speed-up over one GPU that padding alone allows if a step's time follows its largest batch.
+
+    python benchmarks/bench_step_balance.py [--data-dir DIR] [--processes 1 2 4 8]
+                                            [--bucket-batches 50 100] [--epochs 3] [--out DIR]
+Writes DIR/bench_step_balance.json and .png (default DIR: benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from project.arg_types import positive_int  # noqa: E402
+from project.mt_data import Batcher, encode_pairs, load_corpus, load_or_train_tokenizer, resolve_data_dir  # noqa: E402
+from project.mt_steps import WIDTH_MULTIPLE  # noqa: E402
+
+
+def padded_tokens(lengths: np.ndarray, batch: np.ndarray) -> int:
+    width = int(lengths[batch].max())
+    return len(batch) * -(-width // WIDTH_MULTIPLE) * WIDTH_MULTIPLE
+
+
+def balance(sequences: List[np.ndarray], args: argparse.Namespace, processes: int, bucket_batches: int) -> Dict:
+    lengths = np.array([len(s) - 1 for s in sequences])
+    ratios, caps = [], []
+    for epoch in range(args.epochs):
+        one = Batcher(sequences, args.batch_size, seed=epoch, bucket_batches=bucket_batches)
+        alone = sum(padded_tokens(lengths, group[0]) for group in one.epoch_groups(1))
+        shared = Batcher(sequences, args.batch_size, seed=epoch, bucket_batches=bucket_batches)
+        steps = [[padded_tokens(lengths, b) for b in group] for group in shared.epoch_groups(processes)]
+        longest = sum(max(step) for step in steps)
+        ratios.append(longest / sum(float(np.mean(step)) for step in steps))
+        caps.append(alone / longest)
+    return {"processes": processes, "bucket_batches": bucket_batches,
+            "longest_over_mean": float(np.mean(ratios)), "cap": float(np.mean(caps))}
+
+
+def plot(rows: List[Dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for window in sorted({r["bucket_batches"] for r in rows}):
+        mine = [r for r in rows if r["bucket_batches"] == window]
+        ax.plot([r["processes"] for r in mine], [r["cap"] / r["processes"] for r in mine], "o-",
+                label=f"--bucket-batches {window}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("processes")
+    ax.set_ylabel("cap / processes (1.0 = no padding loss)")
+    ax.set_title("Padding-bound scaling of a translation step")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data-dir", default=None, help="Multi30k folder (default: the program's)")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="sequences per batch (per process)")
+    p.add_argument("--max-len", type=positive_int, default=128, help="longest sequence kept")
+    p.add_argument("--vocab-size", type=positive_int, default=8000, help="BPE vocabulary")
+    p.add_argument("--processes", type=positive_int, nargs="+", default=[1, 2, 4, 8], help="process counts")
+    p.add_argument("--bucket-batches", type=positive_int, nargs="+", default=[50, 100], help="steps per length window")
+    p.add_argument("--epochs", type=positive_int, default=3, help="epochs averaged (seeds 0..N-1)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="output folder")
+    args = p.parse_args()
+
+    corpus = load_corpus(resolve_data_dir(args.data_dir))
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = load_or_train_tokenizer(tmp, corpus.train, args.vocab_size)
+    sequences = encode_pairs(tokenizer, corpus.train, args.max_len).sequences
+    rows = [balance(sequences, args, n, w) for w in args.bucket_batches for n in args.processes]
+    print(f"{'processes':>9} {'bucket-batches':>14} {'longest/mean':>12} {'cap':>7}")
+    for r in rows:
+        print(f"{r['processes']:>9} {r['bucket_batches']:>14} {r['longest_over_mean']:>12.3f} {r['cap']:>7.3f}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_step_balance.json").write_text(json.dumps({"batch_size": args.batch_size, "rows": rows}, indent=2))
+    plot(rows, args.out / "bench_step_balance.png")
+
+
+if __name__ == "__main__":
+    main()
