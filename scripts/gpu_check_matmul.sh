@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One GPU call that checks the tensor-core matmul, logs under $OUT (default: gpu_check_out/): build,
+# the matmul kernel tests under a time limit (a kernel that waits forever on a barrier must not eat
+# the call), then bench_matmul and (with LLMC_SRC pointing at llm.c's sources) bench_gpt2.
+#   [LLMC_SRC=.carry/llmc] bash scripts/gpu_check_matmul.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_check_out}
+mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+step() { echo "== $1: $(tail -n 1 "$OUT/$1.log")"; }
+bash compile_cuda.sh > "$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
+timeout -k 10 240 python -m pytest -q -x kernel_tests/test_matmul.py > "$OUT/matmul_tests.log" 2>&1
+code=$?; step matmul_tests
+[ "$code" -eq 0 ] || { echo "matmul tests failed (exit $code): no benchmarks"; exit 1; }
+timeout -k 10 240 python -m pytest -q kernel_tests > "$OUT/kernel_tests.log" 2>&1; step kernel_tests
+python benchmarks/bench_matmul.py --out "$OUT" > "$OUT/bench_matmul.log" 2>&1; step bench_matmul
+if [ -n "${LLMC_SRC:-}" ]; then
+  python benchmarks/bench_gpt2.py --llmc-src "$LLMC_SRC" --out "$OUT" > "$OUT/bench_gpt2.log" 2>&1; step bench_gpt2
+fi
