@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call that checks the tensor-core matmul, logs under $OUT (default: gpu_check_out/): build,
 # the matmul kernel tests under a time limit (a kernel that waits forever on a barrier must not eat
-# the call), then bench_matmul and (with LLMC_SRC pointing at llm.c's sources) bench_gpt2.
+# the call), the tests of the LM head, the training step and GPT-2 (the matmul's users), then bench_matmul and (with LLMC_SRC pointing at llm.c's sources) bench_gpt2.
 #   [LLMC_SRC=.carry/llmc] bash scripts/gpu_check_matmul.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +13,8 @@ bash compile_cuda.sh > "$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; e
 timeout -k 10 240 python -m pytest -q -x kernel_tests/test_matmul.py > "$OUT/matmul_tests.log" 2>&1
 code=$?; step matmul_tests
 [ "$code" -eq 0 ] || { echo "matmul tests failed (exit $code): no benchmarks"; exit 1; }
-timeout -k 10 240 python -m pytest -q kernel_tests > "$OUT/kernel_tests.log" 2>&1; step kernel_tests
+timeout -k 10 240 python -m pytest -q kernel_tests/test_fused_loss.py kernel_tests/test_train_step.py \
+  kernel_tests/test_gpt2.py > "$OUT/kernel_tests.log" 2>&1; step kernel_tests
 python benchmarks/bench_matmul.py --out "$OUT" > "$OUT/bench_matmul.log" 2>&1; step bench_matmul
 if [ -n "${LLMC_SRC:-}" ]; then
   python benchmarks/bench_gpt2.py --llmc-src "$LLMC_SRC" --out "$OUT" > "$OUT/bench_gpt2.log" 2>&1; step bench_gpt2
