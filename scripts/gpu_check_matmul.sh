@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call that checks the tensor-core matmul, logs under $OUT (default: gpu_check_out/): build,
 # the matmul kernel tests under a time limit (a kernel that waits forever on a barrier must not eat
-# the call), the tests of the LM head, the training step and GPT-2 (the matmul's users), then bench_matmul and (with LLMC_SRC pointing at llm.c's sources) bench_gpt2.
+# the call), the tests of the LM head, the training step and GPT-2 (the matmul's users), then
+# bench_matmul and (with LLMC_SRC pointing at llm.c's sources) bench_gpt2.
 #   [LLMC_SRC=.carry/llmc] bash scripts/gpu_check_matmul.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
