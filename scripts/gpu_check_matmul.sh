@@ -13,6 +13,13 @@ mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 step() { echo "== $1: $(tail -n 1 "$OUT/$1.log")"; }
 bash compile_cuda.sh > "$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
+# One aligned product first (the TMA path): a hang costs a minute, not the test step's four.
+timeout -k 5 60 python -c "import numpy as np, minitorch
+cuda = minitorch.TensorBackend(minitorch.CudaKernelOps)
+a = minitorch.tensor_from_numpy(np.ones((256, 512), np.float32), backend=cuda)
+print('smoke: ones(256, 512) @ ones(512, 256) =', (a @ a.permute(1, 0)).to_numpy()[0, 0], '(512 expected)')" \
+  > "$OUT/smoke.log" 2>&1 || { echo "smoke product failed or hung (exit $?)"; tail -n 5 "$OUT/smoke.log"; exit 1; }
+step smoke
 timeout -k 10 240 python -m pytest -q -x kernel_tests/test_matmul.py > "$OUT/matmul_tests.log" 2>&1
 code=$?; step matmul_tests
 [ "$code" -eq 0 ] || { echo "matmul tests failed (exit $code): no benchmarks"; exit 1; }
