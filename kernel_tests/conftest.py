@@ -66,9 +66,10 @@ SMALL_CASES: Dict[str, Dict[str, Dict[str, List[Any]]]] = {
         "test_all_zero_weights_give_zero_loss_and_gradients": {}, "test_classifier_launcher": {"vocab": [7, 64, 1003]},
     },
     "test_mt_resume_cuda.py": {"test_a_few_training_steps_use_every_library": {}},  # the program: all libraries
-    "test_decode_graphs.py": {  # kv_cache_kernel, topk_kernel (beam_search_kernel runs in whole decodings)
+    "test_decode_graphs.py": {  # kv_cache_kernel, topk_kernel (each list size), beam_search_kernel
         "test_slot_write_kernel": {}, "test_gather_rows_kernel": {},
-        "test_top_k_kernel_matches_numpy": {"width": [7, 256, 1000]},
+        "test_top_k_kernel_matches_numpy": {"width": [7, 256, 300, 1000]},
+        "test_beam_search_step_kernel_matches_numpy": {},
     },
     "test_adamw.py": {  # optimizer_kernel
         "test_adamw_matches_torch_in_place": {"lr": [1e-3]}, "test_launcher_scalar_path_on_misaligned_buffers": {},

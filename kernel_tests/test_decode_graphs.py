@@ -6,10 +6,11 @@ from typing import List, Sequence
 
 import numpy as np
 import pytest
-from fused_testing import CPU, CUDA, gpu, rng_for
+from fused_testing import CPU, CUDA, cpu, gpu, rng_for
 
 import minitorch
 from minitorch import DecoderLM
+from minitorch.beam_search import DEAD, BeamState
 from minitorch.fused.device_indexed import gather_rows, write_slot
 from minitorch.fused.topk import top_k
 from project.mt_beam import BeamDecoder, beam_search
@@ -47,7 +48,9 @@ def test_gather_rows_kernel(n: int) -> None:
     expected = np.full((4, 44), 7.0, dtype=np.float32)
     expected[:, :n] = source[ids.astype(int), :n]
     assert np.array_equal(out.to_numpy(), expected)
-    gather_rows(gpu(np.zeros((2, 40))), src, gpu(np.array([6.0, 1.0])))  # an id out of range: zeros, no fault
+    out = gpu(np.full((2, 40), 7.0))
+    gather_rows(out, src, gpu(np.array([6.0, 1.0])))  # an id out of range: zeros, no fault
+    assert np.array_equal(out.to_numpy(), np.stack([np.zeros(40, dtype=np.float32), source[1]]))
 
 
 def reference_top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -56,7 +59,9 @@ def reference_top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return np.stack([np.lexsort((-np.arange(width), -row))[:k] for row in scores])
 
 
-@pytest.mark.parametrize("width,k", [(1, 1), (7, 3), (255, 8), (256, 8), (1000, 17), (32000, 8), (5000, 32), (40, 33)])
+@pytest.mark.parametrize(
+    "width,k", [(1, 1), (7, 3), (255, 8), (256, 8), (300, 12), (1000, 17), (32000, 8), (5000, 32), (40, 33)]
+)
 def test_top_k_kernel_matches_numpy(width: int, k: int) -> None:
     rng = rng_for("topk", width, k)
     scores = rng.standard_normal((6, width)).astype(np.float32)
@@ -64,12 +69,43 @@ def test_top_k_kernel_matches_numpy(width: int, k: int) -> None:
     scores[2] = 0.5  # all tied: the largest indices first
     scores[3, : width // 2] = -np.inf
     scores[4] = -1e20  # beam search's dead rows
+    scores[5, 3::256] += 10.0  # the best entries all in one thread's columns
     values, indices = top_k(gpu(scores), min(k, width))
     expected = reference_top_k(scores, min(k, width))
     assert np.array_equal(indices.to_numpy().astype(np.int64), expected)
     assert np.array_equal(values.to_numpy(), np.take_along_axis(scores, expected, 1))
     composed = minitorch.fused.topk._composed_top_k(gpu(scores), min(k, width))
     assert np.array_equal(composed[1].to_numpy(), indices.to_numpy())
+
+
+
+@pytest.mark.parametrize("length_penalty,integral", [(1.0, True), (0.0, True), (0.6, False)])
+def test_beam_search_step_kernel_matches_numpy(length_penalty: float, integral: bool) -> None:
+    """BeamState's step on CUDA (the kernel) and on the CPU (the NumPy reference) from the same
+    candidates: the same state after every step, with sentences ending by <eos>, by running out of
+    candidates and by filling their sequences, ties among scores (integral values) and a step past
+    max_steps (no change)."""
+    sentences, beam, vocab, max_steps, eos = 6, 3, 5, 9, 1
+    rng = rng_for("beam step", length_penalty)
+    states = [BeamState(like, sentences, beam, vocab, max_steps, eos, length_penalty) for like in (gpu([0]), cpu([0]))]
+    room = rng.integers(1, max_steps + 1, sentences)
+    for state in states:
+        state.reset(room)
+    width = states[0].candidates
+    for step in range(max_steps + 1):
+        indices = np.stack([rng.permutation(beam * vocab)[:width] for _ in range(sentences)]).astype(np.float64)
+        values = rng.standard_normal((sentences, width)) * 2 - step
+        values = np.round(values) if integral else values
+        values[rng.random(values.shape) < 0.15] = DEAD
+        order = np.stack([np.lexsort((-i, -v)) for i, v in zip(indices, values)])  # best first, as top_k gives
+        values, indices = (np.take_along_axis(a, order, 1) for a in (values, indices))
+        for state, make in zip(states, (gpu, cpu)):
+            state.step(make(values), make(indices))
+        for name in ("scores", "tokens", "sources", "done", "history", "finished", "finished_count", "step_counter"):
+            on_cuda, on_cpu = (getattr(state, name).to_numpy() for state in states)
+            assert np.array_equal(on_cuda, on_cpu), f"{name} after step {step}"
+    assert states[0].done.to_numpy().all()
+    assert [t.tolist() for t in states[0].best_tokens()] == [t.tolist() for t in states[1].best_tokens()]
 
 
 def model(options: dict, vocab: int = 300, eos_share: float = 0.1) -> DecoderLM:

@@ -61,7 +61,9 @@ KEYS = [
 @pytest.mark.parametrize("key", KEYS, ids=[str(i) for i in range(len(KEYS))])
 def test_keys_match_torch(key: Any) -> None:
     forward_backward(lambda t: t[key], lambda r: r[key], X, what=f"x[{key!r}]")
-    forward_backward(lambda t: t.permute(2, 0, 1)[key], lambda r: r.permute(2, 0, 1)[key], X, what=f"permuted x[{key!r}]")
+    # The same values through a non-contiguous view: a (5, 4, 3) tensor permuted back to (3, 4, 5).
+    XT = np.ascontiguousarray(X.transpose(2, 1, 0))
+    forward_backward(lambda t: t.permute(2, 1, 0)[key], lambda r: r.permute(2, 1, 0)[key], XT, what=f"strided x[{key!r}]")
 
 
 def test_negative_steps_and_masks() -> None:

@@ -1,11 +1,13 @@
 """The KV cache on CUDA (strided slot writes, row gathers, the cached attention step) against the
-full forward pass on the same backend, and cached greedy decoding against re-computation."""
+full forward pass on the same backend, its device-slot steps replayed from CUDA graphs against its
+host-mode steps, and cached greedy decoding against re-computation."""
 
 import numpy as np
 import pytest
 
 import minitorch
 from minitorch import DecoderLM
+from minitorch.cuda.graphs import StepGraphs
 from project.mt_decode import greedy_decode, greedy_decode_recompute
 
 from fused_testing import rel_err
@@ -45,6 +47,44 @@ def test_cached_steps_equal_the_full_forward(options) -> None:
         for r, seq in enumerate(seqs):
             full = m.hidden_states(minitorch.tensor_from_numpy(seq[None, :], backend=CUDA)).to_numpy()[0]
             assert rel_err(cached[r, pads[r] :], full) < 1e-4, f"row {r} {options}"
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_device_slot_steps_replayed_equal_host_steps(options) -> None:
+    """Decoding steps in device-slot mode, each ending with reorder_rows as beam search does, run
+    through StepGraphs keyed by (width, buffer set) as the decoders do: the first of a key eagerly,
+    the later ones as replays; every step's hidden states equal the host-mode cache's."""
+    m = model(options)
+    rng = np.random.default_rng(3)
+    pads = np.array([2, 0, 3, 0])
+    prompt = minitorch.tensor_from_numpy(rng.integers(3, 300, (4, 5)), backend=CUDA)
+    steps = rng.integers(3, 300, (4, 6))
+    order = np.array([0, 3, 2, 3])  # rows 1 and 3 share their padding, as reorder_rows needs
+    like = minitorch.zeros((1,), backend=CUDA)
+    host, device = (m.new_cache(like, rows=4, capacity=12, pads=pads) for _ in range(2))
+    ids, out = minitorch.zeros((4, 1), backend=CUDA), minitorch.zeros((4, 1, 64), backend=CUDA)
+    sources = minitorch.tensor_from_numpy(order, backend=CUDA)
+    graphs = StepGraphs(True)
+
+    def step(width: int, parity: int) -> None:
+        device.set_parity(parity)
+        device.width = width
+        out.copy_(m.hidden_states(ids, cache=device))
+        device.reorder_rows(sources, width)
+
+    with minitorch.no_grad():
+        for cache in (host, device):
+            m.hidden_states(prompt, cache=cache)
+        device.begin_device_steps()
+        for t in range(steps.shape[1]):
+            ref = m.hidden_states(minitorch.tensor_from_numpy(steps[:, t : t + 1], backend=CUDA), cache=host).to_numpy()
+            host.reorder(order)
+            ids.copy_(steps[:, t : t + 1].astype(np.float32))
+            width, parity = (8 if t < 3 else 12), t % 2
+            replayed = graphs.run((width, parity), lambda: step(width, parity))
+            assert replayed == (t in (2, 5))
+            assert rel_err(out.to_numpy(), ref) < 1e-4, f"step {t} {options}"
+        assert device.slot.to_numpy().tolist() == [11.0]
 
 
 @pytest.mark.parametrize("options", OPTIONS)

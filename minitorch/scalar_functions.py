@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Tuple
+from typing import TYPE_CHECKING, Callable, Tuple
 
 from . import operators
 from .autodiff import Context
@@ -34,7 +34,6 @@ class ScalarFunction:
         return Scalar(float(out), ScalarHistory(cls, ctx, scalars))
 
 
-
 class Add(ScalarFunction):
     @staticmethod
     def forward(ctx: Context, a: float, b: float) -> float:
@@ -45,16 +44,50 @@ class Add(ScalarFunction):
         return d_out, d_out
 
 
-class Log(ScalarFunction):
-    @staticmethod
-    def forward(ctx: Context, a: float) -> float:
-        ctx.save_for_backward(a)
-        return operators.log(a)
+class _Pointwise(ScalarFunction):
+    """y = f(x); the derivative is back(x, d_out), or back(y, d_out) where it is cheaper from y."""
 
-    @staticmethod
-    def backward(ctx: Context, d_out: float) -> float:
-        (a,) = ctx.saved_values
-        return operators.log_back(a, d_out)
+    fn: Callable[[float], float]
+    back: Callable[[float, float], float]
+    saves_output = False
+
+    @classmethod
+    def forward(cls, ctx: Context, a: float) -> float:
+        out = cls.fn(a)
+        ctx.save_for_backward(out if cls.saves_output else a)
+        return out
+
+    @classmethod
+    def backward(cls, ctx: Context, d_out: float) -> float:
+        (saved,) = ctx.saved_values
+        return cls.back(saved, d_out)
+
+
+class Log(_Pointwise):
+    fn, back = staticmethod(operators.log), staticmethod(operators.log_back)
+
+
+class Inv(_Pointwise):
+    fn, back = staticmethod(operators.inv), staticmethod(operators.inv_back)
+
+
+class Sigmoid(_Pointwise):
+    fn, back = staticmethod(operators.sigmoid), staticmethod(operators.sigmoid_back)
+    saves_output = True
+
+
+class ReLU(_Pointwise):
+    fn, back = staticmethod(operators.relu), staticmethod(operators.relu_back)
+
+
+class Exp(_Pointwise):
+    fn, back = staticmethod(operators.exp), staticmethod(operators.mul)
+    saves_output = True
+
+
+class Tanh(_Pointwise):
+    fn, back = staticmethod(operators.tanh), staticmethod(operators.tanh_back)
+    saves_output = True
 
 
 class Mul(ScalarFunction):
@@ -69,18 +102,6 @@ class Mul(ScalarFunction):
         return b * d_out, a * d_out
 
 
-class Inv(ScalarFunction):
-    @staticmethod
-    def forward(ctx: Context, a: float) -> float:
-        ctx.save_for_backward(a)
-        return operators.inv(a)
-
-    @staticmethod
-    def backward(ctx: Context, d_out: float) -> float:
-        (a,) = ctx.saved_values
-        return operators.inv_back(a, d_out)
-
-
 class Neg(ScalarFunction):
     @staticmethod
     def forward(ctx: Context, a: float) -> float:
@@ -89,57 +110,6 @@ class Neg(ScalarFunction):
     @staticmethod
     def backward(ctx: Context, d_out: float) -> float:
         return -d_out
-
-
-class Sigmoid(ScalarFunction):
-    @staticmethod
-    def forward(ctx: Context, a: float) -> float:
-        out = operators.sigmoid(a)
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx: Context, d_out: float) -> float:
-        (out,) = ctx.saved_values
-        return operators.sigmoid_back(out, d_out)
-
-
-class ReLU(ScalarFunction):
-    @staticmethod
-    def forward(ctx: Context, a: float) -> float:
-        ctx.save_for_backward(a)
-        return operators.relu(a)
-
-    @staticmethod
-    def backward(ctx: Context, d_out: float) -> float:
-        (a,) = ctx.saved_values
-        return operators.relu_back(a, d_out)
-
-
-class Exp(ScalarFunction):
-    @staticmethod
-    def forward(ctx: Context, a: float) -> float:
-        out = operators.exp(a)
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx: Context, d_out: float) -> float:
-        (out,) = ctx.saved_values
-        return out * d_out
-
-
-class Tanh(ScalarFunction):
-    @staticmethod
-    def forward(ctx: Context, a: float) -> float:
-        out = operators.tanh(a)
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx: Context, d_out: float) -> float:
-        (out,) = ctx.saved_values
-        return operators.tanh_back(out, d_out)
 
 
 class Pow(ScalarFunction):

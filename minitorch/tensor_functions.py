@@ -77,16 +77,56 @@ class Neg(Function):
         return grad_output._new(grad_output.backend.neg_map(grad_output._tensor))
 
 
-class Inv(Function):
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor") -> "Tensor":
-        ctx.save_for_backward(t1)
-        return t1._new(t1.backend.inv_map(t1._tensor))
+class _Pointwise(Function):
+    """y = f(x) elementwise; backward is one zip kernel of the saved x (or y, where the derivative is
+    cheaper from the output) and the incoming gradient."""
 
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        (t1,) = ctx.saved_values
-        return grad_output._new(grad_output.backend.inv_back_zip(t1._tensor, grad_output._tensor))
+    map_name: str  # the backend's forward map, e.g. "sigmoid_map"
+    back_name: str  # the backend's zip (saved, grad_output) -> grad_input
+    saves_output = False
+
+    @classmethod
+    def forward(cls, ctx: Context, t1: "Tensor") -> "Tensor":
+        out = t1._new(getattr(t1.backend, cls.map_name)(t1._tensor))
+        ctx.save_for_backward(out if cls.saves_output else t1)
+        return out
+
+    @classmethod
+    def backward(cls, ctx: Context, grad_output: "Tensor") -> "Tensor":
+        (saved,) = ctx.saved_values
+        back = getattr(grad_output.backend, cls.back_name)
+        return grad_output._new(back(saved._tensor, grad_output._tensor))
+
+
+class Inv(_Pointwise):
+    map_name, back_name = "inv_map", "inv_back_zip"
+
+
+class Sigmoid(_Pointwise):
+    map_name, back_name = "sigmoid_map", "sigmoid_back_zip"
+    saves_output = True
+
+
+class ReLU(_Pointwise):
+    map_name, back_name = "relu_map", "relu_back_zip"
+
+
+class GELU(_Pointwise):
+    map_name, back_name = "gelu_map", "gelu_back_zip"
+
+
+class Tanh(_Pointwise):
+    map_name, back_name = "tanh_map", "tanh_back_zip"
+    saves_output = True
+
+
+class Log(_Pointwise):
+    map_name, back_name = "log_map", "log_back_zip"
+
+
+class Exp(_Pointwise):
+    map_name, back_name = "exp_map", "mul_zip"
+    saves_output = True
 
 
 class Add(Function):
@@ -115,81 +155,6 @@ class Mul(Function):
             grad_output._new(mul(g, b._tensor)) if need_a else None,
             grad_output._new(mul(g, a._tensor)) if need_b else None,
         )
-
-
-class Sigmoid(Function):
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor") -> "Tensor":
-        out = t1._new(t1.backend.sigmoid_map(t1._tensor))
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        (out,) = ctx.saved_values
-        return grad_output._new(grad_output.backend.sigmoid_back_zip(out._tensor, grad_output._tensor))
-
-
-class ReLU(Function):
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor") -> "Tensor":
-        ctx.save_for_backward(t1)
-        return t1._new(t1.backend.relu_map(t1._tensor))
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        (t1,) = ctx.saved_values
-        return grad_output._new(grad_output.backend.relu_back_zip(t1._tensor, grad_output._tensor))
-
-
-class GELU(Function):
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor") -> "Tensor":
-        ctx.save_for_backward(t1)
-        return t1._new(t1.backend.gelu_map(t1._tensor))
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        (t1,) = ctx.saved_values
-        return grad_output._new(grad_output.backend.gelu_back_zip(t1._tensor, grad_output._tensor))
-
-
-class Tanh(Function):
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor") -> "Tensor":
-        out = t1._new(t1.backend.tanh_map(t1._tensor))
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        (out,) = ctx.saved_values
-        return grad_output._new(grad_output.backend.tanh_back_zip(out._tensor, grad_output._tensor))
-
-
-class Log(Function):
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor") -> "Tensor":
-        ctx.save_for_backward(t1)
-        return t1._new(t1.backend.log_map(t1._tensor))
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        (t1,) = ctx.saved_values
-        return grad_output._new(grad_output.backend.log_back_zip(t1._tensor, grad_output._tensor))
-
-
-class Exp(Function):
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor") -> "Tensor":
-        out = t1._new(t1.backend.exp_map(t1._tensor))
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        (out,) = ctx.saved_values
-        return grad_output._new(grad_output.backend.mul_zip(out._tensor, grad_output._tensor))
 
 
 class AddScalar(Function):
