@@ -88,14 +88,7 @@ __global__ void __launch_bounds__(MT_WGMMA_THREADS, WgmmaShape<PREC>::kBlocksPer
   for (int bi = blockIdx.z; bi < p.batch; bi += gridDim.z) {
     const float* A = p.a + mt::layout_offset(p.a_batch, bi);
     const float* B = p.b + mt::layout_offset(p.b_batch, bi);
-    const auto load_stage = [&](int kt) {
-      if (kt < k_tiles) {
-        const int slot = kt % STAGES;
-        load_k_tile<ATile, BTile>(p, A, B, a_smem + slot * ATile::kFloats, b_smem + slot * BTile::kFloats, row0, col0,
-                                  (w.kt_begin + kt) * kBK, w.k_end);
-      }
-      mt::cp_async_commit();
-    };
+    const auto load_stage = [&](int kt) { load_ring_stage<ATile, BTile, STAGES>(p, w, A, B, a_smem, b_smem, kt); };
 
     __syncthreads();
 #pragma unroll
