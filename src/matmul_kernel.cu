@@ -247,6 +247,19 @@ struct BlockWork {
   }
 };
 
+// Queues the copies of K tile kt of the block's work into ring slot kt % STAGES (none past the last
+// tile) and commits a group either way, so that cp_async_wait<STAGES - 2> always means "tile kt landed".
+template <class ATile, class BTile, int STAGES>
+__device__ __forceinline__ void load_ring_stage(const MatmulParams& p, const BlockWork& w, const float* A, const float* B,
+                                                float* a_smem, float* b_smem, int kt) {
+  if (kt < w.k_tiles) {
+    const int slot = kt % STAGES;
+    load_k_tile<ATile, BTile>(p, A, B, a_smem + slot * ATile::kFloats, b_smem + slot * BTile::kFloats, w.row0, w.col0,
+                              (w.kt_begin + kt) * kBK, w.k_end);
+  }
+  mt::cp_async_commit();
+}
+
 // Word of a TF32 operand rounded to nearest (ties away from zero): the tensor core reads only the top
 // 19 bits, so adding half of the dropped part's range rounds instead of truncating.
 __device__ __forceinline__ uint32_t round_tf32(float x) { return __float_as_uint(x) + 0x1000u; }
@@ -297,14 +310,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) matmul_mma_kernel(const Matm
   for (int bi = blockIdx.z; bi < p.batch; bi += gridDim.z) {
     const float* A = p.a + mt::layout_offset(p.a_batch, bi);
     const float* B = p.b + mt::layout_offset(p.b_batch, bi);
-    const auto load_stage = [&](int kt) {
-      if (kt < k_tiles) {
-        const int slot = kt % STAGES;
-        load_k_tile<ATile, BTile>(p, A, B, a_smem + slot * ATile::kFloats, b_smem + slot * BTile::kFloats, row0, col0,
-                                  (w.kt_begin + kt) * kBK, w.k_end);
-      }
-      mt::cp_async_commit();  // empty groups too, so that wait<STAGES - 2> always means "tile kt landed"
-    };
+    const auto load_stage = [&](int kt) { load_ring_stage<ATile, BTile, STAGES>(p, w, A, B, a_smem, b_smem, kt); };
 
     __syncthreads();  // the previous batch matrix's reads of the ring are done
 #pragma unroll
@@ -457,14 +463,7 @@ __global__ void __launch_bounds__(MT_WGMMA_THREADS, WgmmaShape<PREC>::kBlocksPer
   for (int bi = blockIdx.z; bi < p.batch; bi += gridDim.z) {
     const float* A = p.a + mt::layout_offset(p.a_batch, bi);
     const float* B = p.b + mt::layout_offset(p.b_batch, bi);
-    const auto load_stage = [&](int kt) {
-      if (kt < k_tiles) {
-        const int slot = kt % STAGES;
-        load_k_tile<ATile, BTile>(p, A, B, a_smem + slot * ATile::kFloats, b_smem + slot * BTile::kFloats, row0, col0,
-                                  (w.kt_begin + kt) * kBK, w.k_end);
-      }
-      mt::cp_async_commit();
-    };
+    const auto load_stage = [&](int kt) { load_ring_stage<ATile, BTile, STAGES>(p, w, A, B, a_smem, b_smem, kt); };
 
     __syncthreads();
 #pragma unroll
