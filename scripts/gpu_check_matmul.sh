@@ -2,9 +2,9 @@
 # One GPU call that checks the tensor-core matmul, logs under $OUT (default: gpu_check_out/): build,
 # the matmul kernel tests under a time limit (a kernel that waits forever on a barrier must not eat
 # the call), the tests of the LM head, the training step and GPT-2 (the matmul's users), then
-# bench_matmul and (with LLMC_SRC pointing at llm.c's sources) bench_gpt2, and last the default
-# translation run with seeds 0, 1 and 2 (BLEU under "highest" and its spread over seeds).
-#   DATA_DIR=.data/multi30k [LLMC_SRC=.carry/llmc] bash scripts/gpu_check_matmul.sh
+# (with LLMC_SRC pointing at llm.c's sources) bench_gpt2, bench_matmul, and last the default
+# translation run with seeds $SEEDS (default 0 1 2: BLEU under "highest" and its spread over seeds).
+#   DATA_DIR=.data/multi30k [LLMC_SRC=.carry/llmc] [SEEDS="0 1"] bash scripts/gpu_check_matmul.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_check_out}
@@ -25,11 +25,11 @@ code=$?; step matmul_tests
 [ "$code" -eq 0 ] || { echo "matmul tests failed (exit $code): no benchmarks"; exit 1; }
 timeout -k 10 240 python -m pytest -q kernel_tests/test_fused_loss.py kernel_tests/test_train_step.py \
   kernel_tests/test_gpt2.py > "$OUT/kernel_tests.log" 2>&1; step kernel_tests
-python benchmarks/bench_matmul.py --out "$OUT" > "$OUT/bench_matmul.log" 2>&1; step bench_matmul
 if [ -n "${LLMC_SRC:-}" ]; then
   python benchmarks/bench_gpt2.py --llmc-src "$LLMC_SRC" --out "$OUT" > "$OUT/bench_gpt2.log" 2>&1; step bench_gpt2
 fi
-for seed in 0 1 2; do
+python benchmarks/bench_matmul.py --out "$OUT" > "$OUT/bench_matmul.log" 2>&1; step bench_matmul
+for seed in ${SEEDS-0 1 2}; do
   python project/run_machine_translation.py --data-dir "$DATA_DIR" --out-dir "/tmp/mt_seed$seed" --seed "$seed" \
     > "$OUT/mt_seed$seed.log" 2>&1; echo "== mt_seed$seed: $(grep 'final evaluation' "$OUT/mt_seed$seed.log")"
 done
