@@ -2,12 +2,14 @@
 
 For each shape [B, H, T, D] (self-attention, fp32, no mask; --causal for causal masking) it measures:
   fused            minitorch.fused_attention on the CUDA backend;
+  fused high       the same under minitorch.set_float32_matmul_precision("high") (one TF32 product);
   minitorch naive  (q * scale) @ k^T -> Tensor.attn_softmax -> @ v through minitorch tensors (our
                    matmul and fused softmax kernels, the [T, T] scores and probabilities stored);
   torch naive      the same three steps in PyTorch;
-  torch sdpa       torch.nn.functional.scaled_dot_product_attention.
-TF32 is off for PyTorch (torch.backends.cuda.matmul.allow_tf32 = False, cudnn too), so every path
-computes in fp32.
+  torch sdpa       torch.nn.functional.scaled_dot_product_attention;
+  torch sdpa tf32  the same with torch.backends.cuda.matmul.allow_tf32 = True.
+TF32 is off for PyTorch otherwise (torch.backends.cuda.matmul.allow_tf32 = False, cudnn too), so
+every other path computes in fp32.
 Times: median GPU milliseconds of one forward (no autograd graph) and of one forward + backward,
 from minitorch.cuda.timer.gpu_ms: CUDA events around back-to-back iterations (batches of about
 100 ms, at most 20) queued behind a spin kernel (Python overhead hidden as long as the GPU is the
@@ -36,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from minitorch.cuda.timer import gpu_ms  # noqa: E402
 
 SHAPES = [(8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64)]
-METHODS = ["fused", "minitorch naive", "torch naive", "torch sdpa"]
+METHODS = ["fused", "fused high", "minitorch naive", "torch naive", "torch sdpa", "torch sdpa tf32"]
 INT_LIMIT = 2**31  # minitorch's CUDA kernels index tensors with 32-bit ints
 
 
@@ -64,6 +66,18 @@ def make_paths(torch: Any, minitorch: Any, shape: tuple, causal: bool) -> Dict[s
         minitorch.fused_attention(mq, mk, mv, causal=causal).backward(mg)
 
     paths["fused"] = (fused_fw, fused_fwbw)
+
+    def high(fn: Any) -> Any:
+        def run() -> None:
+            minitorch.set_float32_matmul_precision("high")
+            try:
+                fn()
+            finally:
+                minitorch.set_float32_matmul_precision("highest")
+
+        return run
+
+    paths["fused high"] = (high(fused_fw), high(fused_fwbw))
 
     if B * H * T * T >= INT_LIMIT:
         paths["minitorch naive"] = f"[{B}, {H}, {T}, {T}] scores exceed minitorch's 32-bit element indexing"
@@ -113,6 +127,18 @@ def make_paths(torch: Any, minitorch: Any, shape: tuple, causal: bool) -> Dict[s
         F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal).backward(g)
 
     paths["torch sdpa"] = (sdpa_fw, sdpa_fwbw)
+
+    def tf32(fn: Any) -> Any:
+        def run() -> None:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                fn()
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = False
+
+        return run
+
+    paths["torch sdpa tf32"] = (tf32(sdpa_fw), tf32(sdpa_fwbw))
     paths["_leaves"] = (mq, mk, mv, tq, tk, tv)
     return paths
 

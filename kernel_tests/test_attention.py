@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 
 BACKEND = minitorch.TensorBackend(CudaKernelOps)
 TOL = 1e-4
+TOL_HIGH = 1e-2  # "high": one TF32 product, operands rounded to 10 mantissa bits (unit roundoff 2^-11)
 FLOOR = 0.1
 ACTIVATIONS = ["softmax", "relu"]
 
@@ -94,7 +95,9 @@ def run_fused(q, k, v, mask, causal: bool, activation: str, g) -> Tuple["torch.T
     return tuple(t.to_torch().clone() for t in (out, lse, tq.grad, tk.grad, tv.grad))
 
 
-def check(B: int, H: int, Tq: int, Tk: int, D: int, causal: bool, activation: str, mask_kind: str, seed: int = 0):
+def check(B: int, H: int, Tq: int, Tk: int, D: int, causal: bool, activation: str, mask_kind: str, seed: int = 0,
+          tol: float = TOL) -> "torch.Tensor":
+    """Errors of out, lse, dq, dk, dv below tol; returns out."""
     gen, q, k, v, g = inputs(B, H, Tq, Tk, D, seed)
     mask = make_mask(gen, B, Tk, mask_kind)
     if activation == "relu":
@@ -117,12 +120,13 @@ def check(B: int, H: int, Tq: int, Tk: int, D: int, causal: bool, activation: st
         "dk": rel_err(dk, rk.grad),
         "dv": rel_err(dv, rv.grad),
     }
-    bad = {name: e for name, e in errors.items() if not e < TOL}
-    assert not bad, f"{what}: relative errors {bad} (tolerance {TOL})"
+    bad = {name: e for name, e in errors.items() if not e < tol}
+    assert not bad, f"{what}: relative errors {bad} (tolerance {tol})"
     if mask_kind == "inf" and B > 2:
         dead = (slice(B - 1, B),)
         for name, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
             assert float(t[dead].abs().max()) == 0.0, f"{what}: {name} of the fully masked batch is not zero"
+    return out
 
 
 # ---- the issue's grid: T in {1, 7, 64, 129} x D x causal x mask x activation ------------------------
@@ -161,6 +165,22 @@ def test_cross_lengths(Tq: int, Tk: int, causal: bool, activation: str) -> None:
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_odd_head_dims(D: int, activation: str) -> None:
     check(2, 3, 150, 150, D, True, activation, "finite", seed=D)
+
+
+@pytest.mark.parametrize(
+    "T,D,causal,activation",
+    [(129, 64, True, "softmax"), (1000, 128, False, "softmax"), (200, 33, True, "relu"), (64, 100, False, "relu")],
+)
+def test_high_precision(T: int, D: int, causal: bool, activation: str) -> None:
+    """Under set_float32_matmul_precision("high") the products are single TF32 ones: errors of TF32
+    size against float64, and outputs that differ from those of "highest"."""
+    highest = check(2, 3, T, T, D, causal, activation, "inf", seed=T + D)
+    minitorch.set_float32_matmul_precision("high")
+    try:
+        high = check(2, 3, T, T, D, causal, activation, "inf", seed=T + D, tol=TOL_HIGH)
+    finally:
+        minitorch.set_float32_matmul_precision("highest")
+    assert not torch.equal(high, highest), "precision 'high' changed nothing"
 
 
 def test_non_contiguous_inputs_and_explicit_scale() -> None:
@@ -213,10 +233,12 @@ def test_raw_launcher_rejects_bad_sizes() -> None:
     buf = torch.zeros(64, device="cuda")
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
-    assert lib.launch_attention_fw(p, p, p, p, p, None, 1, 1, 2, 2, 129, 0, 0, 1.0, stream) == 1
-    assert lib.launch_attention_fw(p, p, p, p, p, None, 1, 1, 2, 2, 4, 0, 2, 1.0, stream) == 1
-    assert lib.launch_attention_fw(p, p, p, p, p, None, 1, 1, 0, 2, 4, 0, 0, 1.0, stream) == 1
-    assert lib.launch_attention_bw(p, p, p, p, p, p, p, None, None, None, None, 1, 1, 2, 2, 4, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_fw(p, p, p, p, p, None, 1, 1, 2, 2, 129, 0, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_fw(p, p, p, p, p, None, 1, 1, 2, 2, 4, 0, 2, 0, 1.0, stream) == 1  # activation
+    assert lib.launch_attention_fw(p, p, p, p, p, None, 1, 1, 2, 2, 4, 0, 0, 2, 1.0, stream) == 1  # precision
+    assert lib.launch_attention_fw(p, p, p, p, p, None, 1, 1, 0, 2, 4, 0, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bw(p, p, p, p, p, p, p, None, None, None, None, 1, 1, 2, 2, 4, 0, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bw(p, p, p, p, p, p, p, None, None, None, None, 1, 1, 2, 2, 4, 0, 1, 3, 1.0, stream) == 1
 
 
 def test_memory_does_not_grow_with_t_squared() -> None:

@@ -1,4 +1,5 @@
-"""How float32 matrix products are computed, chosen as in PyTorch.
+"""How float32 matrix products are computed, chosen as in PyTorch: the matmul library's products and
+those inside the fused attention kernels.
 
 "highest" (the default): on the CUDA tensor cores in 3xTF32 (each operand split into two TF32
 parts, three products): float32 accuracy.  "high": one TF32 product per pair (10-bit mantissas,

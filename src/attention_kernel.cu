@@ -1,9 +1,11 @@
 // Fused attention, forward and backward (FlashAttention-2 style), fp32 with a softmax or a ReLU
-// activation. Nothing of size Tq x Tk is ever stored. Every matrix product runs on the tensor cores
-// as three TF32 mma.sync products per tile (3xTF32, includes/mma_tf32.cuh). The tensor core's adder
-// truncates, so sums that run over the whole sequence (O, dK, dV) collect each tile's products in fresh
-// accumulators and add them in float32: at [8, 12, 1024, 64] the errors against float64 are ~4e-6 of
-// the largest value (torch's float32 SDPA: ~2e-6; summing in the tensor core throughout: ~2e-5).
+// activation. Nothing of size Tq x Tk is ever stored. Every matrix product runs on the tensor cores:
+// under the float32 matmul precision "highest" (the default) as three TF32 mma.sync products per
+// tile (3xTF32, includes/mma_tf32.cuh), under "high" as one product of operands rounded to TF32 (the
+// PREC template argument, as in the matmul library). The tensor core's adder truncates, so sums that
+// run over the whole sequence (O, dK, dV) collect each tile's products in fresh accumulators and add
+// them in float32: at [8, 12, 1024, 64] the errors against float64 are ~4e-6 of the largest value
+// under "highest" (torch's float32 SDPA: ~2e-6; summing in the tensor core throughout: ~2e-5).
 // Only the loops whose fragments index register arrays are unrolled in full: the rest stay rolled so
 // that the code fits the instruction cache.
 //
@@ -22,7 +24,7 @@
 // lane / 4, t = lane % 4). Shared tiles have rows of DP + 4 floats, so the fragment reads
 // tile[row g][col t] and tile[row 2t][col g] of a warp hit 32 distinct banks.
 //
-// Forward, attention_fw<DP, ACT>: grid (B * H, query blocks of 64; under causal the last block, which
+// Forward, attention_fw<DP, ACT, PREC>: grid (B * H, query blocks of 64; under causal the last block, which
 // sees the most keys, is scheduled first). Warp w owns queries 16w .. 16w + 15. Per tile of BN keys
 // (64; 32 for DP = 128):
 //   S = Q K^T       [16 x BN] per warp in C fragments, Q as A (from shared memory), K as B;
@@ -33,7 +35,7 @@
 // P V of tile t, V of tile t + 1 during S of tile t + 1.
 //
 // Backward: attention_bw_dot: D_i = sum_d dO[i, d] O[i, d] (softmax only), one warp per row.
-// attention_bw<DP, ACT>: grid (B * H, key blocks of 64). Warp w owns keys 16w .. 16w + 15 of the block,
+// attention_bw<DP, ACT, PREC>: grid (B * H, key blocks of 64). Warp w owns keys 16w .. 16w + 15 of the block,
 // keeps dK and dV of them in C fragments, and walks the query tiles of BM queries (64; 32 for DP = 128)
 // that can see its keys (from the diagonal on under causal). Per query tile:
 //   S^T = K Q^T, dP^T = V dO^T   [16 x BM] per warp, K and V as A, Q and dO as B;
@@ -154,52 +156,53 @@ struct BwParams {
 
 // A fragment of the 16 x 8 block at tile[row0 .. row0 + 15][col0 .. col0 + 7] of a shared tile with
 // row stride LD.
-template <int LD>
+template <int PREC, int LD>
 __device__ __forceinline__ Tf32Frag<4> load_a(const float* tile, int row0, int col0) {
   const int g = (threadIdx.x % 32) / 4;
   const int t = threadIdx.x % 4;
   const float* p = tile + (row0 + g) * LD + col0 + t;
   Tf32Frag<4> a;
-  a.set(0, p[0]);
-  a.set(1, p[8 * LD]);
-  a.set(2, p[4]);
-  a.set(3, p[8 * LD + 4]);
+  mt::set_operand<PREC>(a, 0, p[0]);
+  mt::set_operand<PREC>(a, 1, p[8 * LD]);
+  mt::set_operand<PREC>(a, 2, p[4]);
+  mt::set_operand<PREC>(a, 3, p[8 * LD + 4]);
   return a;
 }
 
 // B fragment of B = tile^T: B[k][n] = tile[row0 + n][col0 + k] (a row-major tile whose rows are the
 // n index, e.g. K in S = Q K^T).
-template <int LD>
+template <int PREC, int LD>
 __device__ __forceinline__ Tf32Frag<2> load_b_transposed(const float* tile, int row0, int col0) {
   const int g = (threadIdx.x % 32) / 4;
   const int t = threadIdx.x % 4;
   const float* p = tile + (row0 + g) * LD + col0 + t;
   Tf32Frag<2> b;
-  b.set(0, p[0]);
-  b.set(1, p[4]);
+  mt::set_operand<PREC>(b, 0, p[0]);
+  mt::set_operand<PREC>(b, 1, p[4]);
   return b;
 }
 
 // B fragment of B = tile with the permuted k order of mma_tf32.cuh: B[t][n] = tile[row0 + 2t][col0 + n],
 // B[t + 4][n] = tile[row0 + 2t + 1][col0 + n] (e.g. V in O = P V with P from a C fragment).
-template <int LD>
+template <int PREC, int LD>
 __device__ __forceinline__ Tf32Frag<2> load_b_permuted(const float* tile, int row0, int col0) {
   const int g = (threadIdx.x % 32) / 4;
   const int t = threadIdx.x % 4;
   const float* p = tile + (row0 + 2 * t) * LD + col0 + g;
   Tf32Frag<2> b;
-  b.set(0, p[0]);
-  b.set(1, p[LD]);
+  mt::set_operand<PREC>(b, 0, p[0]);
+  mt::set_operand<PREC>(b, 1, p[LD]);
   return b;
 }
 
 // The A fragment of a C fragment's 16 x 8 values under the permuted k order.
+template <int PREC>
 __device__ __forceinline__ Tf32Frag<4> c_to_a(const float (&c)[4]) {
   Tf32Frag<4> a;
-  a.set(0, c[0]);
-  a.set(1, c[2]);
-  a.set(2, c[1]);
-  a.set(3, c[3]);
+  mt::set_operand<PREC>(a, 0, c[0]);
+  mt::set_operand<PREC>(a, 1, c[2]);
+  mt::set_operand<PREC>(a, 2, c[1]);
+  mt::set_operand<PREC>(a, 3, c[3]);
   return a;
 }
 
@@ -268,7 +271,7 @@ __device__ __forceinline__ void atomic_add_pair(float* row_ptr, int col, float x
 // the lane scaled by row_scale[0] and [1]) and B = tile[8 NT][8 KD] (shared, permuted k order). The
 // products are summed in fresh accumulators and added in float32: the tensor core's adder truncates,
 // so it never sums more than one tile's products.
-template <int NT, int KD, int LD>
+template <int PREC, int NT, int KD, int LD>
 __device__ __forceinline__ void add_tile_product(float (&acc)[KD][4], const float (&a)[NT][4], const float* tile,
                                                  const float (&row_scale)[2]) {
   float part[KD][4];
@@ -279,9 +282,9 @@ __device__ __forceinline__ void add_tile_product(float (&acc)[KD][4], const floa
   }
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    const Tf32Frag<4> frag = c_to_a(a[j]);
+    const Tf32Frag<4> frag = c_to_a<PREC>(a[j]);
 #pragma unroll
-    for (int dt = 0; dt < KD; ++dt) mt::mma_3xtf32(part[dt], frag, load_b_permuted<LD>(tile, 8 * j, 8 * dt));
+    for (int dt = 0; dt < KD; ++dt) mt::mma_prec<PREC>(part[dt], frag, load_b_permuted<PREC, LD>(tile, 8 * j, 8 * dt));
   }
 #pragma unroll
   for (int dt = 0; dt < KD; ++dt) {
@@ -290,7 +293,7 @@ __device__ __forceinline__ void add_tile_product(float (&acc)[KD][4], const floa
   }
 }
 
-template <int DP, int ACT>
+template <int DP, int ACT, int PREC>
 __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_fw(const FwParams p) {
   constexpr int BM = kFwRows;
   constexpr int BN = FwConfig<DP>::kKeys;
@@ -356,9 +359,9 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
     }
 #pragma unroll 1
     for (int kd = 0; kd < KD; ++kd) {
-      const Tf32Frag<4> a = load_a<LD>(qs, 16 * warp, 8 * kd);
+      const Tf32Frag<4> a = load_a<PREC, LD>(qs, 16 * warp, 8 * kd);
 #pragma unroll
-      for (int j = 0; j < NT; ++j) mt::mma_3xtf32(s[j], a, load_b_transposed<LD>(ks, 8 * j, 8 * kd));
+      for (int j = 0; j < NT; ++j) mt::mma_prec<PREC>(s[j], a, load_b_transposed<PREC, LD>(ks, 8 * j, 8 * kd));
     }
     __syncthreads();  // every warp is done with this K tile
     if (tile + 1 < num_tiles) load_tile<BN, DP>(ks, kg, n0 + BN, p.k_len, p.head_dim, p.vec4);
@@ -422,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
     mt::cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
     __syncthreads();
 
-    add_tile_product<NT, KD, LD>(o, s, vs, rescale);  // O = O * rescale + P V
+    add_tile_product<PREC, NT, KD, LD>(o, s, vs, rescale);  // O = O * rescale + P V
     __syncthreads();  // every warp is done with this V tile
     if (tile + 1 < num_tiles) load_tile<BN, DP>(vs, vg, n0 + BN, p.k_len, p.head_dim, p.vec4);
     mt::cp_async_commit();
@@ -464,7 +467,7 @@ __global__ void __launch_bounds__(kDotWarps * 32)
   if (lane == 0) di[row] = acc;
 }
 
-template <int DP, int ACT>
+template <int DP, int ACT, int PREC>
 __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_bw(const BwParams p) {
   constexpr int BN = kBwKeys;
   constexpr int BM = BwConfig<DP>::kQueries;
@@ -547,12 +550,12 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
     }
 #pragma unroll 1
     for (int kd = 0; kd < KD; ++kd) {
-      const Tf32Frag<4> ka = load_a<LD>(ks, 16 * warp, 8 * kd);
-      const Tf32Frag<4> va = load_a<LD>(vs, 16 * warp, 8 * kd);
+      const Tf32Frag<4> ka = load_a<PREC, LD>(ks, 16 * warp, 8 * kd);
+      const Tf32Frag<4> va = load_a<PREC, LD>(vs, 16 * warp, 8 * kd);
 #pragma unroll
       for (int j = 0; j < QT; ++j) {
-        mt::mma_3xtf32(st[j], ka, load_b_transposed<LD>(qs, 8 * j, 8 * kd));
-        mt::mma_3xtf32(dpt[j], va, load_b_transposed<LD>(dos, 8 * j, 8 * kd));
+        mt::mma_prec<PREC>(st[j], ka, load_b_transposed<PREC, LD>(qs, 8 * j, 8 * kd));
+        mt::mma_prec<PREC>(dpt[j], va, load_b_transposed<PREC, LD>(dos, 8 * j, 8 * kd));
       }
     }
 
@@ -589,8 +592,8 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
     }
 
     const float keep[2] = {1.f, 1.f};
-    add_tile_product<QT, KD, LD>(dv, st, dos, keep);  // dV += P^T dO
-    add_tile_product<QT, KD, LD>(dk, dpt, qs, keep);  // dK += dS^T Q
+    add_tile_product<PREC, QT, KD, LD>(dv, st, dos, keep);  // dV += P^T dO
+    add_tile_product<PREC, QT, KD, LD>(dk, dpt, qs, keep);  // dK += dS^T Q
     __syncthreads();  // dS^T complete; every warp is done with this Q and dO tile
     if (qt + 1 < qt_end) {
       load_tile<BM, DP>(qs, qg, m0 + BM, p.q_len, p.head_dim, p.vec4);
@@ -614,12 +617,12 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
       // A[r][k] = dS[16 dq_slab + r][key 8 kk + perm(k)] = dst[8 kk + perm(k)][16 dq_slab + r].
       const float* sp = dst + (8 * kk + 2 * t) * LDT + 16 * dq_slab + g;
       Tf32Frag<4> a;
-      a.set(0, sp[0]);
-      a.set(1, sp[8]);
-      a.set(2, sp[LDT]);
-      a.set(3, sp[LDT + 8]);
+      mt::set_operand<PREC>(a, 0, sp[0]);
+      mt::set_operand<PREC>(a, 1, sp[8]);
+      mt::set_operand<PREC>(a, 2, sp[LDT]);
+      mt::set_operand<PREC>(a, 3, sp[LDT + 8]);
 #pragma unroll
-      for (int n = 0; n < DQ_TILES; ++n) mt::mma_3xtf32(acc[n], a, load_b_permuted<LD>(ks, 8 * kk, 8 * (dq_col0 + n)));
+      for (int n = 0; n < DQ_TILES; ++n) mt::mma_prec<PREC>(acc[n], a, load_b_permuted<PREC, LD>(ks, 8 * kk, 8 * (dq_col0 + n)));
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -663,45 +666,71 @@ cudaError_t allow_shared_memory(Kernel kernel, int bytes, std::atomic<unsigned l
   return status;
 }
 
-template <int DP, int ACT>
+template <int DP, int ACT, int PREC>
 int launch_fw_bucket(const FwParams& p, int batch_heads, cudaStream_t stream) {
   static std::atomic<unsigned long long> configured{0};
   constexpr int bytes = fw_smem_floats<DP>() * static_cast<int>(sizeof(float));
-  MT_RETURN_IF_ERROR(allow_shared_memory(attention_fw<DP, ACT>, bytes, &configured));
+  MT_RETURN_IF_ERROR(allow_shared_memory(attention_fw<DP, ACT, PREC>, bytes, &configured));
   const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.q_len + kFwRows - 1) / kFwRows));
-  attention_fw<DP, ACT><<<grid, kThreads, bytes, stream>>>(p);
+  attention_fw<DP, ACT, PREC><<<grid, kThreads, bytes, stream>>>(p);
   return mt_launch_status();
 }
 
-template <int DP, int ACT>
+template <int DP, int ACT, int PREC>
 int launch_bw_bucket(const BwParams& p, int batch_heads, cudaStream_t stream) {
   static std::atomic<unsigned long long> configured{0};
   constexpr int bytes = bw_smem_floats<DP>() * static_cast<int>(sizeof(float));
-  MT_RETURN_IF_ERROR(allow_shared_memory(attention_bw<DP, ACT>, bytes, &configured));
+  MT_RETURN_IF_ERROR(allow_shared_memory(attention_bw<DP, ACT, PREC>, bytes, &configured));
   const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.k_len + kBwKeys - 1) / kBwKeys));
-  attention_bw<DP, ACT><<<grid, kThreads, bytes, stream>>>(p);
+  attention_bw<DP, ACT, PREC><<<grid, kThreads, bytes, stream>>>(p);
   return mt_launch_status();
 }
 
-template <int ACT>
+template <int ACT, int PREC>
 int launch_fw_activation(const FwParams& p, int batch_heads, cudaStream_t stream) {
-  if (p.head_dim <= 32) return launch_fw_bucket<32, ACT>(p, batch_heads, stream);
-  if (p.head_dim <= 64) return launch_fw_bucket<64, ACT>(p, batch_heads, stream);
-  return launch_fw_bucket<128, ACT>(p, batch_heads, stream);
+  if (p.head_dim <= 32) return launch_fw_bucket<32, ACT, PREC>(p, batch_heads, stream);
+  if (p.head_dim <= 64) return launch_fw_bucket<64, ACT, PREC>(p, batch_heads, stream);
+  return launch_fw_bucket<128, ACT, PREC>(p, batch_heads, stream);
 }
 
-template <int ACT>
+template <int ACT, int PREC>
 int launch_bw_activation(const BwParams& p, int batch_heads, cudaStream_t stream) {
-  if (p.head_dim <= 32) return launch_bw_bucket<32, ACT>(p, batch_heads, stream);
-  if (p.head_dim <= 64) return launch_bw_bucket<64, ACT>(p, batch_heads, stream);
-  return launch_bw_bucket<128, ACT>(p, batch_heads, stream);
+  if (p.head_dim <= 32) return launch_bw_bucket<32, ACT, PREC>(p, batch_heads, stream);
+  if (p.head_dim <= 64) return launch_bw_bucket<64, ACT, PREC>(p, batch_heads, stream);
+  return launch_bw_bucket<128, ACT, PREC>(p, batch_heads, stream);
 }
+
+// The kernels of one activation and precision (runtime values: kSoftmax/kRelu, kHighest/kHigh).
+template <class Params, class Launch>
+int launch_variant(const Params& p, int activation, int precision, int batch_heads, cudaStream_t stream) {
+  if (precision == mt::kHighest) {
+    return activation == kSoftmax ? Launch::template run<kSoftmax, mt::kHighest>(p, batch_heads, stream)
+                                  : Launch::template run<kRelu, mt::kHighest>(p, batch_heads, stream);
+  }
+  return activation == kSoftmax ? Launch::template run<kSoftmax, mt::kHigh>(p, batch_heads, stream)
+                                : Launch::template run<kRelu, mt::kHigh>(p, batch_heads, stream);
+}
+
+struct ForwardLaunch {
+  template <int ACT, int PREC>
+  static int run(const FwParams& p, int batch_heads, cudaStream_t stream) {
+    return launch_fw_activation<ACT, PREC>(p, batch_heads, stream);
+  }
+};
+
+struct BackwardLaunch {
+  template <int ACT, int PREC>
+  static int run(const BwParams& p, int batch_heads, cudaStream_t stream) {
+    return launch_bw_activation<ACT, PREC>(p, batch_heads, stream);
+  }
+};
 
 // Sizes every launcher accepts: positive, D <= 128, B * H * T * D within 32-bit element counts
 // per operand and the grid's y limit for the query / key blocks.
-bool sizes_ok(int batch, int heads, int q_len, int k_len, int head_dim, int activation) {
+bool sizes_ok(int batch, int heads, int q_len, int k_len, int head_dim, int activation, int precision) {
   if (batch <= 0 || heads <= 0 || q_len <= 0 || k_len <= 0 || head_dim <= 0 || head_dim > kMaxHeadDim) return false;
   if (activation != kSoftmax && activation != kRelu) return false;
+  if (precision != mt::kHighest && precision != mt::kHigh) return false;
   const long long bh = static_cast<long long>(batch) * heads;
   if (bh * q_len * head_dim > INT_MAX || bh * k_len * head_dim > INT_MAX) return false;
   return (q_len + kFwRows - 1) / kFwRows <= kMaxGridY && (k_len + kBwKeys - 1) / kBwKeys <= kMaxGridY;
@@ -713,15 +742,14 @@ MT_DEFINE_ERROR_STRING()
 
 extern "C" int launch_attention_fw(float* out, float* lse, const float* q, const float* k, const float* v,
                                    const float* mask, int batch, int heads, int q_len, int k_len, int head_dim,
-                                   int causal, int activation, float scale, cudaStream_t stream) {
+                                   int causal, int activation, int precision, float scale, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(out == nullptr || lse == nullptr || q == nullptr || k == nullptr || v == nullptr);
-  MT_RETURN_IF_INVALID(!sizes_ok(batch, heads, q_len, k_len, head_dim, activation));
+  MT_RETURN_IF_INVALID(!sizes_ok(batch, heads, q_len, k_len, head_dim, activation, precision));
   const bool vec4 = head_dim % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(q) && mt::is_aligned16(k) &&
                     mt::is_aligned16(v);
   const FwParams p = {out, lse, q, k, v, mask, heads, q_len, k_len, head_dim, causal != 0, scale, vec4};
   const int batch_heads = batch * heads;
-  return activation == kSoftmax ? launch_fw_activation<kSoftmax>(p, batch_heads, stream)
-                                : launch_fw_activation<kRelu>(p, batch_heads, stream);
+  return launch_variant<FwParams, ForwardLaunch>(p, activation, precision, batch_heads, stream);
 }
 
 // Floats of scratch that launch_attention_bw needs: D_i for every query row.
@@ -734,11 +762,11 @@ extern "C" long long attention_bw_workspace_floats(int batch, int heads, int q_l
 extern "C" int launch_attention_bw(float* dq, float* dk, float* dv, const float* grad_out, const float* q,
                                    const float* k, const float* v, const float* out, const float* lse,
                                    const float* mask, float* workspace, int batch, int heads, int q_len,
-                                   int k_len, int head_dim, int causal, int activation, float scale,
-                                   cudaStream_t stream) {
+                                   int k_len, int head_dim, int causal, int activation, int precision,
+                                   float scale, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(dq == nullptr || dk == nullptr || dv == nullptr || grad_out == nullptr || q == nullptr ||
                        k == nullptr || v == nullptr);
-  MT_RETURN_IF_INVALID(!sizes_ok(batch, heads, q_len, k_len, head_dim, activation));
+  MT_RETURN_IF_INVALID(!sizes_ok(batch, heads, q_len, k_len, head_dim, activation, precision));
   MT_RETURN_IF_INVALID(activation == kSoftmax && (out == nullptr || lse == nullptr || workspace == nullptr));
   const bool vec4 = head_dim % 4 == 0 && mt::is_aligned16(dq) && mt::is_aligned16(dk) && mt::is_aligned16(dv) &&
                     mt::is_aligned16(grad_out) && mt::is_aligned16(q) && mt::is_aligned16(k) && mt::is_aligned16(v);
@@ -752,6 +780,5 @@ extern "C" int launch_attention_bw(float* dq, float* dk, float* dv, const float*
   }
   const BwParams p = {dq,   dk,      dv,     grad_out, q,        k,      v,     lse, workspace,
                       mask, heads, q_len, k_len,    head_dim, causal != 0, scale, vec4};
-  return activation == kSoftmax ? launch_bw_activation<kSoftmax>(p, batch_heads, stream)
-                                : launch_bw_activation<kRelu>(p, batch_heads, stream);
+  return launch_variant<BwParams, BackwardLaunch>(p, activation, precision, batch_heads, stream);
 }

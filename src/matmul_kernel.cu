@@ -51,7 +51,9 @@ constexpr int kMaxGridZ = 65535;
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
 
-enum Precision { kHighest = 0, kHigh = 1 };
+using mt::kHigh;
+using mt::kHighest;
+using mt::set_operand;
 enum Epilogue { kNone = 0, kBias = 1, kBiasGelu = 2, kBiasRelu = 3 };
 
 struct MatmulParams {
@@ -273,20 +275,6 @@ __device__ __forceinline__ void load_ring_stage(const MatmulParams& p, const Blo
   mt::cp_async_commit();
 }
 
-// Word of a TF32 operand rounded to nearest (ties away from zero): the tensor core reads only the top
-// 19 bits, so adding half of the dropped part's range rounds instead of truncating.
-__device__ __forceinline__ uint32_t round_tf32(float x) { return __float_as_uint(x) + 0x1000u; }
-
-// Operand word i of a fragment: hi and lo ("highest"), or the rounded word in hi ("high").
-template <int PREC, int N>
-__device__ __forceinline__ void set_operand(mt::Tf32Frag<N>& f, int i, float x) {
-  if constexpr (PREC == kHighest) {
-    f.set(i, x);
-  } else {
-    f.hi[i] = round_tf32(x);
-  }
-}
-
 template <int BM_, int BN_, int WARPS_M, int WARPS_N, int STAGES_>
 struct MmaConfig {
   static constexpr int kBM = BM_, kBN = BN_, kWarpsN = WARPS_N, kStages = STAGES_;
@@ -361,11 +349,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) matmul_mma_kernel(const Matm
         for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
           for (int ni = 0; ni < NI; ++ni) {
-            if constexpr (PREC == kHighest) {
-              mt::mma_3xtf32(sum[mi][ni], af[mi], bf[ni]);
-            } else {
-              mt::mma_tf32(sum[mi][ni], af[mi].hi, bf[ni].hi);
-            }
+            mt::mma_prec<PREC>(sum[mi][ni], af[mi], bf[ni]);
           }
         }
       }

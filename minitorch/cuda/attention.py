@@ -1,10 +1,12 @@
-"""Bindings of attention_kernel.so (src/attention_kernel.cu): attention without the [Tq, Tk] matrix."""
+"""Bindings of attention_kernel.so (src/attention_kernel.cu): attention without the [Tq, Tk] matrix.
+Its products follow minitorch.set_float32_matmul_precision, as the matmul library's do."""
 
 from __future__ import annotations
 
 import ctypes
 from typing import Optional, Tuple
 
+from ..precision import precision_code
 from ..tensor_data import TensorData
 from ..tensor_ops import ATTENTION_ACTIVATIONS
 from .combine import contiguous, fill
@@ -13,9 +15,9 @@ from .runtime import CudaShapeError, check, empty, ptr, runtime
 MAX_HEAD_DIM = 128
 _P, _I, _F, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_longlong
 SIGNATURES = {
-    "launch_attention_fw": (_I, [_P] * 6 + [_I] * 7 + [_F, _P]),
+    "launch_attention_fw": (_I, [_P] * 6 + [_I] * 8 + [_F, _P]),
     "attention_bw_workspace_floats": (_LL, [_I, _I, _I]),
-    "launch_attention_bw": (_I, [_P] * 11 + [_I] * 7 + [_F, _P]),
+    "launch_attention_bw": (_I, [_P] * 11 + [_I] * 8 + [_F, _P]),
 }
 
 
@@ -40,7 +42,7 @@ def attention_fw(
         mask_ptr = None if mask is None else ptr(contiguous(mask))
         code = lib.launch_attention_fw(
             ptr(out), ptr(lse), ptr(qc), ptr(kc), ptr(vc), mask_ptr, B, H, Tq, Tk, D, int(bool(causal)),
-            ATTENTION_ACTIVATIONS.index(activation), float(scale), rt.stream(),
+            ATTENTION_ACTIVATIONS.index(activation), precision_code(), float(scale), rt.stream(),
         )  # fmt: skip
         check(code, lib, f"fused_attention_fw q {q.shape} k {k.shape}")
     return out, lse
@@ -66,7 +68,7 @@ def attention_bw(
     mask_ptr = None if mask is None else ptr(contiguous(mask))
     code = lib.launch_attention_bw(
         ptr(dq), ptr(dk), ptr(dv), *(ptr(t) for t in tensors), mask_ptr, ws.data_ptr(), B, H, Tq, Tk, D,
-        int(bool(causal)), act, float(scale), rt.stream(),
+        int(bool(causal)), act, precision_code(), float(scale), rt.stream(),
     )  # fmt: skip
     check(code, lib, f"fused_attention_bw q {q.shape} k {k.shape}")
     return dq, dk, dv

@@ -58,4 +58,32 @@ __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const Tf32Frag<4>& a, 
   mma_tf32(c, a.hi, b.hi);
 }
 
+// The float32 matmul precisions (minitorch.set_float32_matmul_precision): "highest" is the 3xTF32
+// scheme above, "high" one TF32 product of the operands rounded to nearest (as cuBLAS's TF32).
+enum Precision { kHighest = 0, kHigh = 1 };
+
+// Word of a TF32 operand rounded to nearest (ties away from zero): the tensor core reads only the top
+// 19 bits, so adding half of the dropped part's range rounds instead of truncating.
+__device__ __forceinline__ uint32_t round_tf32(float x) { return __float_as_uint(x) + 0x1000u; }
+
+// Operand word i of a fragment: hi and lo ("highest"), or the rounded word in hi ("high").
+template <int PREC, int N>
+__device__ __forceinline__ void set_operand(Tf32Frag<N>& f, int i, float x) {
+  if constexpr (PREC == kHighest) {
+    f.set(i, x);
+  } else {
+    f.hi[i] = round_tf32(x);
+  }
+}
+
+// c += a b at precision PREC, from fragments made by set_operand<PREC>.
+template <int PREC>
+__device__ __forceinline__ void mma_prec(float (&c)[4], const Tf32Frag<4>& a, const Tf32Frag<2>& b) {
+  if constexpr (PREC == kHighest) {
+    mma_3xtf32(c, a, b);
+  } else {
+    mma_tf32(c, a.hi, b.hi);
+  }
+}
+
 }  // namespace mt
