@@ -53,6 +53,7 @@ constexpr float kGeluA = 0.044715f;
 
 using mt::kHigh;
 using mt::kHighest;
+using mt::round_tf32;
 using mt::set_operand;
 enum Epilogue { kNone = 0, kBias = 1, kBiasGelu = 2, kBiasRelu = 3 };
 
