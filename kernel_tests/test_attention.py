@@ -237,8 +237,9 @@ def test_raw_launcher_rejects_bad_sizes() -> None:
     assert lib.launch_attention_fw(p, p, p, p, p, None, 1, 1, 2, 2, 4, 0, 2, 0, 1.0, stream) == 1  # activation
     assert lib.launch_attention_fw(p, p, p, p, p, None, 1, 1, 2, 2, 4, 0, 0, 2, 1.0, stream) == 1  # precision
     assert lib.launch_attention_fw(p, p, p, p, p, None, 1, 1, 0, 2, 4, 0, 0, 0, 1.0, stream) == 1
-    assert lib.launch_attention_bw(p, p, p, p, p, p, p, None, None, None, None, 1, 1, 2, 2, 4, 0, 0, 0, 1.0, stream) == 1
-    assert lib.launch_attention_bw(p, p, p, p, p, p, p, None, None, None, None, 1, 1, 2, 2, 4, 0, 1, 3, 1.0, stream) == 1
+    nulls = (None,) * 4  # out, lse, mask, workspace
+    assert lib.launch_attention_bw(p, p, p, p, p, p, p, *nulls, 1, 1, 2, 2, 4, 0, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bw(p, p, p, p, p, p, p, *nulls, 1, 1, 2, 2, 4, 0, 1, 3, 1.0, stream) == 1  # precision
 
 
 def test_memory_does_not_grow_with_t_squared() -> None:

@@ -622,7 +622,9 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
       mt::set_operand<PREC>(a, 2, sp[LDT]);
       mt::set_operand<PREC>(a, 3, sp[LDT + 8]);
 #pragma unroll
-      for (int n = 0; n < DQ_TILES; ++n) mt::mma_prec<PREC>(acc[n], a, load_b_permuted<PREC, LD>(ks, 8 * kk, 8 * (dq_col0 + n)));
+      for (int n = 0; n < DQ_TILES; ++n) {
+        mt::mma_prec<PREC>(acc[n], a, load_b_permuted<PREC, LD>(ks, 8 * kk, 8 * (dq_col0 + n)));
+      }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
