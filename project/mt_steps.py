@@ -26,6 +26,7 @@ import minitorch
 from minitorch import DecoderLM, TensorBackend
 from minitorch.cuda.graphs import StepGraphs
 from minitorch.cuda.runtime import runtime
+from minitorch.tensor_data import TensorData
 from project.mt_data import PAD_ID, Batch
 from project.mt_train import batch_loss_from_tensors
 
@@ -47,23 +48,30 @@ def pad_width(batch: Batch, multiple: int) -> Batch:
 
 
 class _Inputs:
-    """Device buffers of one batch shape, filled by queued uploads, and the step's share and
-    counted targets (see TrainStep.__call__)."""
+    """Device buffers of one batch shape and the step's share and counted targets (see
+    TrainStep.__call__): views of one flat buffer, so a step's inputs are one queued upload."""
 
     def __init__(self, shape: Tuple[int, int], backend: TensorBackend):
         B, T = shape
-        self.tokens = minitorch.zeros((B, T), backend=backend)
-        self.targets = minitorch.zeros((B * T,), backend=backend)
-        self.weights = minitorch.zeros((B * T,), backend=backend)
-        self.share = minitorch.zeros((1,), backend=backend)
-        self.n_targets = minitorch.zeros((1,), backend=backend)
+        self._host = np.zeros(3 * B * T + 2, dtype=np.float32)
+        self._flat = minitorch.zeros((self._host.size,), backend=backend)
+        storage, n = self._flat._tensor._storage, B * T
+
+        def part(start: int, shape: Tuple[int, ...]) -> minitorch.Tensor:
+            size = int(np.prod(shape))
+            return minitorch.Tensor(TensorData(storage[start : start + size], shape), backend=backend)
+
+        self.tokens, self.targets, self.weights = part(0, (B, T)), part(n, (n,)), part(2 * n, (n,))
+        self.share, self.n_targets = part(3 * n, (1,)), part(3 * n + 1, (1,))
 
     def upload(self, batch: Batch, share: float, n_targets: int) -> None:
-        self.tokens.copy_(batch.tokens.astype(np.float32))
-        self.targets.copy_(batch.targets.reshape(-1).astype(np.float32))
-        self.weights.copy_(batch.weights.reshape(-1))
-        self.share.copy_(np.array([share], dtype=np.float32))
-        self.n_targets.copy_(np.array([n_targets], dtype=np.float32))
+        n = batch.tokens.size
+        host = self._host
+        host[:n] = batch.tokens.reshape(-1)
+        host[n : 2 * n] = batch.targets.reshape(-1)
+        host[2 * n : 3 * n] = batch.weights.reshape(-1)
+        host[3 * n :] = (share, n_targets)
+        self._flat.copy_(host)
 
 
 class TrainStep:
