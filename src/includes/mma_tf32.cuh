@@ -1,5 +1,5 @@
 // float32 matrix products on the tensor cores (sm_80+) at float32 accuracy, the "3xTF32" scheme:
-// each operand x is split into hi = x truncated to TF32 (10 mantissa bits) and lo = x - hi, and
+// each operand x is split into hi = x rounded to TF32 (10 mantissa bits) and lo = x - hi, and
 //   a b ~= a_hi b_hi + a_hi b_lo + a_lo b_hi
 // three mma.sync.m16n8k8 TF32 products with float32 accumulation. The dropped a_lo b_lo and the
 // tensor core's truncation of lo to TF32 each stay below 2^-20 of |a b|. The split is two instructions
@@ -25,9 +25,11 @@ struct Tf32Pair {
 };
 
 __device__ __forceinline__ Tf32Pair split_tf32(float x) {
-  // hi keeps the sign, exponent and top 10 mantissa bits; x - hi is exact, and the tensor core reads
-  // the top 19 bits of lo.
-  const uint32_t hi = __float_as_uint(x) & 0xffffe000u;
+  // hi is x rounded to the nearest TF32 (sign, exponent, 10 mantissa bits), so |lo| <= 2^-11 |x|
+  // (truncation would leave 2^-10, doubling the dropped lo*lo term and lo's own truncation in the
+  // tensor core); x - hi is exact. Only the largest finite floats (above 2^128 (1 - 2^-12)) round
+  // to infinity.
+  const uint32_t hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
   return {hi, __float_as_uint(x - __uint_as_float(hi))};
 }
 
