@@ -1,9 +1,9 @@
 // float32 matrix products on the tensor cores (sm_80+) at float32 accuracy, the "3xTF32" scheme:
 // each operand x is split into hi = x rounded to TF32 (10 mantissa bits) and lo = x - hi, and
 //   a b ~= a_hi b_hi + a_hi b_lo + a_lo b_hi
-// three mma.sync.m16n8k8 TF32 products with float32 accumulation. The dropped a_lo b_lo and the
-// tensor core's truncation of lo to TF32 each stay below 2^-20 of |a b|. The split is two instructions
-// (a mask and a subtraction), which matters: kernels split every fragment they load.
+// three mma.sync.m16n8k8 TF32 products with float32 accumulation. The dropped a_lo b_lo stays below
+// 2^-22 of |a b| and the tensor core's truncation of each lo to TF32 below 2^-21. The split is three
+// instructions (an add, a mask and a subtraction), which matters: kernels split every fragment they load.
 //
 // Fragments of mma.m16n8k8 (PTX ISA), with g = lane / 4 and t = lane % 4:
 //   A (16 x 8, row-major):  a0 = A[g][t], a1 = A[g + 8][t], a2 = A[g][t + 4], a3 = A[g + 8][t + 4];
