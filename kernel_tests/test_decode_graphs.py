@@ -2,6 +2,8 @@
 beam search bookkeeping) against NumPy and their references, and graph-replayed greedy decoding and
 beam search against the recompute decoder and the same decoders run eagerly, token for token."""
 
+import sys
+from pathlib import Path
 from typing import List, Sequence
 
 import numpy as np
@@ -12,10 +14,14 @@ import minitorch
 from minitorch import DecoderLM
 from minitorch.beam_search import DEAD, BeamState
 from minitorch.fused.device_indexed import gather_rows, write_slot
+from minitorch.fused.slot_attention import slot_attention
 from minitorch.fused.topk import top_k
 from project.mt_beam import BeamDecoder, beam_search
 from project.mt_data import EOS_DE_ID, EOS_EN_ID
 from project.mt_decode import GreedyDecoder, greedy_decode, greedy_decode_recompute
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from minitorch_testing import slot_attention_reference  # noqa: E402
 
 pytest.importorskip("torch")
 
@@ -34,6 +40,23 @@ def test_slot_write_kernel(slot: float) -> None:
     tokens = gpu(np.zeros((3, 9)))
     write_slot(tokens.view(3, 9, 1), gpu(np.array([[4.0], [5.0], [6.0]])), gpu(np.array([min(max(slot, 0), 8)])))
     assert tokens.to_numpy()[:, int(min(max(slot, 0), 8))].tolist() == ([4.0, 5.0, 6.0] if slot != 2.5 else [0.0] * 3)
+
+
+@pytest.mark.parametrize(
+    "rows, heads, D, width",
+    [(6, 8, 32, 160), (5, 12, 64, 1024), (3, 4, 24, 50), (4, 3, 5, 9), (2, 1, 1, 3), (3, 16, 128, 40), (2, 16, 64, 5000)],
+)  # MT default; GPT-2 at 1024 slots (shared memory over 48 KB); D sharing lanes; tiny D; C = 2048; too wide: composed
+@pytest.mark.parametrize("slot", [7.0, 1e9, 2.0, -1.0])  # inside, past the width, before some rows' padding, none
+def test_slot_attention_kernel_matches_numpy(rows: int, heads: int, D: int, width: int, slot: float) -> None:
+    rng = rng_for("slot_attention", rows, heads, D, width, slot)
+    C, slots = heads * D, width + 3
+    packed = rng.standard_normal((rows, 3 * C)).astype(np.float32)
+    keys, values = (rng.standard_normal((rows, slots, C)).astype(np.float32) for _ in range(2))
+    pads = rng.integers(0, 4, rows)
+    queries = gpu(packed)[:, :C]  # a strided view, as the packed q/k/v projection gives
+    out = slot_attention(queries, gpu(keys), gpu(values), gpu(np.array([slot])), gpu(pads[:, None]), width, heads)
+    expected = slot_attention_reference(packed[:, :C], keys, values, slot, pads, width, heads)
+    assert np.abs(out.to_numpy() - expected).max() <= 1e-5 * max(1.0, np.abs(expected).max())
 
 
 @pytest.mark.parametrize("n", [36, 9])  # float4 and scalar paths

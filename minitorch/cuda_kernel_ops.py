@@ -87,6 +87,7 @@ class CudaKernelOps(TensorOps):
     gradient_pack = staticmethod(optimizer.gradient_pack)
     storage_upload = staticmethod(staging.upload_storage)
     slot_write = staticmethod(kv_cache.slot_write)
+    slot_attention = staticmethod(kv_cache.slot_attention)
     gather_rows = staticmethod(embedding.gather_rows)
     top_k = staticmethod(topk.top_k)
     beam_search_step = staticmethod(beam_search.beam_search_step)

@@ -27,6 +27,7 @@ import numpy as np
 from .fused.device_indexed import gather_rows, write_slot
 from .fused.embedding import embedding
 from .fused.masks import NEG_BIG
+from .fused.slot_attention import slot_attention, slot_mask
 from .tensor_create import tensor_from_numpy
 from .tensor_data import IndexingError, TensorData
 
@@ -91,6 +92,16 @@ class LayerCache:
             _slots(self.values, c.capacity, c.n_embd, 0, stop, heads),
         )
 
+    def attend(self, q: "Tensor", heads: int, scale: float) -> "Tensor":
+        """Device-slot mode, after append: the attention [rows, C] of queries q [rows, C] (one per row)
+        over this layer's filled slots up to the device slot, within the first cache.width slots
+        (fused.slot_attention)."""
+        c = self.cache
+        if c.slot is None:
+            raise RuntimeError("LayerCache.attend needs device-slot mode (KVCache.begin_device_steps)")
+        keys, values = (b.view(c.rows, c.capacity, c.n_embd) for b in (self.keys, self.values))
+        return slot_attention(q, keys, values, c.slot, c._device_buffers()[1], c.width, heads, scale)
+
 
 class KVCache:
     """Keys and values of every layer of a DecoderLM for `rows` sequences of up to `capacity` slots.
@@ -144,10 +155,7 @@ class KVCache:
             if length != self.width:
                 raise IndexingError(f"KVCache in device-slot mode attends over width {self.width}, not {length}")
             if self._step_mask is None:
-                _, pad_column = self._device_buffers()
-                cols = self.slot._arange(length).view(1, length)
-                hidden = (cols < pad_column) | (cols > self.slot.view(1, 1))
-                self._step_mask = hidden * NEG_BIG
+                self._step_mask = slot_mask(self.slot, self._device_buffers()[1], length)
             return self._step_mask
         if self._mask is None:
             return None

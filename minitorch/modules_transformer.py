@@ -56,7 +56,8 @@ class MultiHeadAttention(Module):
     keys and values are appended to the cache and the queries attend to every filled slot (the
     cache's key mask replaces padding_mask; causal within the new positions).  The scores are then
     [B, H, T, L] for L filled slots, computed as on the naive path; a fused path (use_fused_kernel
-    or attention="fused") takes their softmax with Tensor.attn_softmax.
+    or attention="fused") takes their softmax with Tensor.attn_softmax.  A softmax decoding step in the
+    cache's device-slot mode (T = 1) runs fused.slot_attention instead, on every path.
     """
 
     def __init__(
@@ -155,8 +156,11 @@ class MultiHeadAttention(Module):
         B, T, C = x.shape
         H, D = self.n_head, self.head_dim
         qkv = self.qkv_projection(x)
-        q = (qkv[:, :, :C] * (1.0 / math.sqrt(D))).view(B, T, H, D).permute(0, 2, 1, 3)
         keys, values = cache.append(qkv[:, :, C : 2 * C], qkv[:, :, 2 * C :], H)
+        if cache.cache.slot is not None and self.activation == "softmax":
+            attended = cache.attend(qkv.view(B, 3 * C)[:, :C], H, 1.0 / math.sqrt(D))
+            return self.dropout(self.out_projection(attended.view(B, T, C)))
+        q = (qkv[:, :, :C] * (1.0 / math.sqrt(D))).view(B, T, H, D).permute(0, 2, 1, 3)
         L = keys.shape[1]
         scores = q @ keys.permute(0, 2, 3, 1)
         mask = cache.cache.key_mask(L)

@@ -25,9 +25,10 @@ import numpy as np
 import sacrebleu
 
 import minitorch
-from minitorch import DecoderLM, KVCache, Tensor, TensorBackend, nn
+from minitorch import DecoderLM, KVCache, Tensor, TensorBackend
 from minitorch.cuda.graphs import StepGraphs
 from minitorch.fused.device_indexed import write_slot
+from minitorch.fused.topk import top_k
 from project.mt_data import EOS_EN_ID, PAD_ID, pad_prompts
 
 CHECK_EVERY = 8  # decoding steps between the host's reads of which rows have ended
@@ -36,15 +37,10 @@ CAPACITY_STEP = 32  # cache capacities round up to this, so batches of similar p
 KEEP_CACHES = 4  # caches (with their graphs and buffers) a CachedDecoder keeps for later batches
 
 
-def argmax_ids(logits: Tensor, vocab_ids: Tensor) -> Tensor:
-    """[rows, 1] id of each row's largest logit (the largest index among exact ties), on the backend.
-    vocab_ids: [1, V] holding 0 .. V-1."""
-    return (nn.argmax(logits, 1) * vocab_ids).max(1, keepdim=True)
-
-
-def vocab_range(model: DecoderLM, backend: TensorBackend) -> Tensor:
-    """[1, V] holding 0 .. V-1 on the backend (see argmax_ids)."""
-    return minitorch.tensor_from_numpy(np.arange(model.n_vocab)[None, :], backend=backend)
+def argmax_ids(logits: Tensor) -> Tensor:
+    """[rows, 1] id of each row's largest logit (the largest index among exact ties), on the backend
+    (fused.topk with k = 1: one pass over the logits on CUDA)."""
+    return top_k(logits, 1)[1]
 
 
 def left_pad(prompts: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
@@ -187,7 +183,6 @@ class GreedyDecoder:
 
     def __init__(self, model: DecoderLM, max_len: int, backend: TensorBackend, use_graphs: bool = True):
         self.decoder = CachedDecoder(model, max_len, backend, use_graphs)
-        self.vocab_ids = vocab_range(model, backend)
         self.steps = 0
 
     def __call__(self, prompts: Sequence[np.ndarray], batch_size: int) -> List[np.ndarray]:
@@ -217,7 +212,7 @@ class GreedyDecoder:
 
     def _pick(self, logits: Tensor, ids: Tensor, ended: Tensor, tokens: Tensor) -> None:
         """The argmax of each row becomes its next input and is written at the cache's slot of tokens."""
-        picked = argmax_ids(logits, self.vocab_ids)
+        picked = argmax_ids(logits)
         ids.copy_(picked)
         write_slot(tokens.view(*tokens.shape, 1), picked, self.decoder.cache.slot)
         ended.copy_((ended + (picked == float(EOS_EN_ID))) > 0.0)
@@ -243,7 +238,6 @@ def greedy_decode_recompute(
     model: DecoderLM, prompts: Sequence[np.ndarray], max_len: int, batch_size: int, backend: TensorBackend
 ) -> List[np.ndarray]:
     """greedy_decode without a cache: every step re-runs the model on the whole prefix."""
-    vocab_ids = vocab_range(model, backend)
 
     def decode_batch(batch: List[np.ndarray]) -> List[np.ndarray]:
         prompt_ids, lengths = pad_prompts(batch)
@@ -258,7 +252,7 @@ def greedy_decode_recompute(
             last[np.arange(A), lengths[active] - 1] = 1.0
             picked = (hidden * minitorch.tensor_from_numpy(last, backend=backend)).sum(1)
             logits = model.lm_head(picked.view(A, model.n_embd))
-            next_ids = argmax_ids(logits, vocab_ids).to_numpy().reshape(A).astype(np.int64)
+            next_ids = argmax_ids(logits).to_numpy().reshape(A).astype(np.int64)
             ids[active, lengths[active]] = next_ids
             lengths[active] += 1
             active = active[(next_ids != EOS_EN_ID) & (lengths[active] < max_len)]

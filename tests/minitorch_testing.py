@@ -111,6 +111,27 @@ def central_grad(
     return out
 
 
+# ---- references -------------------------------------------------------------------------------
+def slot_attention_reference(
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, slot: float, pads: np.ndarray, width: int, heads: int
+) -> np.ndarray:
+    """fused.slot_attention in float64, one row and head at a time: softmax over slots [pads[r],
+    min(slot, width - 1)] of q_h . k_h / sqrt(D), times v_h; a row with no such slot gives zeros."""
+    rows, C = q.shape
+    D = C // heads
+    out = np.zeros((rows, C))
+    last = min(int(slot), width - 1)
+    for r in range(rows):
+        for h in range(heads):
+            cols = slice(h * D, (h + 1) * D)
+            k, v = keys[r, pads[r] : last + 1, cols].astype(np.float64), values[r, pads[r] : last + 1, cols]
+            if len(k):
+                x = k @ q[r, cols].astype(np.float64) / np.sqrt(D)
+                p = np.exp(x - x.max())
+                out[r, cols] = (p / p.sum()) @ v
+    return out
+
+
 # ---- strategies -------------------------------------------------------------------------------
 def floats(lo: float, hi: float) -> st.SearchStrategy[float]:
     """Finite float32 numbers in [lo, hi] (bounds rounded inwards to float32)."""

@@ -7,12 +7,13 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 import pytest
-from minitorch_testing import FAST, assert_close, mt
+from minitorch_testing import FAST, assert_close, mt, slot_attention_reference
 
 import minitorch
 from minitorch import DecoderLM
 from minitorch.beam_search import BeamState
 from minitorch.fused.device_indexed import gather_rows, write_slot
+from minitorch.fused.slot_attention import slot_attention
 from project.mt_beam import beam_search
 from project.mt_data import EOS_DE_ID, EOS_EN_ID
 
@@ -37,6 +38,33 @@ def test_write_slot_and_gather_rows_match_numpy(backend) -> None:
     assert np.array_equal(out.to_numpy()[:, 4:], np.zeros((3, 2)))
     with pytest.raises(minitorch.IndexingError, match="write_slot needs"):
         write_slot(t, mt(values, backend), mt(np.array([0.0]), backend))
+
+
+@pytest.mark.parametrize("heads, D", [(2, 8), (3, 5), (1, 1)])
+@pytest.mark.parametrize("slot, width", [(6.0, 9), (8.0, 9), (11.0, 9), (0.0, 4)])
+def test_slot_attention_matches_numpy(backend, heads: int, D: int, slot: float, width: int) -> None:
+    """Each row attends over its slots [pads[r], min(slot, width - 1)] only; a row whose padding
+    reaches past the slot gets zeros; the queries may be a strided view (columns of packed q/k/v)."""
+    rng = np.random.default_rng(heads * 100 + int(slot))
+    rows, slots, C = 4, 12, heads * D
+    packed = rng.standard_normal((rows, 3 * C)).astype(np.float32)
+    keys, values = (rng.standard_normal((rows, slots, C)).astype(np.float32) for _ in range(2))
+    pads = np.array([0, 3, 1, 5])
+    q = mt(packed, backend)[:, :C]
+    out = slot_attention(q, mt(keys, backend), mt(values, backend), mt(np.array([slot]), backend),
+                         mt(pads[:, None], backend), width, heads)  # fmt: skip
+    assert_close(out, slot_attention_reference(packed[:, :C], keys, values, slot, pads, width, heads), "slot_attention")
+
+
+def test_slot_attention_rejects_bad_shapes(backend) -> None:
+    q, cache, one = mt(np.zeros((2, 6)), backend), mt(np.zeros((2, 5, 6)), backend), mt(np.zeros(1), backend)
+    pads = mt(np.zeros((2, 1)), backend)
+    with pytest.raises(minitorch.IndexingError, match="multiple of heads 4"):
+        slot_attention(q, cache, cache, one, pads, 5, heads=4)
+    with pytest.raises(minitorch.IndexingError, match=r"keys and values \[2, slots, 6\]"):
+        slot_attention(q, cache, mt(np.zeros((2, 5, 3)), backend), one, pads, 5, heads=2)
+    with pytest.raises(minitorch.IndexingError, match="1 <= width <= 5"):
+        slot_attention(q, cache, cache, one, pads, 6, heads=2)
 
 
 @pytest.mark.parametrize("options", [{"use_fused_kernel": True}, {"use_fused_kernel": False}, {"attention": "fused"}])

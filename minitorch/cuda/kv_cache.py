@@ -1,17 +1,21 @@
 """Bindings of kv_cache_kernel.so (src/kv_cache_kernel.cu): the KV cache's append at a slot held in
-device memory, so that one captured decoding step replays at every slot."""
+device memory and the attention of one query per row over the slots filled so far, so that one
+captured decoding step replays at every slot."""
 
 from __future__ import annotations
 
 import ctypes
+from typing import Optional
 
 from ..tensor_data import TensorData
 from .combine import contiguous
-from .runtime import CudaShapeError, check, ptr, runtime
+from .runtime import CudaShapeError, check, empty, ptr, runtime
 
-_P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+_P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
 SIGNATURES = {
     "launch_slot_write": (_I, [_P, _P, _P, _I, _I, _I, _L, _L, _P]),
+    "slot_attention_smem_bytes": (_L, [_I, _I, _I]),
+    "launch_slot_attention": (_I, [_P, _P, _L, _P, _P, _L, _P, _P, _I, _I, _I, _I, _F, _P]),
 }
 
 
@@ -29,3 +33,31 @@ def slot_write(buffer: TensorData, values: TensorData, slot: TensorData) -> None
             buffer.strides[1], rt.stream(),
         )  # fmt: skip
         check(code, lib, f"slot_write {buffer.shape}")
+
+
+def slot_attention(
+    q: TensorData, keys: TensorData, values: TensorData, slot: TensorData, pads: TensorData, width: int, heads: int,
+    scale: float,
+) -> Optional[TensorData]:  # fmt: skip
+    """out [rows, C]: row r's query q[r] [C] attending, head by head, over its keys and values [rows,
+    slots, C] at slots [pads[r], min(s, width - 1)], s = slot's one value (both read by the kernel).
+    None when the kernel cannot run these sizes (C over 2048, or the [heads, width] scores exceed a
+    block's shared memory): the caller composes the op."""
+    rows, C = q.shape
+    if (C > 1 and q.strides[1] != 1) or keys.strides[1:] != (C, 1) or values.strides != keys.strides:
+        raise CudaShapeError(
+            f"slot_attention needs unit-stride queries and [rows, slots, C] caches with slot stride C, got strides "
+            f"{q.strides}, {keys.strides} and {values.strides}"
+        )
+    rt = runtime()
+    lib = rt.lib("kv_cache_kernel", SIGNATURES)
+    if lib.slot_attention_smem_bytes(width, heads, C // heads) < 0:
+        return None
+    out = empty((rows, C))
+    if rows:
+        code = lib.launch_slot_attention(
+            ptr(out), ptr(q), q.strides[0], ptr(keys), ptr(values), keys.strides[0], ptr(contiguous(slot)),
+            ptr(contiguous(pads)), rows, width, heads, C // heads, float(scale), rt.stream(),
+        )  # fmt: skip
+        check(code, lib, f"slot_attention q {q.shape} over {keys.shape}")
+    return out

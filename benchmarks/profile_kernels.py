@@ -1,0 +1,76 @@
+"""Where a program's GPU time goes: run a Python program under torch.profiler and list its kernels.
+
+Our kernels are launched through ctypes on PyTorch's current stream, so CUPTI (which torch.profiler
+reads) records them next to PyTorch's own, by their C++ names, including those replayed from CUDA
+graphs. The table gives each kernel's total GPU time, launches, mean time and share of all kernel
+time, then the program's wall time and the part of it the GPU spent in kernels (the rest is host
+time or idle GPU).
+
+Usage: python benchmarks/profile_kernels.py [--top 25] [--out FILE.json] -- program.py [its arguments]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+
+def kernel_rows(profiler: Any) -> List[Dict[str, Any]]:
+    """One row per kernel name: total and mean GPU microseconds and launches, largest total first."""
+    rows: Dict[str, Dict[str, Any]] = {}
+    for event in profiler.events():
+        if str(event.device_type) != "DeviceType.CUDA" or event.device_time <= 0:
+            continue
+        row = rows.setdefault(event.name, {"kernel": event.name, "total_us": 0.0, "launches": 0})
+        row["total_us"] += event.device_time
+        row["launches"] += 1
+    ordered = sorted(rows.values(), key=lambda r: -r["total_us"])
+    for row in ordered:
+        row["mean_us"] = row["total_us"] / row["launches"]
+    return ordered
+
+
+def main(argv: List[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        raise SystemExit("profile_kernels.py: give the program after '--', e.g. -- project/translate.py --help")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--top", type=int, default=25, help="kernels to print")
+    parser.add_argument("--out", default=None, help="write the whole table as JSON here")
+    args = parser.parse_args(argv[:split])
+    program = argv[split + 1 :]
+    if not program or not Path(program[0]).is_file():
+        raise SystemExit(f"profile_kernels.py: no program file {program[:1]}")
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.argv = program
+    sys.path.insert(0, str(Path(program[0]).resolve().parent))
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        try:
+            runpy.run_path(program[0], run_name="__main__")
+        finally:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    rows = kernel_rows(prof)
+    total = sum(r["total_us"] for r in rows)
+    print(f"\n{'kernel':<90}{'total ms':>10}{'launches':>10}{'mean us':>10}{'share':>8}")
+    for r in rows[: args.top]:
+        print(f"{r['kernel'][:89]:<90}{r['total_us'] / 1e3:>10.2f}{r['launches']:>10}{r['mean_us']:>10.1f}"
+              f"{100 * r['total_us'] / max(total, 1e-9):>7.1f}%")  # fmt: skip
+    print(f"{len(rows)} kernels, {total / 1e3:.1f} ms of kernel time in {wall:.2f} s of wall time "
+          f"({100 * total / 1e6 / wall:.1f}% of the wall time)")  # fmt: skip
+    if args.out:
+        Path(args.out).write_text(json.dumps({"program": program, "wall_s": wall, "kernels": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
