@@ -218,6 +218,26 @@ def test_zip_permuted_and_expanded(name: str) -> None:
     assert_elementwise_close(out, reference(fn, a, b), what, atol=1e-5)
 
 
+@pytest.mark.parametrize("offset", [0, 1])  # 16-byte aligned views (four at a time), and misaligned ones
+def test_heads_permuted_copies_and_slices(offset: int) -> None:
+    """The copies attention makes: [B, T, H, D] heads to [B, H, T, D] and back into one third of a
+    packed [B, T, 3, H, D] tensor (units of D = 8 contiguous floats on both sides), and a sum whose
+    inputs are such views; the four-at-a-time path where the views allow it, the scalar one elsewhere."""
+    r = rng_for("heads", offset)
+    x = r.standard_normal((2, 5, 3, 8)).astype(np.float32)
+    storage = gpu(np.concatenate([np.zeros(offset, np.float32), x.ravel()]))
+    t = storage._new(minitorch.TensorData(storage._tensor._storage[offset:], x.shape))
+    heads = t.permute(0, 2, 1, 3).contiguous()
+    assert_elementwise_close(heads.to_numpy(), x.transpose(0, 2, 1, 3), f"heads copy (offset {offset})")
+    packed = minitorch.zeros((2, 5, 3, 3, 8), backend=CUDA)
+    packed[:, :, 1].copy_(heads.permute(0, 2, 1, 3))
+    want = np.zeros((2, 5, 3, 3, 8), np.float32)
+    want[:, :, 1] = x
+    assert_elementwise_close(packed.to_numpy(), want, f"copy into a third of a packed tensor (offset {offset})")
+    total = (t.permute(0, 2, 1, 3) + heads).to_numpy()
+    assert_elementwise_close(total, 2 * x.transpose(0, 2, 1, 3), f"sum of permuted views (offset {offset})")
+
+
 @pytest.mark.parametrize("name", ["add", "mul", "pow", "lt", "eq", "max"])
 @pytest.mark.parametrize("shape", [(1,), (33,), (1023,), (3, 5, 7)])
 def test_map_scalar(name: str, shape: Tuple[int, ...]) -> None:

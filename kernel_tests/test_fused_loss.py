@@ -92,6 +92,29 @@ def test_fused_loss_matches_torch_float64(vocab: int, hidden_size: int, chunk_si
     assert np.all(grads[0][ignored] == 0.0), f"{label}: an ignored token got a gradient"
 
 
+@pytest.mark.parametrize("vocab", [1000, 50257])
+def test_tied_head_is_read_in_place_and_gets_its_gradient_in_its_layout(vocab: int) -> None:
+    """GPT-2's head: the first `vocab` rows of a padded [V', C] embedding table, transposed (a view).
+    The loss reads it in place (the TMA path of the matmul library takes its 16-byte strides) and its
+    gradient, written as [vocab, C], reaches the table's rows; the padding rows' gradient is zero."""
+    C, padded = 64, -(-vocab // 64) * 64
+    hidden, weight, _, targets, weights = problem(N_TOKENS, C, vocab, seed=vocab + 5, with_bias=False)
+    table = torch.zeros(padded, C, device="cuda")
+    table[:vocab] = weight.t()
+    h = minitorch.from_torch(hidden.clone()).requires_grad_(True)
+    wte = minitorch.from_torch(table).requires_grad_(True)
+    head = wte[:vocab].permute(1, 0)
+    ids, token_weights = minitorch.from_torch(targets), minitorch.from_torch(weights)
+    loss = fused_linear_cross_entropy(h, head, ids, token_weights, chunk_size=97)
+    (loss * GRAD_SCALE).backward()
+    ref_loss, (ref_dh, ref_dw) = reference(hidden, weight, None, targets, weights)
+    assert abs(loss.item() - ref_loss) / abs(ref_loss) < LOSS_TOL
+    assert rel_err(h.grad.to_numpy(), ref_dh) < GRAD_TOL
+    grad = wte.grad.to_numpy()
+    assert rel_err(grad[:vocab], ref_dw.T) < GRAD_TOL
+    assert np.all(grad[vocab:] == 0.0)
+
+
 @pytest.mark.parametrize("label_smoothing", [0.1, 1.0])
 @pytest.mark.parametrize("vocab", [7, 1003, 10000])
 def test_label_smoothing_matches_torch_float64(vocab: int, label_smoothing: float) -> None:

@@ -103,11 +103,10 @@ class CachedDecoder:
         self.cache_set = self._cache_set(self.rows, capacity)
         self.cache = self.cache_set.cache
         self.cache.reset(pads)
-        if ids.shape[1] > 1:
-            self.model.hidden_states(self._ids(ids[:, :-1]), cache=self.cache, positions=self._positions(ids.shape[1] - 1))
-        hidden = self.model.hidden_states(self._ids(ids[:, -1:]), cache=self.cache, positions=self._positions(1))
+        P = ids.shape[1]
+        hidden = self.model.hidden_states(self._ids(ids), cache=self.cache, positions=self._positions(P))
         self.cache.begin_device_steps()
-        return self.model.lm_head(hidden.view(self.rows, self.model.n_embd))
+        return self.model.lm_head(hidden[:, P - 1 : P].contiguous().view(self.rows, self.model.n_embd))
 
     def width(self, step: int) -> int:
         """Attention width of decoding step `step` (step 0 follows the prompts; step s >= 1 feeds slot

@@ -253,8 +253,38 @@ elementwise_strided_kernel(float* out, const MtLayout out_l, const float* a, con
   }
 }
 
-// Launches the contiguous path when every operand is one aligned run of elements, else the strided
-// path. Inputs that are unused (NIN < 2) are passed as the output's layout.
+// The strided path four elements at a time, for operands whose innermost dim has unit stride and a
+// multiple of 4 elements, their other strides multiples of 4 and their bases 16-byte aligned (a
+// permuted copy of attention heads, a slice of packed q/k/v): one index decomposition and one
+// 16-byte access per operand for every 4 elements.
+template <int NIN, class F>
+__global__ void __launch_bounds__(mt::kGridStrideThreads)
+elementwise_strided4_kernel(float* out, const MtLayout out_l, const float* a, const MtLayout a_l,
+                            const float* b, const MtLayout b_l, int n4, F f) {
+  const long long stride = mt::grid_stride_step();
+  for (long long i = mt::grid_stride_first(); i < n4; i += stride) {
+    int oo, ao, bo;
+    mt::layout_offsets<NIN + 1>(out_l, out_l, a_l, b_l, static_cast<int>(i) * 4, &oo, &ao, &bo);
+    const float4 x = NIN > 0 ? *reinterpret_cast<const float4*>(a + ao) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 y = NIN > 1 ? *reinterpret_cast<const float4*>(b + bo) : make_float4(0.f, 0.f, 0.f, 0.f);
+    *reinterpret_cast<float4*>(out + oo) = make_float4(f(x.x, y.x), f(x.y, y.y), f(x.z, y.z), f(x.w, y.w));
+  }
+}
+
+// Whether an operand of layout l at p can be read or written four elements at a time (see above).
+inline bool vector4_layout(const float* p, const MtLayout& l) {
+  if (l.ndim < 1 || !mt::is_aligned16(p)) return false;
+  const int last = l.ndim - 1;
+  if (l.shape[last] % 4 != 0 || (l.shape[last] > 1 && l.strides[last] != 1)) return false;
+  for (int d = 0; d < last; ++d) {
+    if (l.strides[d] % 4 != 0) return false;
+  }
+  return true;
+}
+
+// Launches the contiguous path when every operand is one aligned run of elements, the strided path
+// four elements at a time when every operand allows it, else the strided path. Inputs that are unused
+// (NIN < 2) are passed as the output's layout.
 template <int NIN, class F>
 int launch_elementwise(float* out, const MtLayout& out_l, const float* a, const MtLayout& a_l,
                        const float* b, const MtLayout& b_l, F f, cudaStream_t stream) {
@@ -269,6 +299,10 @@ int launch_elementwise(float* out, const MtLayout& out_l, const float* a, const 
   if (contiguous) {
     return mt::launch_grid_stride<elementwise_contiguous_kernel<NIN, F>>((n + 3) / 4, stream, out, a, b,
                                                                          n, f);
+  }
+  if (vector4_layout(out, out_l) && (NIN < 1 || vector4_layout(a, a_l)) && (NIN < 2 || vector4_layout(b, b_l))) {
+    return mt::launch_grid_stride<elementwise_strided4_kernel<NIN, F>>(n / 4, stream, out, out_l, a, a_l, b, b_l,
+                                                                       static_cast<int>(n / 4), f);
   }
   return mt::launch_grid_stride<elementwise_strided_kernel<NIN, F>>(n, stream, out, out_l, a, a_l, b, b_l,
                                                                    static_cast<int>(n), f);

@@ -3,8 +3,9 @@ fused linear cross-entropy.
 
 Everything [rows, V]-sized lives in one reused buffer: each chunk's logits, which the fused
 classifier overwrites with their gradient.  Its rows are padded to a multiple of 4 floats, and the
-weight is read in place with its own strides (the tied LM head is a transposed view), so the
-products get the 16-byte strides of the matmul library's TMA path.  The products run through the
+weight is read in place with its own strides (the tied LM head is a transposed view, whose gradient
+is written in that layout too), so the products get the 16-byte strides of the matmul library's TMA
+path.  The products run through the
 matmul library directly, on raw pointers into row blocks of the inputs and outputs (no copies, no
 views); the library splits the long vocab dim of dhidden = dlogits @ weight^T itself.
 """
@@ -46,6 +47,9 @@ def linear_cross_entropy_fw(
             f"fused_linear_cross_entropy: a chunk of {chunk} rows x {V} classes exceeds the kernels' 32-bit "
             f"indexing; pass chunk_size <= {(INT_LIMIT - 1) // ld}"
         )
+    # A weight that is the transpose of a contiguous [V, C] (the tied LM head) gets its gradient in
+    # the same layout: written as dweight^T [V, C], returned as a [C, V] view.
+    transposed = weight.strides == (1, C) and V > 1
     h, ids, tw = (contiguous(t) for t in (hidden, targets, token_weights))
     b = None if bias is None else contiguous(bias)
     hp, wp, bp = ptr(h), ptr(weight), None if b is None else ptr(b)
@@ -56,7 +60,7 @@ def linear_cross_entropy_fw(
     lg = logits.data_ptr()
     dhidden = dweight = dbias = b_scratch = None
     if need_grad:
-        dhidden, dweight = empty((N, C)), empty((C, V))
+        dhidden, dweight = empty((N, C)), empty((V, C) if transposed else (C, V))
         dbias = None if b is None else empty((V,))
         # Later chunks' dbias contributions go through a scratch buffer and are added.
         b_scratch = rt.buffer(V) if N > chunk and b is not None else None
@@ -73,9 +77,14 @@ def linear_cross_entropy_fw(
             continue
         raw_matmul(ptr(dhidden) + _F32 * n0 * C, lg, wp, rows, C, V, (ld, 1), wt_strides)
         first = n0 == 0
-        raw_matmul(ptr(dweight), h_rows, lg, C, V, rows, (1, C), (ld, 1), accumulate=not first)
+        if transposed:
+            raw_matmul(ptr(dweight), lg, h_rows, V, C, rows, (1, ld), (C, 1), accumulate=not first)
+        else:
+            raw_matmul(ptr(dweight), h_rows, lg, C, V, rows, (1, C), (ld, 1), accumulate=not first)
         if dbias is not None:
             column_sums(ptr(dbias) if first else b_scratch.data_ptr(), lg, V, rows, ld)
             if not first:
                 add_into(ptr(dbias), b_scratch.data_ptr(), V)
+    if transposed and dweight is not None:
+        dweight = TensorData(dweight._storage, (C, V), (1, C))
     return _sum0(losses, 0), dhidden, dweight, dbias

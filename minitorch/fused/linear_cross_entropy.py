@@ -101,9 +101,25 @@ def fused_linear_cross_entropy(
     if not hidden.backend.cuda:
         _check_targets(targets, token_weights, V)
     return FusedLinearCrossEntropy.apply(
-        hidden.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
+        hidden.contiguous(), _dense(weight), None if bias is None else bias.contiguous(),
         targets, token_weights, int(chunk_size), smoothing,
     ).view(())  # fmt: skip
+
+
+def _dense(weight: "Tensor") -> "Tensor":
+    """weight itself when contiguous or the transpose of a contiguous matrix (a tied head, read in
+    place), else a contiguous copy."""
+    if weight._tensor.is_contiguous() or weight.permute(1, 0)._tensor.is_contiguous():
+        return weight
+    return weight.contiguous()
+
+
+def _scaled(grad: "Tensor", by: "Tensor") -> "Tensor":
+    """grad * by, kept in grad's layout when grad is the transpose of a contiguous matrix (a tied
+    head's gradient), so that the scaling is a contiguous pass, not a transposing one."""
+    if grad.dims == 2 and not grad._tensor.is_contiguous() and grad.permute(1, 0)._tensor.is_contiguous():
+        return (grad.permute(1, 0) * by).permute(1, 0)
+    return grad * by
 
 
 def _check_targets(targets: "Tensor", token_weights: "Tensor", vocab: int) -> None:
@@ -202,5 +218,5 @@ class FusedLinearCrossEntropy(Function):
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
         dhidden, dweight, dbias = ctx.saved_values
-        grads = (dhidden * grad_output, dweight * grad_output)
+        grads = (dhidden * grad_output, _scaled(dweight, grad_output))
         return grads if dbias is None else grads + (dbias * grad_output,)
