@@ -241,37 +241,30 @@ elementwise_contiguous_kernel(float* out, const float* a, const float* b, long l
   if (tail < n) out[tail] = f(NIN > 0 ? a[tail] : 0.f, NIN > 1 ? b[tail] : 0.f);
 }
 
-template <int NIN, class F>
+// Strided operands, VEC elements per item: VEC 1 for any layouts; VEC 4 for operands whose
+// innermost dim has unit stride and a multiple of 4 elements, their other strides multiples of 4 and
+// their bases 16-byte aligned (a permuted copy of attention heads, a slice of packed q/k/v): one
+// index decomposition and one 16-byte access per operand for every 4 elements.
+template <int NIN, int VEC, class F>
 __global__ void __launch_bounds__(mt::kGridStrideThreads)
 elementwise_strided_kernel(float* out, const MtLayout out_l, const float* a, const MtLayout a_l,
-                           const float* b, const MtLayout b_l, int n, F f) {
+                           const float* b, const MtLayout b_l, int items, F f) {
   const long long stride = mt::grid_stride_step();
-  for (long long i = mt::grid_stride_first(); i < n; i += stride) {
+  for (long long i = mt::grid_stride_first(); i < items; i += stride) {
     int oo, ao, bo;
-    mt::layout_offsets<NIN + 1>(out_l, out_l, a_l, b_l, static_cast<int>(i), &oo, &ao, &bo);
-    out[oo] = f(NIN > 0 ? a[ao] : 0.f, NIN > 1 ? b[bo] : 0.f);
+    mt::layout_offsets<NIN + 1>(out_l, out_l, a_l, b_l, static_cast<int>(i) * VEC, &oo, &ao, &bo);
+    if constexpr (VEC == 4) {
+      const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 x = NIN > 0 ? *reinterpret_cast<const float4*>(a + ao) : zero4;
+      const float4 y = NIN > 1 ? *reinterpret_cast<const float4*>(b + bo) : zero4;
+      *reinterpret_cast<float4*>(out + oo) = mt::apply4(f, x, y);
+    } else {
+      out[oo] = f(NIN > 0 ? a[ao] : 0.f, NIN > 1 ? b[bo] : 0.f);
+    }
   }
 }
 
-// The strided path four elements at a time, for operands whose innermost dim has unit stride and a
-// multiple of 4 elements, their other strides multiples of 4 and their bases 16-byte aligned (a
-// permuted copy of attention heads, a slice of packed q/k/v): one index decomposition and one
-// 16-byte access per operand for every 4 elements.
-template <int NIN, class F>
-__global__ void __launch_bounds__(mt::kGridStrideThreads)
-elementwise_strided4_kernel(float* out, const MtLayout out_l, const float* a, const MtLayout a_l,
-                            const float* b, const MtLayout b_l, int n4, F f) {
-  const long long stride = mt::grid_stride_step();
-  for (long long i = mt::grid_stride_first(); i < n4; i += stride) {
-    int oo, ao, bo;
-    mt::layout_offsets<NIN + 1>(out_l, out_l, a_l, b_l, static_cast<int>(i) * 4, &oo, &ao, &bo);
-    const float4 x = NIN > 0 ? *reinterpret_cast<const float4*>(a + ao) : make_float4(0.f, 0.f, 0.f, 0.f);
-    const float4 y = NIN > 1 ? *reinterpret_cast<const float4*>(b + bo) : make_float4(0.f, 0.f, 0.f, 0.f);
-    *reinterpret_cast<float4*>(out + oo) = make_float4(f(x.x, y.x), f(x.y, y.y), f(x.z, y.z), f(x.w, y.w));
-  }
-}
-
-// Whether an operand of layout l at p can be read or written four elements at a time (see above).
+// Whether an operand of layout l at p can be read or written four elements at a time (VEC 4 above).
 inline bool vector4_layout(const float* p, const MtLayout& l) {
   if (l.ndim < 1 || !mt::is_aligned16(p)) return false;
   const int last = l.ndim - 1;
@@ -301,11 +294,11 @@ int launch_elementwise(float* out, const MtLayout& out_l, const float* a, const 
                                                                          n, f);
   }
   if (vector4_layout(out, out_l) && (NIN < 1 || vector4_layout(a, a_l)) && (NIN < 2 || vector4_layout(b, b_l))) {
-    return mt::launch_grid_stride<elementwise_strided4_kernel<NIN, F>>(n / 4, stream, out, out_l, a, a_l, b, b_l,
-                                                                       static_cast<int>(n / 4), f);
+    return mt::launch_grid_stride<elementwise_strided_kernel<NIN, 4, F>>(n / 4, stream, out, out_l, a, a_l, b, b_l,
+                                                                        static_cast<int>(n / 4), f);
   }
-  return mt::launch_grid_stride<elementwise_strided_kernel<NIN, F>>(n, stream, out, out_l, a, a_l, b, b_l,
-                                                                   static_cast<int>(n), f);
+  return mt::launch_grid_stride<elementwise_strided_kernel<NIN, 1, F>>(n, stream, out, out_l, a, a_l, b, b_l,
+                                                                      static_cast<int>(n), f);
 }
 
 __global__ void arange_kernel(float* out, int n) {
