@@ -27,9 +27,8 @@
 // contiguous) are [rows][32 k]; an M-major A and an N-major B arrive as boxes of [32 k][32 rows].
 // Precision as in the mma.sync kernel: "highest" splits A in registers and uses B's raw words as hi
 // (wgmma reads the top 19 bits) with B_lo from the transform, three products per k8 step summed into
-// fresh accumulators per K tile; "high" rounds A to nearest TF32 (in registers, or, for a K-major A
-// and a K-major B, in place by the transform warps, and the consumers then give wgmma both operands
-// from shared memory), and B where the transform writes it (an N-major B), otherwise wgmma truncates B.
+// fresh accumulators per K tile; "high" rounds A to nearest TF32 in registers, and B where the
+// transform writes it (an N-major B), otherwise wgmma truncates B.
 #pragma once
 
 #include <cuda.h>
@@ -49,9 +48,6 @@ template <int PREC, bool A_KMAJOR, bool B_TRANSFORM, int BN>
 struct Config {
   // Converted B tiles per slot: B_lo for "highest", the transposed hi words for an N-major B.
   static constexpr int kConv = (PREC == kHighest ? 1 : 0) + (B_TRANSFORM ? 1 : 0);
-  // "high" with K-major A and B: the transform warps round A in place; wgmma reads both from shared memory.
-  static constexpr bool kRoundA = PREC == kHigh && A_KMAJOR && !B_TRANSFORM;
-  static constexpr bool kTransforms = kConv > 0 || kRoundA;  // warps 1-3 work on every landed slot
   static constexpr int kBBytes = BN * kBK * 4;
   static constexpr int kSlotBytes = kABytes + kBBytes * (1 + kConv);
   static constexpr int kStages = kRingBudget / kSlotBytes > 8 ? 8 : kRingBudget / kSlotBytes;
@@ -155,63 +151,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)
     wgmma_m64n256k8_rs(d, a, b_desc, accumulate);
   } else {
     wgmma_m64n128k8(d, a, b_desc, accumulate);
-  }
-}
-
-// d += a b for one m64nBNk8 TF32 product, both operands from shared memory (K-major, 128-byte swizzled
-// descriptors); returns before the product is done.
-__device__ __forceinline__ void wgmma_m64n256k8_ss(float (&d)[128], uint64_t a_desc, uint64_t b_desc) {
-#define MT_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
-#define MT_D16(i) MT_D4(i), MT_D4(i + 4), MT_D4(i + 8), MT_D4(i + 12)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
-      "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
-      "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "
-      "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, "
-      "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, "
-      "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1;\n}\n"
-      : MT_D16(0), MT_D16(16), MT_D16(32), MT_D16(48), MT_D16(64), MT_D16(80), MT_D16(96), MT_D16(112)
-      : "l"(a_desc), "l"(b_desc));
-#undef MT_D16
-#undef MT_D4
-}
-
-__device__ __forceinline__ void wgmma_m64n128k8_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
-#define MT_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
-#define MT_D16(i) MT_D4(i), MT_D4(i + 4), MT_D4(i + 8), MT_D4(i + 12)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
-      "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
-      "%59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
-      : MT_D16(0), MT_D16(16), MT_D16(32), MT_D16(48)
-      : "l"(a_desc), "l"(b_desc));
-#undef MT_D16
-#undef MT_D4
-}
-
-template <int BN>
-__device__ __forceinline__ void wgmma_ss(float (&d)[BN / 2], uint64_t a_desc, uint64_t b_desc) {
-  if constexpr (BN == 256) {
-    wgmma_m64n256k8_ss(d, a_desc, b_desc);
-  } else {
-    wgmma_m64n128k8_ss(d, a_desc, b_desc);
-  }
-}
-
-// The transform warps' rounding of a landed K-major A tile to TF32, in place (t96 = 0..95).
-__device__ __forceinline__ void round_slot_a(uint8_t* a_tile, int t96) {
-  for (int i = t96; i < kABytes / 16; i += 96) {
-    float4* at = reinterpret_cast<float4*>(a_tile) + i;
-    const float4 v = *at;
-    *at = make_float4(__uint_as_float(round_tf32(v.x)), __uint_as_float(round_tf32(v.y)),
-                      __uint_as_float(round_tf32(v.z)), __uint_as_float(round_tf32(v.w)));
   }
 }
 
@@ -325,7 +264,7 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
           }
         }
       }
-    } else if constexpr (Cfg::kTransforms) {
+    } else if constexpr (Cfg::kConv > 0) {
       int it = 0;
       for (int u = blockIdx.x; u < tp.units; u += gridDim.x) {
         const Unit w = unit_of<BN>(tp, u);
@@ -333,11 +272,7 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
           const int s = it % S;
           mbar_wait(full(s), (it / S) & 1);
           uint8_t* slot = smem + s * Cfg::kSlotBytes;
-          if constexpr (Cfg::kRoundA) {
-            round_slot_a(slot, threadIdx.x - 32);
-          } else {
-            transform_slot<PREC, B_TRANSFORM, BN>(slot + kABytes, slot + kABytes + Cfg::kBBytes, threadIdx.x - 32);
-          }
+          transform_slot<PREC, B_TRANSFORM, BN>(slot + kABytes, slot + kABytes + Cfg::kBBytes, threadIdx.x - 32);
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the words are for wgmma
           __syncwarp();
           if (lane == 0) mbar_arrive(conv(s));
@@ -376,7 +311,7 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
   };
   const auto wait_slot = [&](int s, int parity) {
     mbar_wait(full(s), parity);
-    if constexpr (Cfg::kTransforms) mbar_wait(conv(s), parity);
+    if constexpr (Cfg::kConv > 0) mbar_wait(conv(s), parity);
   };
   const uint32_t b_hi_off = kABytes + (B_TRANSFORM ? Cfg::kBBytes : 0);
   const uint32_t b_lo_off = kABytes + Cfg::kBBytes * (B_TRANSFORM ? 2 : 1);
@@ -417,25 +352,6 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] += fresh[i];
       }
-    } else if constexpr (Cfg::kRoundA) {
-      // Both operands from shared memory: one K tile's products stay in flight while the next one's issue.
-      int prev = -1;
-      for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
-        const int s = it % S;
-        wait_slot(s, (it / S) & 1);
-        const uint32_t slot = base + s * Cfg::kSlotBytes;
-        const uint64_t a_desc = swizzled_desc(slot + cw * 64 * 128), b_desc = swizzled_desc(slot + kABytes);
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int j = 0; j < 4; ++j) wgmma_ss<BN>(acc, a_desc + 2 * j, b_desc + 2 * j);
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
-        prev = s;
-      }
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-      fence_registers(acc);
-      if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
     } else {
       // One K tile's products stay in flight while the next tile's fragments load: two register sets.
       uint32_t a0[4][4], a1[4][4];
