@@ -37,16 +37,16 @@ def kernel_rows(profiler: Any) -> List[Dict[str, Any]]:
 
 def main(argv: List[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if "--" not in argv:
-        raise SystemExit("profile_kernels.py: give the program after '--', e.g. -- project/translate.py --help")
-    split = argv.index("--")
+    split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--top", type=int, default=25, help="kernels to print")
     parser.add_argument("--out", default=None, help="write the whole table as JSON here")
     args = parser.parse_args(argv[:split])
     program = argv[split + 1 :]
-    if not program or not Path(program[0]).is_file():
-        raise SystemExit(f"profile_kernels.py: no program file {program[:1]}")
+    if not program:
+        parser.error("give the program after '--', e.g. -- project/train_gpt2.py --help")
+    if not Path(program[0]).is_file():
+        parser.error(f"no program file {program[0]}")
 
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -54,11 +54,13 @@ def main(argv: List[str] | None = None) -> None:
     sys.argv = program
     sys.path.insert(0, str(Path(program[0]).resolve().parent))
     start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    gpu = torch.cuda.is_available()  # without one, the program still runs (CPU activity), and no kernel is listed
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
         try:
             runpy.run_path(program[0], run_name="__main__")
         finally:
-            torch.cuda.synchronize()
+            if gpu:
+                torch.cuda.synchronize()
     wall = time.perf_counter() - start
     rows = kernel_rows(prof)
     total = sum(r["total_us"] for r in rows)
