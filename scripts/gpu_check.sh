@@ -3,14 +3,8 @@
 # build, the kernel tests, the translation recipe that reaches BLEU >= 35, decoding speed on that
 # run, and (with LLMC_SRC pointing at llm.c's sources) the GPT-2 step against llm.c and PyTorch.
 #   DATA_DIR=.data/multi30k [LLMC_SRC=.carry/llmc] bash scripts/gpu_check.sh
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu_check_out}
-DATA_DIR=$(realpath "${DATA_DIR:-../shared/data/multi30k}")
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_check_setup.sh"
 step() { echo "== $1: $(tail -n 1 "$OUT/$1.log")"; }
-bash compile_cuda.sh > "$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
 python -m pytest -q kernel_tests > "$OUT/kernel_tests.log" 2>&1; step kernel_tests
 python project/run_machine_translation.py --data-dir "$DATA_DIR" --out-dir /tmp/gpu_check_mt --epochs 24 \
   --dropout 0.2 --label-smoothing 0.1 --average-last 5 > "$OUT/mt_24ep.log" 2>&1; step mt_24ep

@@ -4,14 +4,9 @@
 # equality among them), then the default translation run on one GPU and under torchrun on two,
 # whose "median step" tokens/s and BLEU give the speed-up and the quality check.
 #   DATA_DIR=.data/multi30k bash scripts/gpu_check_ddp.sh
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu_check_out}
-DATA_DIR=$(realpath "${DATA_DIR:-../shared/data/multi30k}")
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+source "$(dirname "$0")/gpu_check_setup.sh"
+export NCCL_NVLS_ENABLE=0
 step() { echo "== $1:"; grep -E "$2" "$OUT/$1.log" | tail -n 3; }
-bash compile_cuda.sh > "$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
 python -m pytest -q kernel_tests/test_distributed_cuda.py kernel_tests/test_gradient_pack.py > "$OUT/ddp_tests.log" 2>&1
 step ddp_tests "passed|failed|error"
 RESULT="epoch 10:|final evaluation"

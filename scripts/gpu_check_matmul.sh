@@ -5,14 +5,8 @@
 # (with LLMC_SRC pointing at llm.c's sources) bench_gpt2, bench_matmul, and last the default
 # translation run with seeds $SEEDS (default 0 1 2: BLEU under "highest" and its spread over seeds).
 #   DATA_DIR=.data/multi30k [LLMC_SRC=.carry/llmc] [SEEDS="0 1"] bash scripts/gpu_check_matmul.sh
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu_check_out}
-DATA_DIR=$(realpath "${DATA_DIR:-../shared/data/multi30k}")
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_check_setup.sh"
 step() { echo "== $1: $(tail -n 1 "$OUT/$1.log")"; }
-bash compile_cuda.sh > "$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
 # One aligned product first (the TMA path): a hang costs a minute, not the test step's four.
 timeout -k 5 60 python -c "import numpy as np, minitorch
 cuda = minitorch.TensorBackend(minitorch.CudaKernelOps)
