@@ -37,6 +37,12 @@ def test_slot_write_kernel(slot: float) -> None:
     out = gpu(buffer)
     write_slot(out.view(5, 7, 8), gpu(values), gpu(np.array([slot])))
     assert np.array_equal(out.to_numpy(), expected.reshape(5, 56))
+    packed = rng.standard_normal((5, 3 * 8)).astype(np.float32)  # values as a third of packed rows
+    out = gpu(buffer)
+    write_slot(out.view(5, 7, 8), gpu(packed)[:, 8:16], gpu(np.array([slot])))
+    if slot in (0.0, 3.0, 6.0):
+        expected[:, int(slot)] = packed[:, 8:16]
+    assert np.array_equal(out.to_numpy(), expected.reshape(5, 56))
     tokens = gpu(np.zeros((3, 9)))
     write_slot(tokens.view(3, 9, 1), gpu(np.array([[4.0], [5.0], [6.0]])), gpu(np.array([min(max(slot, 0), 8)])))
     assert tokens.to_numpy()[:, int(min(max(slot, 0), 8))].tolist() == ([4.0, 5.0, 6.0] if slot != 2.5 else [0.0] * 3)

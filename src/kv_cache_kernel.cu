@@ -36,8 +36,8 @@ __device__ __forceinline__ int index_in(float x, int count) {
   return static_cast<int>(x);
 }
 
-__global__ void slot_write_kernel(float* buffer, const float* values, const float* slot, int rows, int slots,
-                                  int n, long long row_stride, long long slot_stride) {
+__global__ void slot_write_kernel(float* buffer, const float* values, long long values_stride, const float* slot,
+                                  int rows, int slots, int n, long long row_stride, long long slot_stride) {
   const int s = index_in(slot[0], slots);
   if (s < 0) return;
   float* base = buffer + static_cast<long long>(s) * slot_stride;
@@ -45,7 +45,7 @@ __global__ void slot_write_kernel(float* buffer, const float* values, const floa
   const long long stride = mt::grid_stride_step();
   for (long long i = mt::grid_stride_first(); i < total; i += stride) {
     const long long r = i / n;
-    base[r * row_stride + (i - r * n)] = values[i];
+    base[r * row_stride + (i - r * n)] = values[r * values_stride + (i - r * n)];
   }
 }
 
@@ -178,16 +178,16 @@ extern "C" {
 
 MT_DEFINE_ERROR_STRING()
 
-// buffer[r * row_stride + s * slot_stride + c] = values[r * n + c] for r < rows, c < n, where
+// buffer[r * row_stride + s * slot_stride + c] = values[r * values_stride + c] for r < rows, c < n, where
 // s = slot[0] is read when the kernel runs; a slot that is not an integer in [0, slots) writes
 // nothing (the device cannot raise).
-int launch_slot_write(float* buffer, const float* values, const float* slot, int rows, int slots, int n,
-                      long long row_stride, long long slot_stride, cudaStream_t stream) {
-  MT_RETURN_IF_INVALID(rows < 0 || slots < 0 || n < 0 || row_stride < 0 || slot_stride < 0);
+int launch_slot_write(float* buffer, const float* values, long long values_stride, const float* slot, int rows,
+                      int slots, int n, long long row_stride, long long slot_stride, cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(rows < 0 || slots < 0 || n < 0 || values_stride < 0 || row_stride < 0 || slot_stride < 0);
   const long long total = static_cast<long long>(rows) * n;
   if (total == 0 || slots == 0) return 0;
-  return mt::launch_grid_stride<slot_write_kernel>(total, stream, buffer, values, slot, rows, slots, n,
-                                                   row_stride, slot_stride);
+  return mt::launch_grid_stride<slot_write_kernel>(total, stream, buffer, values, values_stride, slot, rows, slots,
+                                                   n, row_stride, slot_stride);
 }
 
 // The shared memory slot_attention needs for these sizes, in bytes, or -1 when it cannot run them

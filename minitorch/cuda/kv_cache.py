@@ -5,31 +5,34 @@ captured decoding step replays at every slot."""
 from __future__ import annotations
 
 import ctypes
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from ..tensor_data import TensorData
 from .combine import contiguous
 from .runtime import CudaShapeError, check, empty, ptr, runtime
 
 _P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
+_fits: Dict[Tuple[int, int, int], bool] = {}  # (width, heads, head dim): whether slot_attention's kernel runs them
 SIGNATURES = {
-    "launch_slot_write": (_I, [_P, _P, _P, _I, _I, _I, _L, _L, _P]),
+    "launch_slot_write": (_I, [_P, _P, _L, _P, _I, _I, _I, _L, _L, _P]),
     "slot_attention_smem_bytes": (_L, [_I, _I, _I]),
     "launch_slot_attention": (_I, [_P, _P, _L, _P, _P, _L, _P, _P, _I, _I, _I, _I, _F, _P]),
 }
 
 
 def slot_write(buffer: TensorData, values: TensorData, slot: TensorData) -> None:
-    """buffer[:, s, :] = values for buffer [rows, slots, n] and values [rows, n], s = slot's one value,
-    read by the kernel; in place."""
+    """buffer[:, s, :] = values for buffer [rows, slots, n] and values [rows, n] (rows at any stride,
+    e.g. a third of packed q/k/v), s = slot's one value, read by the kernel; in place."""
     rows, slots, n = buffer.shape
     if n > 1 and buffer.strides[2] != 1:
         raise CudaShapeError(f"slot_write's buffer needs a unit stride in its last dim, got strides {buffer.strides}")
     if rows * n:
+        if n > 1 and values.strides[1] != 1:
+            values = contiguous(values)
         rt = runtime()
         lib = rt.lib("kv_cache_kernel", SIGNATURES)
         code = lib.launch_slot_write(
-            ptr(buffer), ptr(contiguous(values)), ptr(contiguous(slot)), rows, slots, n, buffer.strides[0],
+            ptr(buffer), ptr(values), values.strides[0], ptr(contiguous(slot)), rows, slots, n, buffer.strides[0],
             buffer.strides[1], rt.stream(),
         )  # fmt: skip
         check(code, lib, f"slot_write {buffer.shape}")
@@ -51,7 +54,10 @@ def slot_attention(
         )
     rt = runtime()
     lib = rt.lib("kv_cache_kernel", SIGNATURES)
-    if lib.slot_attention_smem_bytes(width, heads, C // heads) < 0:
+    key = (width, heads, C // heads)
+    if key not in _fits:
+        _fits[key] = lib.slot_attention_smem_bytes(*key) >= 0
+    if not _fits[key]:
         return None
     out = empty((rows, C))
     if rows:

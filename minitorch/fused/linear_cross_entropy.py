@@ -106,20 +106,20 @@ def fused_linear_cross_entropy(
     ).view(())  # fmt: skip
 
 
+def _transposed(t: "Tensor") -> bool:
+    """Whether the 2-D t is the transpose of a contiguous matrix (and not contiguous itself): a tied head."""
+    return not t._tensor.is_contiguous() and t.permute(1, 0)._tensor.is_contiguous()
+
+
 def _dense(weight: "Tensor") -> "Tensor":
-    """weight itself when contiguous or the transpose of a contiguous matrix (a tied head, read in
-    place), else a contiguous copy."""
-    if weight._tensor.is_contiguous() or weight.permute(1, 0)._tensor.is_contiguous():
-        return weight
-    return weight.contiguous()
+    """weight itself when contiguous or _transposed (a tied head, read in place), else a contiguous copy."""
+    return weight if weight._tensor.is_contiguous() or _transposed(weight) else weight.contiguous()
 
 
 def _scaled(grad: "Tensor", by: "Tensor") -> "Tensor":
-    """grad * by, kept in grad's layout when grad is the transpose of a contiguous matrix (a tied
-    head's gradient), so that the scaling is a contiguous pass, not a transposing one."""
-    if grad.dims == 2 and not grad._tensor.is_contiguous() and grad.permute(1, 0)._tensor.is_contiguous():
-        return (grad.permute(1, 0) * by).permute(1, 0)
-    return grad * by
+    """grad * by, kept in grad's layout when _transposed (a tied head's gradient), so that the scaling
+    is a contiguous pass, not a transposing one."""
+    return (grad.permute(1, 0) * by).permute(1, 0) if _transposed(grad) else grad * by
 
 
 def _check_targets(targets: "Tensor", token_weights: "Tensor", vocab: int) -> None:
