@@ -43,6 +43,12 @@ constexpr int kRingBudget = 192 * 1024;
 // The block starts with 168 registers a thread (65536 / 384, rounded down to 8): 384 x 168 = 128 x 40 +
 // 256 x 232. Asking the consumers for more than the producers give back would stall them for good.
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// The epilogue stages each consumer warp's results 16 kernel rows x 32 kernel columns at a time, as
+// output rows: [16][kLdN] in the kernel's orientation, [32][kLdT] transposed. These row pitches make
+// the fragment writes free of bank conflicts.
+constexpr int kLdN = 40, kLdT = 20, kStageFloats = 16 * kLdN;
+constexpr int kStageBytes = 8 * kStageFloats * 4;
+static_assert(32 * kLdT <= kStageFloats, "a transposed piece must fit the staging buffer");
 
 template <int PREC, bool A_KMAJOR, bool B_TRANSFORM, int BN>
 struct Config {
@@ -51,7 +57,8 @@ struct Config {
   static constexpr int kBBytes = BN * kBK * 4;
   static constexpr int kSlotBytes = kABytes + kBBytes * (1 + kConv);
   static constexpr int kStages = kRingBudget / kSlotBytes > 8 ? 8 : kRingBudget / kSlotBytes;
-  static constexpr int kSmemBytes = kStages * kSlotBytes + 3 * 8 * kStages + 1024;  // + barriers, alignment
+  // + epilogue staging, barriers, alignment
+  static constexpr int kSmemBytes = kStages * kSlotBytes + kStageBytes + 3 * 8 * kStages + 1024;
   static constexpr int kTxBytes = kABytes + kBBytes;
 };
 
@@ -218,7 +225,8 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
   const uint32_t raw_addr = mt::shared_address(smem_raw);
   const uint32_t base = (raw_addr + 1023) & ~1023u;
   uint8_t* smem = smem_raw + (base - raw_addr);
-  const uint32_t bars = base + S * Cfg::kSlotBytes;
+  float* const staging = reinterpret_cast<float*>(smem + S * Cfg::kSlotBytes);
+  const uint32_t bars = base + S * Cfg::kSlotBytes + kStageBytes;
   const auto full = [&](int s) { return bars + 8 * s; };
   const auto conv = [&](int s) { return bars + 8 * (S + s); };
   const auto empty = [&](int s) { return bars + 8 * (2 * S + s); };
@@ -389,24 +397,46 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
     }
 
     // Epilogue: fragment j holds rows tile_row (+ 8) and columns 8 j + 2 t, + 1 of the kernel's tile.
+    // Each 16 x 32 piece of the warp's rows goes through its staging buffer, so that the stores write
+    // whole output rows four floats per lane: 128 contiguous bytes per row (64 when transposed).
     const MatmulParams& p = tp.p;
     const long long mat = static_cast<long long>(w.bi) * p.M * p.ldc;
     float* out = p.out + w.split * p.split_stride + mat;
     float* pre = p.pre_act != nullptr ? p.pre_act + mat : nullptr;
+    float* stage = staging + (warp - 4) * kStageFloats;
+    const int strip = w.row0 + cw * 64 + wq * 16;  // the warp's first kernel row
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
+    for (int piece = 0; piece < BN / 32; ++piece) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = w.row0 + tile_row + 8 * h, c = w.col0 + 8 * j + 2 * t;
-        if (r >= tp.rows || c >= tp.cols) continue;
-        const float x[2] = {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]};
-        if (!tp.transposed) {
-          store_run<2>(p, out, pre, static_cast<long long>(r) * p.ldc + c, c, x, min(2, tp.cols - c));
-        } else {
-          store_run<1>(p, out, pre, static_cast<long long>(c) * p.ldc + r, r, {x[0]}, 1);
-          if (c + 1 < tp.cols) store_run<1>(p, out, pre, static_cast<long long>(c + 1) * p.ldc + r, r, {x[1]}, 1);
+      for (int jj = 0; jj < 4; ++jj) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = g + 8 * h, c = 8 * jj + 2 * t, at = 4 * (4 * piece + jj) + 2 * h;
+          if (!tp.transposed) {
+            *reinterpret_cast<float2*>(stage + r * kLdN + c) = make_float2(acc[at], acc[at + 1]);
+          } else {
+            stage[c * kLdT + r] = acc[at];
+            stage[(c + 1) * kLdT + r] = acc[at + 1];
+          }
         }
       }
+      __syncwarp();
+      const int col0 = w.col0 + 32 * piece;
+#pragma unroll 1
+      for (int i = 0; i < 4; ++i) {
+        // Kernel row r, column c: output (r, c), or (c, r) transposed; 4 consecutive output columns.
+        const int pr = tp.transposed ? 4 * (lane % 4) : 4 * i + lane / 8;
+        const int pc = tp.transposed ? 8 * i + lane / 4 : 4 * (lane % 8);
+        const int r = strip + pr, c = col0 + pc;
+        if (r >= tp.rows || c >= tp.cols) continue;
+        const float4 v = *reinterpret_cast<const float4*>(stage + (tp.transposed ? pc * kLdT + pr : pr * kLdN + pc));
+        if (!tp.transposed) {
+          store_run<4>(p, out, pre, static_cast<long long>(r) * p.ldc + c, c, {v.x, v.y, v.z, v.w}, min(4, tp.cols - c));
+        } else {
+          store_run<4>(p, out, pre, static_cast<long long>(c) * p.ldc + r, r, {v.x, v.y, v.z, v.w}, min(4, tp.rows - r));
+        }
+      }
+      __syncwarp();
     }
   }
 #endif
