@@ -6,7 +6,9 @@ float32 inputs, side by side on the same inputs in one run:
   torch tf32    torch.matmul with TF32 on.
 Shapes: [4096]^3 and the GPT-2 small products for 4096 tokens (C = 768): each linear layer's forward
 X @ W, and its backward products dX = dY @ W^T and dW = X^T @ dY (transposed views, read in place);
-the LM head multiplies by the tied embedding, X @ E^T with E [50257, 768].
+the LM head multiplies by the tied embedding, X @ E^T with E [50257, 768], and runs its three products
+as the library does: logits and their gradient dY in rows padded to a multiple of 4 floats (50260, the
+classifier's layout, which the TMA path needs), the embedding's gradient as dE = dY^T @ X [50257, 768].
 Times: median over repetitions of CUDA-event-timed runs of 5 back-to-back calls (queued behind a spin
 kernel, so launch gaps stay hidden), after warm-up; when an input set fits twice in L2 the calls rotate
 over several sets so that they do not run from cache. Each variant's error against a
@@ -45,26 +47,31 @@ def load_matmul_library() -> Any:
     return load_library("matmul_kernel", SIGNATURES)
 
 
-def shapes() -> List[Tuple[str, Tuple[int, int, int], str, str]]:
-    """(name, (M, K, N), A layout, B layout); layout "n" = row-major, "t" = a transposed view."""
-    out = [("square 4096^3", (4096, 4096, 4096), "n", "n")]
-    for layer, (cin, cout, w_t) in {
-        "qkv": (C, 3 * C, "n"),
-        "attn proj": (C, C, "n"),
-        "fc": (C, 4 * C, "n"),
-        "fc proj": (4 * C, C, "n"),
-        "lm head": (C, VOCAB, "t"),  # X @ E^T
-    }.items():
-        out.append((f"{layer} fwd", (T, cin, cout), "n", w_t))
-        out.append((f"{layer} dX", (T, cout, cin), "n", "n" if w_t == "t" else "t"))  # dY @ W^T
-        out.append((f"{layer} dW", (cin, T, cout), "t", "n"))  # X^T @ dY
+def shapes() -> List[Tuple[str, Tuple[int, int, int], str, str, str]]:
+    """(name, (M, K, N), A layout, B layout, output layout); layout "n" = row-major, "t" = a transposed
+    view, "p" = row-major in rows padded to a multiple of 4 floats, "pt" = a transposed view of that."""
+    out = [("square 4096^3", (4096, 4096, 4096), "n", "n", "n")]
+    for layer, (cin, cout) in {"qkv": (C, 3 * C), "attn proj": (C, C), "fc": (C, 4 * C), "fc proj": (4 * C, C)}.items():
+        out.append((f"{layer} fwd", (T, cin, cout), "n", "n", "n"))
+        out.append((f"{layer} dX", (T, cout, cin), "n", "t", "n"))  # dY @ W^T
+        out.append((f"{layer} dW", (cin, T, cout), "t", "n", "n"))  # X^T @ dY
+    out.append(("lm head fwd", (T, C, VOCAB), "n", "t", "p"))  # logits = X @ E^T
+    out.append(("lm head dX", (T, VOCAB, C), "p", "n", "n"))  # dY @ E
+    out.append(("lm head dE", (VOCAB, T, C), "pt", "n", "n"))  # dY^T @ X
     return out
 
 
+def padded(shape: Tuple[int, int]) -> torch.Tensor:
+    """Uninitialized [rows, cols] view of a buffer whose rows are padded to a multiple of 4 floats."""
+    rows, cols = shape
+    return torch.empty(rows, -(-cols // 4) * 4, device="cuda")[:, :cols]
+
+
 def make_operand(shape: Tuple[int, int], layout: str, gen: torch.Generator) -> torch.Tensor:
-    if layout == "n":
-        return torch.randn(shape, generator=gen, device="cuda")
-    return torch.randn(shape[::-1], generator=gen, device="cuda").t()
+    stored = shape[::-1] if layout.endswith("t") else shape
+    x = padded(stored) if layout.startswith("p") else torch.empty(stored, device="cuda")
+    x.normal_(generator=gen)
+    return x.t() if layout.endswith("t") else x
 
 
 def median_ms(fn: Callable[[int], Any], sets: int, reps: int, inner: int = 5) -> float:
@@ -86,13 +93,14 @@ def median_ms(fn: Callable[[int], Any], sets: int, reps: int, inner: int = 5) ->
     return statistics.median(times)
 
 
-def run_shape(lib, name, mkn, la, lb, reps: int, l2_bytes: int) -> Dict[str, Any]:
+def run_shape(lib, name, mkn, la, lb, lo, reps: int, l2_bytes: int) -> Dict[str, Any]:
     M, K, N = mkn
     gen = torch.Generator(device="cuda").manual_seed(0)
     set_bytes = 4 * (M * K + K * N + M * N)
     sets = min(8, max(1, -(-2 * l2_bytes // set_bytes)))
     inputs = [(make_operand((M, K), la, gen), make_operand((K, N), lb, gen)) for _ in range(sets)]
-    outs = [torch.empty(M, N, device="cuda") for _ in range(sets)]
+    outs = [padded((M, N)) if lo == "p" else torch.empty(M, N, device="cuda") for _ in range(sets)]
+    torch_outs = [torch.empty(M, N, device="cuda") for _ in range(sets)]  # torch.matmul wants contiguous out=
     ws_floats = lib.matmul_workspace_floats(M, N, K, 1)
     ws = torch.empty(max(ws_floats, 1), device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
@@ -102,7 +110,7 @@ def run_shape(lib, name, mkn, la, lb, reps: int, l2_bytes: int) -> Dict[str, Any
         def call(i: int) -> None:
             a, b = inputs[i]
             code = lib.launch_matmul(
-                outs[i].data_ptr(), N, a.data_ptr(), b.data_ptr(), M, N, K, a.stride(0), a.stride(1),
+                outs[i].data_ptr(), outs[i].stride(0), a.data_ptr(), b.data_ptr(), M, N, K, a.stride(0), a.stride(1),
                 b.stride(0), b.stride(1), empty, empty, None, 0, None, 0, precision, ws.data_ptr(),
                 ws_floats, stream,
             )  # fmt: skip
@@ -114,7 +122,7 @@ def run_shape(lib, name, mkn, la, lb, reps: int, l2_bytes: int) -> Dict[str, Any
     def theirs(tf32: bool) -> Callable[[int], None]:
         def call(i: int) -> None:
             torch.backends.cuda.matmul.allow_tf32 = tf32
-            torch.matmul(*inputs[i], out=outs[i])
+            torch.matmul(*inputs[i], out=torch_outs[i])
 
         return call
 
@@ -122,11 +130,11 @@ def run_shape(lib, name, mkn, la, lb, reps: int, l2_bytes: int) -> Dict[str, Any
     a, b = inputs[0]
     ref = a.double() @ b.double()
     scale = float(ref.abs().max())
-    result: Dict[str, Any] = {"shape": name, "M": M, "K": K, "N": N, "A": la, "B": lb, "input_sets": sets}
+    result: Dict[str, Any] = {"shape": name, "M": M, "K": K, "N": N, "A": la, "B": lb, "out": lo, "input_sets": sets}
     for v, fn in fns.items():
         fn(0)
         torch.cuda.synchronize()
-        err = float((outs[0].double() - ref).abs().max()) / scale
+        err = float(((outs if v.startswith("ours") else torch_outs)[0].double() - ref).abs().max()) / scale
         ms = median_ms(fn, sets, reps)
         result[v] = {"ms": ms, "tflops": 2.0 * M * N * K / ms / 1e9, "rel_err": err}
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -171,8 +179,8 @@ def main() -> None:
     results = []
     header = f"{'shape':<15}{'M':>6}{'K':>7}{'N':>7} " + "".join(f"{v:>21}" for v in VARIANTS) + "  hi/fp32 high/tf32"
     print(header)
-    for name, mkn, la, lb in todo:
-        r = run_shape(lib, name, mkn, la, lb, args.reps, props.L2_cache_size)
+    for name, mkn, la, lb, lo in todo:
+        r = run_shape(lib, name, mkn, la, lb, lo, args.reps, props.L2_cache_size)
         results.append(r)
         cells = "".join(f"{r[v]['ms']:8.3f}ms {r[v]['tflops']:6.1f}TF/s " for v in VARIANTS)
         print(f"{name:<15}{r['M']:>6}{r['K']:>7}{r['N']:>7} {cells} {r['highest_over_fp32']:6.2f}x {r['high_over_tf32']:6.2f}x")
