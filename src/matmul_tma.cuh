@@ -41,8 +41,15 @@ namespace tma {
 constexpr int kThreads = 384, kBM = 128, kABytes = kBM * kBK * 4, kBoxBytes = 32 * kBK * 4;
 constexpr int kRingBudget = 192 * 1024;
 // The block starts with 168 registers a thread (65536 / 384, rounded down to 8): 384 x 168 = 128 x 40 +
-// 256 x 232. Asking the consumers for more than the producers give back would stall them for good.
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// 256 x 232 = 128 x 120 + 256 x 192. Asking the consumers for more than the producers give back would
+// stall them for good. BN 256 needs 128 accumulators a consumer thread; at BN 128 the transform warps
+// get registers to hold all their blocks of a tile at once.
+template <int BN>
+constexpr int kProducerRegs = BN == 256 ? 40 : 120;
+template <int BN>
+constexpr int kConsumerRegs = BN == 256 ? 232 : 192;
+static_assert(128 * kProducerRegs<256> + 256 * kConsumerRegs<256> == 384 * 168, "register split");
+static_assert(128 * kProducerRegs<128> + 256 * kConsumerRegs<128> == 384 * 168, "register split");
 // The epilogue stages each consumer warp's results 16 kernel rows x 32 kernel columns at a time, as
 // output rows: [16][kLdN] in the kernel's orientation, [32][kLdT] transposed. These row pitches make
 // the fragment writes free of bank conflicts.
@@ -177,29 +184,40 @@ __device__ __forceinline__ void transform_slot(uint8_t* raw, uint8_t* conv, int 
   } else {
     // N-major boxes [32 k][32 n] -> K-major [BN n][32 k], 4 x 4 blocks per thread. Block (box, d, x) is
     // n0 = 32 box + 4 x, k0 = 4 (x ^ d): the 8 threads of a quarter warp (one d, x = 0..7) then read
-    // and write 8 different 16-byte chunks of the swizzled rows (no bank conflicts).
-    for (int b = t96; b < 2 * BN; b += 96) {
-      const int box = b >> 6, d = (b >> 3) & 7, x = b & 7;
-      const int n0 = 32 * box + 4 * x, k0 = 4 * (x ^ d);
-      float v[4][4];  // v[e][c] = B(n0 + c, k0 + e)
+    // and write 8 different 16-byte chunks of the swizzled rows (no bank conflicts). A thread loads all
+    // its blocks before it writes any, so that their shared-memory latencies overlap.
+    constexpr int kBlocks = 2 * BN, kPer = (kBlocks + 95) / 96;
+    float v[kPer][4][4];  // v[i][e][c] = B(n0 + c, k0 + e) of the thread's block i
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int b = t96 + 96 * i;
+      if (b >= kBlocks) break;
+      const int box = b >> 6, d = (b >> 3) & 7, x = b & 7, k0 = 4 * (x ^ d);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int k = k0 + e;
         const float4 w = *reinterpret_cast<const float4*>(raw + box * kBoxBytes + k * 128 + ((x ^ (k & 7)) << 4));
-        v[e][0] = w.x, v[e][1] = w.y, v[e][2] = w.z, v[e][3] = w.w;
+        v[i][e][0] = w.x, v[i][e][1] = w.y, v[i][e][2] = w.z, v[i][e][3] = w.w;
       }
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int b = t96 + 96 * i;
+      if (b >= kBlocks) break;
+      const int box = b >> 6, d = (b >> 3) & 7, x = b & 7;
+      const int n0 = 32 * box + 4 * x, k0 = 4 * (x ^ d);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int n = n0 + c;
         const int at = n * 128 + (((k0 >> 2) ^ (n & 7)) << 4);
         float4 hi, lo;
         if constexpr (PREC == kHighest) {
-          hi = make_float4(tf32_hi(v[0][c]), tf32_hi(v[1][c]), tf32_hi(v[2][c]), tf32_hi(v[3][c]));
-          lo = make_float4(v[0][c] - hi.x, v[1][c] - hi.y, v[2][c] - hi.z, v[3][c] - hi.w);
+          hi = make_float4(tf32_hi(v[i][0][c]), tf32_hi(v[i][1][c]), tf32_hi(v[i][2][c]), tf32_hi(v[i][3][c]));
+          lo = make_float4(v[i][0][c] - hi.x, v[i][1][c] - hi.y, v[i][2][c] - hi.z, v[i][3][c] - hi.w);
           *reinterpret_cast<float4*>(conv + kBBytes + at) = lo;
         } else {
-          hi = make_float4(__uint_as_float(round_tf32(v[0][c])), __uint_as_float(round_tf32(v[1][c])),
-                           __uint_as_float(round_tf32(v[2][c])), __uint_as_float(round_tf32(v[3][c])));
+          hi = make_float4(__uint_as_float(round_tf32(v[i][0][c])), __uint_as_float(round_tf32(v[i][1][c])),
+                           __uint_as_float(round_tf32(v[i][2][c])), __uint_as_float(round_tf32(v[i][3][c])));
         }
         *reinterpret_cast<float4*>(conv + at) = hi;
       }
@@ -245,7 +263,7 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
   __syncthreads();
 
   if (warp < 4) {  // the producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs<BN>));
     if (warp == 0) {
       if (lane != 0) return;
       int it = 0;
@@ -290,7 +308,7 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs<BN>));
   const int cw = warp / 4 - 1, wq = warp % 4, g = lane / 4, t = lane % 4;
   const int tile_row = cw * 64 + wq * 16 + g;  // fragment rows tile_row and tile_row + 8
   // Byte offsets in the A tile of this thread's fragment words for k8 step 0 (h = 0: k = t, h = 1:
