@@ -42,14 +42,14 @@ constexpr int kThreads = 384, kBM = 128, kABytes = kBM * kBK * 4, kBoxBytes = 32
 constexpr int kRingBudget = 192 * 1024;
 // The block starts with 168 registers a thread (65536 / 384, rounded down to 8): 384 x 168 = 128 x 40 +
 // 256 x 232 = 128 x 120 + 256 x 192. Asking the consumers for more than the producers give back would
-// stall them for good. BN 256 needs 128 accumulators a consumer thread; at BN 128 the transform warps
-// get registers to hold all their blocks of a tile at once.
-template <int BN>
-constexpr int kProducerRegs = BN == 256 ? 40 : 120;
-template <int BN>
-constexpr int kConsumerRegs = BN == 256 ? 232 : 192;
-static_assert(128 * kProducerRegs<256> + 256 * kConsumerRegs<256> == 384 * 168, "register split");
-static_assert(128 * kProducerRegs<128> + 256 * kConsumerRegs<128> == 384 * 168, "register split");
+// stall them for good. Where the transform warps run (BN 128), they get the registers to hold all their
+// blocks of a tile at once; elsewhere the consumers get them.
+template <bool B_TRANSFORM>
+constexpr int kProducerRegs = B_TRANSFORM ? 120 : 40;
+template <bool B_TRANSFORM>
+constexpr int kConsumerRegs = B_TRANSFORM ? 192 : 232;
+static_assert(128 * kProducerRegs<true> + 256 * kConsumerRegs<true> == 384 * 168, "register split");
+static_assert(128 * kProducerRegs<false> + 256 * kConsumerRegs<false> == 384 * 168, "register split");
 // The epilogue stages each consumer warp's results 16 kernel rows x 32 kernel columns at a time, as
 // output rows: [16][kLdN] in the kernel's orientation, [32][kLdT] transposed. These row pitches make
 // the fragment writes free of bank conflicts.
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
   __syncthreads();
 
   if (warp < 4) {  // the producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs<BN>));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs<B_TRANSFORM>));
     if (warp == 0) {
       if (lane != 0) return;
       int it = 0;
@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs<BN>));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs<B_TRANSFORM>));
   const int cw = warp / 4 - 1, wq = warp % 4, g = lane / 4, t = lane % 4;
   const int tile_row = cw * 64 + wq * 16 + g;  // fragment rows tile_row and tile_row + 8
   // Byte offsets in the A tile of this thread's fragment words for k8 step 0 (h = 0: k = t, h = 1:
