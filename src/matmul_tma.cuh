@@ -18,9 +18,11 @@
 //                      B the transposed hi words (rounded to nearest for "high"); then `conv` barrier;
 //   warpgroups 1, 2    consumers of 64 rows each: A fragments from shared memory into registers
 //                      (split into hi + lo, or rounded), wgmma.m64nBNk8 with B from shared memory,
-//                      then the slot's `empty` barrier; at the end of a unit, the epilogue straight
-//                      from the accumulators to global memory.
-// setmaxnreg moves registers from the producer warpgroup (40) to the consumers (232).
+//                      then the slot's `empty` barrier; at the end of a unit, the epilogue: each warp
+//                      stages its accumulators in shared memory, 16 x 32 at a time, and writes them
+//                      to global memory as whole output rows.
+// setmaxnreg moves registers from the producer warpgroup (40, or 120 where it transforms) to the
+// consumers (232, or 192).
 //
 // Shared memory tiles use the 128-byte swizzle of TMA and wgmma: a tile row of 32 floats is 128 bytes,
 // and the 16-byte chunk c of row r sits at chunk c ^ (r % 8). K-major tiles (A or B' with k
