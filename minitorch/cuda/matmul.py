@@ -19,6 +19,7 @@ SIGNATURES = {
     "launch_matmul": (_I, [_P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _I, _L, _L, _P, _I, _P, _I, _I, _P, _LL, _P]),
 }
 EPILOGUES = {None: 0, "bias": 1, "gelu": 2, "relu": 3}
+_SINGLE = layout((1,), (0,))  # the batch layout of one product
 
 _plans: Dict[tuple, Tuple[Tuple[int, ...], Tuple[int, int, int, int], MtLayout, MtLayout]] = {}
 
@@ -75,11 +76,10 @@ def linear_fw(x: TensorData, weight: TensorData, bias: Optional[TensorData], act
     out = empty((rows, n))
     pre = empty((rows, n)) if activation is not None else None
     if out.size:
-        one = layout((1,), (0,))
         epilogue = EPILOGUES[activation if activation is not None else ("bias" if bias is not None else None)]
         _launch(
             ptr(out), ptr(x), ptr(weight), rows, n, k, (x.strides[0], x.strides[1], weight.strides[0], weight.strides[1]),
-            one, one, 1, f"linear {x.shape} @ {weight.shape}", None if bias is None else ptr(bias), epilogue,
+            _SINGLE, _SINGLE, 1, f"linear {x.shape} @ {weight.shape}", None if bias is None else ptr(bias), epilogue,
             None if pre is None else ptr(pre),
         )  # fmt: skip
     return out, pre
@@ -87,11 +87,9 @@ def linear_fw(x: TensorData, weight: TensorData, bias: Optional[TensorData], act
 
 def raw_matmul(
     out: int, a: int, b: int, M: int, N: int, K: int, a_strides: Tuple[int, int], b_strides: Tuple[int, int],
-    batch: int = 1, batch_offset: int = 0, accumulate: bool = False, ldc: Optional[int] = None,
+    accumulate: bool = False, ldc: Optional[int] = None,
 ) -> None:  # fmt: skip
-    """out[i] (+)= A[i] @ B[i] for i < batch on raw pointers; out[i] row r at out + (i * M + r) * ldc floats
-    (ldc default N: contiguous [batch, M, N]); A[i][r, k] = a[i * batch_offset + r * a_strides[0] +
-    k * a_strides[1]], B[i][k, c] likewise with b."""
-    slices = layout((batch,), (batch_offset,))
-    _launch(out, a, b, M, N, K, (*a_strides, *b_strides), slices, slices, batch, f"matmul [{M}, {K}] @ [{K}, {N}] x{batch}",
+    """out (+)= A @ B on raw pointers; out row r at out + r * ldc floats (ldc default N: contiguous
+    [M, N]); A[r, k] = a[r * a_strides[0] + k * a_strides[1]], B[k, c] likewise with b."""
+    _launch(out, a, b, M, N, K, (*a_strides, *b_strides), _SINGLE, _SINGLE, 1, f"matmul [{M}, {K}] @ [{K}, {N}]",
             accumulate=accumulate, ldc=ldc)
