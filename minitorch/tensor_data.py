@@ -184,6 +184,11 @@ class TensorData:
             expected *= size
         return True
 
+    def is_transposed(self) -> bool:
+        """True for a 2-D view that is the transpose of a contiguous matrix and not contiguous itself
+        (e.g. a tied LM head, embedding.permute(1, 0))."""
+        return self.dims == 2 and not self.is_contiguous() and self.permute(1, 0).is_contiguous()
+
     def index(self, index: UserIndex) -> int:
         """Storage position of a full index, checked against the shape."""
         idx = tuple(int(i) for i in index)

@@ -132,3 +132,12 @@ def test_contiguity_ignores_size_one_dims() -> None:
     assert TensorData(storage, (2, 1, 3), (3, 100, 1)).is_contiguous()
     assert not TensorData(storage, (2, 3), (1, 2)).is_contiguous()
     assert not TensorData(storage, (2, 3), (0, 1)).is_contiguous()
+
+
+def test_is_transposed_names_the_transpose_of_a_contiguous_matrix() -> None:
+    storage = np.zeros(6, dtype=np.float32)
+    square = TensorData(storage, (2, 3))
+    assert square.permute(1, 0).is_transposed()
+    assert not square.is_transposed()  # contiguous itself
+    assert not TensorData(storage, (2, 3), (1, 3)).is_transposed()  # neither layout
+    assert not TensorData(storage, (1, 2, 3)).permute(0, 2, 1).is_transposed()  # not 2-D

@@ -5,9 +5,10 @@ Everything [rows, V]-sized lives in one reused buffer: each chunk's logits, whic
 classifier overwrites with their gradient.  Its rows are padded to a multiple of 4 floats, and the
 weight is read in place with its own strides (the tied LM head is a transposed view, whose gradient
 is written in that layout too), so the products get the 16-byte strides of the matmul library's TMA
-path.  The products run through the
-matmul library directly, on raw pointers into row blocks of the inputs and outputs (no copies, no
-views); the library splits the long vocab dim of dhidden = dlogits @ weight^T itself.
+path wherever the weight's own strides allow it (a contiguous [C, V] weight needs V % 4 == 0).  The
+products run through the matmul library directly, on raw pointers into row blocks of the inputs and
+outputs (no copies, no views); the library splits the long vocab dim of dhidden = dlogits @ weight^T
+itself.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def linear_cross_entropy_fw(
         )
     # A weight that is the transpose of a contiguous [V, C] (the tied LM head) gets its gradient in
     # the same layout: written as dweight^T [V, C], returned as a [C, V] view.
-    transposed = weight.strides == (1, C) and V > 1
+    transposed = weight.is_transposed()
     h, ids, tw = (contiguous(t) for t in (hidden, targets, token_weights))
     b = None if bias is None else contiguous(bias)
     hp, wp, bp = ptr(h), ptr(weight), None if b is None else ptr(b)
@@ -86,5 +87,5 @@ def linear_cross_entropy_fw(
             if not first:
                 add_into(ptr(dbias), b_scratch.data_ptr(), V)
     if transposed and dweight is not None:
-        dweight = TensorData(dweight._storage, (C, V), (1, C))
+        dweight = dweight.permute(1, 0)
     return _sum0(losses, 0), dhidden, dweight, dbias

@@ -106,20 +106,15 @@ def fused_linear_cross_entropy(
     ).view(())  # fmt: skip
 
 
-def _transposed(t: "Tensor") -> bool:
-    """Whether the 2-D t is the transpose of a contiguous matrix (and not contiguous itself): a tied head."""
-    return not t._tensor.is_contiguous() and t.permute(1, 0)._tensor.is_contiguous()
-
-
 def _dense(weight: "Tensor") -> "Tensor":
-    """weight itself when contiguous or _transposed (a tied head, read in place), else a contiguous copy."""
-    return weight if weight._tensor.is_contiguous() or _transposed(weight) else weight.contiguous()
+    """weight itself when contiguous or transposed (a tied head, read in place), else a contiguous copy."""
+    return weight if weight.is_contiguous() or weight._tensor.is_transposed() else weight.contiguous()
 
 
 def _scaled(grad: "Tensor", by: "Tensor") -> "Tensor":
-    """grad * by, kept in grad's layout when _transposed (a tied head's gradient), so that the scaling
+    """grad * by, kept in grad's layout when transposed (a tied head's gradient), so that the scaling
     is a contiguous pass, not a transposing one."""
-    return (grad.permute(1, 0) * by).permute(1, 0) if _transposed(grad) else grad * by
+    return (grad.permute(1, 0) * by).permute(1, 0) if grad._tensor.is_transposed() else grad * by
 
 
 def _check_targets(targets: "Tensor", token_weights: "Tensor", vocab: int) -> None:
