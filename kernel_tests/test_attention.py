@@ -175,11 +175,8 @@ def test_high_precision(T: int, D: int, causal: bool, activation: str) -> None:
     """Under set_float32_matmul_precision("high") the products are single TF32 ones: errors of TF32
     size against float64, and outputs that differ from those of "highest"."""
     highest = check(2, 3, T, T, D, causal, activation, "inf", seed=T + D)
-    minitorch.set_float32_matmul_precision("high")
-    try:
+    with minitorch.float32_matmul_precision("high"):
         high = check(2, 3, T, T, D, causal, activation, "inf", seed=T + D, tol=TOL_HIGH)
-    finally:
-        minitorch.set_float32_matmul_precision("highest")
     assert not torch.equal(high, highest), "precision 'high' changed nothing"
 
 

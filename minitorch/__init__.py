@@ -16,7 +16,7 @@ from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
 from .modules_transformer import DecoderLM, FeedForward, MultiHeadAttention, TransformerLayer
 from .optim import SGD, Adam, AdamW
 from . import precision
-from .precision import get_float32_matmul_precision, set_float32_matmul_precision
+from .precision import float32_matmul_precision, get_float32_matmul_precision, set_float32_matmul_precision
 from .scalar import Scalar, ScalarHistory, derivative_check
 from .rng import get_rng_state, manual_seed, set_rng_state
 from .serialization import load, save
@@ -74,6 +74,7 @@ __all__ = [
     "AdamW",
     "get_float32_matmul_precision",
     "set_float32_matmul_precision",
+    "float32_matmul_precision",
     "Scalar",
     "ScalarHistory",
     "derivative_check",

@@ -9,12 +9,18 @@ backends always compute in float32; the setting changes nothing there.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 PRECISIONS = ("highest", "high")
+# The training programs' --matmul-precision help.
+PRECISION_HELP = "CUDA float32 matmuls and fused attention: highest = 3xTF32 (float32 accuracy), high = one TF32 product"
 _precision = ["highest"]
 
 
 def set_float32_matmul_precision(precision: str) -> None:
-    """Choose "highest" (3xTF32, float32 accuracy) or "high" (one TF32 product) for CUDA matmuls."""
+    """Choose "highest" (3xTF32, float32 accuracy) or "high" (one TF32 product) for the CUDA matmuls
+    and the products inside the fused attention kernels."""
     if precision not in PRECISIONS:
         raise ValueError(
             f"float32 matmul precision must be one of {PRECISIONS}, got {precision!r} "
@@ -26,6 +32,17 @@ def set_float32_matmul_precision(precision: str) -> None:
 def get_float32_matmul_precision() -> str:
     """The current float32 matmul precision: "highest" or "high"."""
     return _precision[0]
+
+
+@contextmanager
+def float32_matmul_precision(precision: str) -> Iterator[None]:
+    """Run the block under this precision, then restore the one set before (also on errors)."""
+    before = get_float32_matmul_precision()
+    set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        set_float32_matmul_precision(before)
 
 
 def precision_code() -> int:

@@ -101,8 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "layer in backward")
     p.add_argument("--checkpoint", action=RenamedOption, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--matmul-precision", choices=minitorch.precision.PRECISIONS, default="highest",
-                   help="CUDA float32 matmuls and fused attention: highest = 3xTF32 (float32 accuracy), "
-                   "high = one TF32 product")
+                   help=minitorch.precision.PRECISION_HELP)
     p.add_argument("--cuda-graphs", type=str2bool, default=True, metavar="true|false",
                    help="replay each training and decoding step from a CUDA graph (CUDA backend; ignored on the CPU)")
     p.add_argument("--log-every", type=positive_int, default=50,

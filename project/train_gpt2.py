@@ -121,8 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--recompute-layers", type=str2bool, default=False, metavar="true|false",
                      help="gradient checkpointing: recompute each layer in backward instead of keeping it")
     how.add_argument("--matmul-precision", choices=minitorch.precision.PRECISIONS, default="highest",
-                     help="CUDA float32 matmuls and fused attention: highest = 3xTF32 (float32 accuracy), "
-                     "high = one TF32 product")
+                     help=minitorch.precision.PRECISION_HELP)
     p.add_argument("--out-dir", default="runs/gpt2", help="metrics, plot, checkpoints and the final model.bin")
     p.add_argument("--seed", type=int, default=0, help="initialisation of a fresh model and sampling")
     return p

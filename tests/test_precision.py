@@ -1,5 +1,6 @@
 """minitorch.set_float32_matmul_precision: PyTorch's spelling, "highest" by default, rejects unknown
-values clearly, and changes nothing on the CPU backends (they compute in float32)."""
+values clearly, and changes nothing on the CPU backends (they compute in float32);
+float32_matmul_precision sets it for a block and restores the previous value."""
 
 from __future__ import annotations
 
@@ -15,13 +16,23 @@ def test_precision_api_and_cpu_results(backend) -> None:
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((5, 7)), rng.standard_normal((7, 3))
     highest = (mt(a, backend) @ mt(b, backend)).to_numpy()
-    try:
-        minitorch.set_float32_matmul_precision("high")
+    with minitorch.float32_matmul_precision("high"):
         assert minitorch.get_float32_matmul_precision() == "high"
         high = (mt(a, backend) @ mt(b, backend)).to_numpy()
+    assert minitorch.get_float32_matmul_precision() == "highest"
+    np.testing.assert_array_equal(high, highest)
+
+
+def test_precision_context_restores_the_previous_value_on_errors() -> None:
+    try:
+        minitorch.set_float32_matmul_precision("high")
+        with pytest.raises(RuntimeError, match="inside"):
+            with minitorch.float32_matmul_precision("highest"):
+                assert minitorch.get_float32_matmul_precision() == "highest"
+                raise RuntimeError("inside")
+        assert minitorch.get_float32_matmul_precision() == "high"
     finally:
         minitorch.set_float32_matmul_precision("highest")
-    np.testing.assert_array_equal(high, highest)
 
 
 @pytest.mark.parametrize("bad", ["medium", "HIGH", "", None])
