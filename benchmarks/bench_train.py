@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minitorch  # noqa: E402
 from minitorch import DecoderLM, nn  # noqa: E402
 
+from profile_kernels import kernel_rows  # noqa: E402  (benchmarks/, this script's folder)
+
 CONFIG = dict(n_vocab=8000, n_embd=256, n_head=8, n_layers=4, batch=128)
 
 
@@ -176,13 +178,11 @@ def profile_step(torch: Any, step: Callable[[Dict[str, np.ndarray]], float], bat
         step(batch)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    kernel_s = sum(e.device_time for e in kernels) / 1e6
-    by_name: Dict[str, float] = {}
-    for e in kernels:
-        by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time / 1e6
-    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
-    return dict(wall_s=wall, kernel_s=kernel_s, kernels=len(kernels), gpu_busy=kernel_s / wall, top_kernels=top)
+    rows = kernel_rows(prof)
+    kernel_s = sum(r["total_us"] for r in rows) / 1e6
+    top = [(r["kernel"], r["total_us"] / 1e6) for r in rows[:8]]
+    launches = sum(r["launches"] for r in rows)
+    return dict(wall_s=wall, kernel_s=kernel_s, kernels=launches, gpu_busy=kernel_s / wall, top_kernels=top)
 
 
 def program_rows(torch: Any, data_dir: str, epochs: int) -> Dict[str, Any]:

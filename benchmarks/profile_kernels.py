@@ -22,9 +22,11 @@ from typing import Any, Dict, List
 
 def kernel_rows(profiler: Any) -> List[Dict[str, Any]]:
     """One row per kernel name: total and mean GPU microseconds and launches, largest total first."""
+    from torch.autograd import DeviceType
+
     rows: Dict[str, Dict[str, Any]] = {}
     for event in profiler.events():
-        if str(event.device_type) != "DeviceType.CUDA" or event.device_time <= 0:
+        if event.device_type != DeviceType.CUDA or event.device_time <= 0:
             continue
         row = rows.setdefault(event.name, {"kernel": event.name, "total_us": 0.0, "launches": 0})
         row["total_us"] += event.device_time

@@ -4,7 +4,6 @@
 # run, and (with LLMC_SRC pointing at llm.c's sources) the GPT-2 step against llm.c and PyTorch.
 #   DATA_DIR=.data/multi30k [LLMC_SRC=.carry/llmc] bash scripts/gpu_check.sh
 source "$(dirname "$0")/gpu_check_setup.sh"
-step() { echo "== $1: $(tail -n 1 "$OUT/$1.log")"; }
 python -m pytest -q kernel_tests > "$OUT/kernel_tests.log" 2>&1; step kernel_tests
 python project/run_machine_translation.py --data-dir "$DATA_DIR" --out-dir /tmp/gpu_check_mt --epochs 24 \
   --dropout 0.2 --label-smoothing 0.1 --average-last 5 > "$OUT/mt_24ep.log" 2>&1; step mt_24ep

@@ -6,7 +6,6 @@
 #   DATA_DIR=.data/multi30k bash scripts/gpu_check_ddp.sh
 source "$(dirname "$0")/gpu_check_setup.sh"
 export NCCL_NVLS_ENABLE=0
-step() { echo "== $1:"; grep -E "$2" "$OUT/$1.log" | tail -n 3; }
 python -m pytest -q kernel_tests/test_distributed_cuda.py kernel_tests/test_gradient_pack.py > "$OUT/ddp_tests.log" 2>&1
 step ddp_tests "passed|failed|error"
 RESULT="epoch 10:|final evaluation"

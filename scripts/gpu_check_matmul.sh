@@ -6,7 +6,6 @@
 # translation run with seeds $SEEDS (default 0 1 2: BLEU under "highest" and its spread over seeds).
 #   DATA_DIR=.data/multi30k [LLMC_SRC=.carry/llmc] [SEEDS="0 1"] bash scripts/gpu_check_matmul.sh
 source "$(dirname "$0")/gpu_check_setup.sh"
-step() { echo "== $1: $(tail -n 1 "$OUT/$1.log")"; }
 # One aligned product first (the TMA path): a hang costs a minute, not the test step's four.
 timeout -k 5 60 python -c "import numpy as np, minitorch
 cuda = minitorch.TensorBackend(minitorch.CudaKernelOps)
