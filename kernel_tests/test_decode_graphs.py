@@ -107,7 +107,6 @@ def test_top_k_kernel_matches_numpy(width: int, k: int) -> None:
     assert np.array_equal(composed[1].to_numpy(), indices.to_numpy())
 
 
-
 @pytest.mark.parametrize("length_penalty,integral", [(1.0, True), (0.0, True), (0.6, False)])
 def test_beam_search_step_kernel_matches_numpy(length_penalty: float, integral: bool) -> None:
     """BeamState's step on CUDA (the kernel) and on the CPU (the NumPy reference) from the same

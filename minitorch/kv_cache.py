@@ -77,7 +77,8 @@ class LayerCache:
             if T != 1:
                 raise IndexingError(f"KVCache in device-slot mode appends one position per step, got {T}")
             for buffer, new in ((self.keys, keys), (self.values, values)):
-                rows = new._new(TensorData(new._tensor._storage, (c.rows, c.n_embd), (new._tensor.strides[0], 1)))
+                strides = new._tensor.strides
+                rows = new._new(TensorData(new._tensor._storage, (c.rows, c.n_embd), (strides[0], strides[2])))
                 write_slot(buffer.view(c.rows, c.capacity, c.n_embd), rows, c.slot)
             return (
                 _slots(self.keys, c.capacity, c.n_embd, 0, c.width, heads),

@@ -44,14 +44,16 @@ def slot_attention(
 ) -> Optional[TensorData]:  # fmt: skip
     """out [rows, C]: row r's query q[r] [C] attending, head by head, over its keys and values [rows,
     slots, C] at slots [pads[r], min(s, width - 1)], s = slot's one value (both read by the kernel).
-    None when the kernel cannot run these sizes (C over 2048, or the [heads, width] scores exceed a
-    block's shared memory): the caller composes the op."""
+    None when the kernel cannot run these sizes (C over 2048, or the [heads, width] scores and the
+    warps' [8, C] partial sums exceed a block's shared memory): the caller composes the op."""
     rows, C = q.shape
-    if (C > 1 and q.strides[1] != 1) or keys.strides[1:] != (C, 1) or values.strides != keys.strides:
+    if keys.strides[1:] != (C, 1) or values.strides != keys.strides:
         raise CudaShapeError(
-            f"slot_attention needs unit-stride queries and [rows, slots, C] caches with slot stride C, got strides "
-            f"{q.strides}, {keys.strides} and {values.strides}"
+            f"slot_attention needs [rows, slots, C] caches with slot stride C, got strides {keys.strides} and "
+            f"{values.strides}"
         )
+    if C > 1 and q.strides[1] != 1:
+        q = contiguous(q)
     rt = runtime()
     lib = rt.lib("kv_cache_kernel", SIGNATURES)
     key = (width, heads, C // heads)

@@ -42,8 +42,8 @@ def slot_attention(
     q [rows, C] holds one query per row with the heads side by side (head h: columns h*D .. (h+1)*D,
     D = C / heads); keys and values [rows, slots, C] are cache buffers with a unit stride in their
     last dim and slot stride C; slot is a one-element tensor and pads [rows, 1]; width (1 .. slots)
-    bounds the slots the step may reach and must exceed s.  scale defaults to 1 / sqrt(D).  A row
-    with no slot in [pads[r], min(s, width - 1)] gets zeros.
+    bounds the slots the step may reach: slots from width on are never read, whatever s is.  scale
+    defaults to 1 / sqrt(D).  A row with no slot in [pads[r], min(s, width - 1)] gets zeros.
     """
     if q.dims != 2 or heads < 1 or q.shape[1] % heads:
         raise IndexingError(f"slot_attention needs queries [rows, C] with C a multiple of heads {heads}, got {q.shape}")

@@ -4,6 +4,8 @@
 // three mma.sync.m16n8k8 TF32 products with float32 accumulation. The dropped a_lo b_lo stays below
 // 2^-22 of |a b| and the tensor core's truncation of each lo to TF32 below 2^-21. The split is three
 // instructions (an add, a mask and a subtraction), which matters: kernels split every fragment they load.
+// (matmul_tma.cuh's B operand takes the truncated split instead, hi = the top 19 bits, |lo| <= 2^-10 |b|:
+// its bounds are twice these.)
 //
 // Fragments of mma.m16n8k8 (PTX ISA), with g = lane / 4 and t = lane % 4:
 //   A (16 x 8, row-major):  a0 = A[g][t], a1 = A[g + 8][t], a2 = A[g][t + 4], a3 = A[g + 8][t + 4];
