@@ -102,7 +102,9 @@ def run_shape(lib, name, mkn, la, lb, lo, reps: int, l2_bytes: int) -> Dict[str,
     outs = [padded((M, N)) if lo == "p" else torch.empty(M, N, device="cuda") for _ in range(sets)]
     # torch.matmul wants a contiguous out=: its own outputs where ours are padded
     torch_outs = [torch.empty(M, N, device="cuda") for _ in range(sets)] if lo == "p" else outs
-    ws_floats = lib.matmul_workspace_floats(M, N, K, 1)
+    a0, b0 = inputs[0]
+    strides = (a0.stride(0), a0.stride(1), b0.stride(0), b0.stride(1))
+    ws_floats = max(lib.matmul_workspace_floats(M, N, K, 1, *strides, precision) for precision in (0, 1))
     ws = torch.empty(max(ws_floats, 1), device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     empty = MtLayout()

@@ -64,11 +64,11 @@ def launch(
     n_batch = 1
     for n in batch:
         n_batch *= n
-    floats = LIB.matmul_workspace_floats(M, N, K, n_batch) if workspace == "exact" else 0
+    strides = (a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1))
+    floats = LIB.matmul_workspace_floats(M, N, K, n_batch, *strides, precision) if workspace == "exact" else 0
     ws = torch.empty(max(floats, 1), device="cuda") if floats else None
     code = LIB.launch_matmul(
-        ptr(out), out.stride(-2), ptr(a), ptr(b), M, N, K,
-        a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1),
+        ptr(out), out.stride(-2), ptr(a), ptr(b), M, N, K, *strides,
         layout(batch, a.stride()[:-2]), layout(batch, b.stride()[:-2]),
         ptr(bias), epilogue, ptr(pre_act), int(accumulate), precision,
         ptr(ws), floats, torch.cuda.current_stream().cuda_stream,
@@ -191,6 +191,37 @@ def test_long_k(precision: int, M: int, N: int, K: int) -> None:
     check_product(a, b, precision)
     if M == 64:
         check_product(a, b, precision, workspace="none")
+
+
+@pytest.mark.parametrize("precision", [HIGHEST, HIGH])
+@pytest.mark.parametrize(
+    "M, N, K, a_t, b_t",
+    [(256, 256, 16384, False, True), (1000, 3000, 520, False, False), (520, 200, 4100, True, False),
+     (200, 520, 4100, True, False)],
+)  # fmt: skip
+def test_stream_k(precision: int, M: int, N: int, K: int, a_t: bool, b_t: bool) -> None:
+    """The TMA path's stream-K work sharing: 4 output tiles over every SM (each finished from the parts of
+    ~30 blocks), whole waves and a shared remainder (transposed orientation); weight gradients x^T @ dy
+    with M > N and M < N (under "high", B or A copied K-major first). A rerun gives the same bits (the
+    parts are added in a fixed order); without workspace (no stream-K, no copy) it meets the same bound."""
+    gen = torch.Generator(device="cuda").manual_seed(M + K + precision)
+    a, b = aligned_operand(gen, (M, K), a_t), aligned_operand(gen, (K, N), b_t)
+    check_product(a, b, precision)
+    runs = [torch.empty(M, N, device="cuda") for _ in range(2)]
+    for out in runs:
+        launch(out, a, b, precision=precision)
+    assert torch.equal(runs[0], runs[1])
+    check_product(a, b, precision, workspace="none")
+
+
+def test_batched_weight_gradients() -> None:
+    """x^T @ dy per batch matrix under "high", the copied operand batched (A, M < N) or broadcast (B)."""
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    dy = aligned_operand(gen, (140, 260), False).expand(5, 140, 260)
+    check_product(aligned_operand(gen, (5, 96, 140), True), dy, HIGH)
+    x = aligned_operand(gen, (300, 140), True).expand(5, 300, 140)
+    check_product(x, aligned_operand(gen, (5, 140, 64), False), HIGH)
+    check_product(x, aligned_operand(gen, (5, 140, 640), False), HIGH)
 
 
 def test_batch_broadcast() -> None:

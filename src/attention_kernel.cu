@@ -54,6 +54,7 @@
 #include <cmath>
 
 #include "includes/cuda_check.cuh"
+#include "includes/launch_utils.cuh"
 #include "includes/mma_tf32.cuh"
 #include "includes/ptx.cuh"
 #include "includes/reduce.cuh"
@@ -655,24 +656,11 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
 }
 
 // ---- launchers ---------------------------------------------------------------------------------
-// Raises a kernel's dynamic shared-memory limit (needed above 48 KB) once per device.
-template <class Kernel>
-cudaError_t allow_shared_memory(Kernel kernel, int bytes, std::atomic<unsigned long long>* done_devices) {
-  int device = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status != cudaSuccess) return status;
-  const unsigned long long bit = device < 64 ? 1ull << device : 0ull;
-  if (bit != 0 && (done_devices->load() & bit) != 0) return cudaSuccess;
-  status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (status == cudaSuccess) done_devices->fetch_or(bit);
-  return status;
-}
-
 template <int DP, int ACT, int PREC>
 int launch_fw_bucket(const FwParams& p, int batch_heads, cudaStream_t stream) {
   static std::atomic<unsigned long long> configured{0};
   constexpr int bytes = fw_smem_floats<DP>() * static_cast<int>(sizeof(float));
-  MT_RETURN_IF_ERROR(allow_shared_memory(attention_fw<DP, ACT, PREC>, bytes, &configured));
+  MT_RETURN_IF_ERROR(mt::allow_shared_memory(attention_fw<DP, ACT, PREC>, bytes, &configured));
   const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.q_len + kFwRows - 1) / kFwRows));
   attention_fw<DP, ACT, PREC><<<grid, kThreads, bytes, stream>>>(p);
   return mt_launch_status();
@@ -682,7 +670,7 @@ template <int DP, int ACT, int PREC>
 int launch_bw_bucket(const BwParams& p, int batch_heads, cudaStream_t stream) {
   static std::atomic<unsigned long long> configured{0};
   constexpr int bytes = bw_smem_floats<DP>() * static_cast<int>(sizeof(float));
-  MT_RETURN_IF_ERROR(allow_shared_memory(attention_bw<DP, ACT, PREC>, bytes, &configured));
+  MT_RETURN_IF_ERROR(mt::allow_shared_memory(attention_bw<DP, ACT, PREC>, bytes, &configured));
   const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.k_len + kBwKeys - 1) / kBwKeys));
   attention_bw<DP, ACT, PREC><<<grid, kThreads, bytes, stream>>>(p);
   return mt_launch_status();

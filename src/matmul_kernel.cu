@@ -24,8 +24,8 @@
 // take 4-byte copies.
 //
 // On sm_90a builds, products whose operands TMA can read (a unit-stride dim, 16-byte strides, at most
-// one batch dim) run on matmul_tma.cuh's warp-specialized TMA + wgmma kernel, and the other big tiles on
-// matmul_wgmma.cuh's wgmma kernel.
+// one batch dim) run on matmul_tma.cuh's warp-specialized TMA + wgmma kernel (which also shares out
+// few-tile products by stream-K), and the other big tiles on matmul_wgmma.cuh's wgmma kernel.
 //
 // Grid: x = output tile (grouped by 8 tile rows so that consecutive blocks share A and B tiles in L2),
 // y = K split, z = batch. When a problem has too few output tiles to fill the GPU and K is long, the
@@ -37,6 +37,7 @@
 
 #include "includes/cuda_check.cuh"
 #include "includes/device_info.cuh"
+#include "includes/launch_utils.cuh"
 #include "includes/layout.cuh"
 #include "includes/mma_tf32.cuh"
 #include "includes/ptx.cuh"
@@ -51,6 +52,7 @@ constexpr int kMaxGridZ = 65535;
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
 
+using mt::ceil_div;
 using mt::kHigh;
 using mt::kHighest;
 using mt::round_tf32;
@@ -421,8 +423,6 @@ struct Plan {
   int k_tiles_per_split;
 };
 
-long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
-
 // Picks the configuration and split count with the least estimated time: waves of blocks times the
 // K each block covers, in units of a big tile's time per K element, plus the split-K traffic. Small
 // tiles run at about 60% of the big ones' rate per output; a split writes and re-reads the outputs
@@ -457,22 +457,6 @@ long long plan_workspace(const Plan& plan, int M, int N, long long batch) {
   return plan.splits > 1 ? plan.splits * batch * M * N : 0;
 }
 
-bool valid_layout(const MtLayout& l) {
-  if (l.ndim < 0 || l.ndim > MT_MAX_DIMS) return false;
-  for (int d = 0; d < l.ndim; ++d) {
-    if (l.shape[d] < 0) return false;
-  }
-  return true;
-}
-
-bool same_shape(const MtLayout& x, const MtLayout& y) {
-  if (x.ndim != y.ndim) return false;
-  for (int d = 0; d < x.ndim; ++d) {
-    if (x.shape[d] != y.shape[d]) return false;
-  }
-  return true;
-}
-
 // Whether 16-byte copies can stage an operand: its contiguous dim at stride 1, the other stride and
 // every batch stride multiples of 4, and a 16-byte aligned base.
 bool vec_operand(const float* x, int contiguous_stride, int other_stride, const MtLayout& batch) {
@@ -483,9 +467,11 @@ bool vec_operand(const float* x, int contiguous_stride, int other_stride, const 
   return true;
 }
 
+// Launches one kernel instance; `configured` is that instance's own (see mt::allow_shared_memory).
 template <class Kernel>
-int launch_kernel(Kernel kernel, int threads, int smem, const MatmulParams& p, dim3 grid, cudaStream_t stream) {
-  MT_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+int launch_kernel(Kernel kernel, int threads, int smem, const MatmulParams& p, dim3 grid, cudaStream_t stream,
+                  std::atomic<unsigned long long>* configured) {
+  MT_RETURN_IF_ERROR(mt::allow_shared_memory(kernel, smem, configured));
   kernel<<<grid, threads, smem, stream>>>(p);
   return mt_launch_status();
 }
@@ -494,8 +480,9 @@ template <class Cfg, int PREC>
 struct MmaKernels {
   template <bool A_KC, bool B_KC>
   static int launch(const MatmulParams& p, dim3 grid, cudaStream_t stream) {
+    static std::atomic<unsigned long long> configured{0};
     return launch_kernel(matmul_mma_kernel<Cfg, A_KC, B_KC, PREC>, Cfg::kThreads, mma_smem_bytes<Cfg, A_KC, B_KC>(), p,
-                         grid, stream);
+                         grid, stream, &configured);
   }
 };
 
@@ -503,8 +490,9 @@ template <int PREC>
 struct WgmmaKernels {
   template <bool A_KC, bool B_KC>
   static int launch(const MatmulParams& p, dim3 grid, cudaStream_t stream) {
+    static std::atomic<unsigned long long> configured{0};
     return launch_kernel(matmul_wgmma_kernel<PREC, A_KC, B_KC>, kWgThreads, wgmma_smem_bytes<PREC, A_KC, B_KC>(), p,
-                         grid, stream);
+                         grid, stream, &configured);
   }
 };
 
@@ -554,6 +542,14 @@ int launch_products(const MatmulParams& p, int precision, TileConfig config, int
                                : launch_tiles<MmaKernels<SmallMma, kHigh>, 64, 64>(p, splits, stream);
 }
 
+// out = epilogue(sum of the `splits` partial products at `partial`) for p's batch of M x N outputs.
+int reduce_splits(const MatmulParams& p, const float* partial, int splits, int sms, cudaStream_t stream) {
+  const long long total = static_cast<long long>(p.batch) * p.M * p.N;
+  split_k_reduce<<<static_cast<unsigned>(min(ceil_div(total, 256), 8LL * sms)), 256, 0, stream>>>(p, partial, p.out,
+                                                                                                  total, splits);
+  return mt_launch_status();
+}
+
 // p writing its partial products to the split-K workspace; split_k_reduce then applies the epilogue.
 MatmulParams partial_params(MatmulParams p, float* workspace) {
   p.out = workspace;
@@ -577,12 +573,17 @@ extern "C" {
 
 MT_DEFINE_ERROR_STRING()
 
-// Floats of scratch that launch_matmul uses for these sizes on the current device (0: none).
-long long matmul_workspace_floats(int M, int N, int K, int batch) {
+// Floats of scratch that launch_matmul uses for a product of these sizes, operand strides (as
+// launch_matmul's) and precision on the current device (0: none).
+long long matmul_workspace_floats(int M, int N, int K, int batch, int a_row_stride, int a_k_stride, int b_k_stride,
+                                  int b_col_stride, int precision) {
   int sms = 0;
   if (M <= 0 || N <= 0 || K <= 0 || batch <= 0 || mt::sm_count(&sms) != cudaSuccess) return 0;
+  MatmulParams p{};
+  p.M = M, p.N = N, p.K = K, p.batch = batch;
+  p.a_row_stride = a_row_stride, p.a_k_stride = a_k_stride, p.b_k_stride = b_k_stride, p.b_col_stride = b_col_stride;
   return std::max(plan_workspace(plan_matmul(M, N, K, batch, sms), M, N, batch),
-                  wgmma_available() ? tma::workspace_floats(M, N, K, batch, sms) : 0LL);
+                  wgmma_available() ? tma::workspace_floats(p, precision, sms) : 0LL);
 }
 
 // out[i] = epilogue(A[i] @ B[i]) for every batch index i of a_batch / b_batch (same shape; their strides
@@ -590,13 +591,14 @@ long long matmul_workspace_floats(int M, int N, int K, int batch) {
 // precision: 0 "highest" (3xTF32), 1 "high" (one TF32 product). epilogue: 0 none, 1 + bias[c],
 // 2 gelu(x + bias[c]), 3 relu(x + bias[c]) (bias may be NULL for 2 and 3). pre_act (epilogues 2, 3; may
 // be NULL): receives x + bias. accumulate: out += result (epilogue 0 only). workspace: device scratch of
-// workspace_floats floats; with fewer than matmul_workspace_floats(...) the product runs unsplit.
+// workspace_floats floats; with fewer than matmul_workspace_floats(...) it runs without K splits, stream-K
+// or the operand copy of the TMA path.
 int launch_matmul(float* out, int ldc, const float* a, const float* b, int M, int N, int K, int a_row_stride,
                   int a_k_stride, int b_k_stride, int b_col_stride, MtLayout a_batch, MtLayout b_batch,
                   const float* bias, int epilogue, float* pre_act, int accumulate, int precision,
                   float* workspace, long long workspace_floats, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(M < 0 || N < 0 || K < 0 || ldc < N);
-  MT_RETURN_IF_INVALID(!valid_layout(a_batch) || !valid_layout(b_batch) || !same_shape(a_batch, b_batch));
+  MT_RETURN_IF_INVALID(!mt::valid_layout(a_batch) || !mt::valid_layout(b_batch) || !mt::same_shape(a_batch, b_batch));
   MT_RETURN_IF_INVALID(epilogue < kNone || epilogue > kBiasRelu || (accumulate && epilogue != kNone));
   MT_RETURN_IF_INVALID(precision != kHighest && precision != kHigh);
   MT_RETURN_IF_INVALID(epilogue == kBias && bias == nullptr);
@@ -627,25 +629,20 @@ int launch_matmul(float* out, int ldc, const float* a, const float* b, int M, in
   p.accumulate = accumulate;
   p.out_vec = ldc % 4 == 0 && mt::is_aligned16(out) && (p.pre_act == nullptr || mt::is_aligned16(p.pre_act));
 
-  int splits = 1;
-  int status = wgmma_available() ? tma::launch(p, precision, workspace, workspace_floats, sms, stream, &splits)
-                                 : tma::kNotTaken;
-  if (status == tma::kNotTaken) {
-    Plan plan = plan_matmul(M, N, K, batch, sms);
-    const long long needed = plan_workspace(plan, M, N, batch);
-    if (K == 0 || needed > workspace_floats || (needed > 0 && !mt::is_aligned16(workspace))) {
-      plan.splits = 1;
-      plan.k_tiles_per_split = static_cast<int>(ceil_div(K, kBK));
-    }
-    p.k_tiles_per_split = plan.k_tiles_per_split;
-    splits = plan.splits;
-    status = launch_products(splits > 1 ? partial_params(p, workspace) : p, precision, plan.config, splits, stream);
+  if (wgmma_available()) {
+    const int status = tma::launch(p, precision, workspace, workspace_floats, sms, stream);
+    if (status != tma::kNotTaken) return status;
   }
-  if (status != 0 || splits == 1) return status;
-  const long long total = batch * M * N;
-  split_k_reduce<<<static_cast<unsigned>(min(ceil_div(total, 256), 8LL * sms)), 256, 0, stream>>>(
-      p, workspace, out, total, splits);
-  return mt_launch_status();
+  Plan plan = plan_matmul(M, N, K, batch, sms);
+  const long long needed = plan_workspace(plan, M, N, batch);
+  if (K == 0 || needed > workspace_floats || (needed > 0 && !mt::is_aligned16(workspace))) {
+    plan.splits = 1;
+    plan.k_tiles_per_split = static_cast<int>(ceil_div(K, kBK));
+  }
+  p.k_tiles_per_split = plan.k_tiles_per_split;
+  const int status = launch_products(plan.splits > 1 ? partial_params(p, workspace) : p, precision, plan.config,
+                                     plan.splits, stream);
+  return status != 0 || plan.splits == 1 ? status : reduce_splits(p, workspace, plan.splits, sms, stream);
 }
 
 }  // extern "C"

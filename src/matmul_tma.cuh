@@ -6,11 +6,13 @@
 // Orientation. wgmma reads its A operand from registers in any layout we can load, and its B operand
 // from shared memory only K-major (k contiguous) for TF32. The kernel computes rows x cols of
 // A' @ B' with B' K-major: the product itself when B is K-major; out^T = B^T A^T (rows and cols
-// swapped, the epilogue writing transposed) when only A is; when neither is (weight gradients
-// x^T @ dy), B stays N-major in global memory and the transform warps transpose each staged tile.
+// swapped, the epilogue writing transposed) when only A is. When neither is (weight gradients
+// x^T @ dy), "high" first copies the smaller operand K-major into the workspace (transpose_kernel) and
+// takes one of those two ways; "highest", or a product without workspace, keeps B N-major and the
+// transform warps transpose each staged tile.
 //
-// Block 128 x BN x 32, 384 threads, one block per SM, persistent over the work units (output tile,
-// K split, batch matrix), grouped as tile_coords orders them:
+// Block 128 x BN x 32, 384 threads, one block per SM, persistent over its work (see Params: output
+// tiles, or tiles x K splits, and a stream-K share of K tiles), grouped as tile_coords orders them:
 //   warp 0 (lane 0)    the producer: per K tile, waits for a free ring slot, then TMA-loads A' (128 x 32)
 //                      and B' (BN x 32) into it, the slot's `full` barrier counting the bytes;
 //   warps 1-3          the transform (where needed): per K tile, from the landed B' tile, write the
@@ -18,9 +20,10 @@
 //                      B the transposed hi words (rounded to nearest for "high"); then `conv` barrier;
 //   warpgroups 1, 2    consumers of 64 rows each: A fragments from shared memory into registers
 //                      (split into hi + lo, or rounded), wgmma.m64nBNk8 with B from shared memory,
-//                      then the slot's `empty` barrier; at the end of a unit, the epilogue: each warp
+//                      then the slot's `empty` barrier; at the end of a tile, the epilogue: each warp
 //                      stages its accumulators in shared memory, 16 x 32 at a time, and writes them
-//                      to global memory as whole output rows.
+//                      to global memory as whole output rows (a stream-K part that does not finish
+//                      its tile goes to the workspace instead).
 // setmaxnreg moves registers from the producer warpgroup (40, or 120 where it transforms) to the
 // consumers (232, or 192).
 //
@@ -37,6 +40,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <atomic>
 
 namespace tma {
 
@@ -72,32 +76,88 @@ struct Config {
 };
 
 // What the kernel needs beyond the epilogue's MatmulParams (which keep the output's orientation).
+// Work: the data-parallel units [0, dp_units) are output tiles, or (tile, K split) pairs whose partial
+// products split_k_reduce adds up later (block c takes units c, c + grid, ...); then the K tiles of
+// tiles [dp_units, tiles) (no K splits then) are dealt out in equal contiguous shares, one per block
+// (stream-K), so that every block gets the same number of K tiles however few output tiles there are.
+// A tile shared by several blocks is finished by the block holding its first K tiles: the others leave
+// their partial sums in `partials` and raise their `flags`.
 struct Params {
   MatmulParams p;
   int rows, cols, K;  // the kernel's product: rows x cols, over K
   bool transposed;    // kernel element (r, c) is output element (c, r)
   bool a_batched, b_batched;
-  int tiles_m, tiles_n, splits, k_tiles_per_split, units;
+  int tiles_m, tiles_n, tiles, k_tiles;  // tiles over the whole batch; K tiles of one tile
+  int splits, k_tiles_per_split;
+  int dp_units;
+  long long sk_iters;  // (tiles - dp_units) * k_tiles
+  float* partials;     // block c's partial tile at partials + c * kBM * BN, in the consumers' register order
+  int* flags;          // flags[8 c + w] = 1 once consumer warp w of block c wrote its part (zeroed per launch)
 };
 
-struct Unit {
-  int bi, split, row0, col0, kt0, k_tiles;
+struct Tile {
+  int bi, row0, col0;
 };
 
 template <int BN>
-__device__ __forceinline__ Unit unit_of(const Params& tp, int u) {
-  const int tiles = tp.tiles_m * tp.tiles_n, per_batch = tiles * tp.splits;
-  Unit w;
-  w.bi = u / per_batch;
-  const int rem = u - w.bi * per_batch;
-  w.split = rem / tiles;
+__device__ __forceinline__ Tile tile_of(const Params& tp, int t) {
+  const int per_batch = tp.tiles_m * tp.tiles_n;
+  Tile w;
+  w.bi = t / per_batch;
   int tm, tn;
-  tile_coords(rem - w.split * tiles, tp.tiles_m, tp.tiles_n, &tm, &tn);
+  tile_coords(t - w.bi * per_batch, tp.tiles_m, tp.tiles_n, &tm, &tn);
   w.row0 = tm * kBM;
   w.col0 = tn * BN;
-  w.kt0 = w.split * tp.k_tiles_per_split;
-  w.k_tiles = max(0, min(tp.k_tiles_per_split, (tp.K + kBK - 1) / kBK - w.kt0));
   return w;
+}
+
+// A block's piece of one tile: K tiles [kt0, kt0 + k_tiles), of K split `split`. kWhole: all of the
+// tile's (or split's) K tiles; kHead: the first ones, and the block finishes the tile with the later
+// blocks' parts; kTail: a later part, left in partials.
+enum Role { kWhole, kHead, kTail };
+struct Segment {
+  int tile, split, kt0, k_tiles, role;
+};
+
+// First stream-K K tile of block c (c = gridDim.x: the end).
+__device__ __forceinline__ long long sk_begin(const Params& tp, int c) {
+  return static_cast<long long>(c) * tp.sk_iters / gridDim.x;
+}
+
+// The block whose stream-K share holds K tile i: the largest c with sk_begin(c) <= i.
+__device__ __forceinline__ int sk_block(const Params& tp, long long i) {
+  return static_cast<int>(((i + 1) * gridDim.x + tp.sk_iters - 1) / tp.sk_iters - 1);
+}
+
+// A block's walk over its work, in order: its data-parallel units, then its stream-K share (at most a
+// kTail first and a kHead last). The producer, transform and consumer warps all walk it:
+//   for (Walk wk = walk_start(tp); next_segment(tp, wk, sg);) ...
+struct Walk {
+  int u;             // the next data-parallel unit
+  long long i, end;  // the stream-K K tiles left
+};
+
+__device__ __forceinline__ Walk walk_start(const Params& tp) {
+  return Walk{static_cast<int>(blockIdx.x), sk_begin(tp, blockIdx.x), sk_begin(tp, blockIdx.x + 1)};
+}
+
+__device__ __forceinline__ bool next_segment(const Params& tp, Walk& wk, Segment& sg) {
+  if (wk.u < tp.dp_units) {
+    // Unit u: batch matrix, then K split, then tile: the blocks of a wave work on the same K range.
+    const int per_batch = tp.tiles_m * tp.tiles_n;
+    const int bi = wk.u / (per_batch * tp.splits), rem = wk.u - bi * per_batch * tp.splits;
+    const int split = rem / per_batch, kt0 = split * tp.k_tiles_per_split;
+    sg = Segment{bi * per_batch + rem - split * per_batch, split, kt0, min(tp.k_tiles_per_split, tp.k_tiles - kt0), kWhole};
+    wk.u += gridDim.x;
+    return true;
+  }
+  if (wk.i >= wk.end) return false;
+  const int t = static_cast<int>(wk.i / tp.k_tiles);
+  const int kt0 = static_cast<int>(wk.i - static_cast<long long>(t) * tp.k_tiles);
+  const int n = static_cast<int>(min(static_cast<long long>(tp.k_tiles - kt0), wk.end - wk.i));
+  sg = Segment{tp.dp_units + t, 0, kt0, n, kt0 > 0 ? kTail : n < tp.k_tiles ? kHead : kWhole};
+  wk.i += n;
+  return true;
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -269,11 +329,12 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
     if (warp == 0) {
       if (lane != 0) return;
       int it = 0;
-      for (int u = blockIdx.x; u < tp.units; u += gridDim.x) {
-        const Unit w = unit_of<BN>(tp, u);
+      Segment sg;
+      for (Walk wk = walk_start(tp); next_segment(tp, wk, sg);) {
+        const Tile w = tile_of<BN>(tp, sg.tile);
         const int ba = tp.a_batched ? w.bi : 0, bb = tp.b_batched ? w.bi : 0;
-        for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
-          const int s = it % S, k0 = (w.kt0 + kt) * kBK;
+        for (int kt = 0; kt < sg.k_tiles; ++kt, ++it) {
+          const int s = it % S, k0 = (sg.kt0 + kt) * kBK;
           mbar_wait(empty(s), ((it / S) & 1) ^ 1);
           mbar_expect_tx(full(s), Cfg::kTxBytes);
           const uint32_t slot = base + s * Cfg::kSlotBytes;
@@ -294,9 +355,9 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
       }
     } else if constexpr (Cfg::kConv > 0) {
       int it = 0;
-      for (int u = blockIdx.x; u < tp.units; u += gridDim.x) {
-        const Unit w = unit_of<BN>(tp, u);
-        for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
+      Segment sg;
+      for (Walk wk = walk_start(tp); next_segment(tp, wk, sg);) {
+        for (int kt = 0; kt < sg.k_tiles; ++kt, ++it) {
           const int s = it % S;
           mbar_wait(full(s), (it / S) & 1);
           uint8_t* slot = smem + s * Cfg::kSlotBytes;
@@ -344,15 +405,17 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
   const uint32_t b_hi_off = kABytes + (B_TRANSFORM ? Cfg::kBBytes : 0);
   const uint32_t b_lo_off = kABytes + Cfg::kBBytes * (B_TRANSFORM ? 2 : 1);
 
+  const int ct = threadIdx.x - 128, cwarp = warp - 4;  // consumer thread 0..255, consumer warp 0..7
   int it = 0;
-  for (int u = blockIdx.x; u < tp.units; u += gridDim.x) {
-    const Unit w = unit_of<BN>(tp, u);
+  Segment sg;
+  for (Walk wk = walk_start(tp); next_segment(tp, wk, sg);) {
+    const Tile w = tile_of<BN>(tp, sg.tile);
     float acc[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
     if constexpr (PREC == kHighest) {
       float fresh[BN / 2];
-      for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
+      for (int kt = 0; kt < sg.k_tiles; ++kt, ++it) {
         const int s = it % S;
         wait_slot(s, (it / S) & 1);
         const uint8_t* slot = smem + s * Cfg::kSlotBytes;
@@ -406,14 +469,47 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
         ++it;
       };
       int kt = 0;
-      for (; kt + 1 < w.k_tiles; kt += 2) {  // no branch between the two steps: ptxas would serialize the products
+      for (; kt + 1 < sg.k_tiles; kt += 2) {  // no branch between the two steps: ptxas would serialize the products
         step(a0);
         step(a1);
       }
-      if (kt < w.k_tiles) step(a0);
+      if (kt < sg.k_tiles) step(a0);
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
       fence_registers(acc);
       if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+    }
+
+    // Stream-K: a kTail leaves its sums in its block's partial tile (float4 j of consumer thread ct at
+    // 4 (256 j + ct)) and raises its warp's flag; a kHead adds the later blocks' parts, warp by warp.
+    float4* const parts = reinterpret_cast<float4*>(tp.partials) + ct;
+    if (sg.role == kTail) {
+      float4* mine = parts + static_cast<long long>(blockIdx.x) * (kBM * BN / 4);
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) __stcg(mine + 256 * j, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+      __threadfence();
+      __syncwarp();
+      if (lane == 0) atomicExch(tp.flags + 8 * blockIdx.x + cwarp, 1);
+      continue;
+    }
+    if (sg.role == kHead) {
+      const long long first = static_cast<long long>(sg.tile - tp.dp_units) * tp.k_tiles;
+      const int last = sk_block(tp, first + tp.k_tiles - 1);
+      for (int c = blockIdx.x + 1; c <= last; ++c) {
+        if (lane == 0) {
+          const int* flag = tp.flags + 8 * c + cwarp;
+          int raised = 0;
+          do {
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(raised) : "l"(flag) : "memory");
+          } while (raised == 0);
+        }
+        __syncwarp();
+        const float4* theirs = parts + static_cast<long long>(c) * (kBM * BN / 4);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const float4 v = __ldcg(theirs + 256 * j);
+          acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
+        }
+      }
     }
 
     // Epilogue: fragment j holds rows tile_row (+ 8) and columns 8 j + 2 t, + 1 of the kernel's tile.
@@ -421,9 +517,9 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
     // whole output rows four floats per lane: 128 contiguous bytes per row (64 when transposed).
     const MatmulParams& p = tp.p;
     const long long mat = static_cast<long long>(w.bi) * p.M * p.ldc;
-    float* out = p.out + w.split * p.split_stride + mat;
+    float* out = p.out + sg.split * p.split_stride + mat;
     float* pre = p.pre_act != nullptr ? p.pre_act + mat : nullptr;
-    float* stage = staging + (warp - 4) * kStageFloats;
+    float* stage = staging + cwarp * kStageFloats;
     const int strip = w.row0 + cw * 64 + wq * 16;  // the warp's first kernel row
 #pragma unroll
     for (int piece = 0; piece < BN / 32; ++piece) {
@@ -506,79 +602,139 @@ inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int b
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The work plan: tile width, data-parallel units (tiles, or tiles x K splits), stream-K K tiles, grid.
 struct Plan {
-  int bn, splits, k_tiles_per_split;
+  int bn, tiles, k_tiles, splits, k_tiles_per_split, dp_units, grid;
+  long long sk_iters;
 };
 
-// Least estimated time over tile widths and K splits: waves of units on the SMs times a unit's
-// products at an SM's rate (TF32 ~3 TFLOP/s per SM at BN 256, less at 128; "highest" a third),
-// plus the split-K workspace's traffic (written and read once, ~2.5 TB/s).
-inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precision, bool transform, int max_splits) {
+// Least estimated time over tile widths and ways to share the work. One K tile of one output tile
+// costs 2 x 128 x BN x 32 flops at an SM's rate (TF32 ~3 TFLOP/s at BN 256, 2.6 at BN 128; "highest" does
+// three products, ~1). Data-parallel work takes ceil(units / sms) waves of its units' K tiles; K splits
+// add their partial products' traffic (written and read once, ~2.5 TB/s). Stream-K (where allowed) keeps
+// all but the last whole wave of tiles data-parallel and gives every block the same share of the rest's
+// K tiles; it adds the traffic of the partial tiles that a finishing block reads from the blocks sharing
+// its tile. A plan must win by 3% to replace the simpler one before it.
+inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precision, bool transform, bool stream_k,
+                 int max_splits) {
   const long long k_tiles = ceil_div(K, kBK);
-  Plan best{128, 1, static_cast<int>(k_tiles)};
+  Plan best{};
   double best_cost = 1e300;
+  const auto consider = [&](double cost, const Plan& pl) {
+    if (cost < best_cost * 0.97) best_cost = cost, best = pl;
+  };
   for (int bn = 256; bn >= 128; bn -= 128) {
     if (bn == 256 && (precision != kHigh || transform)) continue;
     const double rate = precision == kHighest ? 1.0e12 : bn == 256 ? 3.0e12 : 2.6e12;
+    const double k_tile_time = 2.0 * kBM * bn * kBK / rate;
     const long long tiles = ceil_div(rows, kBM) * ceil_div(cols, bn) * batch;
+    if (tiles * max_splits > INT32_MAX) continue;
+    const int t = static_cast<int>(tiles), kt = static_cast<int>(k_tiles);
     for (int s = 1; s <= max_splits; ++s) {
       const long long per_split = ceil_div(k_tiles, s);
       if (s > 1 && (per_split < 4 || ceil_div(k_tiles, per_split) < s)) break;
-      const double cost = ceil_div(tiles * s, sms) * (2.0 * kBM * bn * kBK * per_split) / rate +
-                          (s > 1 ? 8.0 * s * batch * rows * cols / 2.5e12 : 0.0);
-      if (cost < best_cost * 0.97) {
-        best_cost = cost;
-        best = {bn, s, static_cast<int>(per_split)};
-      }
+      const long long units = tiles * s;
+      consider(ceil_div(units, sms) * per_split * k_tile_time + (s > 1 ? 8.0 * s * batch * rows * cols / 2.5e12 : 0.0),
+               Plan{bn, t, kt, s, static_cast<int>(per_split), static_cast<int>(units),
+                    static_cast<int>(std::min<long long>(units, sms)), 0});
     }
+    if (!stream_k || tiles % sms == 0) continue;
+    const long long dp = tiles / sms > 0 ? (tiles / sms - 1) * sms : 0, shared = tiles - dp;
+    const long long iters = shared * k_tiles;
+    const int grid = static_cast<int>(std::min<long long>(iters, sms));
+    const double parts = static_cast<double>(ceil_div(grid, shared) + 1) * kBM * bn * 4;
+    consider((dp / sms * k_tiles + ceil_div(iters, grid)) * k_tile_time + parts * grid / 2.5e12,
+             Plan{bn, t, kt, 1, kt, static_cast<int>(dp), grid, iters});
   }
   return best;
 }
 
-// Floats of split-K workspace that any choice of this path may ask for at these sizes.
-inline long long workspace_floats(int M, int N, int K, long long batch, int sms) {
-  long long most = 0;
-  for (int precision = kHighest; precision <= kHigh; ++precision) {
-    for (int variant = 0; variant < 4; ++variant) {
-      const bool swap = variant & 1, transform = variant & 2;
-      const Plan pl = plan(swap ? N : M, swap ? M : N, K, batch, sms, precision, transform, kMaxSplits);
-      if (pl.splits > 1) most = std::max(most, pl.splits * batch * M * N);
-    }
+// Floats of workspace for stream-K: a partial tile (up to 128 x 256) and 8 flags per block.
+inline long long stream_k_floats(int sms) { return static_cast<long long>(sms) * (kBM * 256 + 8); }
+
+// Stream-K serves "highest" only. "high" runs close to the memory system's limits, and blocks that
+// start their shares at scattered K positions re-read the operands from DRAM: on the GPT-2 products it
+// ran up to 35% slower than K splits, whose blocks move through K together.
+inline bool uses_stream_k(int precision) { return precision == kHighest; }
+
+// Whether "high" copies one operand K-major first: weight gradients x^T @ dy, where neither operand is
+// K-major. The copy (one read and write of the smaller operand) costs far less than transposing every
+// staged B tile in the transform warps, which hold "high" to ~60% of its rate; "highest" runs at a third
+// of that rate, where the transform keeps up, and skips the copy.
+inline bool copies_operand(int precision, bool a_mmajor, bool b_nmajor) { return precision == kHigh && a_mmajor && b_nmajor; }
+
+// Floats of the K-major copy of the smaller operand: [mats][rows][K rounded up to 4].
+inline long long copy_floats(int M, int N, int K, long long mats) { return mats * std::min(M, N) * ceil_div(K, 4) * 4; }
+
+// Floats of workspace that this path may use at these sizes and layouts: the operand copy, then the
+// larger of stream-K's and the K splits' needs (either orientation).
+inline long long workspace_floats(const MatmulParams& p, int precision, int sms) {
+  const bool a_mmajor = p.a_row_stride == 1 && p.a_k_stride % 4 == 0;
+  const bool b_nmajor = p.b_col_stride == 1 && p.b_k_stride % 4 == 0;
+  const bool copy = copies_operand(precision, a_mmajor, b_nmajor);
+  long long most = uses_stream_k(precision) ? stream_k_floats(sms) : 0;
+  for (int swap = 0; swap < 2; ++swap) {
+    const Plan pl = plan(swap ? p.N : p.M, swap ? p.M : p.N, p.K, p.batch, sms, precision, a_mmajor && b_nmajor && !copy,
+                         uses_stream_k(precision), kMaxSplits);
+    if (pl.splits > 1) most = std::max(most, pl.splits * static_cast<long long>(p.batch) * p.M * p.N);
   }
-  return most;
+  return most + (copy ? copy_floats(p.M, p.N, p.K, p.batch) : 0);
+}
+
+// The transposes of an operand's [outer][inner] matrices: element (i, o) of matrix z at
+// src[i + o * outer_stride + z * batch_stride] to dst[z * inner * ld + i * ld + o], through 32 x 32 tiles of
+// shared memory (32 x 8 threads).
+__global__ void transpose_kernel(const float* src, int inner, int outer, int outer_stride, long long batch_stride,
+                                 float* dst, int ld) {
+  __shared__ float tile[32][33];
+  const int i0 = blockIdx.x * 32, o0 = blockIdx.y * 32;
+  src += blockIdx.z * batch_stride;
+  dst += static_cast<long long>(blockIdx.z) * inner * ld;
+#pragma unroll
+  for (int r = threadIdx.y; r < 32; r += 8) {
+    const int o = o0 + r, i = i0 + threadIdx.x;
+    if (o < outer && i < inner) tile[r][threadIdx.x] = src[static_cast<long long>(o) * outer_stride + i];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = threadIdx.y; r < 32; r += 8) {
+    const int i = i0 + r, o = o0 + threadIdx.x;
+    if (i < inner && o < outer) dst[static_cast<long long>(i) * ld + o] = tile[threadIdx.x][r];
+  }
 }
 
 template <int PREC, bool A_KMAJOR, bool B_TRANSFORM, int BN>
-int launch_instance(const CUtensorMap& a_map, const CUtensorMap& b_map, const Params& tp, int sms,
+int launch_instance(const CUtensorMap& a_map, const CUtensorMap& b_map, const Params& tp, int grid,
                     cudaStream_t stream) {
   using Cfg = Config<PREC, A_KMAJOR, B_TRANSFORM, BN>;
+  static std::atomic<unsigned long long> configured{0};
   const auto kernel = matmul_tma_kernel<PREC, A_KMAJOR, B_TRANSFORM, BN>;
-  MT_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  kernel<<<std::min(tp.units, sms), kThreads, Cfg::kSmemBytes, stream>>>(a_map, b_map, tp);
+  MT_RETURN_IF_ERROR(mt::allow_shared_memory(kernel, Cfg::kSmemBytes, &configured));
+  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(a_map, b_map, tp);
   return mt_launch_status();
 }
 
 template <int PREC>
 int launch_precision(const CUtensorMap& a_map, const CUtensorMap& b_map, const Params& tp, bool a_kmajor,
-                     bool transform, int bn, int sms, cudaStream_t stream) {
-  if (transform) return launch_instance<PREC, false, true, 128>(a_map, b_map, tp, sms, stream);
+                     bool transform, int bn, int grid, cudaStream_t stream) {
+  if (transform) return launch_instance<PREC, false, true, 128>(a_map, b_map, tp, grid, stream);
   if constexpr (PREC == kHigh) {
     if (bn == 256) {
-      return a_kmajor ? launch_instance<PREC, true, false, 256>(a_map, b_map, tp, sms, stream)
-                      : launch_instance<PREC, false, false, 256>(a_map, b_map, tp, sms, stream);
+      return a_kmajor ? launch_instance<PREC, true, false, 256>(a_map, b_map, tp, grid, stream)
+                      : launch_instance<PREC, false, false, 256>(a_map, b_map, tp, grid, stream);
     }
   }
-  return a_kmajor ? launch_instance<PREC, true, false, 128>(a_map, b_map, tp, sms, stream)
-                  : launch_instance<PREC, false, false, 128>(a_map, b_map, tp, sms, stream);
+  return a_kmajor ? launch_instance<PREC, true, false, 128>(a_map, b_map, tp, grid, stream)
+                  : launch_instance<PREC, false, false, 128>(a_map, b_map, tp, grid, stream);
 }
 
 constexpr int kNotTaken = -1;
 
-// Runs the product p on this path (split over K into `workspace` when the plan asks for it and the
-// workspace holds it; *splits says how many partial products were written). kNotTaken when the
-// operands do not fit the path: the caller runs the other kernels.
+// Runs the product p on this path, with up to workspace_floats floats of `workspace` for the operand copy,
+// then stream-K or K splits (each left out where the workspace cannot hold it). kNotTaken when the operands do not fit
+// the path: the caller runs the other kernels.
 inline int launch(const MatmulParams& p, int precision, float* workspace, long long workspace_floats, int sms,
-                  cudaStream_t stream, int* splits) {
+                  cudaStream_t stream) {
   if (p.K == 0) return kNotTaken;
   int batch_dim = -1;  // the one batch dim with more than one matrix, if any
   for (int d = 0; d < p.a_batch.ndim; ++d) {
@@ -586,12 +742,43 @@ inline int launch(const MatmulParams& p, int precision, float* workspace, long l
     if (batch_dim >= 0) return kNotTaken;
     batch_dim = d;
   }
-  const long long a_bs = batch_dim >= 0 ? p.a_batch.strides[batch_dim] : 0;
-  const long long b_bs = batch_dim >= 0 ? p.b_batch.strides[batch_dim] : 0;
-  const bool a_kmajor = p.a_k_stride == 1 && p.a_row_stride % 4 == 0;
-  const bool a_mmajor = p.a_row_stride == 1 && p.a_k_stride % 4 == 0;
-  const bool b_kmajor = p.b_k_stride == 1 && p.b_col_stride % 4 == 0;
-  const bool b_nmajor = p.b_col_stride == 1 && p.b_k_stride % 4 == 0;
+  // The operands as read: A[r, k] = a[r * a_rs + k * a_ks + i * a_bs], B[k, c] = b[k * b_ks + c * b_cs + i * b_bs].
+  const float *a = p.a, *b = p.b;
+  int a_rs = p.a_row_stride, a_ks = p.a_k_stride, b_ks = p.b_k_stride, b_cs = p.b_col_stride;
+  long long a_bs = batch_dim >= 0 ? p.a_batch.strides[batch_dim] : 0;
+  long long b_bs = batch_dim >= 0 ? p.b_batch.strides[batch_dim] : 0;
+  float* ws = mt::is_aligned16(workspace) ? workspace : nullptr;
+  long long ws_left = ws != nullptr ? workspace_floats : 0;
+
+  // The smaller operand's K-major copy, where copies_operand asks for one: [mats][rows][ld].
+  const float* copy_src = nullptr;
+  float* copy_dst = nullptr;
+  int copy_rows = 0, copy_stride = 0, copy_ld = 0;
+  long long copy_bs = 0, copy_mats = 0;
+  if (copies_operand(precision, a_rs == 1 && a_ks % 4 == 0, b_cs == 1 && b_ks % 4 == 0)) {
+    const bool of_a = p.M <= p.N;
+    copy_bs = of_a ? a_bs : b_bs;
+    copy_mats = copy_bs != 0 ? p.batch : 1;
+    const long long floats = copy_floats(p.M, p.N, p.K, copy_mats);
+    if (floats <= ws_left && copy_mats <= kMaxGridZ) {
+      copy_src = of_a ? a : b;
+      copy_dst = ws;
+      copy_rows = std::min(p.M, p.N);
+      copy_stride = of_a ? a_ks : b_ks;
+      copy_ld = static_cast<int>(ceil_div(p.K, 4) * 4);
+      const long long copy_matrix = copy_mats > 1 ? static_cast<long long>(copy_rows) * copy_ld : 0;
+      if (of_a) {
+        a = ws, a_rs = copy_ld, a_ks = 1, a_bs = copy_matrix;
+      } else {
+        b = ws, b_ks = 1, b_cs = copy_ld, b_bs = copy_matrix;
+      }
+      ws += floats;
+      ws_left -= floats;
+    }
+  }
+
+  const bool a_kmajor = a_ks == 1 && a_rs % 4 == 0, a_mmajor = a_rs == 1 && a_ks % 4 == 0;
+  const bool b_kmajor = b_ks == 1 && b_cs % 4 == 0, b_nmajor = b_cs == 1 && b_ks % 4 == 0;
   Params tp{};
   tp.p = p;
   tp.K = p.K;
@@ -600,45 +787,60 @@ inline int launch(const MatmulParams& p, int precision, float* workspace, long l
   if (b_kmajor && (a_kmajor || a_mmajor)) {
     tp.rows = p.M, tp.cols = p.N;
     kernel_a_kmajor = a_kmajor;
-    a_op = a_kmajor ? Operand{p.a, p.K, p.M, p.a_row_stride, a_bs} : Operand{p.a, p.M, p.K, p.a_k_stride, a_bs};
-    b_op = Operand{p.b, p.K, p.N, p.b_col_stride, b_bs};
+    a_op = a_kmajor ? Operand{a, p.K, p.M, a_rs, a_bs} : Operand{a, p.M, p.K, a_ks, a_bs};
+    b_op = Operand{b, p.K, p.N, b_cs, b_bs};
   } else if (a_kmajor && b_nmajor) {  // out^T = B^T A^T
     tp.rows = p.N, tp.cols = p.M, tp.transposed = true;
     kernel_a_kmajor = false;
-    a_op = Operand{p.b, p.N, p.K, p.b_k_stride, b_bs};
-    b_op = Operand{p.a, p.K, p.M, p.a_row_stride, a_bs};
+    a_op = Operand{b, p.N, p.K, b_ks, b_bs};
+    b_op = Operand{a, p.K, p.M, a_rs, a_bs};
   } else if (a_mmajor && b_nmajor) {
     tp.rows = p.M, tp.cols = p.N;
     kernel_a_kmajor = false;
     transform = true;
-    a_op = Operand{p.a, p.M, p.K, p.a_k_stride, a_bs};
-    b_op = Operand{p.b, p.N, p.K, p.b_k_stride, b_bs};
+    a_op = Operand{a, p.M, p.K, a_ks, a_bs};
+    b_op = Operand{b, p.N, p.K, b_ks, b_bs};
   } else {
     return kNotTaken;
   }
   tp.a_batched = a_op.batch_stride != 0;
   tp.b_batched = b_op.batch_stride != 0;
-  Plan pl = plan(tp.rows, tp.cols, p.K, p.batch, sms, precision, transform, kMaxSplits);
-  const long long needed = pl.splits > 1 ? pl.splits * static_cast<long long>(p.batch) * p.M * p.N : 0;
-  if (needed > workspace_floats || (needed > 0 && !mt::is_aligned16(workspace))) {
-    pl = plan(tp.rows, tp.cols, p.K, p.batch, sms, precision, transform, 1);
+  const bool stream_k = uses_stream_k(precision) && ws_left >= stream_k_floats(sms);
+  Plan pl = plan(tp.rows, tp.cols, p.K, p.batch, sms, precision, transform, stream_k, kMaxSplits);
+  if (pl.splits > 1 && pl.splits * static_cast<long long>(p.batch) * p.M * p.N > ws_left) {
+    pl = plan(tp.rows, tp.cols, p.K, p.batch, sms, precision, transform, stream_k, 1);
   }
+  if (pl.tiles == 0) return kNotTaken;
   CUtensorMap a_map, b_map;
   const bool mapped = (kernel_a_kmajor ? encode(&a_map, a_op, p.batch, kBK, kBM) : encode(&a_map, a_op, p.batch, 32, 32)) &&
                       (transform ? encode(&b_map, b_op, p.batch, 32, 32) : encode(&b_map, b_op, p.batch, kBK, pl.bn));
   if (!mapped) return kNotTaken;
   tp.tiles_m = static_cast<int>(ceil_div(tp.rows, kBM));
   tp.tiles_n = static_cast<int>(ceil_div(tp.cols, pl.bn));
+  tp.tiles = pl.tiles;
+  tp.k_tiles = pl.k_tiles;
   tp.splits = pl.splits;
   tp.k_tiles_per_split = pl.k_tiles_per_split;
-  const long long units = static_cast<long long>(tp.tiles_m) * tp.tiles_n * pl.splits * p.batch;
-  if (units > INT32_MAX) return kNotTaken;
-  tp.units = static_cast<int>(units);
-  if (pl.splits > 1) tp.p = partial_params(p, workspace);
-  *splits = pl.splits;
-  return precision == kHighest
-             ? launch_precision<kHighest>(a_map, b_map, tp, kernel_a_kmajor, transform, pl.bn, sms, stream)
-             : launch_precision<kHigh>(a_map, b_map, tp, kernel_a_kmajor, transform, pl.bn, sms, stream);
+  tp.dp_units = pl.dp_units;
+  tp.sk_iters = pl.sk_iters;
+  if (copy_src != nullptr) {
+    const dim3 grid(static_cast<unsigned>(ceil_div(copy_rows, 32)), static_cast<unsigned>(ceil_div(p.K, 32)),
+                    static_cast<unsigned>(copy_mats));
+    transpose_kernel<<<grid, dim3(32, 8), 0, stream>>>(copy_src, copy_rows, p.K, copy_stride, copy_bs, copy_dst,
+                                                       copy_ld);
+    MT_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  if (pl.splits > 1) tp.p = partial_params(p, ws);
+  if (pl.sk_iters > 0) {
+    tp.partials = ws;
+    tp.flags = reinterpret_cast<int*>(ws + static_cast<long long>(sms) * kBM * 256);
+    MT_RETURN_IF_ERROR(cudaMemsetAsync(tp.flags, 0, sizeof(int) * 8 * pl.grid, stream));
+  }
+  const int status =
+      precision == kHighest
+          ? launch_precision<kHighest>(a_map, b_map, tp, kernel_a_kmajor, transform, pl.bn, pl.grid, stream)
+          : launch_precision<kHigh>(a_map, b_map, tp, kernel_a_kmajor, transform, pl.bn, pl.grid, stream);
+  return status != 0 || pl.splits == 1 ? status : reduce_splits(p, ws, pl.splits, sms, stream);
 }
 
 }  // namespace tma

@@ -1,7 +1,8 @@
 """Bindings of matmul_kernel.so (src/matmul_kernel.cu): batched, broadcasting products over any
 strides on the tensor cores (3xTF32 "highest" or TF32 "high", see minitorch.precision), with
-bias / GELU / ReLU epilogues.  The library splits K itself for few-tile products (weight
-gradients) into a workspace this binding allocates from the caching allocator."""
+bias / GELU / ReLU epilogues.  The library balances few-tile products (weight gradients) over the
+SMs (stream-K, or K splits) and may copy an operand K-major, in a workspace this binding allocates
+from the caching allocator."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, runtime
 
 _P, _I, _LL, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, MtLayout
 SIGNATURES = {
-    "matmul_workspace_floats": (_LL, [_I, _I, _I, _I]),
+    "matmul_workspace_floats": (_LL, [_I, _I, _I, _I, _I, _I, _I, _I, _I]),
     "launch_matmul": (_I, [_P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _I, _L, _L, _P, _I, _P, _I, _I, _P, _LL, _P]),
 }
 EPILOGUES = {None: 0, "bias": 1, "gelu": 2, "relu": 3}
@@ -45,10 +46,11 @@ def _launch(
 ) -> None:  # fmt: skip
     rt = runtime()
     lib = rt.lib("matmul_kernel", SIGNATURES)
-    ws_len = lib.matmul_workspace_floats(M, N, K, batch)
+    precision = precision_code()
+    ws_len = lib.matmul_workspace_floats(M, N, K, batch, *strides, precision)
     ws = rt.buffer(ws_len) if ws_len > 0 else None
     code = lib.launch_matmul(
-        out, N if ldc is None else ldc, a, b, M, N, K, *strides, a_batch, b_batch, bias, epilogue, pre_act, int(accumulate), precision_code(),
+        out, N if ldc is None else ldc, a, b, M, N, K, *strides, a_batch, b_batch, bias, epilogue, pre_act, int(accumulate), precision,
         None if ws is None else ws.data_ptr(), max(ws_len, 0), rt.stream(),
     )  # fmt: skip
     check(code, lib, what)

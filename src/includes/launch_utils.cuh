@@ -1,11 +1,13 @@
-// Launcher checks and the grid-stride launch shared by the general kernels (combine.cu,
-// matmul_simt.cu, embedding_kernel.cu, random_kernel.cu).
+// Launcher checks, the shared-memory opt-in and the grid-stride launch shared by the kernels'
+// launchers (combine.cu, embedding_kernel.cu, random_kernel.cu, matmul_kernel.cu, ...).
 //
 // A grid-stride kernel walks work items i = grid_stride_first(), += grid_stride_step(), over a grid
 // of kGridStrideThreads-thread blocks that launch_grid_stride caps at one wave of resident blocks.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <atomic>
 
 #include "cuda_check.cuh"
 #include "device_info.cuh"
@@ -34,6 +36,20 @@ inline bool valid_layout(const MtLayout& l) {
     if (l.shape[d] < 0) return false;
   }
   return true;
+}
+
+// Raises a kernel's dynamic shared-memory limit (needed above 48 KB) to bytes, once per device: each
+// kernel (not each launcher template, which may serve several kernels) keeps its own done_devices.
+template <class Kernel>
+cudaError_t allow_shared_memory(Kernel kernel, int bytes, std::atomic<unsigned long long>* done_devices) {
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  const unsigned long long bit = device < 64 ? 1ull << device : 0ull;
+  if (bit != 0 && (done_devices->load() & bit) != 0) return cudaSuccess;
+  status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (status == cudaSuccess) done_devices->fetch_or(bit);
+  return status;
 }
 
 __device__ __forceinline__ long long grid_stride_first() {
