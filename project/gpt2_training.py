@@ -3,7 +3,7 @@ one optimization step, validation loss, the resumable training state (the model 
 beside a project/run_checkpoint.py archive) and the loss plot.
 
 Per step the host sends one batch (two [B, T] arrays) and reads back the loss (and the gradient
-norm when clipping); everything else stays on the backend.
+norm when clipping); everything else stays on the backend, and on CUDA a step can be one graph replay.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any, Optional
 import numpy as np
 
 import minitorch
+from minitorch.cuda.graphs import StepGraphs
 from project.gpt2_model import GPT2
 from project.llmc_format import ShardLoader
 from project.run_checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -36,23 +37,55 @@ def learning_rate(step: int, peak: float, warmup_steps: int, total_steps: int, f
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak - floor)
 
 
-def train_step(
-    model: GPT2, optimizer: minitorch.AdamW, inputs: np.ndarray, targets: np.ndarray, lr: float, loss_kind: str,
-    gradient_sync: Optional[Callable[[], None]] = None,
-) -> tuple[float, Optional[float]]:  # fmt: skip
-    """One update on a [B, T] batch: loss, backward, gradient_sync (data parallel: the gradients
-    combined over the processes), AdamW at this lr (which clips the gradients' global norm when it
-    has a max_grad_norm). Returns (this process's loss, gradient norm before clipping, or None when
-    the optimizer does not clip)."""
-    loss = model.loss(model.token_ids(inputs), model.token_ids(targets), loss_kind)
-    optimizer.zero_grad()
-    loss.backward()
-    if gradient_sync is not None:
-        gradient_sync()
-    optimizer.lr = lr
-    optimizer.step()
-    norm = optimizer.grad_norm().item() if optimizer.max_grad_norm else None
-    return loss.item(), norm
+class TrainStep:
+    """One update per call on a [B, T] batch: loss, backward, gradient_sync (data parallel: the
+    gradients combined over the processes), AdamW at the call's lr (which clips the gradients' global
+    norm when it has a max_grad_norm). Returns (this process's loss, gradient norm before clipping, or
+    None when the optimizer does not clip).
+
+    use_graphs (CUDA only): the first step of a batch shape runs eagerly and is then captured in a CUDA
+    graph (minitorch.cuda.graphs.StepGraphs) that later steps of that shape replay, one launch instead
+    of a Python dispatch per kernel. The batch goes through device buffers the graph reads, the learning
+    rate through the optimizer's device state, and the loss through a device value the step writes."""
+
+    def __init__(
+        self, model: GPT2, optimizer: minitorch.AdamW, loss_kind: str,
+        gradient_sync: Optional[Callable[[], None]] = None, use_graphs: bool = False,
+    ):  # fmt: skip
+        if use_graphs and not model.backend.cuda:
+            raise ValueError("CUDA graphs need the CUDA backend")
+        self.model, self.optimizer, self.loss_kind, self.gradient_sync = model, optimizer, loss_kind, gradient_sync
+        self.loss = minitorch.zeros((1,), backend=model.backend)
+        self._batches: dict = {}
+        self._graphs = StepGraphs(use_graphs)
+
+    def __call__(self, inputs: np.ndarray, targets: np.ndarray, lr: float) -> tuple[float, Optional[float]]:
+        ids, tgt = self.model.token_ids(inputs), self.model.token_ids(targets)
+        batch = self._batches.get(ids.shape)
+        if batch is None:
+            batch = self._batches[ids.shape] = (ids, tgt)
+        else:
+            batch[0].copy_(ids)
+            batch[1].copy_(tgt)
+        self.optimizer.lr = lr
+        self.optimizer.begin_step()
+        self._graphs.run(ids.shape, lambda: self._run(*batch))
+        norm = self.optimizer.grad_norm().item() if self.optimizer.max_grad_norm else None
+        return self.loss.item(), norm
+
+    def release_graphs(self) -> None:
+        """Free the captured graphs (call before leaving a process group whose all-reduces they hold)."""
+        self._graphs.release()
+
+    def _run(self, ids: minitorch.Tensor, targets: minitorch.Tensor) -> None:
+        loss = self.model.loss(ids, targets, self.loss_kind)
+        self.optimizer.zero_grad()
+        loss.backward()
+        if self.gradient_sync is not None:
+            self.gradient_sync()
+        self.optimizer.update()
+        with minitorch.no_grad():
+            self.loss.copy_(loss.detach().view(1))
 
 
 def validation_loss(model: GPT2, loader: ShardLoader, batches: int, loss_kind: str) -> float:

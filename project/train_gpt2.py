@@ -40,7 +40,7 @@ from project.gpt2_training import (
     load_training_state,
     plot_losses,
     save_training_state,
-    train_step,
+    TrainStep,
     validation_loss,
 )
 from project.llmc_format import GPT2Config, ShardLoader
@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="naive: [B*T, V] logits + cross_entropy; fused: fused_linear_cross_entropy (no logits)")
     how.add_argument("--recompute-layers", type=str2bool, default=False, metavar="true|false",
                      help="gradient checkpointing: recompute each layer in backward instead of keeping it")
+    how.add_argument("--cuda-graphs", type=str2bool, default=True, metavar="true|false",
+                     help="on the CUDA backend, capture the training step in a CUDA graph and replay it")
     how.add_argument("--matmul-precision", choices=minitorch.precision.PRECISIONS, default="highest",
                      help=minitorch.precision.PRECISION_HELP)
     p.add_argument("--out-dir", default="runs/gpt2", help="metrics, plot, checkpoints and the final model.bin")
@@ -226,6 +228,7 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
     optimizer = minitorch.AdamW(
         model.parameters(), lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
     )
+    train_step = TrainStep(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda)
     total_steps = args.steps or train.batches_per_epoch
     step, records = 0, []
     if args.resume_from:
@@ -269,7 +272,7 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
         start = time.perf_counter()
         inputs, targets = train.next_batch()
         lr = learning_rate(step, args.lr, args.warmup_steps, total_steps, args.final_lr_frac)
-        loss, norm = train_step(model, optimizer, inputs, targets, lr, args.loss, parallel.gradient_sync)
+        loss, norm = train_step(inputs, targets, lr)
         seconds = time.perf_counter() - start
         loss = parallel.sum(loss)[0] / N  # the step's loss over all N x B x T tokens
         step += 1
@@ -287,6 +290,7 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
             where = save_training_state(out_dir / f"checkpoint_{step:06d}", model, optimizer, step, train, vars(args))
             print(f"step {step:5d} | saved {where}", flush=True)
 
+    train_step.release_graphs()
     memory = peak_memory_mb(backend)
     log({"step": step, **memory})
     if not parallel.is_main:

@@ -11,7 +11,7 @@ import torch
 import minitorch
 from project.gpt2_model import GPT2, gpt2_init_params, row_range
 from project.gpt2_sample import generate, sample_token
-from project.gpt2_training import train_step
+from project.gpt2_training import TrainStep
 from project.llmc_format import GPT2Config, LlmcFormatError, ShardLoader, parameter_shapes, read_checkpoint, write_shard
 
 F = torch.nn.functional
@@ -145,7 +145,8 @@ def test_tiny_model_trains_on_a_generated_shard(tmp_path):
     loader = ShardLoader(str(tmp_path / "t_train_*.bin"), 4, 16)
     model = GPT2.fresh(CONFIG, seed=10, backend=FAST, attention="fused")
     optimizer = minitorch.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, max_grad_norm=1.0)
-    losses = [train_step(model, optimizer, *loader.next_batch(), 3e-3, "fused")[0] for _ in range(6)]
+    step = TrainStep(model, optimizer, "fused")
+    losses = [step(*loader.next_batch(), 3e-3)[0] for _ in range(6)]
     assert losses[0] > 3.5 and losses[-1] < losses[0] - 0.5, losses
 
 
