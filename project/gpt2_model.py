@@ -196,9 +196,10 @@ class GPT2(Module):
         return write_checkpoint(path, self.config, self.llmc_params())
 
     # ---- forward -------------------------------------------------------------------------------
-    def token_ids(self, ids: np.ndarray) -> Tensor:
+    def token_ids(self, ids: np.ndarray, out: Optional[Tensor] = None) -> Tensor:
         """A [B, T] tensor on the model's backend from an integer array, after checking every id is
-        in [0, vocab_size) and T <= max_seq_len (so no id reaches the padding rows)."""
+        in [0, vocab_size) and T <= max_seq_len (so no id reaches the padding rows). With `out` (a
+        [B, T] tensor of the backend) the ids are uploaded into it, without waiting on the device."""
         ids = np.asarray(ids)
         if ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
             raise ValueError(f"token ids must be a non-empty [B, T] integer array, got {ids.dtype} {ids.shape}")
@@ -208,6 +209,8 @@ class GPT2(Module):
             raise ValueError(f"token id {ids.reshape(-1)[bad[0]]} is outside [0, {V}) (the model's vocab_size)")
         if ids.shape[1] > self.config.max_seq_len:
             raise ValueError(f"sequence length {ids.shape[1]} exceeds the model's max_seq_len {self.config.max_seq_len}")
+        if out is not None:
+            return out.copy_(ids)
         return minitorch.tensor_from_numpy(ids, backend=self.backend)
 
     def hidden_states(self, idx: Tensor) -> Tensor:

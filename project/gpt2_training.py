@@ -56,20 +56,20 @@ class TrainStep:
             raise ValueError("CUDA graphs need the CUDA backend")
         self.model, self.optimizer, self.loss_kind, self.gradient_sync = model, optimizer, loss_kind, gradient_sync
         self.loss = minitorch.zeros((1,), backend=model.backend)
-        self._batches: dict = {}
+        self._batches: dict = {}  # batch shape -> the device buffers of its ids and targets
         self._graphs = StepGraphs(use_graphs)
 
     def __call__(self, inputs: np.ndarray, targets: np.ndarray, lr: float) -> tuple[float, Optional[float]]:
-        ids, tgt = self.model.token_ids(inputs), self.model.token_ids(targets)
-        batch = self._batches.get(ids.shape)
+        shape = np.shape(inputs)
+        batch = self._batches.get(shape)
         if batch is None:
-            batch = self._batches[ids.shape] = (ids, tgt)
+            batch = self._batches[shape] = (self.model.token_ids(inputs), self.model.token_ids(targets))
         else:
-            batch[0].copy_(ids)
-            batch[1].copy_(tgt)
+            self.model.token_ids(inputs, out=batch[0])
+            self.model.token_ids(targets, out=batch[1])
         self.optimizer.lr = lr
         self.optimizer.begin_step()
-        self._graphs.run(ids.shape, lambda: self._run(*batch))
+        self._graphs.run(shape, lambda: self._run(*batch))
         norm = self.optimizer.grad_norm().item() if self.optimizer.max_grad_norm else None
         return self.loss.item(), norm
 

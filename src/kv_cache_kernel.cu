@@ -21,6 +21,7 @@
 //
 // The launcher follows cuda_check.cuh's contract: device pointers, sizes by value and a
 // cudaStream_t in, an int cudaError_t out (cudaErrorInvalidValue for bad sizes).
+#include <atomic>
 #include <cmath>
 #include <cuda_runtime.h>
 
@@ -48,7 +49,6 @@ __global__ void slot_write_kernel(float* buffer, const float* values, long long 
     base[r * row_stride + (i - r * n)] = values[r * values_stride + (i - r * n)];
   }
 }
-
 
 constexpr int kAttnWarps = 8;
 constexpr int kAttnThreads = 32 * kAttnWarps;
@@ -163,10 +163,11 @@ template <int NJ>
 int launch_slot_attention_nj(float* out, const float* q, long long q_stride, const float* keys, const float* values,
                              long long row_stride, const float* slot, const float* pads, int rows, int width, int heads,
                              int head_dim, float scale, int smem, cudaStream_t stream) {
+  static std::atomic<unsigned long long> configured{0};
   auto kernel = slot_attention_kernel<NJ>;
-  if (smem > 48 * 1024) {
-    MT_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  }
+  int optin = 0;
+  MT_RETURN_IF_ERROR(mt::shared_memory_optin(&optin));
+  MT_RETURN_IF_ERROR(mt::allow_shared_memory(kernel, optin, &configured));  // any size up to the device's
   kernel<<<rows, kAttnThreads, smem, stream>>>(out, q, q_stride, keys, values, row_stride, slot, pads, width, heads,
                                                head_dim, scale);
   return mt_launch_status();
@@ -195,11 +196,8 @@ int launch_slot_write(float* buffer, const float* values, long long values_strid
 long long slot_attention_smem_bytes(int width, int heads, int head_dim) {
   const long long channels = static_cast<long long>(heads) * head_dim;
   if (width < 1 || heads < 1 || head_dim < 1 || channels > kAttnMaxChannels) return -1;
-  int device = 0, limit = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    return -1;
-  }
+  int limit = 0;
+  if (mt::shared_memory_optin(&limit) != cudaSuccess) return -1;
   const long long need = slot_attention_smem(width, heads, static_cast<int>(channels));
   return need <= limit ? need : -1;
 }

@@ -84,13 +84,13 @@ struct Config {
 // their partial sums in `partials` and raise their `flags`.
 struct Params {
   MatmulParams p;
-  int rows, cols, K;  // the kernel's product: rows x cols, over K
+  int rows, cols;     // the kernel's product: rows x cols
   bool transposed;    // kernel element (r, c) is output element (c, r)
   bool a_batched, b_batched;
-  int tiles_m, tiles_n, tiles, k_tiles;  // tiles over the whole batch; K tiles of one tile
+  int tiles_m, tiles_n, k_tiles;  // tiles of one batch matrix; K tiles of one tile
   int splits, k_tiles_per_split;
   int dp_units;
-  long long sk_iters;  // (tiles - dp_units) * k_tiles
+  long long sk_iters;  // the K tiles of the stream-K tiles (those after the data-parallel units)
   float* partials;     // block c's partial tile at partials + c * kBM * BN, in the consumers' register order
   int* flags;          // flags[8 c + w] = 1 once consumer warp w of block c wrote its part (zeroed per launch)
 };
@@ -604,7 +604,7 @@ inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int b
 
 // The work plan: tile width, data-parallel units (tiles, or tiles x K splits), stream-K K tiles, grid.
 struct Plan {
-  int bn, tiles, k_tiles, splits, k_tiles_per_split, dp_units, grid;
+  int bn, k_tiles, splits, k_tiles_per_split, dp_units, grid;  // bn 0: no plan (too many tiles)
   long long sk_iters;
 };
 
@@ -629,13 +629,13 @@ inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precis
     const double k_tile_time = 2.0 * kBM * bn * kBK / rate;
     const long long tiles = ceil_div(rows, kBM) * ceil_div(cols, bn) * batch;
     if (tiles * max_splits > INT32_MAX) continue;
-    const int t = static_cast<int>(tiles), kt = static_cast<int>(k_tiles);
+    const int kt = static_cast<int>(k_tiles);
     for (int s = 1; s <= max_splits; ++s) {
       const long long per_split = ceil_div(k_tiles, s);
       if (s > 1 && (per_split < 4 || ceil_div(k_tiles, per_split) < s)) break;
       const long long units = tiles * s;
       consider(ceil_div(units, sms) * per_split * k_tile_time + (s > 1 ? 8.0 * s * batch * rows * cols / 2.5e12 : 0.0),
-               Plan{bn, t, kt, s, static_cast<int>(per_split), static_cast<int>(units),
+               Plan{bn, kt, s, static_cast<int>(per_split), static_cast<int>(units),
                     static_cast<int>(std::min<long long>(units, sms)), 0});
     }
     if (!stream_k || tiles % sms == 0) continue;
@@ -644,7 +644,7 @@ inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precis
     const int grid = static_cast<int>(std::min<long long>(iters, sms));
     const double parts = static_cast<double>(ceil_div(grid, shared) + 1) * kBM * bn * 4;
     consider((dp / sms * k_tiles + ceil_div(iters, grid)) * k_tile_time + parts * grid / 2.5e12,
-             Plan{bn, t, kt, 1, kt, static_cast<int>(dp), grid, iters});
+             Plan{bn, kt, 1, kt, static_cast<int>(dp), grid, iters});
   }
   return best;
 }
@@ -666,34 +666,34 @@ inline bool copies_operand(int precision, bool a_mmajor, bool b_nmajor) { return
 // Floats of the K-major copy of the smaller operand: [mats][rows][K rounded up to 4].
 inline long long copy_floats(int M, int N, int K, long long mats) { return mats * std::min(M, N) * ceil_div(K, 4) * 4; }
 
-// Floats of workspace that this path may use at these sizes and layouts: the operand copy, then the
-// larger of stream-K's and the K splits' needs (either orientation).
+// Floats of workspace that this path may use at these sizes and layouts: the operand copy, then what
+// the plan of either orientation shares its work through (stream-K's partial tiles, or K splits).
 inline long long workspace_floats(const MatmulParams& p, int precision, int sms) {
   const bool a_mmajor = p.a_row_stride == 1 && p.a_k_stride % 4 == 0;
   const bool b_nmajor = p.b_col_stride == 1 && p.b_k_stride % 4 == 0;
   const bool copy = copies_operand(precision, a_mmajor, b_nmajor);
-  long long most = uses_stream_k(precision) ? stream_k_floats(sms) : 0;
+  long long most = 0;
   for (int swap = 0; swap < 2; ++swap) {
     const Plan pl = plan(swap ? p.N : p.M, swap ? p.M : p.N, p.K, p.batch, sms, precision, a_mmajor && b_nmajor && !copy,
                          uses_stream_k(precision), kMaxSplits);
+    if (pl.sk_iters > 0) most = std::max(most, stream_k_floats(sms));
     if (pl.splits > 1) most = std::max(most, pl.splits * static_cast<long long>(p.batch) * p.M * p.N);
   }
   return most + (copy ? copy_floats(p.M, p.N, p.K, p.batch) : 0);
 }
 
-// The transposes of an operand's [outer][inner] matrices: element (i, o) of matrix z at
-// src[i + o * outer_stride + z * batch_stride] to dst[z * inner * ld + i * ld + o], through 32 x 32 tiles of
-// shared memory (32 x 8 threads).
-__global__ void transpose_kernel(const float* src, int inner, int outer, int outer_stride, long long batch_stride,
-                                 float* dst, int ld) {
+// The transposes of op's matrices: element (i, o) of matrix z to dst[z * inner * ld + i * ld + o],
+// through 32 x 32 tiles of shared memory (32 x 8 threads; grid: inner / 32, outer / 32, matrices).
+__global__ void transpose_kernel(const Operand op, float* dst, int ld) {
   __shared__ float tile[32][33];
+  const int inner = static_cast<int>(op.inner), outer = static_cast<int>(op.outer);
   const int i0 = blockIdx.x * 32, o0 = blockIdx.y * 32;
-  src += blockIdx.z * batch_stride;
+  const float* src = op.base + blockIdx.z * op.batch_stride;
   dst += static_cast<long long>(blockIdx.z) * inner * ld;
 #pragma unroll
   for (int r = threadIdx.y; r < 32; r += 8) {
     const int o = o0 + r, i = i0 + threadIdx.x;
-    if (o < outer && i < inner) tile[r][threadIdx.x] = src[static_cast<long long>(o) * outer_stride + i];
+    if (o < outer && i < inner) tile[r][threadIdx.x] = src[o * op.outer_stride + i];
   }
   __syncthreads();
 #pragma unroll
@@ -750,27 +750,26 @@ inline int launch(const MatmulParams& p, int precision, float* workspace, long l
   float* ws = mt::is_aligned16(workspace) ? workspace : nullptr;
   long long ws_left = ws != nullptr ? workspace_floats : 0;
 
-  // The smaller operand's K-major copy, where copies_operand asks for one: [mats][rows][ld].
-  const float* copy_src = nullptr;
+  // The smaller operand's K-major copy, where copies_operand asks for one: the copied operand (inner:
+  // its rows, outer: K; no base: none) goes to [mats][rows][copy_ld] at copy_dst.
+  Operand copy{};
   float* copy_dst = nullptr;
-  int copy_rows = 0, copy_stride = 0, copy_ld = 0;
-  long long copy_bs = 0, copy_mats = 0;
+  int copy_ld = 0;
+  long long copy_mats = 0;
   if (copies_operand(precision, a_rs == 1 && a_ks % 4 == 0, b_cs == 1 && b_ks % 4 == 0)) {
     const bool of_a = p.M <= p.N;
-    copy_bs = of_a ? a_bs : b_bs;
-    copy_mats = copy_bs != 0 ? p.batch : 1;
+    const long long bs = of_a ? a_bs : b_bs;
+    copy_mats = bs != 0 ? p.batch : 1;
     const long long floats = copy_floats(p.M, p.N, p.K, copy_mats);
     if (floats <= ws_left && copy_mats <= kMaxGridZ) {
-      copy_src = of_a ? a : b;
+      copy = of_a ? Operand{a, p.M, p.K, a_ks, bs} : Operand{b, p.N, p.K, b_ks, bs};
       copy_dst = ws;
-      copy_rows = std::min(p.M, p.N);
-      copy_stride = of_a ? a_ks : b_ks;
       copy_ld = static_cast<int>(ceil_div(p.K, 4) * 4);
-      const long long copy_matrix = copy_mats > 1 ? static_cast<long long>(copy_rows) * copy_ld : 0;
+      const long long matrix = copy_mats > 1 ? copy.inner * copy_ld : 0;
       if (of_a) {
-        a = ws, a_rs = copy_ld, a_ks = 1, a_bs = copy_matrix;
+        a = ws, a_rs = copy_ld, a_ks = 1, a_bs = matrix;
       } else {
-        b = ws, b_ks = 1, b_cs = copy_ld, b_bs = copy_matrix;
+        b = ws, b_ks = 1, b_cs = copy_ld, b_bs = matrix;
       }
       ws += floats;
       ws_left -= floats;
@@ -781,7 +780,6 @@ inline int launch(const MatmulParams& p, int precision, float* workspace, long l
   const bool b_kmajor = b_ks == 1 && b_cs % 4 == 0, b_nmajor = b_cs == 1 && b_ks % 4 == 0;
   Params tp{};
   tp.p = p;
-  tp.K = p.K;
   Operand a_op, b_op;  // the kernel's A' (rows: inner or outer) and B' (K-major, or N-major to transform)
   bool kernel_a_kmajor, transform = false;
   if (b_kmajor && (a_kmajor || a_mmajor)) {
@@ -810,24 +808,22 @@ inline int launch(const MatmulParams& p, int precision, float* workspace, long l
   if (pl.splits > 1 && pl.splits * static_cast<long long>(p.batch) * p.M * p.N > ws_left) {
     pl = plan(tp.rows, tp.cols, p.K, p.batch, sms, precision, transform, stream_k, 1);
   }
-  if (pl.tiles == 0) return kNotTaken;
+  if (pl.bn == 0) return kNotTaken;
   CUtensorMap a_map, b_map;
   const bool mapped = (kernel_a_kmajor ? encode(&a_map, a_op, p.batch, kBK, kBM) : encode(&a_map, a_op, p.batch, 32, 32)) &&
                       (transform ? encode(&b_map, b_op, p.batch, 32, 32) : encode(&b_map, b_op, p.batch, kBK, pl.bn));
   if (!mapped) return kNotTaken;
   tp.tiles_m = static_cast<int>(ceil_div(tp.rows, kBM));
   tp.tiles_n = static_cast<int>(ceil_div(tp.cols, pl.bn));
-  tp.tiles = pl.tiles;
   tp.k_tiles = pl.k_tiles;
   tp.splits = pl.splits;
   tp.k_tiles_per_split = pl.k_tiles_per_split;
   tp.dp_units = pl.dp_units;
   tp.sk_iters = pl.sk_iters;
-  if (copy_src != nullptr) {
-    const dim3 grid(static_cast<unsigned>(ceil_div(copy_rows, 32)), static_cast<unsigned>(ceil_div(p.K, 32)),
+  if (copy.base != nullptr) {
+    const dim3 grid(static_cast<unsigned>(ceil_div(copy.inner, 32)), static_cast<unsigned>(ceil_div(copy.outer, 32)),
                     static_cast<unsigned>(copy_mats));
-    transpose_kernel<<<grid, dim3(32, 8), 0, stream>>>(copy_src, copy_rows, p.K, copy_stride, copy_bs, copy_dst,
-                                                       copy_ld);
+    transpose_kernel<<<grid, dim3(32, 8), 0, stream>>>(copy, copy_dst, copy_ld);
     MT_RETURN_IF_ERROR(cudaGetLastError());
   }
   if (pl.splits > 1) tp.p = partial_params(p, ws);

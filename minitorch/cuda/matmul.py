@@ -23,6 +23,7 @@ EPILOGUES = {None: 0, "bias": 1, "gelu": 2, "relu": 3}
 _SINGLE = layout((1,), (0,))  # the batch layout of one product
 
 _plans: Dict[tuple, Tuple[Tuple[int, ...], Tuple[int, int, int, int], MtLayout, MtLayout]] = {}
+_workspace: Dict[tuple, int] = {}  # (M, N, K, batch, strides, precision) -> the library's workspace floats
 
 
 def _plan(a: TensorData, b: TensorData) -> Tuple[Tuple[int, ...], Tuple[int, int, int, int], MtLayout, MtLayout]:
@@ -47,7 +48,10 @@ def _launch(
     rt = runtime()
     lib = rt.lib("matmul_kernel", SIGNATURES)
     precision = precision_code()
-    ws_len = lib.matmul_workspace_floats(M, N, K, batch, *strides, precision)
+    key = (M, N, K, batch, strides, precision)
+    ws_len = _workspace.get(key)
+    if ws_len is None:
+        ws_len = remember(_workspace, key, lib.matmul_workspace_floats(M, N, K, batch, *strides, precision))
     ws = rt.buffer(ws_len) if ws_len > 0 else None
     code = lib.launch_matmul(
         out, N if ldc is None else ldc, a, b, M, N, K, *strides, a_batch, b_batch, bias, epilogue, pre_act, int(accumulate), precision,

@@ -26,6 +26,24 @@ inline cudaError_t sm_count(int* out) {
   return cudaSuccess;
 }
 
+// Shared memory a block may opt in to on the current device, in bytes (queried once per device).
+inline cudaError_t shared_memory_optin(int* out) {
+  static int cached[kMaxDevicesCached] = {0};
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  if (device < kMaxDevicesCached && cached[device] > 0) {
+    *out = cached[device];
+    return cudaSuccess;
+  }
+  int bytes = 0;
+  status = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (status != cudaSuccess) return status;
+  if (device < kMaxDevicesCached) cached[device] = bytes;
+  *out = bytes;
+  return cudaSuccess;
+}
+
 }  // namespace mt
 
 namespace mt {
