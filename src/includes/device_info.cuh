@@ -7,41 +7,35 @@ namespace mt {
 
 constexpr int kMaxDevicesCached = 64;
 
+// The current device's value of attr into *out, queried once per device: cached[device] keeps it
+// (one array per attribute, 0 = not asked yet).
+inline cudaError_t cached_attribute(cudaDeviceAttr attr, int (&cached)[kMaxDevicesCached], int* out) {
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  if (device < kMaxDevicesCached && cached[device] > 0) {
+    *out = cached[device];
+    return cudaSuccess;
+  }
+  int value = 0;
+  status = cudaDeviceGetAttribute(&value, attr, device);
+  if (status != cudaSuccess) return status;
+  if (device < kMaxDevicesCached) cached[device] = value;
+  *out = value;
+  return cudaSuccess;
+}
+
 // Number of streaming multiprocessors of the current device (0 on error, which callers treat as
 // "launch failed" through the error code they return).
 inline cudaError_t sm_count(int* out) {
   static int cached[kMaxDevicesCached] = {0};
-  int device = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status != cudaSuccess) return status;
-  if (device < kMaxDevicesCached && cached[device] > 0) {
-    *out = cached[device];
-    return cudaSuccess;
-  }
-  int count = 0;
-  status = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  if (status != cudaSuccess) return status;
-  if (device < kMaxDevicesCached) cached[device] = count;
-  *out = count;
-  return cudaSuccess;
+  return cached_attribute(cudaDevAttrMultiProcessorCount, cached, out);
 }
 
-// Shared memory a block may opt in to on the current device, in bytes (queried once per device).
+// Shared memory a block may opt in to on the current device, in bytes.
 inline cudaError_t shared_memory_optin(int* out) {
   static int cached[kMaxDevicesCached] = {0};
-  int device = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status != cudaSuccess) return status;
-  if (device < kMaxDevicesCached && cached[device] > 0) {
-    *out = cached[device];
-    return cudaSuccess;
-  }
-  int bytes = 0;
-  status = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (status != cudaSuccess) return status;
-  if (device < kMaxDevicesCached) cached[device] = bytes;
-  *out = bytes;
-  return cudaSuccess;
+  return cached_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, cached, out);
 }
 
 }  // namespace mt
