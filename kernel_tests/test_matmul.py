@@ -273,6 +273,27 @@ def test_epilogues_aligned(epilogue: int, b_t: bool, precision: int) -> None:
     assert float((out.double() - y).abs().max()) / scale < tol
 
 
+@pytest.mark.parametrize(
+    "M, N, K, b_t",
+    [(4096, 768, 768, False), (700, 4000, 512, True), (4000, 700, 512, False)],
+)  # fmt: skip
+def test_tile_widths_high(M: int, N: int, K: int, b_t: bool) -> None:
+    """"high" products whose plan takes 192-wide tiles (768 or 4000 kernel columns: 4 or 21 tiles and a
+    ragged one), in both orientations (b_t: B K-major; else x @ W, written transposed), with the GELU
+    epilogue and its pre-activation, and without workspace (other tile widths or K splits)."""
+    gen = torch.Generator(device="cuda").manual_seed(M + N + K)
+    a, b = aligned_operand(gen, (M, K), False), aligned_operand(gen, (K, N), b_t)
+    bias = torch.randn(N, generator=gen, device="cuda")
+    x = a.double() @ b.double() + bias.double()
+    scale = float(x.abs().max())
+    for workspace in ("exact", "none"):
+        out, pre = (torch.full((M, N), float("nan"), device="cuda") for _ in range(2))
+        launch(out, a, b, precision=HIGH, bias=bias, epilogue=EPI_GELU, pre_act=pre, workspace=workspace)
+        assert float((pre.double() - x).abs().max()) / scale < 3e-3
+        assert float((out.double() - gelu64(x)).abs().max()) / scale < 3e-3
+    check_product(a, b, HIGH)
+
+
 def test_batch_aligned() -> None:
     """One batch dim on 16-byte strides: a batched A against a broadcast weight (transposed
     orientation) and two batched operands (direct)."""

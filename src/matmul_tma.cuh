@@ -11,8 +11,9 @@
 // takes one of those two ways; "highest", or a product without workspace, keeps B N-major and the
 // transform warps transpose each staged tile.
 //
-// Block 128 x BN x 32, 384 threads, one block per SM, persistent over its work (see Params: output
-// tiles, or tiles x K splits, and a stream-K share of K tiles), grouped as tile_coords orders them:
+// Block 128 x BN x 32 (BN 128; 192 or 256 for "high" without the transform), 384 threads, one block
+// per SM, persistent over its work (see Params: output tiles, or tiles x K splits, and a stream-K share
+// of K tiles), grouped as tile_coords orders them:
 //   warp 0 (lane 0)    the producer: per K tile, waits for a free ring slot, then TMA-loads A' (128 x 32)
 //                      and B' (BN x 32) into it, the slot's `full` barrier counting the bytes;
 //   warps 1-3          the transform (where needed): per K tile, from the landed B' tile, write the
@@ -199,32 +200,52 @@ __device__ __forceinline__ uint64_t swizzled_desc(uint32_t addr) {
          1ull << 62;
 }
 
-// d (+)= a b for one m64n256k8 TF32 product, A from registers; returns before the product is done.
-__device__ __forceinline__ void wgmma_m64n256k8_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b_desc,
-                                                   int accumulate) {
+// d (+)= a b for one m64nNk8 TF32 product (N = 256, 192), A from registers; returns before the product
+// is done.
 #define MT_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define MT_D16(i) MT_D4(i), MT_D4(i + 4), MT_D4(i + 8), MT_D4(i + 12)
+__device__ __forceinline__ void wgmma_m64n256k8_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b_desc,
+                                                   int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
-      "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
-      "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "
-      "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, "
-      "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, "
-      "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "
+      "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
+      "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
+      "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
+      "%123, %124, %125, %126, %127"
       "}, {%128, %129, %130, %131}, %132, p, 1, 1;\n}\n"
       : MT_D16(0), MT_D16(16), MT_D16(32), MT_D16(48), MT_D16(64), MT_D16(80), MT_D16(96), MT_D16(112)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_m64n192k8_rs(float (&d)[96], const uint32_t (&a)[4], uint64_t b_desc,
+                                                   int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "
+      "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
+      "%92, %93, %94, %95"
+      "}, {%96, %97, %98, %99}, %100, p, 1, 1;\n}\n"
+      : MT_D16(0), MT_D16(16), MT_D16(32), MT_D16(48), MT_D16(64), MT_D16(80)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
 #undef MT_D16
 #undef MT_D4
-}
 
 template <int BN>
 __device__ __forceinline__ void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t b_desc, int accumulate) {
   if constexpr (BN == 256) {
     wgmma_m64n256k8_rs(d, a, b_desc, accumulate);
+  } else if constexpr (BN == 192) {
+    wgmma_m64n192k8_rs(d, a, b_desc, accumulate);
   } else {
     wgmma_m64n128k8(d, a, b_desc, accumulate);
   }
@@ -609,12 +630,14 @@ struct Plan {
 };
 
 // Least estimated time over tile widths and ways to share the work. One K tile of one output tile
-// costs 2 x 128 x BN x 32 flops at an SM's rate (TF32 ~3 TFLOP/s at BN 256, 2.6 at BN 128; "highest" does
-// three products, ~1). Data-parallel work takes ceil(units / sms) waves of its units' K tiles; K splits
+// costs 2 x 128 x BN x 32 flops at an SM's rate (TF32 ~3 TFLOP/s at BN 256, 2.9 at 192, 2.6 at 128;
+// "highest" does three products, ~1). BN 192 fits widths such as 768 and 4096 to the 132 SMs in fewer
+// waves than 256 (768 x 4096: 132 tiles against 96). Data-parallel work takes ceil(units / sms) waves of its units' K tiles; K splits
 // add their partial products' traffic (written and read once, ~2.5 TB/s). Stream-K (where allowed) keeps
 // all but the last whole wave of tiles data-parallel and gives every block the same share of the rest's
-// K tiles; it adds the traffic of the partial tiles that a finishing block reads from the blocks sharing
-// its tile. A plan must win by 3% to replace the simpler one before it.
+// K tiles; it adds the time a finishing block takes to read the partial tiles of the blocks sharing its
+// tile (and to write its own), at one SM's share of L2 bandwidth (~100 GB/s): the blocks do this side by
+// side. A plan must win by 3% to replace the simpler one before it.
 inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precision, bool transform, bool stream_k,
                  int max_splits) {
   const long long k_tiles = ceil_div(K, kBK);
@@ -623,9 +646,9 @@ inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precis
   const auto consider = [&](double cost, const Plan& pl) {
     if (cost < best_cost * 0.97) best_cost = cost, best = pl;
   };
-  for (int bn = 256; bn >= 128; bn -= 128) {
-    if (bn == 256 && (precision != kHigh || transform)) continue;
-    const double rate = precision == kHighest ? 1.0e12 : bn == 256 ? 3.0e12 : 2.6e12;
+  for (const int bn : {256, 192, 128}) {
+    if (bn > 128 && (precision != kHigh || transform)) continue;
+    const double rate = precision == kHighest ? 1.0e12 : bn == 256 ? 3.0e12 : bn == 192 ? 2.9e12 : 2.6e12;
     const double k_tile_time = 2.0 * kBM * bn * kBK / rate;
     const long long tiles = ceil_div(rows, kBM) * ceil_div(cols, bn) * batch;
     if (tiles * max_splits > INT32_MAX) continue;
@@ -643,7 +666,7 @@ inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precis
     const long long iters = shared * k_tiles;
     const int grid = static_cast<int>(std::min<long long>(iters, sms));
     const double parts = static_cast<double>(ceil_div(grid, shared) + 1) * kBM * bn * 4;
-    consider((dp / sms * k_tiles + ceil_div(iters, grid)) * k_tile_time + parts * grid / 2.5e12,
+    consider((dp / sms * k_tiles + ceil_div(iters, grid)) * k_tile_time + parts / 1e11,
              Plan{bn, kt, 1, kt, static_cast<int>(dp), grid, iters});
   }
   return best;
@@ -722,6 +745,10 @@ int launch_precision(const CUtensorMap& a_map, const CUtensorMap& b_map, const P
     if (bn == 256) {
       return a_kmajor ? launch_instance<PREC, true, false, 256>(a_map, b_map, tp, grid, stream)
                       : launch_instance<PREC, false, false, 256>(a_map, b_map, tp, grid, stream);
+    }
+    if (bn == 192) {
+      return a_kmajor ? launch_instance<PREC, true, false, 192>(a_map, b_map, tp, grid, stream)
+                      : launch_instance<PREC, false, false, 192>(a_map, b_map, tp, grid, stream);
     }
   }
   return a_kmajor ? launch_instance<PREC, true, false, 128>(a_map, b_map, tp, grid, stream)
