@@ -632,12 +632,13 @@ struct Plan {
 // Least estimated time over tile widths and ways to share the work. One K tile of one output tile
 // costs 2 x 128 x BN x 32 flops at an SM's rate (TF32 ~3 TFLOP/s at BN 256, 2.9 at 192, 2.6 at 128;
 // "highest" does three products, ~1). BN 192 fits widths such as 768 and 4096 to the 132 SMs in fewer
-// waves than 256 (768 x 4096: 132 tiles against 96). Data-parallel work takes ceil(units / sms) waves of its units' K tiles; K splits
-// add their partial products' traffic (written and read once, ~2.5 TB/s). Stream-K (where allowed) keeps
-// all but the last whole wave of tiles data-parallel and gives every block the same share of the rest's
-// K tiles; it adds the time a finishing block takes to read the partial tiles of the blocks sharing its
-// tile (and to write its own), at one SM's share of L2 bandwidth (~100 GB/s): the blocks do this side by
-// side. A plan must win by 3% to replace the simpler one before it.
+// waves than 256 (768 x 4096: 132 tiles against 96). Data-parallel work takes ceil(units / sms) waves
+// of its units' K tiles; K splits add their partial products' traffic (written and read once,
+// ~2.5 TB/s). Stream-K (where allowed) keeps all but the last whole wave of tiles data-parallel and
+// gives every block the same share of the rest's K tiles; it adds the time a finishing block takes to
+// read the partial tiles of the blocks sharing its tile (and to write its own), at one SM's share of L2
+// bandwidth (~100 GB/s): the blocks do this side by side. A plan must win by 3% to replace the simpler
+// one before it.
 inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precision, bool transform, bool stream_k,
                  int max_splits) {
   const long long k_tiles = ceil_div(K, kBK);
@@ -737,22 +738,23 @@ int launch_instance(const CUtensorMap& a_map, const CUtensorMap& b_map, const Pa
   return mt_launch_status();
 }
 
+// The non-transform instance of tile width BN for A K-major or M-major.
+template <int PREC, int BN>
+int launch_width(const CUtensorMap& a_map, const CUtensorMap& b_map, const Params& tp, bool a_kmajor, int grid,
+                 cudaStream_t stream) {
+  return a_kmajor ? launch_instance<PREC, true, false, BN>(a_map, b_map, tp, grid, stream)
+                  : launch_instance<PREC, false, false, BN>(a_map, b_map, tp, grid, stream);
+}
+
 template <int PREC>
 int launch_precision(const CUtensorMap& a_map, const CUtensorMap& b_map, const Params& tp, bool a_kmajor,
                      bool transform, int bn, int grid, cudaStream_t stream) {
   if (transform) return launch_instance<PREC, false, true, 128>(a_map, b_map, tp, grid, stream);
   if constexpr (PREC == kHigh) {
-    if (bn == 256) {
-      return a_kmajor ? launch_instance<PREC, true, false, 256>(a_map, b_map, tp, grid, stream)
-                      : launch_instance<PREC, false, false, 256>(a_map, b_map, tp, grid, stream);
-    }
-    if (bn == 192) {
-      return a_kmajor ? launch_instance<PREC, true, false, 192>(a_map, b_map, tp, grid, stream)
-                      : launch_instance<PREC, false, false, 192>(a_map, b_map, tp, grid, stream);
-    }
+    if (bn == 256) return launch_width<PREC, 256>(a_map, b_map, tp, a_kmajor, grid, stream);
+    if (bn == 192) return launch_width<PREC, 192>(a_map, b_map, tp, a_kmajor, grid, stream);
   }
-  return a_kmajor ? launch_instance<PREC, true, false, 128>(a_map, b_map, tp, grid, stream)
-                  : launch_instance<PREC, false, false, 128>(a_map, b_map, tp, grid, stream);
+  return launch_width<PREC, 128>(a_map, b_map, tp, a_kmajor, grid, stream);
 }
 
 constexpr int kNotTaken = -1;
