@@ -328,10 +328,11 @@ def test_accumulate(M: int, N: int, K: int) -> None:
 @pytest.mark.parametrize("make", [operand, aligned_operand])
 @pytest.mark.parametrize("pad", [3, 4])
 def test_output_row_stride(precision: int, make, pad: int) -> None:
-    """Output rows ldc = N + pad floats apart (16-byte stores only where ldc allows), direct and split-K."""
+    """Output rows ldc = N + pad floats apart (16-byte stores only where ldc allows), direct and split-K,
+    in ragged and whole tiles (whole ones stored straight from the accumulators where ldc allows)."""
     gen = torch.Generator(device="cuda").manual_seed(pad + 2 * precision)
-    for M, N, K in [(150, 70, 96), (64, 60, 8192)]:
-        check_product(make(gen, (M, K), False), make(gen, (K, N), M == 64), precision, pad=pad)
+    for M, N, K in [(150, 70, 96), (64, 60, 8192), (256, 768, 96)]:
+        check_product(make(gen, (M, K), False), make(gen, (K, N), M != 150), precision, pad=pad)
 
 
 def test_empty_and_invalid() -> None:
