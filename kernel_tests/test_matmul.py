@@ -214,6 +214,39 @@ def test_stream_k(precision: int, M: int, N: int, K: int, a_t: bool, b_t: bool) 
     check_product(a, b, precision, workspace="none")
 
 
+def test_stream_k_graph_replay() -> None:
+    """Stream-K flags are not cleared before a launch: each launch raises them to its own token and clears
+    the ones it waited on. A launch captured in a CUDA graph (same token, same workspace every replay)
+    must give the eager result's bits on every replay, also after the workspace held other data."""
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    M, N, K = 768, 768, 4096  # attn proj dW: 36 tiles over every SM, ~4 blocks a tile
+    a, b = aligned_operand(gen, (M, K), True), aligned_operand(gen, (K, N), False)
+    eager = torch.empty(M, N, device="cuda")
+    launch(eager, a, b)
+    strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+    floats = LIB.matmul_workspace_floats(M, N, K, 1, *strides, HIGHEST)
+    ws = torch.empty(floats, device="cuda")
+    out = torch.full((M, N), float("nan"), device="cuda")
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        code = LIB.launch_matmul(
+            ptr(out), N, ptr(a), ptr(b), M, N, K, *strides, layout((), ()), layout((), ()),
+            None, EPI_NONE, None, 0, HIGHEST, ptr(ws), floats, stream.cuda_stream,
+        )  # fmt: skip
+    assert code == 0, LIB.minitorch_error_string(code).decode()
+    for fill in (0.0, float("nan"), 1.0):
+        ws.fill_(fill)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+        for _ in range(2):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
 def test_batched_weight_gradients() -> None:
     """x^T @ dy per batch matrix under "high", the copied operand batched (A, M < N) or broadcast (B)."""
     gen = torch.Generator(device="cuda").manual_seed(12)

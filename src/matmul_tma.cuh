@@ -82,7 +82,7 @@ struct Config {
 // tiles [dp_units, tiles) (no K splits then) are dealt out in equal contiguous shares, one per block
 // (stream-K), so that every block gets the same number of K tiles however few output tiles there are.
 // A tile shared by several blocks is finished by the block holding its first K tiles: the others leave
-// their partial sums in `partials` and raise their `flags`.
+// their partial sums in `partials` and raise their `flags` (to this launch's token).
 struct Params {
   MatmulParams p;
   int rows, cols;     // the kernel's product: rows x cols
@@ -93,7 +93,8 @@ struct Params {
   int dp_units;
   long long sk_iters;  // the K tiles of the stream-K tiles (those after the data-parallel units)
   float* partials;     // block c's partial tile at partials + c * kBM * BN, in the consumers' register order
-  int* flags;          // flags[8 c + w] = 1 once consumer warp w of block c wrote its part (zeroed per launch)
+  unsigned long long* flags;  // flags[8 c + w] = token once consumer warp w of block c wrote its part
+  unsigned long long token;   // this launch's flag value (see launch_token)
 };
 
 struct Tile {
@@ -509,19 +510,20 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
       for (int j = 0; j < BN / 8; ++j) __stcg(mine + 256 * j, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
       __threadfence();
       __syncwarp();
-      if (lane == 0) atomicExch(tp.flags + 8 * blockIdx.x + cwarp, 1);
+      if (lane == 0) atomicExch(tp.flags + 8 * blockIdx.x + cwarp, tp.token);
       continue;
     }
     if (sg.role == kHead) {
       const long long first = static_cast<long long>(sg.tile - tp.dp_units) * tp.k_tiles;
       const int last = sk_block(tp, first + tp.k_tiles - 1);
       for (int c = blockIdx.x + 1; c <= last; ++c) {
-        if (lane == 0) {
-          const int* flag = tp.flags + 8 * c + cwarp;
-          int raised = 0;
+        if (lane == 0) {  // wait for the part, then clear its flag: a launch leaves every flag it raised at 0
+          unsigned long long* flag = tp.flags + 8 * c + cwarp;
+          unsigned long long raised = 0;
           do {
-            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(raised) : "l"(flag) : "memory");
-          } while (raised == 0);
+            asm volatile("ld.acquire.gpu.global.b64 %0, [%1];\n" : "=l"(raised) : "l"(flag) : "memory");
+          } while (raised != tp.token);
+          *flag = 0;
         }
         __syncwarp();
         const float4* theirs = parts + static_cast<long long>(c) * (kBM * BN / 4);
@@ -687,8 +689,22 @@ inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precis
   return best;
 }
 
-// Floats of workspace for stream-K: a partial tile (up to 128 x 256) and 8 flags per block.
-inline long long stream_k_floats(int sms) { return static_cast<long long>(sms) * (kBM * 256 + 8); }
+// Floats of workspace for stream-K: a partial tile (up to 128 x 256) and 8 flags (64-bit) per block.
+inline long long stream_k_floats(int sms) { return static_cast<long long>(sms) * (kBM * 256 + 16); }
+
+// The flags' value for one stream-K launch: never 0, and never the same twice in a process (a 64-bit
+// count through the splitmix64 finalizer). The workspace is not cleared before a launch (a memset
+// cost attn proj dW "highest" ~1.5 us of 57): a flag counts as raised only when it holds this launch's
+// token, which memory left by other work holds with probability 2^-64, and a head clears each flag it
+// waited on, so a launch replayed from a CUDA graph (same token, same workspace) finds them cleared.
+inline unsigned long long launch_token() {
+  static std::atomic<unsigned long long> count{0};
+  unsigned long long z = ++count * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return z != 0 ? z : 1;
+}
 
 // Stream-K serves "highest" only. "high" runs close to the memory system's limits, and blocks that
 // start their shares at scattered K positions re-read the operands from DRAM: on the GPT-2 products it
@@ -872,8 +888,8 @@ inline int launch(const MatmulParams& p, int precision, float* workspace, long l
   if (pl.splits > 1) tp.p = partial_params(p, ws);
   if (pl.sk_iters > 0) {
     tp.partials = ws;
-    tp.flags = reinterpret_cast<int*>(ws + static_cast<long long>(sms) * kBM * 256);
-    MT_RETURN_IF_ERROR(cudaMemsetAsync(tp.flags, 0, sizeof(int) * 8 * pl.grid, stream));
+    tp.flags = reinterpret_cast<unsigned long long*>(ws + static_cast<long long>(sms) * kBM * 256);
+    tp.token = launch_token();
   }
   const int status =
       precision == kHighest
