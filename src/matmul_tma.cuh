@@ -692,8 +692,8 @@ inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precis
 // Floats of workspace for stream-K: a partial tile (up to 128 x 256) and 8 flags (64-bit) per block.
 inline long long stream_k_floats(int sms) { return static_cast<long long>(sms) * (kBM * 256 + 16); }
 
-// The flags' value for one stream-K launch: never 0, and never the same twice in a process (a 64-bit
-// count through the splitmix64 finalizer). The workspace is not cleared before a launch (a memset
+// The flags' value for one stream-K launch: never 0, and different for every launch of a process (a
+// 64-bit count through the splitmix64 finalizer, a bijection). The workspace is not cleared before a launch (a memset
 // cost attn proj dW "highest" ~1.5 us of 57): a flag counts as raised only when it holds this launch's
 // token, which memory left by other work holds with probability 2^-64, and a head clears each flag it
 // waited on, so a launch replayed from a CUDA graph (same token, same workspace) finds them cleared.
