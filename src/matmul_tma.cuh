@@ -693,10 +693,11 @@ inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precis
 inline long long stream_k_floats(int sms) { return static_cast<long long>(sms) * (kBM * 256 + 16); }
 
 // The flags' value for one stream-K launch: never 0, and different for every launch of a process (a
-// 64-bit count through the splitmix64 finalizer, a bijection). The workspace is not cleared before a launch (a memset
-// cost attn proj dW "highest" ~1.5 us of 57): a flag counts as raised only when it holds this launch's
-// token, which memory left by other work holds with probability 2^-64, and a head clears each flag it
-// waited on, so a launch replayed from a CUDA graph (same token, same workspace) finds them cleared.
+// 64-bit count through the splitmix64 finalizer, a bijection). The workspace is not cleared before a
+// launch (a memset cost attn proj dW "highest" ~1.5 us of 57): a flag counts as raised only when it
+// holds this launch's token, which memory left by other work holds with probability 2^-64, and a head
+// clears each flag it waited on, so a launch replayed from a CUDA graph (same token, same workspace)
+// finds them cleared.
 inline unsigned long long launch_token() {
   static std::atomic<unsigned long long> count{0};
   unsigned long long z = ++count * 0x9E3779B97F4A7C15ull;
