@@ -51,11 +51,14 @@ def launch(
     epilogue: int = EPI_NONE,
     pre_act: Optional["torch.Tensor"] = None,
     accumulate: bool = False,
-    workspace: str = "exact",
+    workspace="exact",
+    stream: Optional["torch.cuda.Stream"] = None,
 ) -> None:
     """out[..., M, N] = epilogue(a @ b) with a [..., M, K], b [..., K, N] of one batch shape (expand() for
     broadcasting); out's rows may be further apart than N (a column slice of a wider tensor), its batch
-    matrices one after another. workspace: "exact" (what the library asks for) or "none"."""
+    matrices one after another. workspace: "exact" (what the library asks for), "none", or a tensor of
+    at least that size. stream: launch there and return without waiting (e.g. while a graph captures);
+    by default on the current stream, waiting for the product."""
     M, K = a.shape[-2:]
     N = b.shape[-1]
     batch = a.shape[:-2]
@@ -65,16 +68,20 @@ def launch(
     for n in batch:
         n_batch *= n
     strides = (a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1))
-    floats = LIB.matmul_workspace_floats(M, N, K, n_batch, *strides, precision) if workspace == "exact" else 0
-    ws = torch.empty(max(floats, 1), device="cuda") if floats else None
+    if isinstance(workspace, torch.Tensor):
+        ws, floats = workspace, workspace.numel()
+    else:
+        floats = LIB.matmul_workspace_floats(M, N, K, n_batch, *strides, precision) if workspace == "exact" else 0
+        ws = torch.empty(max(floats, 1), device="cuda") if floats else None
     code = LIB.launch_matmul(
         ptr(out), out.stride(-2), ptr(a), ptr(b), M, N, K, *strides,
         layout(batch, a.stride()[:-2]), layout(batch, b.stride()[:-2]),
         ptr(bias), epilogue, ptr(pre_act), int(accumulate), precision,
-        ptr(ws), floats, torch.cuda.current_stream().cuda_stream,
+        ptr(ws), floats, (stream or torch.cuda.current_stream()).cuda_stream,
     )  # fmt: skip
     assert code == 0, LIB.minitorch_error_string(code).decode()
-    torch.cuda.synchronize()
+    if stream is None:
+        torch.cuda.synchronize()
 
 
 def gelu64(x: "torch.Tensor") -> "torch.Tensor":
@@ -224,17 +231,12 @@ def test_stream_k_graph_replay() -> None:
     eager = torch.empty(M, N, device="cuda")
     launch(eager, a, b)
     strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
-    floats = LIB.matmul_workspace_floats(M, N, K, 1, *strides, HIGHEST)
-    ws = torch.empty(floats, device="cuda")
+    ws = torch.empty(LIB.matmul_workspace_floats(M, N, K, 1, *strides, HIGHEST), device="cuda")
     out = torch.full((M, N), float("nan"), device="cuda")
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        code = LIB.launch_matmul(
-            ptr(out), N, ptr(a), ptr(b), M, N, K, *strides, layout((), ()), layout((), ()),
-            None, EPI_NONE, None, 0, HIGHEST, ptr(ws), floats, stream.cuda_stream,
-        )  # fmt: skip
-    assert code == 0, LIB.minitorch_error_string(code).decode()
+        launch(out, a, b, workspace=ws, stream=stream)
     for fill in (0.0, float("nan"), 1.0):
         ws.fill_(fill)
         out.fill_(float("nan"))

@@ -689,8 +689,9 @@ inline Plan plan(int rows, int cols, int K, long long batch, int sms, int precis
   return best;
 }
 
-// Floats of workspace for stream-K: a partial tile (up to 128 x 256) and 8 flags (64-bit) per block.
-inline long long stream_k_floats(int sms) { return static_cast<long long>(sms) * (kBM * 256 + 16); }
+// Stream-K's workspace: a partial tile (up to 128 x 256) per block, then 8 flags (64-bit) per block.
+constexpr long long kPartialFloats = kBM * 256;
+inline long long stream_k_floats(int sms) { return sms * (kPartialFloats + 16); }
 
 // The flags' value for one stream-K launch: never 0, and different for every launch of a process (a
 // 64-bit count through the splitmix64 finalizer, a bijection). The workspace is not cleared before a
@@ -712,6 +713,10 @@ inline unsigned long long launch_token() {
 // ran up to 35% slower than K splits, whose blocks move through K together.
 inline bool uses_stream_k(int precision) { return precision == kHighest; }
 
+// Whether TMA reads an operand whose element (i, o) sits at i * unit + o * other along the unit dim i:
+// unit stride 1 and 16-byte rows.
+inline bool tma_major(int unit, int other) { return unit == 1 && other % 4 == 0; }
+
 // Whether "high" copies one operand K-major first: weight gradients x^T @ dy, where neither operand is
 // K-major. The copy (one read and write of the smaller operand) costs far less than transposing every
 // staged B tile in the transform warps, which hold "high" to ~60% of its rate; "highest" runs at a third
@@ -724,8 +729,7 @@ inline long long copy_floats(int M, int N, int K, long long mats) { return mats 
 // Floats of workspace that this path may use at these sizes and layouts: the operand copy, then what
 // the plan of either orientation shares its work through (stream-K's partial tiles, or K splits).
 inline long long workspace_floats(const MatmulParams& p, int precision, int sms) {
-  const bool a_mmajor = p.a_row_stride == 1 && p.a_k_stride % 4 == 0;
-  const bool b_nmajor = p.b_col_stride == 1 && p.b_k_stride % 4 == 0;
+  const bool a_mmajor = tma_major(p.a_row_stride, p.a_k_stride), b_nmajor = tma_major(p.b_col_stride, p.b_k_stride);
   const bool copy = copies_operand(precision, a_mmajor, b_nmajor);
   long long most = 0;
   for (int swap = 0; swap < 2; ++swap) {
@@ -790,9 +794,9 @@ int launch_precision(const CUtensorMap& a_map, const CUtensorMap& b_map, const P
 
 constexpr int kNotTaken = -1;
 
-// Runs the product p on this path, with up to workspace_floats floats of `workspace` for the operand copy,
-// then stream-K or K splits (each left out where the workspace cannot hold it). kNotTaken when the operands do not fit
-// the path: the caller runs the other kernels.
+// Runs the product p on this path, with up to workspace_floats floats of `workspace` for the operand
+// copy, then stream-K or K splits (each left out where the workspace cannot hold it). kNotTaken when the
+// operands do not fit the path: the caller runs the other kernels.
 inline int launch(const MatmulParams& p, int precision, float* workspace, long long workspace_floats, int sms,
                   cudaStream_t stream) {
   if (p.K == 0) return kNotTaken;
@@ -816,7 +820,7 @@ inline int launch(const MatmulParams& p, int precision, float* workspace, long l
   float* copy_dst = nullptr;
   int copy_ld = 0;
   long long copy_mats = 0;
-  if (copies_operand(precision, a_rs == 1 && a_ks % 4 == 0, b_cs == 1 && b_ks % 4 == 0)) {
+  if (copies_operand(precision, tma_major(a_rs, a_ks), tma_major(b_cs, b_ks))) {
     const bool of_a = p.M <= p.N;
     const long long bs = of_a ? a_bs : b_bs;
     copy_mats = bs != 0 ? p.batch : 1;
@@ -836,8 +840,8 @@ inline int launch(const MatmulParams& p, int precision, float* workspace, long l
     }
   }
 
-  const bool a_kmajor = a_ks == 1 && a_rs % 4 == 0, a_mmajor = a_rs == 1 && a_ks % 4 == 0;
-  const bool b_kmajor = b_ks == 1 && b_cs % 4 == 0, b_nmajor = b_cs == 1 && b_ks % 4 == 0;
+  const bool a_kmajor = tma_major(a_ks, a_rs), a_mmajor = tma_major(a_rs, a_ks);
+  const bool b_kmajor = tma_major(b_ks, b_cs), b_nmajor = tma_major(b_cs, b_ks);
   Params tp{};
   tp.p = p;
   Operand a_op, b_op;  // the kernel's A' (rows: inner or outer) and B' (K-major, or N-major to transform)
@@ -889,7 +893,7 @@ inline int launch(const MatmulParams& p, int precision, float* workspace, long l
   if (pl.splits > 1) tp.p = partial_params(p, ws);
   if (pl.sk_iters > 0) {
     tp.partials = ws;
-    tp.flags = reinterpret_cast<unsigned long long*>(ws + static_cast<long long>(sms) * kBM * 256);
+    tp.flags = reinterpret_cast<unsigned long long*>(ws + sms * kPartialFloats);
     tp.token = launch_token();
   }
   const int status =
