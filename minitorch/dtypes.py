@@ -43,8 +43,10 @@ def _bf16_values(bits: Array) -> Array:
 
 
 def _f16_bits(values: Array) -> Array:
-    """uint16 float16 patterns of float32 values (NumPy's cast rounds to nearest even)."""
-    return np.asarray(values, dtype=np.float32).astype(np.float16).view(np.uint16)
+    """uint16 float16 patterns of float32 values (NumPy's cast rounds to nearest even; beyond the
+    range it gives infinities, as intended)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(values, dtype=np.float32).astype(np.float16).view(np.uint16)
 
 
 def _f16_values(bits: Array) -> Array:

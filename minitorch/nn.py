@@ -42,7 +42,8 @@ log_softmax = logsoftmax
 def dropout(input: Tensor, p: float, training: bool = True) -> Tensor:
     """Inverted dropout: zero each element with probability p and scale the rest by 1 / (1 - p).
 
-    The mask is drawn on the tensor's own device; identity when not training or p == 0.
+    The mask is drawn on the tensor's own device; identity when not training or p == 0; the
+    result keeps input's dtype (the mask is bool, the scale a Python number).
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
@@ -51,7 +52,7 @@ def dropout(input: Tensor, p: float, training: bool = True) -> Tensor:
     if p == 1.0:
         return input * 0.0
     keep = rand(input.shape, backend=input.backend) < (1.0 - p)
-    return input * (keep * (1.0 / (1.0 - p)))
+    return (input * keep) * (1.0 / (1.0 - p))
 
 
 def gelu(input: Tensor) -> Tensor:
