@@ -59,8 +59,9 @@ class DType:
     stored as float32 1.0/0.0); `numpy` the NumPy equivalent (None for bfloat16, which NumPy lacks);
     floats have `exponent_bits` and `mantissa_bits` (explicit ones).
 
-    minitorch.float32 == np.float32 holds, as minitorch.bool == np.bool_: a DType compares equal to
-    its NumPy equivalent, and np.dtype(minitorch.float32) works."""
+    minitorch.float32 == np.float32 holds, as minitorch.bool == np.bool_ (and minitorch.bfloat16 ==
+    ml_dtypes.bfloat16): a DType compares equal to the NumPy dtype of its name, and
+    np.dtype(minitorch.float32) works."""
 
     def __init__(
         self, name: str, kind: str, itemsize: int, storage: str, numpy: Optional[Any],
@@ -117,10 +118,8 @@ class DType:
     def __eq__(self, other: object) -> bool:
         if isinstance(other, DType):
             return other is self
-        if self.numpy is None:
-            return False
         try:
-            return bool(np.dtype(other) == self.numpy)  # type: ignore[call-overload]
+            return np.dtype(other).name == self.name  # type: ignore[call-overload]
         except TypeError:
             return False
 
@@ -144,6 +143,19 @@ def dtype_named(name: str) -> DType:
     found = DTYPES.get(name)
     if found is None:
         raise ValueError(f"unknown minitorch dtype {name!r}; the dtypes are {', '.join(DTYPES)}")
+    return found
+
+
+def as_dtype(value: Any) -> DType:
+    """value as a minitorch DType: a DType, its name, or the NumPy equivalent of one (np.float32,
+    np.float16, np.bool_); TypeError naming value otherwise."""
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, str) and value in DTYPES:
+        return DTYPES[value]
+    found = next((t for t in DTYPES.values() if t == value), None)
+    if found is None:
+        raise TypeError(f"expected a minitorch dtype ({', '.join(repr(t) for t in DTYPES.values())}), got {value!r}")
     return found
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import numpy as np
 
 from . import tensor_functions as F
-from .dtypes import DType, bfloat16, float16, float32
+from .dtypes import DType, as_dtype, bfloat16, float16, float32
 from .fast_ops import FastOps
 from .tensor_data import TensorData
 from .tensor_ops import TensorBackend
@@ -73,16 +73,17 @@ class Conversions:
 
     def to(self: "Tensor", *args: Union[str, TensorBackend, DType], dtype: Optional[DType] = None) -> "Tensor":
         """This tensor on another backend and/or in another dtype: to(backend), to(dtype),
-        to(backend, dtype); backend a TensorBackend or "cpu" / "cuda".  The same tensor where nothing
-        changes.  A dtype change alone is an autodiff op (its gradient is cast back to this dtype); a
+        to(backend, dtype); backend a TensorBackend or "cpu" / "cuda", dtype a minitorch dtype (or its
+        name, or its NumPy equivalent).  The same tensor where nothing changes.  A dtype change alone is an autodiff op (its gradient is cast back to this dtype); a
         move to another backend is a copy that is a new leaf: it keeps the requires_grad flag but not
         the history."""
         backend: Optional[TensorBackend] = None
+        dtype = None if dtype is None else as_dtype(dtype)
         for arg in args:
-            if isinstance(arg, DType):
-                dtype = arg
-            else:
+            if isinstance(arg, TensorBackend) or arg in ("cpu", "cuda"):
                 backend = as_backend(arg)
+            else:
+                dtype = as_dtype(arg)
         out = self
         if backend is not None and backend.ops is not self.backend.ops:
             data = TensorData(backend.ops.storage_from_numpy(self.to_numpy()), self.shape)

@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .dtypes import DType, bfloat16, bool_, float32
+from .dtypes import DType, as_dtype, bfloat16, bool_, float32
 from .rng import next_seed
 from .tensor import Tensor, default_backend
 from .tensor_convert import as_backend
@@ -31,8 +31,7 @@ def tensor_from_numpy(
     a = np.asarray(arr)
     if a.dtype.kind not in "fiub":
         raise TypeError(f"cannot make a tensor from a numpy array of dtype {a.dtype}")
-    if dtype is None:
-        dtype = bool_ if a.dtype.kind == "b" else float32
+    dtype = (bool_ if a.dtype.kind == "b" else float32) if dtype is None else as_dtype(dtype)
     shape = a.shape
     flat = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
     data = TensorData(backend.ops.storage_from_numpy(flat), shape)
@@ -65,6 +64,7 @@ def tensor(
 def _empty(shape: Sequence[int], backend: Optional[TensorBackend], dtype: DType = float32) -> Tensor:
     backend = _backend(backend)
     shape = tuple(int(s) for s in shape)
+    dtype = as_dtype(dtype)
     return Tensor(TensorData(backend.ops.storage_empty(prod(shape), dtype), shape, dtype=dtype), backend=backend)
 
 
@@ -99,6 +99,7 @@ def rand(
     """Uniform [0, 1) numbers, drawn on the tensor's own device (seeded by manual_seed).  For a 16-bit
     dtype the float32 draws are scaled by 1 - 2^-(mantissa bits + 2) before rounding, so that none
     rounds up to 1."""
+    dtype = as_dtype(dtype)
     out = _empty(shape, backend)
     out.backend.ops.uniform(out._tensor, next_seed())
     if dtype.rounds:

@@ -46,10 +46,14 @@ def test_dtype_attributes_names_and_numpy_equivalents() -> None:
         assert minitorch.dtypes.dtype_named(dtype.name) is dtype
     assert float32 == np.float32 and np.dtype(float32) == np.float32 and float16 == np.float16
     assert minitorch.bool == np.bool_ and bfloat16 != np.float32 and bfloat16 != float32
+    assert bfloat16 == ml_dtypes.bfloat16 and minitorch.dtypes.as_dtype(ml_dtypes.bfloat16) is bfloat16
     with pytest.raises(TypeError, match="NumPy has no bfloat16 dtype"):
         np.dtype(bfloat16)
     with pytest.raises(ValueError, match="unknown minitorch dtype 'int8'"):
         minitorch.dtypes.dtype_named("int8")
+    assert minitorch.dtypes.as_dtype(np.float16) is float16 and minitorch.dtypes.as_dtype("bfloat16") is bfloat16
+    with pytest.raises(TypeError, match="expected a minitorch dtype .* got <class 'numpy.float64'>"):
+        minitorch.zeros((2,), dtype=np.float64)
 
 
 def test_promotion_matches_torch() -> None:
@@ -195,8 +199,9 @@ def test_to_another_backend_keeps_or_sets_the_dtype() -> None:
     moved = x.to(SIMPLE)
     assert moved.backend is SIMPLE and moved.dtype is bfloat16 and moved.requires_grad() and moved.is_leaf()
     np.testing.assert_array_equal(moved.to_numpy(), x.to_numpy())
-    both = x.to("cpu", float16)
+    both = x.to("cpu", "float16")
     assert both.backend is FAST and both.dtype is float16 and both is not x
+    assert x.to(dtype=np.float32).dtype is float32
     assert x.to(SIMPLE, float32).dtype is float32
 
 
