@@ -34,7 +34,7 @@ from contextlib import ContextDecorator
 from typing import Any, List, NamedTuple, Optional, Tuple
 
 from .autodiff import is_grad_enabled
-from .dtypes import DType, bfloat16, float32
+from .dtypes import DType, as_dtype, bfloat16, float32
 
 LOW_PRECISION_OPS = frozenset({"matmul", "linear", "attention", "linear_cross_entropy"})
 FLOAT32_OPS = frozenset({"sum", "softmax", "log_softmax", "logsumexp", "attn_softmax", "layernorm", "cross_entropy"})
@@ -77,14 +77,15 @@ def get_autocast_dtype() -> DType:
 class autocast(ContextDecorator):
     """Run a block (or a decorated function) in mixed precision; see the module notes.
 
-    dtype: the low-precision dtype, minitorch.bfloat16 (default) or minitorch.float16.
+    dtype: the low-precision dtype, minitorch.bfloat16 (default) or minitorch.float16 (or their names).
     enabled: False turns autocast off inside the block (e.g. for a part that must run in float32).
     """
 
     def __init__(self, dtype: DType = bfloat16, enabled: bool = True):
-        if not isinstance(dtype, DType) or not dtype.is_floating or dtype is float32:
+        low = as_dtype(dtype)
+        if not low.is_floating or low is float32:
             raise ValueError(f"autocast dtype must be minitorch.bfloat16 or minitorch.float16, got {dtype!r}")
-        self.state = AutocastState(bool(enabled), dtype)
+        self.state = AutocastState(bool(enabled), low)
 
     def __enter__(self) -> "autocast":
         _stack().append(self.state)

@@ -77,9 +77,12 @@ def test_nesting_disabling_dtype_and_threads() -> None:
         return a @ b
 
     assert product(x, w).dtype is bfloat16 and (x @ w).dtype is float32
-    for bad in (float32, minitorch.bool, "bfloat16"):
+    assert minitorch.autocast(dtype="float16").state.dtype is float16
+    for bad in (float32, minitorch.bool):
         with pytest.raises(ValueError, match="autocast dtype must be minitorch.bfloat16 or minitorch.float16"):
             minitorch.autocast(dtype=bad)
+    with pytest.raises(TypeError, match="expected a minitorch dtype"):
+        minitorch.autocast(dtype="int8")
     with pytest.raises(ValueError, match="autocast has no rule for 'exp'"):
         autocast_inputs("exp", x)
 
