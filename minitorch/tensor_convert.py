@@ -80,7 +80,9 @@ class Conversions:
         backend: Optional[TensorBackend] = None
         dtype = None if dtype is None else as_dtype(dtype)
         for arg in args:
-            if isinstance(arg, TensorBackend) or arg in ("cpu", "cuda"):
+            if isinstance(arg, DType):
+                dtype = arg
+            elif isinstance(arg, TensorBackend) or arg in ("cpu", "cuda"):
                 backend = as_backend(arg)
             else:
                 dtype = as_dtype(arg)
