@@ -39,8 +39,7 @@ def cast(a: TensorData, dtype: DType, out: Optional[TensorData] = None) -> Tenso
     contiguous tensor.  Between float32 storages (float32 and bool) the copy kernel of combine.so
     runs; anything involving a 16-bit storage, the conversion kernel.  No value test: a cast to bool
     is composed above (TensorBackend.cast)."""
-    name = f"cast {a.dtype.name} -> {dtype.name}"
-    out_l, a_l = map_layouts(name, a, out)
+    out_l, a_l = map_layouts("cast", a, out)
     o = empty(a.shape, dtype) if out is None else out
     if a.dtype.storage == float32.storage and o.dtype.storage == float32.storage:
         return copy(a, o)
@@ -48,5 +47,6 @@ def cast(a: TensorData, dtype: DType, out: Optional[TensorData] = None) -> Tenso
         rt = runtime()
         c = _lib(rt)
         src, dst = STORAGE_CODES.index(a.dtype.storage), STORAGE_CODES.index(o.dtype.storage)
-        check(c.launch_convert(ptr(a), src, a_l, ptr(o), dst, out_l, rt.stream()), c, name)
+        code = c.launch_convert(ptr(a), src, a_l, ptr(o), dst, out_l, rt.stream())
+        check(code, c, f"cast {a.dtype.name} {a.shape} -> {o.dtype.name} {o.shape}")
     return o
