@@ -187,8 +187,9 @@ def _torch_block(inputs, dtype, autocast: bool):
 
 
 def test_linear_gelu_linear_block_against_torch_float64_and_torch_autocast() -> None:
-    """Our bf16 block's error against float64 stays within 2x of torch CPU autocast's own error on the
-    same inputs, for the output and every gradient; the gradients of the float32 leaves are float32."""
+    """Our bf16 block's error against float64, and its distance from torch CPU autocast's result, stay
+    within 2x of torch autocast's own error against float64 on the same inputs, for the output and
+    every gradient; the gradients of the float32 leaves are float32."""
     inputs = _block_inputs()
     exact = _torch_block(inputs, torch.float64, autocast=False)
     torch_bf16 = _torch_block(inputs, torch.float32, autocast=True)
@@ -206,3 +207,5 @@ def test_linear_gelu_linear_block_against_torch_float64_and_torch_autocast() -> 
         bound = rel_err(theirs.float(), ref)
         assert 1e-4 < bound < 3e-2, f"{name}: torch's own bf16 error {bound:.3g} is not a bf16 error"
         assert rel_err(mine, ref) <= 2.0 * bound, f"{name}: error {rel_err(mine, ref):.3g} vs torch's bf16 {bound:.3g}"
+        apart = rel_err(mine, theirs.float().detach().numpy().astype(np.float64))
+        assert apart <= 2.0 * bound, f"{name}: {apart:.3g} from torch autocast's result, whose own error is {bound:.3g}"
