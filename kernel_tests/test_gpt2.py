@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import minitorch
-from project.gpt2_model import GPT2, gpt2_init_params
-from project.gpt2_training import TrainStep
-from project.llmc_format import GPT2Config
+from project.gpt2.model import GPT2, gpt2_init_params
+from project.gpt2.training import TrainStep
+from project.gpt2.llmc import GPT2Config
 
 from fused_testing import rel_err
 

@@ -11,8 +11,9 @@ import torch
 import minitorch
 from minitorch import DecoderLM
 from minitorch.fused.linear import linear
-from project.mt_data import PAD_ID, Batch
-from project.mt_steps import TrainStep
+from project.translation.batches import Batch
+from project.translation.tokenizer import PAD_ID
+from project.translation.step import TrainStep
 
 from fused_testing import rel_err
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import minitorch
-from project.gpt2_model import GPT2, gpt2_init_params, row_range
-from project.gpt2_sample import generate, sample_token
-from project.gpt2_training import TrainStep
-from project.llmc_format import GPT2Config, LlmcFormatError, ShardLoader, parameter_shapes, read_checkpoint, write_shard
+from project.gpt2.model import GPT2, gpt2_init_params, row_range
+from project.gpt2.sample import generate, sample_token
+from project.gpt2.training import TrainStep
+from project.gpt2.llmc import GPT2Config, LlmcFormatError, ShardLoader, parameter_shapes, read_checkpoint, write_shard
 
 F = torch.nn.functional
 CONFIG = GPT2Config(max_seq_len=16, vocab_size=60, padded_vocab_size=64, num_layers=2, num_heads=4, channels=64)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from project.llmc_format import (
+from project.gpt2.llmc import (
     GPT2_124M,
     PARAMETER_NAMES,
     GPT2Config,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from mt_program import TINY
-from project import mt_data
-from project import run_machine_translation as run_mt
-from project.mt_train import cuda_unavailable_reason, make_backend
+from project.translation import corpus as mt_corpus
+from project.translation import main as run_mt
+from project.translation.model import cuda_unavailable_reason, make_backend
 
 
 def files(directory: Path) -> dict:
@@ -53,8 +53,8 @@ def test_missing_corpus_names_the_files_and_the_fix_without_any_download(tmp_pat
     def no_network(*args, **kwargs):
         raise AssertionError("the program tried the network without --download")
 
-    monkeypatch.setattr(mt_data.urllib.request, "urlopen", no_network)
-    monkeypatch.setenv(mt_data.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(mt_corpus.urllib.request, "urlopen", no_network)
+    monkeypatch.setenv(mt_corpus.CACHE_DIR_ENV, str(tmp_path / "cache"))
     absent = tmp_path / "nowhere"
     message = error_of(TINY + ["--backend", "auto", "--data-dir", str(absent), "--out-dir", str(tmp_path / "out")])
     assert f"{absent} does not exist" in message and "train.de, train.en, valid.de" in message
@@ -96,7 +96,7 @@ def test_bad_corpus_files_are_named(corpus, tmp_path, damage: str, expected: str
     elif damage == "empty English side":
         write_lines(corpus / "train.en.gz", [])
     elif damage == "misaligned":
-        write_lines(corpus / "valid.de.gz", mt_data.read_lines(corpus / "valid.de.gz")[:-1])
+        write_lines(corpus / "valid.de.gz", mt_corpus.read_lines(corpus / "valid.de.gz")[:-1])
     else:
         (corpus / "test.en.gz").write_bytes(b"plain text, not gzip\n")
     out = tmp_path / "out"

@@ -16,8 +16,8 @@ import pytest
 
 from mt_program import TINY, WAIT_S, computed, load, saved_step, start, wait_for_step
 from project import run_machine_translation as run_mt
-from project.mt_run import CHECKPOINT_KIND
-from project.run_checkpoint import load_checkpoint
+from project.translation.run import CHECKPOINT_KIND
+from project.common.checkpoint import load_checkpoint
 
 
 def interrupt_at(out_dir, step: int, done: threading.Event) -> threading.Thread:

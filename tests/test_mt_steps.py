@@ -9,9 +9,10 @@ import pytest
 
 import minitorch
 from minitorch import DecoderLM
-from project.mt_data import PAD_ID, Batch
-from project.mt_steps import StepTimer, TrainStep, pad_width
-from project.mt_train import batch_loss
+from project.translation.batches import Batch
+from project.translation.tokenizer import PAD_ID
+from project.translation.step import StepTimer, TrainStep, pad_width
+from project.translation.model import batch_loss
 
 FAST = minitorch.TensorBackend(minitorch.FastOps)
 
@@ -67,7 +68,7 @@ def test_graphs_need_cuda() -> None:
 
 def test_step_timer_median_leaves_out_unsteady_steps(monkeypatch) -> None:
     clock = iter([0.0, 1.0, 1.5, 2.5, 3.0])
-    monkeypatch.setattr("project.mt_steps.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("project.translation.step.time.perf_counter", lambda: next(clock))
     timer = StepTimer(FAST)
     timer.start()
     timer.mark(100, steady=False)  # 1.0 s

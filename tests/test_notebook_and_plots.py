@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from project.plot_metrics import main as plot_main
-from project.plot_metrics import plot_metrics, read_records
+from project.common.metrics import main as plot_main
+from project.common.metrics import plot_metrics, read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"

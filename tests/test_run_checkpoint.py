@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from project.run_checkpoint import (
+from project.common.checkpoint import (
     FORMAT,
     META_KEY,
     CheckpointError,
@@ -21,7 +21,7 @@ from project.run_checkpoint import (
     previous_path,
     save_checkpoint,
 )
-from project.run_control import GracefulStop, SaveSchedule, StopRequested
+from project.common.control import GracefulStop, SaveSchedule, StopRequested
 
 CONFIG = {"n_embd": 32, "lr": 3e-3, "data_dir": None, "name": "tiny"}
 

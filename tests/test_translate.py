@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from mt_program import SPLIT_SIZES, TINY, write_corpus
 
-from project import mt_data
-from project import run_machine_translation as run_mt
-from project import translate
-from project.mt_average import average_snapshots, snapshot_epochs
+from project.translation import corpus as mt_corpus
+from project.translation import main as run_mt
+from project.translation import translate
+from project.translation.average import average_snapshots, snapshot_epochs
 
 RUN = TINY + ["--epochs", "2", "--label-smoothing", "0.1", "--average-last", "2", "--final-beam-size", "3"]
 
@@ -62,7 +62,7 @@ def test_averaged_parameters_are_the_mean_of_the_snapshots(run) -> None:
 def test_translate_reproduces_the_final_evaluation(run, name: str, beam: str, capsys) -> None:
     """translate.py with the run's averaged parameters gives the final evaluation's translations."""
     out = run["out_dir"]
-    sources = [de for de, _ in mt_data.read_split(run["corpus"], "test")]
+    sources = [de for de, _ in mt_corpus.read_split(run["corpus"], "test")]
     got = translate.main(["--checkpoint", str(out), "--backend", "cpu", "--beam-size", beam, "--batch-size", "5"] + sources)
     assert got == [translate.one_line(h) for h in final_hypotheses(out, name)]
     assert capsys.readouterr().out.splitlines() == got
@@ -70,7 +70,7 @@ def test_translate_reproduces_the_final_evaluation(run, name: str, beam: str, ca
 
 def test_translate_reads_a_file_and_stdin_keeping_blank_lines(run, tmp_path, monkeypatch) -> None:
     out = str(run["out_dir"])
-    sources = [de for de, _ in mt_data.read_split(run["corpus"], "test")][:3]
+    sources = [de for de, _ in mt_corpus.read_split(run["corpus"], "test")][:3]
     lines = [sources[0], "", sources[1], "   ", sources[2]]
     file = tmp_path / "in.de"
     file.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -26,8 +26,8 @@ import numpy as np
 from minitorch import DecoderLM, Tensor, TensorBackend, nn
 from minitorch.beam_search import BeamState
 from minitorch.fused.topk import top_k
-from project.mt_data import EOS_EN_ID
-from project.mt_decode import CHECK_EVERY, CachedDecoder, decode_in_batches, fill_rows
+from project.translation.tokenizer import EOS_EN_ID
+from project.translation.decode import CHECK_EVERY, CachedDecoder, decode_in_batches, fill_rows
 
 
 class BeamDecoder:

@@ -12,11 +12,11 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from minitorch import DecoderLM, TensorBackend
-from project import mt_data
-from project.mt_average import average_snapshots
-from project.mt_beam import BeamDecoder
-from project.mt_decode import GreedyDecoder, corpus_bleu, write_translations
-from project.mt_train import validation_loss
+from project.translation.tokenizer import decode_translations
+from project.translation.average import average_snapshots
+from project.translation.beam import BeamDecoder
+from project.translation.decode import GreedyDecoder, corpus_bleu, write_translations
+from project.translation.model import validation_loss
 
 FINAL_NAME = "final.json"
 
@@ -71,7 +71,7 @@ def final_evaluation(
         start = time.perf_counter()
         generated = decoders(prompts, beam_size)
         record[f"{name}_seconds"] = time.perf_counter() - start
-        hypotheses = mt_data.decode_translations(data["tokenizer"], generated)
+        hypotheses = decode_translations(data["tokenizer"], generated)
         record[f"{name}_bleu"] = corpus_bleu(hypotheses, references)
         write_translations(out_dir / f"translations_final_{name}.txt", data["sources"], references, hypotheses)
     with open(out_dir / FINAL_NAME, "w", encoding="utf-8") as f:

@@ -23,15 +23,17 @@ import numpy as np
 from tqdm import tqdm
 
 import minitorch
-from project import mt_data
-from project.mt_checks import check_corpus, check_encoded
-from project.mt_decode import corpus_bleu, write_translations
-from project.mt_evaluate import Decoders
-from project.mt_parallel import TranslationParallel
-from project.mt_steps import StepTimer, TrainStep
-from project.mt_train import build_model, learning_rate, peak_memory_mb, run_state, validation_loss
-from project.run_checkpoint import save_checkpoint
-from project.run_control import GracefulStop, SaveSchedule
+from project.translation.batches import Batcher, encode_pairs
+from project.translation.corpus import load_corpus
+from project.translation.tokenizer import decode_translations, encode_prompts, load_or_train_tokenizer
+from project.translation.checks import check_corpus, check_encoded
+from project.translation.decode import corpus_bleu, write_translations
+from project.translation.evaluate import Decoders
+from project.translation.parallel import TranslationParallel
+from project.translation.step import StepTimer, TrainStep
+from project.translation.model import build_model, learning_rate, peak_memory_mb, run_state, validation_loss
+from project.common.checkpoint import save_checkpoint
+from project.common.control import GracefulStop, SaveSchedule
 
 # The peak learning rate for N processes (a global batch N times --batch-size), from --lr.
 LR_SCALING = {"none": lambda n: 1.0, "sqrt": math.sqrt, "linear": float}
@@ -41,15 +43,15 @@ CHECKPOINT_KIND = "machine_translation"
 
 def prepare_data(config: Dict[str, Any], out_dir: Path) -> Dict[str, Any]:
     """Corpus (never downloaded unless --download), its checks, tokenizer, encoded splits, test prompts."""
-    corpus = mt_data.load_corpus(config["data_dir"], download=config["download"])
+    corpus = load_corpus(config["data_dir"], download=config["download"])
     check_corpus(corpus, config)
-    tokenizer = mt_data.load_or_train_tokenizer(out_dir, corpus.train, config["vocab_size"])
-    train = mt_data.encode_pairs(tokenizer, corpus.train, config["max_len"])
-    valid = mt_data.encode_pairs(tokenizer, corpus.valid[: config["valid_samples"]], config["max_len"])
+    tokenizer = load_or_train_tokenizer(out_dir, corpus.train, config["vocab_size"])
+    train = encode_pairs(tokenizer, corpus.train, config["max_len"])
+    valid = encode_pairs(tokenizer, corpus.valid[: config["valid_samples"]], config["max_len"])
     check_encoded(train, valid, config)
     test_pairs = corpus.test[: config["test_samples"]]
     sources = [de for de, _ in test_pairs]
-    prompts = mt_data.encode_prompts(tokenizer, sources, config["max_len"])
+    prompts = encode_prompts(tokenizer, sources, config["max_len"])
     return {"tokenizer": tokenizer, "train": train, "valid": valid, "sources": sources,
             "references": [en for _, en in test_pairs], "prompts": prompts}  # fmt: skip
 
@@ -72,7 +74,7 @@ class TranslationRun:
         self.model = build_model(config, data["tokenizer"].get_vocab_size(), backend)
         self.optimizer = minitorch.AdamW(self.model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"],
                                          max_grad_norm=config["grad_clip"] or None)  # fmt: skip
-        self.batcher = mt_data.Batcher(data["train"].sequences, config["batch_size"], seed=config["seed"],
+        self.batcher = Batcher(data["train"].sequences, config["batch_size"], seed=config["seed"],
                                        samples_per_epoch=config["samples_per_epoch"])  # fmt: skip
         parallel.wrap(self.model)
         # The schedule's clock counts batches (a step of N processes advances it by N): any N resumes.
@@ -151,7 +153,7 @@ class TranslationRun:
         start = time.perf_counter()
         valid_loss = validation_loss(self.model, data["valid"].sequences, config["eval_batch_size"], self.backend)
         generated = self.decode(data["prompts"])
-        hypotheses = mt_data.decode_translations(data["tokenizer"], generated)
+        hypotheses = decode_translations(data["tokenizer"], generated)
         write_translations(self.out_dir / f"translations_epoch{epoch}.txt", data["sources"], data["references"], hypotheses)
         eval_seconds = time.perf_counter() - start
         return {
@@ -183,6 +185,6 @@ class TranslationRun:
     def stopped(self, signal_name: str) -> str:
         """The line printed when a signal stopped the run: where, what was saved, how to go on."""
         where = f"epoch {self.progress['partial']['epoch']}, step {self.progress['step']}"
-        script = os.path.relpath(Path(__file__).with_name("run_machine_translation.py"))
+        script = os.path.relpath(Path(__file__).parents[1] / "run_machine_translation.py")
         return (f"stopped by {signal_name} in {where}; saved {self.out_dir / CHECKPOINT_NAME}; continue with: "
                 f"python {script} --resume --out-dir {self.out_dir}")  # fmt: skip

@@ -16,9 +16,10 @@ from tqdm import tqdm
 
 import minitorch
 from minitorch import DecoderLM, Tensor, TensorBackend, nn
-from project.mt_checks import InputError
-from project.mt_data import PAD_ID, Batch, Batcher, eval_batches
-from project.run_checkpoint import Checkpoint, CheckpointError
+from project.translation.checks import InputError
+from project.translation.batches import Batch, Batcher, eval_batches
+from project.translation.tokenizer import PAD_ID
+from project.common.checkpoint import Checkpoint, CheckpointError
 
 
 def cuda_unavailable_reason() -> Optional[str]:

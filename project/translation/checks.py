@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from project.mt_data import MIN_VOCAB_SIZE, Corpus, EncodedPairs
+from project.translation.batches import EncodedPairs
+
+from project.translation.corpus import Corpus
+
+from project.translation.tokenizer import MIN_VOCAB_SIZE
 
 
 class InputError(ValueError):

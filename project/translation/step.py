@@ -27,8 +27,9 @@ from minitorch import DecoderLM, TensorBackend
 from minitorch.cuda.graphs import StepGraphs
 from minitorch.cuda.runtime import runtime
 from minitorch.tensor_data import TensorData
-from project.mt_data import PAD_ID, Batch
-from project.mt_train import batch_loss_from_tensors
+from project.translation.batches import Batch
+from project.translation.tokenizer import PAD_ID
+from project.translation.model import batch_loss_from_tensors
 
 WIDTH_MULTIPLE = 8
 

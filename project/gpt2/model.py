@@ -29,7 +29,7 @@ from minitorch.fused.linear_cross_entropy import _row_block
 from minitorch.modules_basic import Embedding
 from minitorch.tensor_data import IndexingError
 from minitorch.tensor_functions import Function
-from project.llmc_format import GPT2Config, parameter_shapes, read_checkpoint, write_checkpoint
+from project.gpt2.llmc import GPT2Config, parameter_shapes, read_checkpoint, write_checkpoint
 
 LN_EPS = 1e-5
 INIT_STD = 0.02

@@ -29,7 +29,7 @@ from minitorch import DecoderLM, KVCache, Tensor, TensorBackend
 from minitorch.cuda.graphs import StepGraphs
 from minitorch.fused.device_indexed import write_slot
 from minitorch.fused.topk import top_k
-from project.mt_data import EOS_EN_ID, PAD_ID, pad_prompts
+from project.translation.tokenizer import EOS_EN_ID, PAD_ID
 
 CHECK_EVERY = 8  # decoding steps between the host's reads of which rows have ended
 WIDTH_STEP = 16  # attention widths of cached steps are multiples of this: one CUDA graph each
@@ -50,6 +50,23 @@ def left_pad(prompts: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
     for row, prompt in enumerate(prompts):
         ids[row, ids.shape[1] - len(prompt) :] = prompt
     return ids, ids.shape[1] - lengths
+
+
+def pad_prompts(prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad prompts with ``<pad>`` into ``ids [B, T]`` and return ``lengths [B]``.
+
+    Batched greedy decoding with a causal model: at each step feed the buffer, read row b's
+    logits at position ``lengths[b] - 1``, write the chosen token at ``lengths[b]`` (widening
+    the buffer as needed) and increment ``lengths[b]``. Everything left of a row's position is
+    real, so the padding to its right is never attended to.
+    """
+    if not prompts:
+        raise ValueError("cannot pad zero prompts")
+    lengths = np.array([len(prompt) for prompt in prompts], dtype=np.int64)
+    ids = np.full((len(prompts), int(lengths.max())), PAD_ID, dtype=np.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = prompt
+    return ids, lengths
 
 
 def fill_rows(prompts: Sequence[np.ndarray], rows: int) -> List[np.ndarray]:

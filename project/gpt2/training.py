@@ -18,9 +18,9 @@ import numpy as np
 
 import minitorch
 from minitorch.cuda.graphs import StepGraphs
-from project.gpt2_model import GPT2
-from project.llmc_format import ShardLoader
-from project.run_checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from project.gpt2.model import GPT2
+from project.gpt2.llmc import ShardLoader
+from project.common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 STATE_MODEL = "model.bin"
 STATE_NAME = "state.npz"
