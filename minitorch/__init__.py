@@ -6,6 +6,7 @@ time a CUDA tensor is made and says how to build them if they are missing.
 
 from . import nn, operators
 from .autodiff import Context, backpropagate, central_difference, enable_grad, no_grad, topological_sort
+from .backends import BackendChoice, choose_backend, cuda_unavailable_reason, peak_memory_mb
 from .checkpoint import checkpoint
 from .cuda_kernel_ops import CudaKernelOps, cuda_memory_stats
 from .fast_ops import FastOps
@@ -19,7 +20,9 @@ from . import precision
 from .precision import float32_matmul_precision, get_float32_matmul_precision, set_float32_matmul_precision
 from .scalar import Scalar, ScalarHistory, derivative_check
 from .rng import get_rng_state, manual_seed, set_rng_state
-from .serialization import load, save
+from . import graphs, serialization
+from .graphs import StepGraphs, StepInputs, StepSeed
+from .serialization import LoadError, atomic_write, load, save
 from .tensor import History, Tensor
 from .tensor_combine import cat, stack, where
 from .tensor_convert import bool_, float32
@@ -48,6 +51,10 @@ __all__ = [
     "enable_grad",
     "no_grad",
     "topological_sort",
+    "BackendChoice",
+    "choose_backend",
+    "cuda_unavailable_reason",
+    "peak_memory_mb",
     "checkpoint",
     "CudaKernelOps",
     "cuda_memory_stats",
@@ -88,6 +95,13 @@ __all__ = [
     "full",
     "get_rng_state",
     "manual_seed",
+    "graphs",
+    "StepGraphs",
+    "StepInputs",
+    "StepSeed",
+    "serialization",
+    "LoadError",
+    "atomic_write",
     "load",
     "ones",
     "ones_like",
