@@ -17,9 +17,9 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 import pytest
 
-from project.translation import corpus as mt_corpus
-from project.translation.run import CHECKPOINT_KIND
 from project.common.checkpoint import CheckpointError, load_checkpoint
+from project.translation import corpus as mt_corpus
+from project.translation.options import CHECKPOINT_KIND
 
 REAL_DATA_DIR = Path(__file__).resolve().parent.parent / ".." / "shared" / "data" / "multi30k"
 SPLIT_SIZES = {"train": 240, "valid": 32, "test": 12}

@@ -1,4 +1,5 @@
-"""Tests for project/mt_data.py: corpus reading and download, tokenizer, sequences, batches."""
+"""Tests for project/translation/corpus.py, tokenizer.py and batches.py: corpus reading and download, tokenizer,
+sequences, batches."""
 
 import contextlib
 import gzip

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from mt_program import TINY
+import minitorch
+from project.common.options import backend_from_option
 from project.translation import corpus as mt_corpus
 from project.translation import main as run_mt
-from project.translation.model import cuda_unavailable_reason, make_backend
+from project.translation import options as mt_options
 
 
 def files(directory: Path) -> dict:
@@ -60,10 +62,10 @@ def test_missing_corpus_names_the_files_and_the_fix_without_any_download(tmp_pat
     assert f"{absent} does not exist" in message and "train.de, train.en, valid.de" in message
     assert "not attempted" in message and "--download" in message and "--data-dir" in message
     first_line = capsys.readouterr().out.splitlines()[0]
-    if cuda_unavailable_reason() is None:
-        assert first_line.startswith("backend cuda (auto)")
+    if minitorch.cuda_unavailable_reason() is None:
+        assert first_line.startswith("backend cuda (auto")
     else:
-        assert first_line.startswith(f"backend cpu (auto: CUDA unavailable: {cuda_unavailable_reason()})")
+        assert first_line.startswith(f"backend cpu (auto: CUDA unavailable: {minitorch.cuda_unavailable_reason()})")
 
 
 def test_resume_with_bad_input_leaves_the_saved_run_untouched(saved_run, corpus, tmp_path) -> None:
@@ -132,17 +134,17 @@ def test_output_directory_guards(saved_run, tmp_path) -> None:
 
 
 def test_backend_cuda_without_cuda_says_what_to_use() -> None:
-    reason = cuda_unavailable_reason()
+    reason = minitorch.cuda_unavailable_reason()
     if reason is None:
         pytest.skip("CUDA can run here")
-    with pytest.raises(ValueError, match=r"--backend cuda cannot run here: .*; use --backend cpu or --backend auto"):
-        make_backend("cuda")
-    backend, line = make_backend("auto")
-    assert not backend.ops.is_cuda and line == f"backend cpu (auto: CUDA unavailable: {reason})"
+    with pytest.raises(ValueError, match=r"the cuda backend cannot run here: .*--backend cpu / --backend auto"):
+        backend_from_option("cuda")
+    choice = backend_from_option("auto")
+    assert not choice.backend.ops.is_cuda and str(choice) == f"backend cpu (auto: CUDA unavailable: {reason})"
 
 
 def test_help_shows_every_default() -> None:
-    parser = run_mt.build_parser()
+    parser = mt_options.build_parser()
     formatter = parser._get_formatter()
     shown = [a for a in parser._actions if a.dest != "help" and a.help != argparse.SUPPRESS]
     assert len(shown) > 25
@@ -153,8 +155,8 @@ def test_help_shows_every_default() -> None:
 
 
 def test_preset_sets_defaults_that_explicit_options_override() -> None:
-    args, explicit = run_mt.parse(["--preset", "tiny", "--n-layers", "3"])
-    for key, value in run_mt.PRESETS["tiny"].items():
+    args, explicit = mt_options.parse(["--preset", "tiny", "--n-layers", "3"])
+    for key, value in mt_options.PRESETS["tiny"].items():
         assert args[key] == (3 if key == "n_layers" else value), key
     assert explicit == {"preset": "tiny", "n_layers": 3}
-    assert run_mt.parse([])[0]["n_embd"] == 256
+    assert mt_options.parse([])[0]["n_embd"] == 256

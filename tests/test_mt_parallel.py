@@ -11,7 +11,7 @@ import minitorch
 from project.translation import batches as mt_batches
 from project.translation import tokenizer as mt_tokenizer
 from project.translation.parallel import TranslationParallel, shard_steps
-from project.translation.step import TrainStep
+from project.translation.step import TranslationStep
 
 
 def identities(batch: mt_batches.Batch) -> tuple:
@@ -78,7 +78,7 @@ def test_a_stand_in_step_changes_nothing_and_counts_no_loss() -> None:
     fast = minitorch.TensorBackend(minitorch.FastOps)
     minitorch.manual_seed(5)
     model = minitorch.DecoderLM(n_vocab=40, n_embd=16, n_head=2, n_positions=16, n_layers=1, p_dropout=0.0, backend=fast)
-    step = TrainStep(model, minitorch.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0), fast, "naive", use_graphs=False)
+    step = TranslationStep(model, minitorch.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0), fast, "naive", use_graphs=False)
     batch = mt_batches.make_batch(numbered_sequences(4)[1:])
     before = [p.value.to_numpy() for p in model.parameters()]
     step(batch, lr=1e-2, share=0.0, n_targets=0)

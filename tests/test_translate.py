@@ -1,4 +1,4 @@
-"""project/translate.py on a tiny model from a CI-sized run of the training program (trained with
+"""project/translation/translate.py on a tiny model from a CI-sized run of the training program (trained with
 label smoothing and --average-last), and the run's final evaluation, snapshots and averaging."""
 
 import io
@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 from mt_program import SPLIT_SIZES, TINY, write_corpus
 
+import minitorch
 from project.translation import corpus as mt_corpus
 from project.translation import main as run_mt
+from project.translation import options as mt_options
 from project.translation import translate
 from project.translation.average import average_snapshots, snapshot_epochs
 
@@ -50,10 +52,10 @@ def test_run_keeps_the_last_snapshots_and_reports_greedy_and_beam(run) -> None:
 def test_averaged_parameters_are_the_mean_of_the_snapshots(run) -> None:
     out = run["out_dir"]
     averaged = average_snapshots(out, 2, 2)
-    with np.load(out / "params_epoch1.npz") as a, np.load(out / "params_epoch2.npz") as b:
-        assert set(averaged) == set(a.files)
-        for name in a.files:
-            np.testing.assert_allclose(averaged[name], (a[name].astype(np.float64) + b[name]) / 2, rtol=1e-6)
+    a, b = minitorch.load(out / "params_epoch1.npz"), minitorch.load(out / "params_epoch2.npz")
+    assert set(averaged) == set(a)
+    for name in a:
+        np.testing.assert_allclose(averaged[name], (a[name].astype(np.float64) + b[name]) / 2, rtol=1e-6)
     with pytest.raises(FileNotFoundError, match=r"missing epochs \[0\]"):
         average_snapshots(out, 3, 2)
 
@@ -104,5 +106,5 @@ def test_translate_errors_name_the_problem(run, tmp_path) -> None:
 @pytest.mark.parametrize("option, value", [("--label-smoothing", "1.5"), ("--length-penalty", "-1")])
 def test_training_program_rejects_bad_values(option: str, value: str, capsys) -> None:
     with pytest.raises(SystemExit):
-        run_mt.build_parser().parse_args([option, value])
+        mt_options.build_parser().parse_args([option, value])
     assert option in capsys.readouterr().err

@@ -1,42 +1,40 @@
-"""Checkpoints of a training run: one NumPy ``.npz`` archive, never a pickle.
+"""Checkpoints of a training run, in minitorch.save's format (a NumPy .npz archive, never a pickle).
 
 A checkpoint holds a *kind* (which program wrote it, e.g. "machine_translation"), the run's
-configuration (a JSON object) and its state: nested dicts and lists of JSON values (numbers, strings,
-booleans, None) and numpy arrays. The arrays are stored as the archive's members, named by their
-path in the state ("model/layers.0.weights"); everything else, with the format name and version, is
-one JSON document in the member ``__meta__`` (UTF-8 bytes as a uint8 array). Reading uses
-``np.load(allow_pickle=False)``, so loading a checkpoint never runs code. Dict keys come back as
-strings; tuples come back as lists.
-
-Writing is atomic: a temporary file beside the target, flushed and fsynced, then renamed over it.
-The checkpoint it replaces is kept as ``<name>.prev.npz`` (a hard link, so there is always a
-complete file under each name), so a checkpoint found corrupted later still leaves the one before.
+configuration (JSON values) and its state: nested dicts and lists of JSON values and numpy arrays.
+It is the object {"format", "version", "kind", "config", "state"} written by minitorch.save
+(atomically, the checkpoint it replaces kept as ``<name>.prev.npz``, so a checkpoint found
+corrupted later still leaves the one before) and read by minitorch.load, which never runs code.
+Dict keys come back as strings; tuples come back as lists.
 
     save_checkpoint(out / "checkpoint.npz", "gpt2", config, {"model": model.state_dict(), "step": 7})
     ckpt = load_checkpoint(out / "checkpoint.npz", "gpt2")   # CheckpointError names file and problem
     check_config(ckpt, {"n_layer": 12})                     # saved config must agree
+    restore_optimizer(ckpt.path, optimizer, ckpt.state["optimizer"])
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
-import zipfile
-import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+import minitorch
+from minitorch import Module
+from minitorch.serialization import LoadError, previous_path
+
 FORMAT = "minitorch-run-checkpoint"
-VERSION = 1
-META_KEY = "__meta__"
-ARRAY_TAG = "__array__"  # {"__array__": member name} stands for an array in the JSON state
-ZIP_MAGIC = b"PK\x03\x04"
+VERSION = 2  # 1: the format's own .npz layout, before checkpoints were minitorch.save files
+PICKLE_START = b"\x80"  # the PROTO opcode that starts every pickle of protocol 2 or later
+
+__all__ = [
+    "Checkpoint", "CheckpointError", "check_config", "describe", "load_checkpoint", "previous_path",
+    "restore_optimizer", "save_checkpoint", "upgrade_moments",
+]  # fmt: skip
 
 
 class CheckpointError(ValueError):
@@ -53,27 +51,18 @@ class Checkpoint:
     state: Dict[str, Any]
 
 
-def previous_path(path: str | os.PathLike) -> Path:
-    """Where save_checkpoint keeps the checkpoint it replaced: checkpoint.npz -> checkpoint.prev.npz."""
-    path = Path(path)
-    return path.with_name(f"{path.stem}.prev{path.suffix}")
-
-
-def _split(value: Any, key: str, arrays: Dict[str, np.ndarray]) -> Any:
-    """JSON form of value, with each numpy array moved into arrays under its path."""
+def _plain(value: Any, key: str, arrays: List[str]) -> Any:
+    """value with str dict keys, lists for tuples and Python numbers for numpy scalars, the paths of
+    its arrays appended to arrays; TypeError naming the path of anything else."""
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise TypeError(f"checkpoint state {key}: object arrays cannot be stored without pickle")
-        if key in arrays:
-            raise ValueError(f"checkpoint state {key}: two arrays have this name")
-        arrays[key] = value
-        return {ARRAY_TAG: key}
+        arrays.append(key)
+        return value
     if isinstance(value, Mapping):
-        if ARRAY_TAG in value:
-            raise ValueError(f"checkpoint state {key}: the key {ARRAY_TAG!r} is reserved")
-        return {str(k): _split(v, f"{key}/{k}" if key else str(k), arrays) for k, v in value.items()}
+        return {str(k): _plain(v, f"{key}/{k}" if key else str(k), arrays) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_split(v, f"{key}/{i}", arrays) for i, v in enumerate(value)]
+        return [_plain(v, f"{key}/{i}", arrays) for i, v in enumerate(value)]
     if isinstance(value, np.generic):
         return value.item()
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -81,105 +70,38 @@ def _split(value: Any, key: str, arrays: Dict[str, np.ndarray]) -> Any:
     raise TypeError(f"checkpoint state {key}: cannot store a {type(value).__name__} (JSON values and numpy arrays only)")
 
 
-def _join(value: Any, arrays: Mapping[str, np.ndarray], path: Path) -> Any:
-    """Inverse of _split."""
-    if isinstance(value, dict):
-        if set(value) == {ARRAY_TAG}:
-            name = value[ARRAY_TAG]
-            if name not in arrays:
-                raise CheckpointError(f"{path} is truncated or corrupted: its array {name!r} is missing")
-            return arrays[name]
-        return {k: _join(v, arrays, path) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_join(v, arrays, path) for v in value]
-    return value
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename in directory durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _keep_previous(path: Path) -> None:
-    """Make previous_path(path) another name of the current file (a copy where links fail)."""
-    prev = previous_path(path)
-    tmp = prev.with_name(f".{prev.name}.{os.getpid()}.part")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(path, tmp)
-    except OSError:
-        shutil.copyfile(path, tmp)
-    os.replace(tmp, prev)
-
-
-def _remove_stale_temporaries(path: Path) -> None:
-    """Temporary files left by a writer that was killed (one writer per checkpoint is assumed)."""
-    for pattern in (f".{path.name}.*.part", f".{previous_path(path).name}.*.part"):
-        for stale in path.parent.glob(pattern):
-            stale.unlink(missing_ok=True)
-
-
 def save_checkpoint(path: str | os.PathLike, kind: str, config: Mapping[str, Any], state: Mapping[str, Any]) -> None:
     """Write a checkpoint atomically; the one it replaces becomes previous_path(path).
 
     config: JSON values only; state: JSON values and numpy arrays, nested in dicts and lists."""
     path = Path(path)
-    arrays: Dict[str, np.ndarray] = {}
-    meta = {"format": FORMAT, "version": VERSION, "kind": kind, "config": _split(dict(config), "", arrays)}
+    arrays: List[str] = []
+    plain_config = _plain(dict(config), "", arrays)
     if arrays:
         raise TypeError(f"checkpoint config holds arrays ({', '.join(arrays)}); arrays belong in the state")
-    meta["state"] = _split(dict(state), "", arrays)
-    meta_bytes = json.dumps(meta).encode("utf-8")
+    payload = {"format": FORMAT, "version": VERSION, "kind": kind, "config": plain_config,
+               "state": _plain(dict(state), "", arrays)}  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, allow_pickle=False, **{META_KEY: np.frombuffer(meta_bytes, dtype=np.uint8)}, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        if path.is_file():
-            _keep_previous(path)
-        os.replace(tmp_name, path)
-        _fsync_directory(path.parent)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    minitorch.save(payload, path, keep_previous=True)
 
 
-def _read(path: Path) -> tuple[Dict[str, Any], Dict[str, np.ndarray]]:
-    """(metadata, arrays) of a checkpoint file, every member read (so zip CRCs are checked)."""
+def _read(path: Path) -> Dict[str, Any]:
+    """The checkpoint object in a file, checked to be one (of any version and kind)."""
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path} is empty (0 bytes): it is not a checkpoint")
-    with open(path, "rb") as f:
-        head = f.read(len(ZIP_MAGIC))
-    if head != ZIP_MAGIC:
-        hint = " (it looks like a pickle, which this format never reads)" if head[:1] == b"\x80" else ""
-        raise CheckpointError(f"{path} is not a minitorch checkpoint: not a NumPy .npz archive{hint}")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            if META_KEY not in npz.files:
-                raise CheckpointError(f"{path} is an .npz archive without minitorch checkpoint metadata (a foreign file)")
-            meta = json.loads(npz[META_KEY].tobytes().decode("utf-8"))
-            arrays = {name: npz[name] for name in npz.files if name != META_KEY}
-    except CheckpointError:
-        raise
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, KeyError) as err:
-        raise CheckpointError(f"{path} is truncated or corrupted ({type(err).__name__}: {err})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is an .npz archive but not a minitorch run checkpoint (a foreign file)")
-    return meta, arrays
+        payload = minitorch.load(path)
+    except LoadError as err:
+        with open(path, "rb") as f:
+            pickled = f.read(1) == PICKLE_START
+        raise CheckpointError(f"{err}{' (it looks like a pickle, which this format never reads)' if pickled else ''}") from None
+    except KeyError as err:
+        raise CheckpointError(f"{path} is truncated or damaged: it lacks the entry {err} that its header names") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} was written by minitorch.save but is not a minitorch run checkpoint")
+    return payload
 
 
 def load_checkpoint(path: str | os.PathLike, kind: str) -> Checkpoint:
@@ -188,28 +110,28 @@ def load_checkpoint(path: str | os.PathLike, kind: str) -> Checkpoint:
     Raises CheckpointError, naming the file, when it is missing, empty, truncated or corrupted,
     not a checkpoint (a pickle, another .npz), of another format version or of another kind."""
     path = Path(path)
-    meta, arrays = _read(path)
-    if meta.get("version") != VERSION:
+    payload = _read(path)
+    if payload.get("version") != VERSION:
         raise CheckpointError(
-            f"{path} has checkpoint format version {meta.get('version')}; this program reads version {VERSION}"
+            f"{path} has checkpoint format version {payload.get('version')}; this program reads version {VERSION}"
         )
-    if meta.get("kind") != kind:
-        raise CheckpointError(f"{path} is a {meta.get('kind')!r} checkpoint, not a {kind!r} one")
-    if not isinstance(meta.get("config"), dict) or not isinstance(meta.get("state"), dict):
-        raise CheckpointError(f"{path} is truncated or corrupted: its metadata lacks the config or the state")
-    return Checkpoint(path=path, kind=kind, config=meta["config"], state=_join(meta["state"], arrays, path))
+    if payload.get("kind") != kind:
+        raise CheckpointError(f"{path} is a {payload.get('kind')!r} checkpoint, not a {kind!r} one")
+    if not isinstance(payload.get("config"), dict) or not isinstance(payload.get("state"), dict):
+        raise CheckpointError(f"{path} is truncated or damaged: it lacks the config or the state")
+    return Checkpoint(path=path, kind=kind, config=payload["config"], state=payload["state"])
 
 
 def describe(path: str | os.PathLike) -> str:
     """One line about a checkpoint file for messages: its kind and step/epoch, or why it is unusable."""
     try:
-        meta, _ = _read(Path(path))
+        payload = _read(Path(path))
     except CheckpointError as err:
         return f"unusable: {err}"
-    state = meta.get("state") or {}
+    state = payload.get("state") or {}
     progress = state.get("progress", state) if isinstance(state, dict) else {}
     where = ", ".join(f"{k} {progress[k]}" for k in ("epoch", "step") if isinstance(progress, dict) and k in progress)
-    return f"a {meta.get('kind')!r} checkpoint" + (f" at {where}" if where else "")
+    return f"a {payload.get('kind')!r} checkpoint" + (f" at {where}" if where else "")
 
 
 def check_config(
@@ -227,3 +149,38 @@ def check_config(
             f"{checkpoint.path} was saved with another configuration; resuming continues it, but the "
             f"command line asks for {', '.join(conflicts)}"
         )
+
+
+def upgrade_moments(model: Module, saved_names: Sequence[str], optimizer_state: Dict[str, Any]) -> Dict[str, Any]:
+    """Adam's state (moments keyed by parameter position) saved with a model whose parameters were
+    saved_names, re-keyed for model: a checkpoint of an older parameter layout (separate q, k, v
+    projections) gets its moments packed as its parameters are (Module.upgrade_state)."""
+    names = [name for name, _ in model.named_parameters()]
+    if list(saved_names) == names:
+        return optimizer_state
+    position = {name: i for i, name in enumerate(names)}
+    out = dict(optimizer_state)
+    for key in ("m", "v"):
+        by_name = model.upgrade_state({saved_names[int(i)]: value for i, value in optimizer_state[key].items()})
+        out[key] = {str(position[name]): value for name, value in by_name.items()}
+    return out
+
+
+def restore_optimizer(
+    path: Path, optimizer: minitorch.Adam, saved: Dict[str, Any], model: Optional[Module] = None,
+    saved_names: Optional[Sequence[str]] = None,
+) -> None:  # fmt: skip
+    """Load Adam's saved step count and moments into optimizer, after checking that every moment
+    fits its parameter (CheckpointError naming the checkpoint file otherwise). With model and the
+    names of the saved model's parameters, moments of an older parameter layout are upgraded first."""
+    if model is not None and saved_names is not None:
+        saved = upgrade_moments(model, saved_names, saved)
+    n = len(optimizer.parameters)
+    for key in ("m", "v"):
+        for i, value in saved[key].items():
+            if int(i) >= n or np.shape(value) != optimizer.parameters[int(i)].value.shape:
+                raise CheckpointError(
+                    f"{path}: AdamW moment {key} {i} of shape {np.shape(value)} does not fit parameter {i} of the "
+                    f"model's {n}"
+                )
+    optimizer.load_state_dict(saved)

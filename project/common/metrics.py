@@ -1,22 +1,26 @@
-"""Plot a translation run's metrics.jsonl (one JSON record per epoch) to a PNG: train and validation
-loss, test BLEU, and training tokens/s, each against the epoch.
+"""A training run's metrics: a JSON-lines log (one record per line) and its plots.
 
-    python project/plot_metrics.py runs/mt/metrics.jsonl [--out runs/mt/metrics.png]
-
-run_machine_translation.py calls plot_metrics() after each epoch, so <out-dir>/metrics.png always
-shows the run so far.
+    log = MetricsLog(out_dir / "metrics.jsonl")
+    history = log.restart(lambda r: r["step"] <= step)  # a resumed run drops what came after its checkpoint
+    log.append({"step": 1, "loss": 2.5})
+    plot_records(read_records(log.path), out_dir / "loss.png", "step", [Panel("loss", "loss", [Series("loss")])])
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
+
+Record = Dict[str, Any]
 
 
-def read_records(path: Path) -> List[Dict[str, Any]]:
-    """The records of a metrics.jsonl, in file order; ValueError naming the file and line if one is bad."""
+def read_records(path: str | os.PathLike, required: Sequence[str] = ()) -> List[Record]:
+    """The records of a metrics file, in file order; ValueError naming the file and line of one that
+    is not a JSON object or lacks a required key."""
     records = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -26,63 +30,85 @@ def read_records(path: Path) -> List[Dict[str, Any]]:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{number}: not a JSON line ({e})") from None
-            missing = [k for k in ("epoch", "train_loss", "valid_loss", "bleu", "tokens_per_s") if k not in record]
+            missing = [key for key in required if key not in record]
             if missing:
                 raise ValueError(f"{path}:{number}: record lacks {missing}")
             records.append(record)
     return records
 
 
-def plot_metrics(metrics_path: Path, out_path: Optional[Path] = None) -> Path:
-    """Write the PNG of a metrics.jsonl (default: metrics.png beside it); returns its path."""
+class MetricsLog:
+    """The metrics file of a run, written only where `write` (rank 0 of a data-parallel run)."""
+
+    def __init__(self, path: str | os.PathLike, write: bool = True):
+        self.path, self.write = Path(path), write
+
+    def restart(self, keep: Optional[Callable[[Record], bool]] = None) -> List[Record]:
+        """Start the file anew with the records already in it that keep() accepts (none without
+        keep), and return them: a run resumed from a checkpoint keeps those up to it (a crash after
+        a record but before its checkpoint leaves one that the run writes again)."""
+        records = [r for r in read_records(self.path) if keep(r)] if keep is not None and self.path.is_file() else []
+        if self.write:
+            with open(self.path, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+        return records
+
+    def append(self, record: Record) -> None:
+        """Add one record at the end of the file."""
+        if self.write:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of a panel: the records' `key` against the x key (records without it are skipped)."""
+
+    key: str
+    label: Optional[str] = None
+    style: str = "o-"
+    color: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One plot of a figure: a title, the y axis's label and its lines."""
+
+    title: str
+    ylabel: str
+    series: Sequence[Series] = field(default_factory=tuple)
+    from_zero: bool = False  # the y axis starts at 0
+
+
+def plot_records(
+    records: Sequence[Mapping[str, Any]], path: str | os.PathLike, x: str, panels: Sequence[Panel], title: str,
+    integer_ticks: bool = False,
+) -> Path:  # fmt: skip
+    """Write a PNG of the records' panels side by side, each against the x key; returns its path.
+    integer_ticks: a tick at every x value (few of them, e.g. epochs)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics_path = Path(metrics_path)
-    out_path = metrics_path.with_suffix(".png") if out_path is None else Path(out_path)
-    records = read_records(metrics_path)
-    if not records:
-        raise ValueError(f"{metrics_path} holds no records to plot")
-    epochs = [r["epoch"] for r in records]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    axes[0].plot(epochs, [r["train_loss"] for r in records], "o-", label="train")
-    axes[0].plot(epochs, [r["valid_loss"] for r in records], "s-", label="validation")
-    axes[0].set_ylabel("cross-entropy per target token")
-    axes[0].set_title("loss")
-    axes[0].legend()
-    axes[1].plot(epochs, [r["bleu"] for r in records], "o-", color="tab:green")
-    axes[1].set_ylabel("BLEU (sacrebleu, test)")
-    axes[1].set_title("BLEU")
-    axes[2].plot(epochs, [r["tokens_per_s"] for r in records], "o-", color="tab:purple")
-    axes[2].set_ylabel("training tokens / s")
-    axes[2].set_title("throughput")
-    axes[2].set_ylim(bottom=0)
-    for ax in axes:
-        ax.set_xlabel("epoch")
-        ax.set_xticks(epochs)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.7 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for series in panel.series:
+            points = [(r[x], r[series.key]) for r in records if series.key in r and x in r]
+            if points:
+                ax.plot(*zip(*points), series.style, label=series.label, color=series.color, linewidth=1)
+        ax.set_title(panel.title)
+        ax.set_xlabel(x)
+        ax.set_ylabel(panel.ylabel)
+        if panel.from_zero:
+            ax.set_ylim(bottom=0)
+        if integer_ticks:
+            ax.set_xticks(sorted({r[x] for r in records if x in r}))
+        if any(series.label for series in panel.series):
+            ax.legend()
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{metrics_path} ({len(records)} epochs)")
+    fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-    return out_path
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and every option's default."""
-
-
-def main(argv: Optional[Sequence[str]] = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("metrics", type=Path, help="a run's metrics.jsonl")
-    parser.add_argument("--out", type=Path, default=None, help="PNG to write (None: metrics.png beside the input)")
-    args = parser.parse_args(argv)
-    out = plot_metrics(args.metrics, args.out)
-    print(f"wrote {out}")
-    return out
-
-
-if __name__ == "__main__":
-    main()
+    return Path(path)

@@ -48,8 +48,9 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
-from project.common.options import positive_int
-from project.gpt2.llmc import MAX_TOKEN_ID, atomic_write, write_shard
+from minitorch.serialization import atomic_write
+from project.common.options import FRACTION, POSITIVE_INT
+from project.gpt2.llmc import MAX_TOKEN_ID, write_shard
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_INPUT = PROJECT_ROOT.parent / "shared" / "data" / "multi30k" / "train.en.gz"
@@ -305,14 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="file-name prefix; when not given, derived from --input (train.en.gz -> train_en)")
     p.add_argument("--documents", choices=("line", "paragraph"), default="line",
                    help="one document per non-blank line, or per blank-line separated block")
-    p.add_argument("--max-lines", type=positive_int, default=None, help="read only the first N lines")
+    p.add_argument("--max-lines", type=POSITIVE_INT, default=None, help="read only the first N lines")
     p.add_argument("--tokenizer", default=None,
                    help="existing tokenizers JSON (e.g. GPT-2's BPE) instead of training a BPE")
     p.add_argument("--vocab-size", type=int, default=8192, help="vocabulary of the trained BPE")
     p.add_argument("--eot-token", default=EOT_TOKEN, help="end-of-text token that starts every document")
-    p.add_argument("--val-fraction", type=float, default=0.05,
+    p.add_argument("--val-fraction", type=FRACTION, default=0.05,
                    help="share of the documents (the first ones) for val")
-    p.add_argument("--shard-size", type=positive_int, default=100_000_000, help="most tokens per shard")
+    p.add_argument("--shard-size", type=POSITIVE_INT, default=100_000_000, help="most tokens per shard")
     p.add_argument("--overwrite", action="store_true", help="replace earlier outputs of the same --name")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p

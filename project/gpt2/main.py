@@ -17,7 +17,6 @@ the peak memory); at the end ``<out-dir>/loss.png`` and ``<out-dir>/model.bin``.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -26,31 +25,24 @@ import numpy as np
 from tokenizers import Tokenizer
 
 import minitorch
+from project.common.metrics import MetricsLog
+from project.common.options import (
+    NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, UNIT_INTERVAL, InputError, backend_from_option, given_options,
+    option,
+    str2bool,
+)  # fmt: skip
+from project.common.parallel import DataParallel
+from project.common.schedule import learning_rate
 from project.gpt2.data import EOT_TOKEN
+from project.gpt2.llmc import GPT2Config
 from project.gpt2.model import GPT2
 from project.gpt2.sample import generate
-from project.gpt2.training import (
-    STATE_MODEL,
-    learning_rate,
-    load_training_state,
-    plot_losses,
-    save_training_state,
-    TrainStep,
-    validation_loss,
-)
-from project.gpt2.llmc import GPT2Config, ShardLoader
-from project.translation.checks import InputError
-from project.translation.model import make_backend, peak_memory_mb
-from project.common.parallel import DataParallel
-from project.common.options import positive_int, str2bool
+from project.gpt2.shards import ShardLoader
+from project.gpt2.training import STATE_MODEL, GPT2Step, load_training_state, plot_losses, save_training_state, validation_loss
 
 FRESH_MODEL = ("depth", "channels", "heads", "max_seq_len", "vocab_size")
 METRICS_NAME = "metrics.jsonl"
 PLOT_NAME = "loss.png"
-NON_NEGATIVE = (
-    "lr", "weight_decay", "grad_clip", "temperature", "warmup_steps", "val_every", "sample_every",
-    "checkpoint_every", "eot_id",
-)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,44 +55,44 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--resume-from", default=None, metavar="DIR",
                        help="checkpoint directory of an earlier run (--checkpoint-every): model, AdamW moments, "
                        "step and data position; the other options come from this command line")
-    model.add_argument("--depth", type=positive_int, default=12, help="layers of a fresh model")
-    model.add_argument("--channels", type=positive_int, default=768, help="width C of a fresh model")
-    model.add_argument("--heads", type=positive_int, default=12, help="attention heads of a fresh model")
-    model.add_argument("--max-seq-len", type=positive_int, default=1024, help="positions of a fresh model")
-    model.add_argument("--vocab-size", type=positive_int, default=50257,
+    model.add_argument("--depth", type=POSITIVE_INT, default=12, help="layers of a fresh model")
+    model.add_argument("--channels", type=POSITIVE_INT, default=768, help="width C of a fresh model")
+    model.add_argument("--heads", type=POSITIVE_INT, default=12, help="attention heads of a fresh model")
+    model.add_argument("--max-seq-len", type=POSITIVE_INT, default=1024, help="positions of a fresh model")
+    model.add_argument("--vocab-size", type=POSITIVE_INT, default=50257,
                        help="vocabulary V of a fresh model (the table is padded to a multiple of 128)")
     data = p.add_argument_group("data")
     data.add_argument("--train-shards", required=True, metavar="GLOB", help="llm.c token shards to train on")
     data.add_argument("--val-shards", default=None, metavar="GLOB", help="llm.c token shards for validation")
-    data.add_argument("--batch-size", type=positive_int, default=4)
-    data.add_argument("--seq-len", type=positive_int, default=1024)
+    data.add_argument("--batch-size", type=POSITIVE_INT, default=4)
+    data.add_argument("--seq-len", type=POSITIVE_INT, default=1024)
     opt = p.add_argument_group("optimization")
-    opt.add_argument("--steps", type=positive_int, default=None,
+    opt.add_argument("--steps", type=POSITIVE_INT, default=None,
                      help="updates to run (default: one pass over the training shards, as llm.c)")
-    opt.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of AdamW")
-    opt.add_argument("--weight-decay", type=float, default=0.0,
+    opt.add_argument("--lr", type=NON_NEGATIVE, default=3e-4, help="peak learning rate of AdamW")
+    opt.add_argument("--weight-decay", type=NON_NEGATIVE, default=0.0,
                      help="AdamW's decoupled weight decay, on every parameter as in llm.c's fp32 trainer")
-    opt.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up, then cosine decay")
-    opt.add_argument("--final-lr-frac", type=float, default=1.0,
+    opt.add_argument("--warmup-steps", type=NON_NEGATIVE_INT, default=0, help="linear warm-up, then cosine decay")
+    opt.add_argument("--final-lr-frac", type=UNIT_INTERVAL, default=1.0,
                      help="the cosine decays to lr * this at the last step (1: constant, llm.c's default)")
-    opt.add_argument("--grad-clip", type=float, default=0.0, help="global gradient-norm clip (0: off, as llm.c fp32)")
+    opt.add_argument("--grad-clip", type=NON_NEGATIVE, default=0.0, help="global gradient-norm clip (0: off, as llm.c fp32)")
     run = p.add_argument_group("evaluation, samples, checkpoints")
-    run.add_argument("--val-every", type=int, default=20,
+    run.add_argument("--val-every", type=NON_NEGATIVE_INT, default=20,
                      help="validation loss every N steps and after the last (0: never)")
-    run.add_argument("--val-batches", type=positive_int, default=20, help="batches per validation")
-    run.add_argument("--sample-every", type=int, default=0,
+    run.add_argument("--val-batches", type=POSITIVE_INT, default=20, help="batches per validation")
+    run.add_argument("--sample-every", type=NON_NEGATIVE_INT, default=0,
                      help="print a sample every N steps and after the last (0: never)")
-    run.add_argument("--sample-tokens", type=positive_int, default=64, help="tokens per sample")
+    run.add_argument("--sample-tokens", type=POSITIVE_INT, default=64, help="tokens per sample")
     run.add_argument("--prompt", default="", help="text the samples continue (after <|endoftext|>)")
-    run.add_argument("--top-k", type=positive_int, default=None, help="sample among the k likeliest tokens")
-    run.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
+    run.add_argument("--top-k", type=POSITIVE_INT, default=None, help="sample among the k likeliest tokens")
+    run.add_argument("--temperature", type=NON_NEGATIVE, default=1.0, help="sampling temperature (0: greedy)")
     run.add_argument("--tokenizer", default=None, metavar="FILE.json",
                      help="tokenizers JSON for the prompt and samples (default: the one *_tokenizer.json beside "
                      "the training shards if there is exactly one; without any, samples are token ids after "
                      "--eot-id)")
-    run.add_argument("--eot-id", type=int, default=50256,
+    run.add_argument("--eot-id", type=NON_NEGATIVE_INT, default=50256,
                      help="token that starts samples when there is no tokenizer (GPT-2's <|endoftext|>)")
-    run.add_argument("--checkpoint-every", type=int, default=0,
+    run.add_argument("--checkpoint-every", type=NON_NEGATIVE_INT, default=0,
                      help="save <out-dir>/checkpoint_NNNNNN/ (model.bin, state.npz) every N steps")
     how = p.add_argument_group("how the same model is computed")
     how.add_argument("--backend", choices=("auto", "cuda", "cpu"), default="auto",
@@ -125,24 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    """The options, after refusing combinations that would silently ignore one of them."""
+    """The options (each within the bound of its type), after refusing combinations that would
+    silently ignore one of them."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    explicit = build_parser()
-    for action in explicit._actions:
-        action.default = argparse.SUPPRESS
-        action.required = False
-    given = vars(explicit.parse_args(argv))
+    given = given_options(build_parser(), argv)
     if args.init_from and args.resume_from:
         parser.error("--init-from and --resume-from both name the starting model; pass one")
-    fresh = [f"--{name.replace('_', '-')}" for name in FRESH_MODEL if name in given]
+    fresh = [option(name) for name in FRESH_MODEL if name in given]
     if fresh and (args.init_from or args.resume_from):
         parser.error(f"{' '.join(fresh)} describe a fresh model; the model of --init-from/--resume-from has its own")
-    negative = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in NON_NEGATIVE and v < 0]
-    if negative:
-        parser.error(f"{', '.join(negative)}: must be >= 0")
-    if not 0.0 <= args.final_lr_frac <= 1.0:
-        parser.error(f"--final-lr-frac must be in [0, 1], got {args.final_lr_frac}")
     return args
 
 
@@ -183,11 +167,6 @@ def build_model(args: argparse.Namespace, backend: minitorch.TensorBackend) -> G
     return GPT2.fresh(config, seed=args.seed, **options)
 
 
-def write_metrics(path: Path, records: Sequence[dict]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Run the program; returns {"args", "records" (the metric records), "model", "out_dir"}.
 
@@ -208,9 +187,10 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
     if parallel.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        backend, backend_line = make_backend(args.backend)
+        choice = backend_from_option(args.backend)
     except InputError as err:
         raise SystemExit(f"error: {err}") from None
+    backend = choice.backend
     minitorch.set_float32_matmul_precision(args.matmul_precision)
     minitorch.manual_seed(args.seed)
     B, T, N = args.batch_size, args.seq_len, parallel.world_size
@@ -223,22 +203,16 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
     optimizer = minitorch.AdamW(
         model.parameters(), lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
     )
-    train_step = TrainStep(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda)
+    train_step = GPT2Step(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda)
     total_steps = args.steps or train.batches_per_epoch
-    step, records = 0, []
-    if args.resume_from:
-        step = load_training_state(args.resume_from, optimizer, train)["step"]
-        metrics = out_dir / METRICS_NAME
-        if metrics.is_file():
-            lines = metrics.read_text(encoding="utf-8").splitlines()
-            records = [r for r in map(json.loads, filter(None, lines)) if r["step"] <= step]
-    if parallel.is_main:
-        write_metrics(out_dir / METRICS_NAME, records)
+    step = load_training_state(args.resume_from, optimizer, train)["step"] if args.resume_from else 0
+    metrics = MetricsLog(out_dir / METRICS_NAME, write=parallel.is_main)
+    records = metrics.restart((lambda r: r["step"] <= step) if args.resume_from else None)
     tokenizer = find_tokenizer(args, train)
     val_batches = min(args.val_batches, val.batches_per_epoch) if val else 0
     n_params = sum(p.value.size for p in model.parameters())
     parallel.print(
-        f"GPT-2 {model.config} ({n_params:,} parameters), {backend_line}"
+        f"GPT-2 {model.config} ({n_params:,} parameters), {choice}"
         + (f", {N} processes (data parallel)" if N > 1 else "")
         + f": fused kernels {args.use_fused_kernel}, "
         f"attention {args.attention} {args.activation}, loss {args.loss}, recompute layers {args.recompute_layers}, "
@@ -250,9 +224,7 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
 
     def log(record: dict) -> None:
         records.append(record)
-        if parallel.is_main:
-            with open(out_dir / METRICS_NAME, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+        metrics.append(record)
 
     while True:
         last = step == total_steps
@@ -286,7 +258,7 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
             print(f"step {step:5d} | saved {where}", flush=True)
 
     train_step.release_graphs()
-    memory = peak_memory_mb(backend)
+    memory = minitorch.peak_memory_mb(backend)
     log({"step": step, **memory})
     if not parallel.is_main:
         return {"args": args, "records": records, "model": model, "out_dir": out_dir, **memory}

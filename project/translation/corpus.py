@@ -13,7 +13,6 @@ import gzip
 import hashlib
 import http.client
 import os
-import tempfile
 import urllib.error
 import urllib.request
 import zlib
@@ -22,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
+
+from minitorch.serialization import atomic_write
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = PROJECT_ROOT.parent / "shared" / "data" / "multi30k"
@@ -118,10 +119,13 @@ def missing_files(data_dir: str | os.PathLike) -> list[str]:
 # Reading
 
 
+def _uncompressed(data: bytes, name: str) -> bytes:
+    """The content of a file called ``name`` whose bytes are ``data`` (gunzipped for ``.gz``)."""
+    return gzip.decompress(data) if name.endswith(".gz") else data
+
+
 def _read_text_bytes(path: Path) -> bytes:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        return f.read()
+    return _uncompressed(path.read_bytes(), path.name)
 
 
 def text_sha256(path: str | os.PathLike) -> str:
@@ -194,41 +198,33 @@ def read_corpus(data_dir: str | os.PathLike) -> Corpus:
 def _download_file(
     url: str, dest: Path, expected_sha256: str, timeout: float, progress: bool
 ) -> None:
-    """Fetch ``url`` to ``dest`` atomically: into a temporary file beside it, verified, then
-    renamed. A failed or unverified download leaves nothing behind."""
-    # The temporary name keeps dest's suffix: hashing reads ".gz" files decompressed.
-    fd, tmp_name = tempfile.mkstemp(
-        prefix=f".{dest.name}.", suffix=f".part{dest.suffix}", dir=dest.parent
-    )
-    tmp = Path(tmp_name)
+    """Fetch ``url`` into memory, verify it, then write it to ``dest`` atomically (a ``.gz``
+    name: the checksum is of the uncompressed text). A failed or unverified download leaves
+    nothing behind."""
+    chunks = []
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        size = response.headers.get("Content-Length")
+        with tqdm(
+            total=int(size) if size else None,
+            unit="B",
+            unit_scale=True,
+            desc=dest.name,
+            disable=not progress,
+        ) as bar:
+            while chunk := response.read(1 << 16):
+                chunks.append(chunk)
+                bar.update(len(chunk))
+    data = b"".join(chunks)
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
-            size = response.headers.get("Content-Length")
-            with tqdm(
-                total=int(size) if size else None,
-                unit="B",
-                unit_scale=True,
-                desc=dest.name,
-                disable=not progress,
-            ) as bar:
-                while chunk := response.read(1 << 16):
-                    out.write(chunk)
-                    bar.update(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
-        try:
-            actual = text_sha256(tmp)
-        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
-            raise ChecksumError(f"download of {url} is not a valid gzip file ({err})") from err
-        if actual != expected_sha256:
-            raise ChecksumError(
-                f"checksum mismatch for {url}: the uncompressed text has SHA-256 {actual}, "
-                f"expected {expected_sha256}; the download was discarded"
-            )
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        actual = hashlib.sha256(_uncompressed(data, dest.name)).hexdigest()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise ChecksumError(f"download of {url} is not a valid gzip file ({err})") from err
+    if actual != expected_sha256:
+        raise ChecksumError(
+            f"checksum mismatch for {url}: the uncompressed text has SHA-256 {actual}, "
+            f"expected {expected_sha256}; the download was discarded"
+        )
+    atomic_write(dest, lambda f: f.write(data))
 
 
 def download_corpus(

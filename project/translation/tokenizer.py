@@ -7,13 +7,14 @@ outputs of decoding.
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from minitorch.serialization import atomic_write
 
 from project.translation.corpus import Pair
 
@@ -93,14 +94,7 @@ def load_or_train_tokenizer(
         return load_tokenizer(path)
     tokenizer = train_tokenizer(train_pairs, vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    os.close(fd)
-    try:
-        tokenizer.save(tmp_name)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: f.write(tokenizer.to_str(pretty=True).encode("utf-8")))
     return tokenizer
 
 

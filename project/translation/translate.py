@@ -7,6 +7,7 @@ parameters come from the run's checkpoint.npz, the tokenizer from the same direc
 N epoch snapshots the run kept.
 
     python project/translate.py --checkpoint runs/mt "Ein Mann fährt Fahrrad." "Zwei Hunde spielen."
+    python -m project.translation.translate --checkpoint runs/mt "Ein Hund läuft."
     python project/translate.py --checkpoint runs/mt --file sentences.de > sentences.en
     echo "Ein Hund läuft im Schnee." | python project/translate.py --checkpoint runs/mt --backend cpu
 """
@@ -21,14 +22,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from tokenizers import Tokenizer
 
 from minitorch import DecoderLM, TensorBackend
-from project.translation.tokenizer import decode_translations, encode_prompts, load_tokenizer, tokenizer_path
+from project.common.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from project.common.options import InputError, backend_from_option
 from project.translation.average import average_snapshots
 from project.translation.beam import beam_search
-from project.translation.checks import InputError
 from project.translation.decode import greedy_decode
-from project.translation.run import CHECKPOINT_KIND, CHECKPOINT_NAME
-from project.translation.model import build_model, make_backend
-from project.common.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from project.translation.model import build_model
+from project.translation.options import CHECKPOINT_KIND, CHECKPOINT_NAME
+from project.translation.tokenizer import decode_translations, encode_prompts, load_tokenizer, tokenizer_path
 
 MODEL_KEYS = ("n_embd", "n_head", "n_layers", "max_len", "vocab_size", "dropout", "use_fused_kernel")
 
@@ -148,7 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[str]:
             f"{args.batch_size} and {args.length_penalty}"
         )
     try:
-        backend, _ = make_backend(args.backend)
+        backend = backend_from_option(args.backend).backend
     except InputError as err:
         raise fail(str(err)) from None
     model, tokenizer, config = load_translator(args.checkpoint, backend, args.average_last)
