@@ -44,9 +44,9 @@ import numba  # noqa: E402
 
 import minitorch  # noqa: E402
 from bench_train import CONFIG, torch_model  # noqa: E402
-from project.mt_data import Batch  # noqa: E402
-from project.mt_steps import TrainStep  # noqa: E402
-from project.mt_train import build_model  # noqa: E402
+from project.translation.batches import Batch  # noqa: E402
+from project.translation.step import TranslationStep as TrainStep  # noqa: E402
+from project.translation.model import build_model  # noqa: E402
 
 MAX_LEN = 128  # the program's --max-len: the size of the position table
 LR, WEIGHT_DECAY, GRAD_CLIP = 1e-3, 0.01, 1.0

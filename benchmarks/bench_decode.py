@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import minitorch  # noqa: E402
 from minitorch.fused.topk import _composed_top_k, top_k  # noqa: E402
-from project import mt_data  # noqa: E402
-from project.mt_beam import BeamDecoder  # noqa: E402
-from project.mt_decode import GreedyDecoder, corpus_bleu, greedy_decode_recompute  # noqa: E402
-from project.mt_train import make_backend  # noqa: E402
-from project.translate import load_translator  # noqa: E402
+from project import translation as mt_data  # noqa: E402
+from project.translation.beam import BeamDecoder  # noqa: E402
+from project.translation.decode import GreedyDecoder, corpus_bleu, greedy_decode_recompute  # noqa: E402
+from minitorch import choose_backend as make_backend  # noqa: E402
+from project.translation.translate import load_translator  # noqa: E402
 
 BASELINE = "greedy, recompute"
 

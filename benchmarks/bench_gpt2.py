@@ -47,9 +47,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from project.gpt2_data import prepare_shards  # noqa: E402
-from project.gpt2_model import gpt2_init_params  # noqa: E402
-from project.llmc_format import GPT2_124M, read_shard, write_checkpoint, write_shard  # noqa: E402
+from project.gpt2.data import prepare_shards  # noqa: E402
+from project.gpt2.model import gpt2_init_params  # noqa: E402
+from project.gpt2.llmc import GPT2_124M, read_shard, write_checkpoint, write_shard  # noqa: E402
 
 B, T, LR = 4, 1024, 3e-4
 LLMC_PATCHES = {

@@ -27,9 +27,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from project.arg_types import positive_int  # noqa: E402
-from project.mt_data import Batcher, encode_pairs, load_corpus, load_or_train_tokenizer, resolve_data_dir  # noqa: E402
-from project.mt_steps import WIDTH_MULTIPLE  # noqa: E402
+from project.common.options import POSITIVE_INT as positive_int  # noqa: E402
+from project.translation import Batcher, encode_pairs, load_corpus, load_or_train_tokenizer, resolve_data_dir  # noqa: E402
+from project.translation.step import WIDTH_MULTIPLE  # noqa: E402
 
 
 def padded_tokens(lengths: np.ndarray, batch: np.ndarray) -> int:

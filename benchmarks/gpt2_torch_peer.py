@@ -26,8 +26,9 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from project.llmc_format import GPT2Config, ShardLoader, read_checkpoint  # noqa: E402
-from project.arg_types import str2bool  # noqa: E402
+from project.gpt2.llmc import GPT2Config, read_checkpoint  # noqa: E402
+from project.gpt2.shards import ShardLoader  # noqa: E402
+from project.common.options import str2bool  # noqa: E402
 
 
 class Block(nn.Module):
