@@ -82,6 +82,31 @@ FRACTION = Bounded(float, low=0, high=1, high_open=True)  # [0, 1): a probabilit
 UNIT_INTERVAL = Bounded(float, low=0, high=1)
 
 
+def add_compute_options(parser: argparse.ArgumentParser, attention: str, loss: str) -> argparse._ArgumentGroup:
+    """The options of how a program computes the same model (backend, fused kernels, attention path,
+    loss path, recomputation, CUDA graphs, matmul precision), as a group of parser; attention and
+    loss: the program's defaults ("naive" or "fused")."""
+    how = parser.add_argument_group("how the same model is computed")
+    how.add_argument("--backend", choices=("auto", "cuda", "cpu"), default="auto",
+                     help="auto: CUDA when a GPU and the built kernels are present, else the CPU (numba)")
+    how.add_argument("--use-fused-kernel", type=str2bool, default=True, metavar="true|false",
+                     help="fused attention softmax and LayerNorm (CUDA kernels on --backend cuda)")
+    how.add_argument("--attention", choices=("naive", "fused"), default=attention,
+                     help="naive: scores, softmax and weights as [B, H, T, T] tensors; fused: minitorch.fused_attention")
+    how.add_argument("--activation", choices=("softmax", "relu"), default="softmax",
+                     help="attention weights: softmax of the causal scores, or their relu without normalization")
+    how.add_argument("--loss", choices=("naive", "fused"), default=loss,
+                     help="naive: LM-head logits + cross_entropy; fused: fused_linear_cross_entropy (no logits tensor)")
+    how.add_argument("--recompute-layers", type=str2bool, default=False, metavar="true|false",
+                     help="gradient checkpointing: keep only each transformer layer's input and recompute the "
+                     "layer in backward")
+    how.add_argument("--cuda-graphs", type=str2bool, default=True, metavar="true|false",
+                     help="replay each training (and decoding) step from a CUDA graph (CUDA backend; ignored on the CPU)")
+    how.add_argument("--matmul-precision", choices=minitorch.precision.PRECISIONS, default="highest",
+                     help=minitorch.precision.PRECISION_HELP)
+    return how
+
+
 def bound_problems(parser: argparse.ArgumentParser, config: Mapping[str, Any]) -> List[str]:
     """A line "--name value problem" for every value of config outside the bound of its option's
     type in parser, in the parser's order (None, the "not given" of an optional option, passes)."""

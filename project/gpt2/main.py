@@ -27,9 +27,8 @@ from tokenizers import Tokenizer
 import minitorch
 from project.common.metrics import MetricsLog
 from project.common.options import (
-    NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, UNIT_INTERVAL, InputError, backend_from_option, given_options,
-    option,
-    str2bool,
+    NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, UNIT_INTERVAL, InputError, add_compute_options, backend_from_option,
+    given_options, option,
 )  # fmt: skip
 from project.common.parallel import DataParallel
 from project.common.schedule import learning_rate
@@ -94,23 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="token that starts samples when there is no tokenizer (GPT-2's <|endoftext|>)")
     run.add_argument("--checkpoint-every", type=NON_NEGATIVE_INT, default=0,
                      help="save <out-dir>/checkpoint_NNNNNN/ (model.bin, state.npz) every N steps")
-    how = p.add_argument_group("how the same model is computed")
-    how.add_argument("--backend", choices=("auto", "cuda", "cpu"), default="auto",
-                     help="auto: CUDA where it can run, else the CPU")
-    how.add_argument("--use-fused-kernel", type=str2bool, default=True, metavar="true|false",
-                     help="fused LayerNorm and attention softmax (CUDA kernels on --backend cuda)")
-    how.add_argument("--attention", choices=("naive", "fused"), default="fused",
-                     help="naive: [B, H, T, T] scores and weights; fused: minitorch.fused_attention")
-    how.add_argument("--activation", choices=("softmax", "relu"), default="softmax",
-                     help="attention weights: softmax of the causal scores, or their relu (llm.c fork's use_relu)")
-    how.add_argument("--loss", choices=("naive", "fused"), default="fused",
-                     help="naive: [B*T, V] logits + cross_entropy; fused: fused_linear_cross_entropy (no logits)")
-    how.add_argument("--recompute-layers", type=str2bool, default=False, metavar="true|false",
-                     help="gradient checkpointing: recompute each layer in backward instead of keeping it")
-    how.add_argument("--cuda-graphs", type=str2bool, default=True, metavar="true|false",
-                     help="on the CUDA backend, capture the training step in a CUDA graph and replay it")
-    how.add_argument("--matmul-precision", choices=minitorch.precision.PRECISIONS, default="highest",
-                     help=minitorch.precision.PRECISION_HELP)
+    add_compute_options(p, attention="fused", loss="fused")
     p.add_argument("--out-dir", default="runs/gpt2", help="metrics, plot, checkpoints and the final model.bin")
     p.add_argument("--seed", type=int, default=0, help="initialisation of a fresh model and sampling")
     return p

@@ -8,7 +8,6 @@ import argparse
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import minitorch
 from project.common.checkpoint import Checkpoint, CheckpointError, check_config, describe, load_checkpoint, previous_path
 from project.common.options import (
     FRACTION,
@@ -18,11 +17,11 @@ from project.common.options import (
     POSITIVE_INT,
     Bounded,
     InputError,
+    add_compute_options,
     bound_problems,
     given_options,
     lenient,
     option,
-    str2bool,
 )
 from project.translation.corpus import DATA_DIR_ENV, DEFAULT_BASE_URL, DEFAULT_DATA_DIR
 from project.translation.tokenizer import MIN_VOCAB_SIZE
@@ -96,25 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--grad-clip", type=NON_NEGATIVE, default=1.0, help="global gradient-norm clip (0: off)")
     opt.add_argument("--label-smoothing", type=FRACTION, default=0.0,
                      help="train against (1 - e) * onehot + e / vocab (the validation loss stays unsmoothed)")
-    how = p.add_argument_group("how the same model is computed")
-    how.add_argument("--backend", choices=("auto", "cuda", "cpu"), default="auto",
-                     help="auto: CUDA when a GPU and the built kernels are present, else the CPU (numba)")
-    how.add_argument("--use-fused-kernel", type=str2bool, default=True, metavar="true|false",
-                     help="fused attention softmax and LayerNorm (CUDA kernels on --backend cuda)")
-    how.add_argument("--attention", choices=("naive", "fused"), default="naive",
-                     help="naive: scores, softmax and weights as [B, H, T, T] tensors; fused: minitorch.fused_attention")
-    how.add_argument("--activation", choices=("softmax", "relu"), default="softmax",
-                     help="attention weights: softmax, or relu(scores) without normalization")
-    how.add_argument("--loss", choices=("naive", "fused"), default="naive",
-                     help="naive: LM-head logits + cross_entropy; fused: fused_linear_cross_entropy (no logits tensor)")
-    how.add_argument("--recompute-layers", type=str2bool, default=False, metavar="true|false",
-                     help="gradient checkpointing: keep only each transformer layer's input and recompute the "
-                     "layer in backward")
+    how = add_compute_options(p, attention="naive", loss="naive")
     how.add_argument("--checkpoint", action=RenamedOption, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    how.add_argument("--matmul-precision", choices=minitorch.precision.PRECISIONS, default="highest",
-                     help=minitorch.precision.PRECISION_HELP)
-    how.add_argument("--cuda-graphs", type=str2bool, default=True, metavar="true|false",
-                     help="replay each training and decoding step from a CUDA graph (CUDA backend; ignored on the CPU)")
     run = p.add_argument_group("data, outputs, checkpoints")
     run.add_argument("--data-dir", default=None,
                      help=f"corpus directory (None: ${DATA_DIR_ENV} or {DEFAULT_DATA_DIR})")
