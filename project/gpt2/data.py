@@ -1,4 +1,4 @@
-"""Turn a text file into llm.c token shards for GPT-2 training (``project/llmc_format.py``).
+"""Turn a text file into llm.c token shards for GPT-2 training (``project/gpt2/llmc.py``).
 
 Each document (by default one line; ``--documents paragraph`` takes blank-line separated blocks)
 becomes ``<|endoftext|> tokens...``: the end-of-text token starts every document, as in GPT-2's

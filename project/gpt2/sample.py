@@ -1,4 +1,4 @@
-"""Text generation with a trained GPT2 (project/gpt2_model.py): greedy, or sampling with a
+"""Text generation with a trained GPT2 (project/gpt2/model.py): greedy, or sampling with a
 temperature and top-k, from token ids or from a prompt string and a ``tokenizers`` tokenizer.
 
     from project.gpt2.model import GPT2

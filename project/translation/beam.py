@@ -1,4 +1,4 @@
-"""Batched beam search for the translation program, on the KV-cached decoder (mt_decode.CachedDecoder).
+"""Batched beam search for the translation program, on the KV-cached decoder (decode.CachedDecoder).
 
 A batch of B sentences keeps `beam_size` hypotheses each, as B * beam rows of one KVCache (every
 row starts from its sentence's prompt; only the first is live at the first step).  Per step, on the
