@@ -5,6 +5,7 @@ time a CUDA tensor is made and says how to build them if they are missing.
 """
 
 from . import nn, operators
+from .attention_config import AttentionConfig
 from .autodiff import Context, backpropagate, central_difference, enable_grad, no_grad, topological_sort
 from .backends import BackendChoice, choose_backend, cuda_unavailable_reason, peak_memory_mb
 from .checkpoint import checkpoint
@@ -43,6 +44,7 @@ from .tensor_ops import SimpleBackend, SimpleOps, TensorBackend, TensorOps
 
 __all__ = [
     "nn",
+    "AttentionConfig",
     "precision",
     "operators",
     "Context",
