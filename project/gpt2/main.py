@@ -197,8 +197,7 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
     parallel.print(
         f"GPT-2 {model.config} ({n_params:,} parameters), {choice}"
         + (f", {N} processes (data parallel)" if N > 1 else "")
-        + f": fused kernels {args.use_fused_kernel}, "
-        f"attention {args.attention} {args.activation}, loss {args.loss}, recompute layers {args.recompute_layers}, "
+        + f": {model.attention_config}, loss {args.loss}, recompute layers {args.recompute_layers}, "
         f"matmul precision {args.matmul_precision}; "
         f"{train.num_tokens:,} training tokens in {len(train.paths)} shard(s) ({train.batches_per_epoch} steps of "
         f"{N}x{B}x{T}), {total_steps} steps" + (f" from step {step}" if step else ""),

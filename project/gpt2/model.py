@@ -23,7 +23,8 @@ import numpy as np
 
 import minitorch
 from minitorch import (
-    Embedding, IndexingError, LayerNorm1d, Module, ModuleList, Parameter, Tensor, TransformerLayer, checkpoint, nn,
+    AttentionConfig, Embedding, IndexingError, LayerNorm1d, Module, ModuleList, Parameter, Tensor, TransformerLayer,
+    checkpoint, nn,
 )
 from project.gpt2.llmc import GPT2Config, parameter_shapes, read_checkpoint, write_checkpoint
 
@@ -68,7 +69,9 @@ class GPT2(Module):
     """GPT-2 of a ``GPT2Config``, parameters on ``backend`` (default: the CPU default).
 
     use_fused_kernel, attention ("naive" | "fused") and activation ("softmax" | "relu": relu of
-    the causal scores instead of their softmax) go to every TransformerLayer; recompute_layers
+    the causal scores instead of their softmax) are resolved once into `attention_config`
+    (minitorch.AttentionConfig.from_flags), which every TransformerLayer and the final LayerNorm
+    follow; recompute_layers
     runs each layer under minitorch.checkpoint (gradient checkpointing). The parameters start as
     the modules initialise them: load a checkpoint (``from_checkpoint``) or GPT-2's initialisation
     (``fresh``) into them.
@@ -86,19 +89,19 @@ class GPT2(Module):
         super().__init__()
         self.config = config
         self.recompute_layers = recompute_layers
+        self.attention_config = AttentionConfig.from_flags(use_fused_kernel, attention, activation)
         C = config.channels
         self.wte = Embedding(config.padded_vocab_size, C, backend=backend)
         self.wpe = Embedding(config.max_seq_len, C, backend=backend)
         self.layers = ModuleList(
             [
                 TransformerLayer(
-                    C, config.num_heads, p_dropout=0.0, ln_eps=LN_EPS, backend=backend,
-                    use_fused_kernel=use_fused_kernel, attention=attention, activation=activation,
-                )  # fmt: skip
+                    C, config.num_heads, p_dropout=0.0, ln_eps=LN_EPS, backend=backend, config=self.attention_config
+                )
                 for _ in range(config.num_layers)
             ]
         )
-        self.ln_f = LayerNorm1d(C, eps=LN_EPS, backend=backend, use_fused_kernel=use_fused_kernel)
+        self.ln_f = LayerNorm1d(C, eps=LN_EPS, backend=backend, use_fused_kernel=self.attention_config.fused_layernorm)
 
     @classmethod
     def fresh(cls, config: GPT2Config, seed: int = 0, **options: Any) -> GPT2:

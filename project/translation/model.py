@@ -10,10 +10,18 @@ from typing import Any, Dict, Sequence, Tuple
 import numpy as np
 
 import minitorch
-from minitorch import DecoderLM, Tensor, TensorBackend, nn
+from minitorch import AttentionConfig, DecoderLM, Tensor, TensorBackend, nn
 from project.common import evaluation
 from project.translation.batches import Batch, eval_batches
 from project.translation.tokenizer import PAD_ID
+
+
+def attention_config(config: Dict[str, Any]) -> AttentionConfig:
+    """How the run's model computes its attention and LayerNorms: its --use-fused-kernel, --attention
+    and --activation resolved once (a checkpoint older than the last two trained with their defaults)."""
+    return AttentionConfig.from_flags(
+        config["use_fused_kernel"], config.get("attention", "naive"), config.get("activation", "softmax")
+    )
 
 
 def build_model(config: Dict[str, Any], n_vocab: int, backend: TensorBackend) -> DecoderLM:
@@ -26,10 +34,8 @@ def build_model(config: Dict[str, Any], n_vocab: int, backend: TensorBackend) ->
         n_layers=config["n_layers"],
         p_dropout=config["dropout"],
         backend=backend,
-        use_fused_kernel=config["use_fused_kernel"],
         recompute_layers=config.get("recompute_layers", False),
-        attention=config.get("attention", "naive"),
-        activation=config.get("activation", "softmax"),
+        config=attention_config(config),
     )
 
 
