@@ -82,7 +82,7 @@ FRACTION = Bounded(float, low=0, high=1, high_open=True)  # [0, 1): a probabilit
 UNIT_INTERVAL = Bounded(float, low=0, high=1)
 
 
-def add_compute_options(parser: argparse.ArgumentParser, attention: str, loss: str) -> argparse._ArgumentGroup:
+def add_compute_options(parser: argparse.ArgumentParser, attention: str, loss: str) -> Any:
     """The options of how a program computes the same model (backend, fused kernels, attention path,
     loss path, recomputation, CUDA graphs, matmul precision), as a group of parser; attention and
     loss: the program's defaults ("naive" or "fused")."""
