@@ -1,8 +1,8 @@
-"""Text generation with a trained GPT2 (project/gpt2_model.py): greedy, or sampling with a
+"""Text generation with a trained GPT2 (project/gpt2/model.py): greedy, or sampling with a
 temperature and top-k, from token ids or from a prompt string and a ``tokenizers`` tokenizer.
 
-    from project.gpt2_model import GPT2
-    from project.gpt2_sample import generate_text
+    from project.gpt2.model import GPT2
+    from project.gpt2.sample import generate_text
     from tokenizers import Tokenizer
     model = GPT2.from_checkpoint("runs/gpt2/model.bin")
     tok = Tokenizer.from_file("runs/gpt2_data/train_en_tokenizer.json")
@@ -19,8 +19,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from project.gpt2_data import EOT_TOKEN
-from project.gpt2_model import GPT2
+from project.gpt2.data import EOT_TOKEN
+from project.gpt2.model import GPT2
 
 
 def sample_token(

@@ -1,4 +1,4 @@
-"""Batched beam search for the translation program, on the KV-cached decoder (mt_decode.CachedDecoder).
+"""Batched beam search for the translation program, on the KV-cached decoder (decode.CachedDecoder).
 
 A batch of B sentences keeps `beam_size` hypotheses each, as B * beam rows of one KVCache (every
 row starts from its sentence's prompt; only the first is live at the first step).  Per step, on the
@@ -19,6 +19,7 @@ ranks by raw score (favoring short outputs), 1 by the mean log-probability per t
 
 from __future__ import annotations
 
+from functools import partial
 from typing import List, Sequence
 
 import numpy as np
@@ -26,8 +27,8 @@ import numpy as np
 from minitorch import DecoderLM, Tensor, TensorBackend, nn
 from minitorch.beam_search import BeamState
 from minitorch.fused.topk import top_k
-from project.mt_data import EOS_EN_ID
-from project.mt_decode import CHECK_EVERY, CachedDecoder, decode_in_batches, fill_rows
+from project.translation.tokenizer import EOS_EN_ID
+from project.translation.decode import CHECK_EVERY, CachedDecoder, decode_in_batches, fill_rows
 
 
 class BeamDecoder:
@@ -48,10 +49,11 @@ class BeamDecoder:
         self.beam_size, self.length_penalty = beam_size, length_penalty
         self.steps = 0
 
-    def __call__(self, prompts: Sequence[np.ndarray], batch_size: int) -> List[np.ndarray]:
+    def __call__(self, prompts: Sequence[np.ndarray], batch_size: int, progress: str = "") -> List[np.ndarray]:
         """The best hypothesis generated after each prompt (up to and including <eos_en>, or until the
-        whole sequence reaches max_len), in the order of prompts."""
-        return decode_in_batches(self.decoder.model, prompts, batch_size, lambda batch: self._search(batch, batch_size))
+        whole sequence reaches max_len), in the order of prompts; progress: see decode_in_batches."""
+        search = partial(self._search, batch_size=batch_size)
+        return decode_in_batches(self.decoder.model, prompts, batch_size, search, progress)
 
     def _search(self, batch: List[np.ndarray], batch_size: int) -> List[np.ndarray]:
         d, K = self.decoder, self.beam_size

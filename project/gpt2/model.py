@@ -22,42 +22,15 @@ from typing import Any, Optional
 import numpy as np
 
 import minitorch
-from minitorch import LayerNorm1d, Module, ModuleList, Parameter, Tensor, TransformerLayer, nn
-from minitorch.autodiff import Context
-from minitorch.checkpoint import checkpoint
-from minitorch.fused.linear_cross_entropy import _row_block
-from minitorch.modules_basic import Embedding
-from minitorch.tensor_data import IndexingError
-from minitorch.tensor_functions import Function
-from project.llmc_format import GPT2Config, parameter_shapes, read_checkpoint, write_checkpoint
+from minitorch import (
+    AttentionConfig, Embedding, IndexingError, LayerNorm1d, Module, ModuleList, Parameter, Tensor, TransformerLayer,
+    checkpoint, nn,
+)
+from project.gpt2.llmc import GPT2Config, parameter_shapes, read_checkpoint, write_checkpoint
 
 LN_EPS = 1e-5
 INIT_STD = 0.02
 LOSSES = ("naive", "fused")
-
-
-class RowRange(Function):
-    """Rows [start, stop) of a contiguous tensor as a view of its storage; the gradient is the
-    incoming one placed in those rows of a zero tensor of the input's shape."""
-
-    @staticmethod
-    def forward(ctx: Context, t: Tensor, start: int, stop: int) -> Tensor:
-        ctx.save_for_backward(t.shape, start, stop)
-        return _row_block(t, start, stop)
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: Tensor) -> Tensor:
-        shape, start, stop = ctx.saved_values
-        full = grad_output.zeros(shape)
-        _row_block(full, start, stop).copy_(grad_output)
-        return full
-
-
-def row_range(t: Tensor, start: int, stop: int) -> Tensor:
-    """Rows ``start..stop-1`` of ``t`` along its first dimension, as a view (no copy) with autodiff."""
-    if not 0 <= start < stop <= t.shape[0]:
-        raise IndexingError(f"row_range: rows [{start}, {stop}) of a tensor of shape {t.shape}")
-    return RowRange.apply(t.contiguous(), start, stop)
 
 
 def _layer_parameters(layer: TransformerLayer) -> dict[str, tuple[Parameter, bool]]:
@@ -96,7 +69,9 @@ class GPT2(Module):
     """GPT-2 of a ``GPT2Config``, parameters on ``backend`` (default: the CPU default).
 
     use_fused_kernel, attention ("naive" | "fused") and activation ("softmax" | "relu": relu of
-    the causal scores instead of their softmax) go to every TransformerLayer; recompute_layers
+    the causal scores instead of their softmax) are resolved once into `attention_config`
+    (minitorch.AttentionConfig.from_flags), which every TransformerLayer and the final LayerNorm
+    follow; recompute_layers
     runs each layer under minitorch.checkpoint (gradient checkpointing). The parameters start as
     the modules initialise them: load a checkpoint (``from_checkpoint``) or GPT-2's initialisation
     (``fresh``) into them.
@@ -114,19 +89,19 @@ class GPT2(Module):
         super().__init__()
         self.config = config
         self.recompute_layers = recompute_layers
+        self.attention_config = AttentionConfig.from_flags(use_fused_kernel, attention, activation)
         C = config.channels
         self.wte = Embedding(config.padded_vocab_size, C, backend=backend)
         self.wpe = Embedding(config.max_seq_len, C, backend=backend)
         self.layers = ModuleList(
             [
                 TransformerLayer(
-                    C, config.num_heads, p_dropout=0.0, ln_eps=LN_EPS, backend=backend,
-                    use_fused_kernel=use_fused_kernel, attention=attention, activation=activation,
-                )  # fmt: skip
+                    C, config.num_heads, p_dropout=0.0, ln_eps=LN_EPS, backend=backend, config=self.attention_config
+                )
                 for _ in range(config.num_layers)
             ]
         )
-        self.ln_f = LayerNorm1d(C, eps=LN_EPS, backend=backend, use_fused_kernel=use_fused_kernel)
+        self.ln_f = LayerNorm1d(C, eps=LN_EPS, backend=backend, use_fused_kernel=self.attention_config.fused_layernorm)
 
     @classmethod
     def fresh(cls, config: GPT2Config, seed: int = 0, **options: Any) -> GPT2:
@@ -196,10 +171,9 @@ class GPT2(Module):
         return write_checkpoint(path, self.config, self.llmc_params())
 
     # ---- forward -------------------------------------------------------------------------------
-    def token_ids(self, ids: np.ndarray, out: Optional[Tensor] = None) -> Tensor:
-        """A [B, T] tensor on the model's backend from an integer array, after checking every id is
-        in [0, vocab_size) and T <= max_seq_len (so no id reaches the padding rows). With `out` (a
-        [B, T] tensor of the backend) the ids are uploaded into it, without waiting on the device."""
+    def check_ids(self, ids: np.ndarray) -> np.ndarray:
+        """ids as a [B, T] integer array, after checking every id is in [0, vocab_size) and T <=
+        max_seq_len (so no id reaches the padding rows); ValueError naming the first bad one."""
         ids = np.asarray(ids)
         if ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
             raise ValueError(f"token ids must be a non-empty [B, T] integer array, got {ids.dtype} {ids.shape}")
@@ -209,9 +183,11 @@ class GPT2(Module):
             raise ValueError(f"token id {ids.reshape(-1)[bad[0]]} is outside [0, {V}) (the model's vocab_size)")
         if ids.shape[1] > self.config.max_seq_len:
             raise ValueError(f"sequence length {ids.shape[1]} exceeds the model's max_seq_len {self.config.max_seq_len}")
-        if out is not None:
-            return out.copy_(ids)
-        return minitorch.tensor_from_numpy(ids, backend=self.backend)
+        return ids
+
+    def token_ids(self, ids: np.ndarray) -> Tensor:
+        """A [B, T] tensor on the model's backend from an integer array, checked (check_ids)."""
+        return minitorch.tensor_from_numpy(self.check_ids(ids), backend=self.backend)
 
     def hidden_states(self, idx: Tensor) -> Tensor:
         """[B, T] token ids -> the final LayerNorm's output [B, T, C]."""
@@ -227,7 +203,7 @@ class GPT2(Module):
 
     def lm_head(self) -> Tensor:
         """The tied LM head [C, V]: the first vocab_size rows of wte, transposed (a view)."""
-        return row_range(self.wte.weights.value, 0, self.config.vocab_size).transpose(0, 1)
+        return self.wte.weights.value.narrow(0, 0, self.config.vocab_size).transpose(0, 1)
 
     def forward(self, idx: Tensor) -> Tensor:
         """[B, T] token ids -> logits [B, T, vocab_size]."""
@@ -262,5 +238,5 @@ class GPT2(Module):
         with minitorch.no_grad():
             hidden = self.hidden_states(idx)
             B, T, C = hidden.shape
-            last = [row_range(hidden.reshape(B * T, C), b * T + T - 1, b * T + T) for b in range(B)]
+            last = [hidden.reshape(B * T, C).narrow(0, b * T + T - 1, 1) for b in range(B)]
             return np.concatenate([(row @ self.lm_head()).to_numpy() for row in last], axis=0)

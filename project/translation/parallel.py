@@ -20,8 +20,9 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple
 import numpy as np
 
 import minitorch
-from project.mt_data import EOS_DE_ID, Batch, Batcher, make_batch
-from project.parallel import DataParallel
+from project.translation.batches import Batch, Batcher, make_batch
+from project.translation.tokenizer import EOS_DE_ID
+from project.common.parallel import DataParallel
 
 
 @dataclass(frozen=True)

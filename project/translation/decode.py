@@ -18,18 +18,20 @@ tested and benchmarked against: each step re-runs the model on the active rows' 
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
 import numpy as np
 import sacrebleu
+from tqdm import tqdm
 
 import minitorch
 from minitorch import DecoderLM, KVCache, Tensor, TensorBackend
-from minitorch.cuda.graphs import StepGraphs
+from minitorch.graphs import StepGraphs
 from minitorch.fused.device_indexed import write_slot
 from minitorch.fused.topk import top_k
-from project.mt_data import EOS_EN_ID, PAD_ID, pad_prompts
+from project.translation.tokenizer import EOS_EN_ID, PAD_ID
 
 CHECK_EVERY = 8  # decoding steps between the host's reads of which rows have ended
 WIDTH_STEP = 16  # attention widths of cached steps are multiples of this: one CUDA graph each
@@ -50,6 +52,23 @@ def left_pad(prompts: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
     for row, prompt in enumerate(prompts):
         ids[row, ids.shape[1] - len(prompt) :] = prompt
     return ids, ids.shape[1] - lengths
+
+
+def pad_prompts(prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad prompts with ``<pad>`` into ``ids [B, T]`` and return ``lengths [B]``.
+
+    Batched greedy decoding with a causal model: at each step feed the buffer, read row b's
+    logits at position ``lengths[b] - 1``, write the chosen token at ``lengths[b]`` (widening
+    the buffer as needed) and increment ``lengths[b]``. Everything left of a row's position is
+    real, so the padding to its right is never attended to.
+    """
+    if not prompts:
+        raise ValueError("cannot pad zero prompts")
+    lengths = np.array([len(prompt) for prompt in prompts], dtype=np.int64)
+    ids = np.full((len(prompts), int(lengths.max())), PAD_ID, dtype=np.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = prompt
+    return ids, lengths
 
 
 def fill_rows(prompts: Sequence[np.ndarray], rows: int) -> List[np.ndarray]:
@@ -154,19 +173,23 @@ def decode_in_batches(
     prompts: Sequence[np.ndarray],
     batch_size: int,
     decode_batch: Callable[[List[np.ndarray]], List[np.ndarray]],
+    progress: str = "",
 ) -> List[np.ndarray]:
     """decode_batch over batches of up to batch_size prompts sorted by length, in eval mode without
-    gradients (the model's mode is restored); its outputs in the order of prompts."""
+    gradients (the model's mode is restored); its outputs in the order of prompts. progress: the
+    description of a bar counting the sentences (none when empty)."""
     was_training = model.training
     model.eval()
     generated: List[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
     order = np.argsort([len(p) for p in prompts], kind="stable")
     try:
-        with minitorch.no_grad():
+        with minitorch.no_grad(), tqdm(total=len(prompts), desc=progress, unit="sentence", leave=False,
+                                       disable=not progress) as bar:  # fmt: skip
             for start in range(0, len(order), batch_size):
                 chunk = order[start : start + batch_size]
                 for index, tokens in zip(chunk, decode_batch([prompts[i] for i in chunk])):
                     generated[index] = tokens
+                bar.update(len(chunk))
     finally:
         if was_training:
             model.train()
@@ -184,10 +207,11 @@ class GreedyDecoder:
         self.decoder = CachedDecoder(model, max_len, backend, use_graphs)
         self.steps = 0
 
-    def __call__(self, prompts: Sequence[np.ndarray], batch_size: int) -> List[np.ndarray]:
+    def __call__(self, prompts: Sequence[np.ndarray], batch_size: int, progress: str = "") -> List[np.ndarray]:
         """The tokens generated after each prompt (up to and including <eos_en>, or until the whole
-        sequence reaches max_len), in the order of prompts."""
-        return decode_in_batches(self.decoder.model, prompts, batch_size, lambda batch: self._decode(batch, batch_size))
+        sequence reaches max_len), in the order of prompts; progress: see decode_in_batches."""
+        decode = partial(self._decode, batch_size=batch_size)
+        return decode_in_batches(self.decoder.model, prompts, batch_size, decode, progress)
 
     def _decode(self, batch: List[np.ndarray], batch_size: int) -> List[np.ndarray]:
         d = self.decoder

@@ -1,11 +1,11 @@
 """One run of the translation program: its data (checked before training), model, optimizer and batch
 order, and the pieces of its epoch loop: train (the rest of) an epoch, evaluate, checkpoint.
 
-The checkpoint is ``<out-dir>/checkpoint.npz`` in project/run_checkpoint.py's format (kind
-"machine_translation"): the configuration and mt_train.run_state (parameters, AdamW moments, batch
-order, RNG states and the progress record, the running sums of an unfinished epoch included).
+The checkpoint is ``<out-dir>/checkpoint.npz``, a run checkpoint (project/common/checkpoint.py, kind
+"machine_translation"): the configuration and run_state (parameters, AdamW moments, batch order,
+RNG states and the progress record, the running sums of an unfinished epoch included).
 
-Data parallel (torchrun, project/mt_parallel.py): every process trains its batch of each step; the
+Data parallel (torchrun, parallel.py): every process trains its batch of each step; the
 running sums of an unfinished epoch are each process's own until the epoch ends or a checkpoint
 sums them, rank 0 writes the checkpoint (and resumes with the sums, the others from zero), and a
 save or a stop happens in every process at the same step (agreed every --log-every steps).
@@ -17,39 +17,41 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import numpy as np
 from tqdm import tqdm
 
 import minitorch
-from project import mt_data
-from project.mt_checks import check_corpus, check_encoded
-from project.mt_decode import corpus_bleu, write_translations
-from project.mt_evaluate import Decoders
-from project.mt_parallel import TranslationParallel
-from project.mt_steps import StepTimer, TrainStep
-from project.mt_train import build_model, learning_rate, peak_memory_mb, run_state, validation_loss
-from project.run_checkpoint import save_checkpoint
-from project.run_control import GracefulStop, SaveSchedule
+from project.common.checkpoint import Checkpoint, CheckpointError, restore_optimizer, save_checkpoint
+from project.common.control import GracefulStop, SaveSchedule
+from project.common.schedule import learning_rate
+from project.common.train_step import StepTimer
+from project.translation.batches import Batcher, encode_pairs
+from project.translation.checks import check_corpus, check_encoded
+from project.translation.corpus import load_corpus
+from project.translation.evaluate import Decoders, evaluate
+from project.translation.model import build_model
+from project.translation.options import CHECKPOINT_KIND, CHECKPOINT_NAME
+from project.translation.parallel import TranslationParallel
+from project.translation.step import TranslationStep
+from project.translation.tokenizer import encode_prompts, load_or_train_tokenizer
 
 # The peak learning rate for N processes (a global batch N times --batch-size), from --lr.
 LR_SCALING = {"none": lambda n: 1.0, "sqrt": math.sqrt, "linear": float}
-CHECKPOINT_NAME = "checkpoint.npz"
-CHECKPOINT_KIND = "machine_translation"
 
 
 def prepare_data(config: Dict[str, Any], out_dir: Path) -> Dict[str, Any]:
     """Corpus (never downloaded unless --download), its checks, tokenizer, encoded splits, test prompts."""
-    corpus = mt_data.load_corpus(config["data_dir"], download=config["download"])
+    corpus = load_corpus(config["data_dir"], download=config["download"])
     check_corpus(corpus, config)
-    tokenizer = mt_data.load_or_train_tokenizer(out_dir, corpus.train, config["vocab_size"])
-    train = mt_data.encode_pairs(tokenizer, corpus.train, config["max_len"])
-    valid = mt_data.encode_pairs(tokenizer, corpus.valid[: config["valid_samples"]], config["max_len"])
+    tokenizer = load_or_train_tokenizer(out_dir, corpus.train, config["vocab_size"])
+    train = encode_pairs(tokenizer, corpus.train, config["max_len"])
+    valid = encode_pairs(tokenizer, corpus.valid[: config["valid_samples"]], config["max_len"])
     check_encoded(train, valid, config)
     test_pairs = corpus.test[: config["test_samples"]]
     sources = [de for de, _ in test_pairs]
-    prompts = mt_data.encode_prompts(tokenizer, sources, config["max_len"])
+    prompts = encode_prompts(tokenizer, sources, config["max_len"])
     return {"tokenizer": tokenizer, "train": train, "valid": valid, "sources": sources,
             "references": [en for _, en in test_pairs], "prompts": prompts}  # fmt: skip
 
@@ -72,17 +74,19 @@ class TranslationRun:
         self.model = build_model(config, data["tokenizer"].get_vocab_size(), backend)
         self.optimizer = minitorch.AdamW(self.model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"],
                                          max_grad_norm=config["grad_clip"] or None)  # fmt: skip
-        self.batcher = mt_data.Batcher(data["train"].sequences, config["batch_size"], seed=config["seed"],
-                                       samples_per_epoch=config["samples_per_epoch"])  # fmt: skip
+        self.batcher = Batcher(data["train"].sequences, config["batch_size"], seed=config["seed"],
+                               samples_per_epoch=config["samples_per_epoch"])  # fmt: skip
         parallel.wrap(self.model)
         # The schedule's clock counts batches (a step of N processes advances it by N): any N resumes.
         self.total_batches = config["epochs"] * len(self.batcher)
         self.peak_lr = config["lr"] * LR_SCALING[config["lr_scaling"]](parallel.world_size)
         self.progress: Dict[str, Any] = {"epoch": 0, "step": 0, "partial": None}
         self.schedule = SaveSchedule(config["save_every_steps"], config["save_every_minutes"])
-        self.step = TrainStep(self.model, self.optimizer, backend, config["loss"],
-                              use_graphs=config["cuda_graphs"] and backend.cuda, graph_batch_size=config["batch_size"],
-                              label_smoothing=config["label_smoothing"], gradient_sync=parallel.gradient_sync)  # fmt: skip
+        self.step = TranslationStep(
+            self.model, self.optimizer, backend, config["loss"], use_graphs=config["cuda_graphs"] and backend.cuda,
+            graph_batch_size=config["batch_size"], label_smoothing=config["label_smoothing"],
+            gradient_sync=parallel.gradient_sync,
+        )
         self.timer = StepTimer(backend)
         self.decoders = Decoders(self.model, config, backend)
 
@@ -114,7 +118,7 @@ class TranslationRun:
         steps = parallel.steps(self.batcher)  # a resumed epoch skips the batches it had done
         bar = tqdm(steps, total=parallel.steps_per_epoch(self.batcher), desc=f"epoch {epoch}/{config['epochs']}",
                    unit="batch", initial=done // parallel.world_size, disable=not parallel.is_main)  # fmt: skip
-        self.step.loss_sum.copy_(partial["loss_sum"])
+        self.step.reset_loss(partial["loss_sum"])
         start, before = time.perf_counter(), partial["train_seconds"]
         self.timer.start()
         for i, shard in enumerate(bar):
@@ -147,42 +151,55 @@ class TranslationRun:
     def evaluate(self, epoch: int) -> Dict[str, Any]:
         """Validation loss, translations of the test sentences (greedy, or beam search with
         config["beam_size"] > 1) and BLEU: the epoch's record."""
-        config, data, partial = self.config, self.data, self.progress["partial"]
-        start = time.perf_counter()
-        valid_loss = validation_loss(self.model, data["valid"].sequences, config["eval_batch_size"], self.backend)
-        generated = self.decode(data["prompts"])
-        hypotheses = mt_data.decode_translations(data["tokenizer"], generated)
-        write_translations(self.out_dir / f"translations_epoch{epoch}.txt", data["sources"], data["references"], hypotheses)
+        partial, start = self.progress["partial"], time.perf_counter()
+        translations = self.out_dir / f"translations_epoch{epoch}.txt"
+        valid_loss, decoded = evaluate(self.decoders, self.data, {"epoch": (self.config["beam_size"], translations)})
         eval_seconds = time.perf_counter() - start
         return {
             "epoch": epoch, "step": self.progress["step"], "lr": partial["lr"],
             "train_loss": partial["loss_sum"] / partial["n_targets"], "valid_loss": valid_loss,
-            "bleu": corpus_bleu(hypotheses, data["references"]), "tokens": partial["n_tokens"],
+            "bleu": decoded["epoch"].bleu, "tokens": partial["n_tokens"],
             "tokens_per_s": partial["n_tokens"] / partial["train_seconds"], "train_seconds": partial["train_seconds"],
             "tokens_per_s_median_step": self.timer.median_tokens_per_s(), "graphs_captured": self.step.captured,
             "eval_seconds": eval_seconds, "seconds": partial["train_seconds"] + eval_seconds,
-            **peak_memory_mb(self.backend), "sample": hypotheses[0],
+            **minitorch.peak_memory_mb(self.backend), "sample": decoded["epoch"].hypotheses[0],
         }  # fmt: skip
-
-    def decode(self, prompts: List[np.ndarray]) -> List[np.ndarray]:
-        """The run's decoders batch by batch (length-sorted as they sort them) under a progress bar."""
-        size = self.config["eval_batch_size"]
-        order = np.argsort([len(p) for p in prompts], kind="stable")
-        generated: List[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
-        beam = self.config["beam_size"]
-        with tqdm(total=len(prompts), desc="greedy decoding" if beam == 1 else f"beam-{beam} decoding",
-                  unit="sentence", leave=False) as bar:  # fmt: skip
-            for start in range(0, len(order), size):
-                chunk = order[start : start + size]
-                outputs = self.decoders([prompts[i] for i in chunk], beam)
-                for i, tokens in zip(chunk, outputs):
-                    generated[i] = tokens
-                bar.update(len(chunk))
-        return generated
 
     def stopped(self, signal_name: str) -> str:
         """The line printed when a signal stopped the run: where, what was saved, how to go on."""
         where = f"epoch {self.progress['partial']['epoch']}, step {self.progress['step']}"
-        script = os.path.relpath(Path(__file__).with_name("run_machine_translation.py"))
+        script = os.path.relpath(Path(__file__).parents[1] / "run_machine_translation.py")
         return (f"stopped by {signal_name} in {where}; saved {self.out_dir / CHECKPOINT_NAME}; continue with: "
                 f"python {script} --resume --out-dir {self.out_dir}")  # fmt: skip
+
+
+def run_state(model: minitorch.DecoderLM, optimizer: minitorch.Adam, batcher: Batcher, progress: Dict[str, Any]) -> Dict[str, Any]:
+    """Everything a checkpoint needs to continue a run exactly: parameters, optimizer moments, the
+    batch order (mid-epoch included), the generators behind dropout and numpy's global one, and the
+    caller's progress record (epoch, step, the running sums of an unfinished epoch)."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "batcher": batcher.state_dict(),
+        "rng": {"minitorch": minitorch.get_rng_state(), "numpy": np.random.get_state(legacy=False)},
+        "progress": progress,
+    }
+
+
+def restore_run_state(
+    checkpoint: Checkpoint, model: minitorch.DecoderLM, optimizer: minitorch.Adam, batcher: Batcher
+) -> Dict[str, Any]:
+    """Load what run_state saved into a freshly built model, optimizer and batcher; returns the
+    progress record. A state that does not fit them raises CheckpointError naming the file."""
+    state = checkpoint.state
+    try:
+        model.load_state_dict(state["model"])
+        restore_optimizer(checkpoint.path, optimizer, state["optimizer"], model, list(state["model"]))
+        batcher.load_state_dict(state["batcher"])
+        minitorch.set_rng_state(state["rng"]["minitorch"])
+        np.random.set_state(state["rng"]["numpy"])
+        return dict(state["progress"])
+    except CheckpointError:
+        raise
+    except (KeyError, IndexError, ValueError, TypeError) as err:
+        raise CheckpointError(f"{checkpoint.path} does not fit this run: {type(err).__name__}: {err}") from None

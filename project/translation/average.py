@@ -1,7 +1,7 @@
 """Per-epoch parameter snapshots and their average (checkpoint averaging).
 
 With `--average-last N` the translation program writes the model's parameters after every epoch to
-``<out-dir>/params_epoch{E}.npz`` (one array per parameter name, float32), keeps the last N, and
+``<out-dir>/params_epoch{E}.npz`` (a state dict of float32 arrays, minitorch.save), keeps the last N, and
 evaluates the element-wise mean of those N at the end: a cheap ensemble of the last points of the
 trajectory. These files hold parameters only; the resumable training state is the checkpoint.
 """
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Dict, List
 
 import numpy as np
+
+import minitorch
 
 SNAPSHOT_RE = re.compile(r"params_epoch(\d+)\.npz")
 
@@ -33,19 +34,12 @@ def snapshot_epochs(out_dir: str | os.PathLike) -> List[int]:
 
 
 def save_snapshot(out_dir: str | os.PathLike, epoch: int, state: Dict[str, np.ndarray], keep: int) -> Path:
-    """Write state (a Module.state_dict()) as the snapshot of `epoch` (atomically: a temporary file
-    renamed into place), then delete the snapshots of epochs before epoch - keep + 1."""
+    """Write state (a Module.state_dict()) as the snapshot of `epoch` (minitorch.save, atomic), then
+    delete the snapshots of epochs before epoch - keep + 1."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     path = snapshot_path(out_dir, epoch)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **{name: np.asarray(value, dtype=np.float32) for name, value in state.items()})
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    minitorch.save({name: np.asarray(value, dtype=np.float32) for name, value in state.items()}, path)
     for old in snapshot_epochs(out_dir):
         if old <= epoch - keep:
             snapshot_path(out_dir, old).unlink()
@@ -65,9 +59,9 @@ def average_snapshots(out_dir: str | os.PathLike, last: int, up_to_epoch: int) -
         )
     total: Dict[str, np.ndarray] = {}
     for epoch in epochs:
-        with np.load(snapshot_path(out_dir, epoch)) as snapshot:
-            if total and set(snapshot.files) != set(total):
-                raise ValueError(f"{snapshot_path(out_dir, epoch)} holds other parameters than epoch {epochs[0]}'s")
-            for name in snapshot.files:
-                total[name] = total.get(name, 0.0) + snapshot[name].astype(np.float64)
+        snapshot = minitorch.load(snapshot_path(out_dir, epoch))
+        if total and set(snapshot) != set(total):
+            raise ValueError(f"{snapshot_path(out_dir, epoch)} holds other parameters than epoch {epochs[0]}'s")
+        for name, value in snapshot.items():
+            total[name] = total.get(name, 0.0) + value.astype(np.float64)
     return {name: (value / len(epochs)).astype(np.float32) for name, value in total.items()}
