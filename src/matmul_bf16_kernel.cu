@@ -46,9 +46,9 @@ Params product_params(int M, int N, int K, long long batch, int a_row_stride, in
   return p;
 }
 
-// Whether x (element i at x + i * bytes) can be read or written two elements at a time from an even i.
-bool pair_aligned(const void* x, int bytes) {
-  return x == nullptr || reinterpret_cast<std::uintptr_t>(x) % (2 * bytes) == 0;
+// Whether x (element i at x + i * bytes) can be read or written w elements at a time from i a multiple of w.
+bool aligned(const void* x, int w, int bytes) {
+  return x == nullptr || reinterpret_cast<std::uintptr_t>(x) % (w * bytes) == 0;
 }
 
 }  // namespace
@@ -106,8 +106,12 @@ int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const v
   p.epilogue = epilogue;
   p.accumulate = accumulate;
   const int bytes = p.out_bf16 ? 2 : 4;
-  p.pair_ok = ldc % 2 == 0 && pair_aligned(out, bytes) && pair_aligned(p.pre_act, bytes) &&
-              pair_aligned(epilogue != bf16mm::kNone ? bias : nullptr, bytes);
+  const void* used_bias = epilogue != bf16mm::kNone ? bias : nullptr;
+  const auto vec = [&](int w) {
+    return ldc % w == 0 && aligned(out, w, bytes) && aligned(p.pre_act, w, bytes) && aligned(used_bias, w, bytes);
+  };
+  p.vec2 = vec(2);
+  p.vec4 = vec(4);
 
   if (bf16mm::tma_available()) {
     const int status = bf16mm::launch_tma(p, workspace, workspace_bytes, sms, stream);

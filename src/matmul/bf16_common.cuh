@@ -41,7 +41,7 @@ struct Params {
   MtLayout a_batch, b_batch;
   int batch;
   int out_bf16, epilogue, accumulate;
-  bool pair_ok;  // two adjacent output elements (even column) go as one store, and bias as one load
+  bool vec2, vec4;  // 2 (4) adjacent output elements from a column multiple of 2 (4) go as one access
   // Split-K: the kernels write float32 partial products here (split s, batch matrix i, row r at
   // partials + s * split_stride + (i * M + r) * N) instead of running the epilogue.
   float* partials;
@@ -59,11 +59,6 @@ __device__ __forceinline__ float load_elem(const void* base, long long i, bool b
   return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]) : static_cast<const float*>(base)[i];
 }
 
-__device__ __forceinline__ float2 load_two(const void* base, long long i, bool bf16) {
-  if (bf16) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + i));
-  return *reinterpret_cast<const float2*>(static_cast<const float*>(base) + i);
-}
-
 __device__ __forceinline__ void store_elem(void* base, long long i, float v, bool bf16) {
   if (bf16) {
     static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
@@ -72,11 +67,45 @@ __device__ __forceinline__ void store_elem(void* base, long long i, float v, boo
   }
 }
 
-__device__ __forceinline__ void store_two(void* base, long long i, float v0, float v1, bool bf16) {
+// W = 2 or 4 consecutive elements at base + i (aligned to W elements) as one access.
+template <int W>
+__device__ __forceinline__ void load_vec(const void* base, long long i, bool bf16, float (&x)[W]) {
   if (bf16) {
-    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + i) = __floats2bfloat162_rn(v0, v1);
+    const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + i);
+    if constexpr (W == 4) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(v);
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+      x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
+    } else {
+      const float2 lo = __bfloat1622float2(*v);
+      x[0] = lo.x, x[1] = lo.y;
+    }
+  } else if constexpr (W == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
   } else {
-    *reinterpret_cast<float2*>(static_cast<float*>(base) + i) = make_float2(v0, v1);
+    const float2 v = *reinterpret_cast<const float2*>(static_cast<const float*>(base) + i);
+    x[0] = v.x, x[1] = v.y;
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void store_vec(void* base, long long i, const float (&x)[W], bool bf16) {
+  if (bf16) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]);
+    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(base) + i;
+    if constexpr (W == 4) {
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(x[2], x[3]);
+      *reinterpret_cast<uint2*>(dst) =
+          make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    } else {
+      *reinterpret_cast<__nv_bfloat162*>(dst) = lo;
+    }
+  } else if constexpr (W == 4) {
+    *reinterpret_cast<float4*>(static_cast<float*>(base) + i) = make_float4(x[0], x[1], x[2], x[3]);
+  } else {
+    *reinterpret_cast<float2*>(static_cast<float*>(base) + i) = make_float2(x[0], x[1]);
   }
 }
 
@@ -84,44 +113,55 @@ __device__ __forceinline__ float activate(int epilogue, float x) {
   return epilogue == kBiasGelu ? gelu(x) : epilogue == kBiasRelu ? fmaxf(x, 0.f) : x;
 }
 
-// Output elements (r, c) and, where two, (r, c + 1) of batch matrix bi from the float32 sums v0, v1
-// (c even); a split-K product writes its partial sums of split `split` instead.
-__device__ __forceinline__ void store_pair(const Params& p, int split, int bi, int r, int c, float v0, float v1,
-                                           bool two) {
+// Output elements (r, c .. c + n - 1) of batch matrix bi (n <= W; c a multiple of W) from their float32
+// sums x: bias, pre-activation, activation, accumulation, in the output's dtype, as one W-wide access
+// each where all W are inside and the layout allows (Params::vec2 / vec4); a split-K product writes its
+// partial sums of split `split` instead.
+template <int W>
+__device__ __forceinline__ void store_run(const Params& p, int split, int bi, int r, int c, float (&x)[W], int n) {
   if (p.partials != nullptr) {
     float* dst = p.partials + split * p.split_stride + (static_cast<long long>(bi) * p.M + r) * p.N + c;
-    if (two && p.N % 2 == 0) {
-      *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-    } else {
-      dst[0] = v0;
-      if (two) dst[1] = v1;
+    if (n == W && p.N % W == 0) {
+      store_vec<W>(dst, 0, x, false);
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      if (j < n) dst[j] = x[j];
     }
     return;
   }
   const bool bf16 = p.out_bf16 != 0;
   const long long idx = (static_cast<long long>(bi) * p.M + r) * p.ldc + c;
   const bool act = p.epilogue == kBiasGelu || p.epilogue == kBiasRelu;
-  if (two && p.pair_ok) {
-    if (p.epilogue != kNone && p.bias != nullptr) {
-      const float2 b = load_two(p.bias, c, bf16);
-      v0 += b.x, v1 += b.y;
+  const bool bias = p.epilogue != kNone && p.bias != nullptr;
+  if (n == W && (W == 4 ? p.vec4 : p.vec2)) {
+    float y[W];
+    if (bias) {
+      load_vec<W>(p.bias, c, bf16, y);
+#pragma unroll
+      for (int j = 0; j < W; ++j) x[j] += y[j];
     }
-    if (act && p.pre_act != nullptr) store_two(p.pre_act, idx, v0, v1, bf16);
-    v0 = activate(p.epilogue, v0), v1 = activate(p.epilogue, v1);
+    if (act && p.pre_act != nullptr) store_vec<W>(p.pre_act, idx, x, bf16);
+#pragma unroll
+    for (int j = 0; j < W; ++j) x[j] = activate(p.epilogue, x[j]);
     if (p.accumulate) {
-      const float2 o = load_two(p.out, idx, bf16);
-      v0 += o.x, v1 += o.y;
+      load_vec<W>(p.out, idx, bf16, y);
+#pragma unroll
+      for (int j = 0; j < W; ++j) x[j] += y[j];
     }
-    store_two(p.out, idx, v0, v1, bf16);
+    store_vec<W>(p.out, idx, x, bf16);
     return;
   }
-  for (int j = 0; j < (two ? 2 : 1); ++j) {
-    float x = j == 0 ? v0 : v1;
-    if (p.epilogue != kNone && p.bias != nullptr) x += load_elem(p.bias, c + j, bf16);
-    if (act && p.pre_act != nullptr) store_elem(p.pre_act, idx + j, x, bf16);
-    x = activate(p.epilogue, x);
-    if (p.accumulate) x += load_elem(p.out, idx + j, bf16);
-    store_elem(p.out, idx + j, x, bf16);
+#pragma unroll
+  for (int j = 0; j < W; ++j) {
+    if (j >= n) break;
+    float v = x[j];
+    if (bias) v += load_elem(p.bias, c + j, bf16);
+    if (act && p.pre_act != nullptr) store_elem(p.pre_act, idx + j, v, bf16);
+    v = activate(p.epilogue, v);
+    if (p.accumulate) v += load_elem(p.out, idx + j, bf16);
+    store_elem(p.out, idx + j, v, bf16);
   }
 }
 
@@ -146,7 +186,8 @@ __global__ void split_k_reduce(const Params p, const float* partials, int splits
         if (two) v1 += src[1];
       }
     }
-    store_pair(p, 0, static_cast<int>(row / p.M), static_cast<int>(row % p.M), c, v0, v1, two);
+    float x[2] = {v0, v1};
+    store_run<2>(p, 0, static_cast<int>(row / p.M), static_cast<int>(row % p.M), c, x, two ? 2 : 1);
   }
 }
 

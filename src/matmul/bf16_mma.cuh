@@ -15,7 +15,7 @@
 // valid part and zero-fills the rest. Other layouts load element by element into registers.
 //
 // Grid: x = output tile (grouped, tile_coords), y = K split, z = batch (looping past 65535). The
-// epilogue stores from the accumulators (store_pair); a K split writes float32 partial sums instead.
+// epilogue stores from the accumulators (store_run); a K split writes float32 partial sums instead.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -201,7 +201,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kBlocksPerSm) matmul_bf16_
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = row0 + wm0 + mi * 16 + g + 8 * h;
-          if (r < p.M) store_pair(p, blockIdx.y, bi, r, c, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], c + 1 < p.N);
+          float x[2] = {acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]};
+          if (r < p.M) store_run<2>(p, blockIdx.y, bi, r, c, x, c + 1 < p.N ? 2 : 1);
         }
       }
     }

@@ -46,38 +46,21 @@ struct Operand {
   long long inner, outer, outer_stride, batch_stride;
 };
 
-// Tensor map of a matrix (or batch of matrices) of `elem`-byte elements: element (i, o) of matrix b at
-// base + (i + o * outer_stride + b * batch_stride) elements (batch_stride 0: one matrix for every b), in
-// boxes of box_inner (128 bytes) x box_outer, 128-byte swizzled, zeros read outside; false where TMA
-// cannot address it (alignment) or the driver refuses it.
-inline bool encode(CUtensorMap* map, const void* base, CUtensorMapDataType type, int elem, long long inner,
-                   long long outer, long long outer_stride, long long batch_stride, long long batches, int box_outer) {
+// Tensor map of op in boxes of 64 (inner: 128 bytes) x box_outer, 128-byte swizzled, zeros read
+// outside; false where TMA cannot address it (alignment) or the driver refuses it.
+inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int box_outer) {
   const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
-  const int align = 16 / elem;
-  if (fn == nullptr || !mt::is_aligned16(base) || outer_stride % align != 0 || batch_stride % align != 0) return false;
-  const long long matrix = ceil_div(outer * outer_stride, align) * align;  // any valid stride: one matrix
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer),
-                              static_cast<cuuint64_t>(batch_stride != 0 ? batches : 1)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(outer_stride) * elem,
-                                 static_cast<cuuint64_t>(batch_stride != 0 ? batch_stride : matrix) * elem};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(128 / elem), static_cast<cuuint32_t>(box_outer), 1};
+  if (fn == nullptr || !mt::is_aligned16(op.base) || op.outer_stride % 8 != 0 || op.batch_stride % 8 != 0) return false;
+  const long long matrix = ceil_div(op.outer * op.outer_stride, 8) * 8;  // any valid stride: one matrix
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(op.inner), static_cast<cuuint64_t>(op.outer),
+                              static_cast<cuuint64_t>(op.batch_stride != 0 ? batches : 1)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(op.outer_stride) * 2,
+                                 static_cast<cuuint64_t>(op.batch_stride != 0 ? op.batch_stride : matrix) * 2};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_outer), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  return fn(map, type, 3, const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
-         CUDA_SUCCESS;
-}
-
-inline bool encode_operand(CUtensorMap* map, const Operand& op, long long batches, int box_outer) {
-  return encode(map, op.base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, op.inner, op.outer, op.outer_stride, op.batch_stride,
-                batches, box_outer);
-}
-
-// Tensor map of an output (out or pre_act of p's dtype) in the epilogue's boxes of 64 rows, where TMA
-// can write it: 16-byte rows and base.
-inline bool encode_output(CUtensorMap* map, const Params& p, const void* base) {
-  const int elem = p.out_bf16 ? 2 : 4;
-  return encode(map, base, p.out_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, elem, p.N,
-                p.M, p.ldc, static_cast<long long>(p.M) * p.ldc, p.batch, 64);
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(op.base), dims, strides, box,
+            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // Whether TMA reads an operand whose element (i, o) sits at i * unit + o * other along the unit dim i:
@@ -128,10 +111,9 @@ inline Plan tma_plan(const Params& p, int sms, int max_splits) {
   return plan_product(kTmaShapes, kTmaShapeCount, p.M, p.N, p.K, p.batch, sms, max_splits);
 }
 
-// The kernel's tensor maps: operands A and B, the output and the pre-activation (the last two used where
-// TmaParams::tma_store).
+// The kernel's tensor maps of A and B.
 struct TmaMaps {
-  CUtensorMap a, b, out, pre;
+  CUtensorMap a, b;
 };
 
 template <bool A_KMAJOR, bool B_KMAJOR, int BN>
@@ -139,7 +121,7 @@ int launch_tma_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cuda
   static std::atomic<unsigned long long> configured{0};
   const auto kernel = matmul_bf16_tma_kernel<A_KMAJOR, B_KMAJOR, BN>;
   MT_RETURN_IF_ERROR(mt::allow_shared_memory(kernel, TmaConfig<BN>::kSmemBytes, &configured));
-  kernel<<<grid, kTmaThreads, TmaConfig<BN>::kSmemBytes, stream>>>(maps.a, maps.b, maps.out, maps.pre, tp);
+  kernel<<<grid, kTmaThreads, TmaConfig<BN>::kSmemBytes, stream>>>(maps.a, maps.b, tp);
   return mt_launch_status();
 }
 
@@ -167,16 +149,10 @@ inline int launch_tma(const Params& p, void* workspace, long long workspace_byte
   const long long units = static_cast<long long>(p.batch) * plan.splits * ceil_div(p.M, kTmaBM) * ceil_div(p.N, bn);
   if (units > mt::kMaxInt) return kNotTaken;
   TmaMaps maps{};
-  if (!encode_operand(&maps.a, l.a, p.batch, l.a_kmajor ? kTmaBM : kTmaBK) ||
-      !encode_operand(&maps.b, l.b, p.batch, l.b_kmajor ? bn : kTmaBK)) {
+  if (!encode(&maps.a, l.a, p.batch, l.a_kmajor ? kTmaBM : kTmaBK) || !encode(&maps.b, l.b, p.batch, l.b_kmajor ? bn : kTmaBK)) {
     return kNotTaken;
   }
-  // The epilogue stores through TMA unless it adds to the output or writes partial sums, or TMA cannot
-  // write the output (or the pre-activation).
-  const bool tma_store = plan.splits == 1 && !p.accumulate && encode_output(&maps.out, p, p.out) &&
-                         (p.pre_act == nullptr || encode_output(&maps.pre, p, p.pre_act));
-  TmaParams tp{plan.splits > 1 ? partial_params(p, workspace) : p, l.a.batch_stride != 0, l.b.batch_stride != 0,
-               tma_store};
+  TmaParams tp{plan.splits > 1 ? partial_params(p, workspace) : p, l.a.batch_stride != 0, l.b.batch_stride != 0};
   tp.p.tiles_m = static_cast<int>(ceil_div(p.M, kTmaBM));
   tp.p.tiles_n = static_cast<int>(ceil_div(p.N, bn));
   tp.p.k_tiles = plan.k_tiles;

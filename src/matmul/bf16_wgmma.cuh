@@ -12,12 +12,10 @@
 //                     the slot through descriptors; one K tile's products stay in flight while the next
 //                     tile's are issued, and a slot is released (its `empty` barrier, one arrival per
 //                     consumer warp) once the products reading it are done. At the end of a unit the
-//                     epilogue: each warpgroup writes its 64 rows, bias and activation applied, into its
-//                     staging buffer in shared memory, 64 x 128 bytes x 2 at a time, and one thread
-//                     TMA-stores them (store_tile_tma), so that the global writes drain while the
-//                     next unit's products run; where TMA cannot write the output (rows not 16-byte
-//                     multiples, accumulation, K splits' partial sums), the staged values go out through
-//                     store_pair, a row of pairs per half warp (store_tile_staged).
+//                     epilogue (store_tile): 64 columns at a time, each warpgroup writes its float32 sums
+//                     into a staging buffer in shared memory, then every thread takes runs of 4 columns
+//                     of a row from it to store_run (bias, activation, pre-activation, accumulation, the
+//                     output's dtype, or a K split's partial sums), a half warp per row.
 // setmaxnreg gives the producer warpgroup's registers to the consumers (24 / 240 a thread: at 232 the
 // 256-wide consumers spilled).
 //
@@ -44,8 +42,8 @@ namespace bf16mm {
 
 constexpr int kTmaBM = 128, kTmaBK = 64, kTmaThreads = 384;
 constexpr int kTmaBoxBytes = 64 * kTmaBK * 2;  // an MN-major box, and a consumer's 64 rows of a K-major A
-// The epilogue's staging: per consumer warpgroup, two 128-byte-swizzled boxes of 64 rows x 128 bytes.
-constexpr int kStageBytes = 2 * kTmaBoxBytes;
+// The epilogue's staging: per consumer warpgroup, 64 rows x 64 float32 columns.
+constexpr int kStageBytes = 64 * 64 * 4;
 constexpr int kTmaSmemLimit = 232448;  // an H100's opt-in shared memory per block (227 KB)
 // The block starts with 168 registers a thread (65536 / 384, rounded down to 8): 384 x 168 = 128 x 24 +
 // 256 x 240. Asking the consumers for more than the producers give back would stall them for good.
@@ -64,11 +62,10 @@ struct TmaConfig {
 };
 
 // What the kernel needs beyond Params: whether each operand's tensor map has a batch dim (else every
-// batch matrix reads matrix 0: broadcast), and whether the epilogue TMA-stores out (and pre_act)
-// through their tensor maps.
+// batch matrix reads matrix 0: broadcast).
 struct TmaParams {
   Params p;
-  bool a_batched, b_batched, tma_store;
+  bool a_batched, b_batched;
 };
 
 // One unit of a block's work: batch matrix, K split, output tile, and the split's K tiles.
@@ -122,24 +119,6 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, u
           "r"(dst),
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
-}
-
-// Box (c0, c1, c2) of the tensor map from shared memory at src, in this thread's bulk group.
-__device__ __forceinline__ void tma_store(const CUtensorMap& map, uint32_t src, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(&map)),
-               "r"(src), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-
-// Waits until this thread's bulk stores have read their shared memory (READ_ONLY) or are complete.
-template <bool READ_ONLY>
-__device__ __forceinline__ void bulk_wait() {
-  if constexpr (READ_ONLY) {
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-  } else {
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-  }
 }
 
 // Barrier of one consumer warpgroup (128 threads; ids 1 and 2, 0 being __syncthreads).
@@ -228,87 +207,55 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The epilogue through TMA of one consumer warpgroup's 64 rows (kernel rows row0.., columns col0..) of
-// batch matrix bi: pre_act (where stored) then out. Each piece of 2 boxes of 64 rows x 128 bytes (64
-// bf16 or 32 float columns per box) is written into the warpgroup's staging buffer at `stage` in the
-// boxes' 128-byte swizzle (the 8 rows of a fragment store land in 8 different bank groups), fenced for
-// the async proxy, and stored by thread 0 of the warpgroup (`leader`), which first waits until its
-// previous stores have read the buffer. wq: warp in the warpgroup; g, t: lane / 4, lane % 4.
-template <bool OUT_BF16, int BN>
-__device__ __forceinline__ void store_tile_tma(const Params& p, const CUtensorMap& out_map, const CUtensorMap& pre_map,
-                                               const float (&acc)[BN / 2], uint32_t stage, int bar_id, bool leader,
-                                               int bi, int row0, int col0, int wq, int g, int t) {
-  constexpr int kElem = OUT_BF16 ? 2 : 4, kBoxCols = 128 / kElem, kPieceCols = 2 * kBoxCols;
-  const bool act = p.epilogue == kBiasGelu || p.epilogue == kBiasRelu;
-  const bool bias = p.epilogue != kNone && p.bias != nullptr;
-  for (int pass = act && p.pre_act != nullptr ? 0 : 1; pass < 2; ++pass) {  // pass 0: pre_act, pass 1: out
+// Columns [64 PIECE, 64 PIECE + 64) of a consumer warpgroup's accumulators into its staging buffer: 64
+// rows of 16 chunks of 4 floats, chunk q of row r at chunk q ^ (r % 8), so that a warp's fragment writes
+// take 2 wavefronts and its row reads 4 per 512 bytes, no more. base: the thread's row wq * 16 + g and
+// its word pair 2 (t % 2); y: its swizzle, ((g ^ t / 2) << 4) (chunk 2 j + t / 2 of the row holds
+// columns 8 j + 2 t, + 1).
+template <int BN, int PIECE>
+__device__ __forceinline__ void stage_piece(const float (&acc)[BN / 2], uint32_t base, uint32_t y) {
+  if constexpr (PIECE < BN / 64) {
 #pragma unroll
-    for (int piece = 0; piece < (BN + kPieceCols - 1) / kPieceCols; ++piece) {
-      if (leader) bulk_wait<true>();
-      warpgroup_sync(bar_id);
-#pragma unroll
-      for (int j = 0; j < kPieceCols / 8; ++j) {
-        const int jj = piece * kPieceCols / 8 + j;  // the accumulators' column block
-        if (jj >= BN / 8) break;
-        const int c = col0 + 8 * jj + 2 * t;
-        float2 b = make_float2(0.f, 0.f);
-        if (bias && c < p.N) b = c + 1 < p.N ? load_two(p.bias, c, OUT_BF16) : make_float2(load_elem(p.bias, c, OUT_BF16), 0.f);
-        const int byte = (8 * j + 2 * t) % kBoxCols * kElem, box = 8 * j / kBoxCols;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = wq * 16 + g + 8 * h;
-          float v0 = acc[4 * jj + 2 * h] + b.x, v1 = acc[4 * jj + 2 * h + 1] + b.y;
-          if (pass == 1) v0 = activate(p.epilogue, v0), v1 = activate(p.epilogue, v1);
-          const uint32_t at = stage + box * kTmaBoxBytes + r * 128 + ((((byte >> 4) ^ r) & 7) << 4) + (byte & 15);
-          if constexpr (OUT_BF16) {
-            const __nv_bfloat162 x = __floats2bfloat162_rn(v0, v1);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&x)) : "memory");
-          } else {
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(v0), "f"(v1) : "memory");
-          }
-        }
-      }
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes are for the TMA unit
-      warpgroup_sync(bar_id);
-      if (leader) {
-#pragma unroll
-        for (int box = 0; box < 2; ++box) {
-          const int c = col0 + piece * kPieceCols + box * kBoxCols;
-          if (c < col0 + BN) tma_store(pass == 0 ? pre_map : out_map, stage + box * kTmaBoxBytes, c, row0, bi);
-        }
-        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-      }
+    for (int j = 0; j < 8; ++j) {
+      const int jj = 8 * PIECE + j;  // the accumulators' column block
+      const uint32_t at = base + ((32u * j) ^ y);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(acc[4 * jj]), "f"(acc[4 * jj + 1]) : "memory");
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + 8 * 256), "f"(acc[4 * jj + 2]), "f"(acc[4 * jj + 3])
+                   : "memory");
     }
   }
 }
 
-// The other epilogue of one consumer warpgroup's 64 rows: 32 columns at a time, the float32 sums go into
-// the staging buffer `stage` ([64][40]: the fragment writes of a warp fill 2 wavefronts, no more), then
-// each thread takes pairs of columns (a half warp covers 32 columns of a row) to store_pair. Unrolled,
-// store_pair at every fragment made the consumers spill.
+// The epilogue of one consumer warpgroup's 64 rows (kernel rows row0.., columns col0.. of batch matrix
+// bi), 64 columns at a time through the staging buffer at `stage`; barrier bar_id is the warpgroup's.
+// Only the staging is unrolled (the accumulators' indices must be constants); the stores are one loop,
+// so that the code that runs once per tile stays short: an unrolled epilogue of 64 stores a thread ran
+// ~6 us a tile (K = 768 products at 0.67x cuBLAS), through TMA stores as well as straight from the
+// registers. wq: the warp in the warpgroup; g, t: lane / 4, lane % 4.
 template <int BN>
-__device__ __forceinline__ void store_tile_staged(const Params& p, const float (&acc)[BN / 2], float* stage, int bar_id,
-                                                  int split, int bi, int row0, int col0, int wq, int g, int t) {
-  constexpr int kPitch = 40;
-#pragma unroll
-  for (int piece = 0; piece < BN / 32; ++piece) {
+__device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[BN / 2], uint32_t stage, int bar_id,
+                                           int split, int bi, int row0, int col0, int wq, int g, int t) {
+  const uint32_t base = stage + (wq * 16 + g) * 256 + 8 * (t & 1), y = ((g ^ (t >> 1)) & 7) << 4;
+#pragma unroll 1
+  for (int piece = 0; piece < BN / 64; ++piece) {
     warpgroup_sync(bar_id);  // the previous piece has been read
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int jj = 4 * piece + j;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        *reinterpret_cast<float2*>(stage + (wq * 16 + g + 8 * h) * kPitch + 8 * j + 2 * t) =
-            make_float2(acc[4 * jj + 2 * h], acc[4 * jj + 2 * h + 1]);
-      }
+    switch (piece) {
+      case 0: stage_piece<BN, 0>(acc, base, y); break;
+      case 1: stage_piece<BN, 1>(acc, base, y); break;
+      case 2: stage_piece<BN, 2>(acc, base, y); break;
+      default: stage_piece<BN, 3>(acc, base, y); break;
     }
     warpgroup_sync(bar_id);
 #pragma unroll 1
-    for (int i = threadIdx.x % 128; i < 64 * 16; i += 128) {
-      const int rr = i / 16, cc = 2 * (i % 16), r = row0 + rr, c = col0 + 32 * piece + cc;
+    for (int k = threadIdx.x % 128; k < 64 * 16; k += 128) {
+      const int rr = k >> 4, q = k & 15, r = row0 + rr, c = col0 + 64 * piece + 4 * q;
       if (r >= p.M || c >= p.N) continue;
-      const float2 v = *reinterpret_cast<const float2*>(stage + rr * kPitch + cc);
-      store_pair(p, split, bi, r, c, v.x, v.y, c + 1 < p.N);
+      float x[4];
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
+                   : "r"(stage + rr * 256 + ((q ^ (rr & 7)) << 4))
+                   : "memory");
+      store_run<4>(p, split, bi, r, c, x, min(4, p.N - c));
     }
   }
 }
@@ -325,7 +272,6 @@ __device__ __forceinline__ void store_tile_staged(const Params& p, const float (
 template <bool A_KMAJOR, bool B_KMAJOR, int BN>
 __global__ void __launch_bounds__(MT_BF16_TMA_THREADS, 1)
     matmul_bf16_tma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
-                           const __grid_constant__ CUtensorMap out_map, const __grid_constant__ CUtensorMap pre_map,
                            const TmaParams tp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = TmaConfig<BN>;
@@ -412,21 +358,8 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS, 1)
 
     // Epilogue: acc[4 j], acc[4 j + 1] are row wq * 16 + g of the warpgroup's 64, columns 8 j + 2 t, + 1;
     // acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further.
-    if (tp.tma_store) {
-      const bool leader = threadIdx.x % 128 == 0;
-      const uint32_t stage = staging + cw * kStageBytes;
-      const int row0 = w.row0 + cw * 64;
-      if (p.out_bf16) {
-        store_tile_tma<true, BN>(p, out_map, pre_map, acc, stage, 1 + cw, leader, w.bi, row0, w.col0, wq, g, t);
-      } else {
-        store_tile_tma<false, BN>(p, out_map, pre_map, acc, stage, 1 + cw, leader, w.bi, row0, w.col0, wq, g, t);
-      }
-      continue;
-    }
-    float* stage = reinterpret_cast<float*>(smem_raw + (staging - raw_addr) + cw * kStageBytes);
-    store_tile_staged<BN>(p, acc, stage, 1 + cw, w.split, w.bi, w.row0 + cw * 64, w.col0, wq, g, t);
+    store_tile<BN>(p, acc, staging + cw * kStageBytes, 1 + cw, w.split, w.bi, w.row0 + cw * 64, w.col0, wq, g, t);
   }
-  if (tp.tma_store && threadIdx.x % 128 == 0) bulk_wait<false>();  // the stores are done before the block ends
 #endif
 }
 
