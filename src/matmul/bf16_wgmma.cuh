@@ -228,10 +228,10 @@ __device__ __forceinline__ void stage_piece(const float (&acc)[BN / 2], uint32_t
 
 // The epilogue of one consumer warpgroup's 64 rows (kernel rows row0.., columns col0.. of batch matrix
 // bi), 64 columns at a time through the staging buffer at `stage`; barrier bar_id is the warpgroup's.
-// Only the staging is unrolled (the accumulators' indices must be constants); the stores are one loop,
-// so that the code that runs once per tile stays short: an unrolled epilogue of 64 stores a thread ran
-// ~6 us a tile (K = 768 products at 0.67x cuBLAS), through TMA stores as well as straight from the
-// registers. wq: the warp in the warpgroup; g, t: lane / 4, lane % 4.
+// Only the staging is unrolled (the accumulators' indices must be constants); the stores are one loop
+// for every kind of epilogue, which keeps the kernel's code at an eighth of what fully unrolled
+// epilogues took (26 KB against 224 KB), at the same speed (bf16_notes.md, v3). wq: the warp in the
+// warpgroup; g, t: lane / 4, lane % 4.
 template <int BN>
 __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[BN / 2], uint32_t stage, int bar_id,
                                            int split, int bi, int row0, int col0, int wq, int g, int t) {
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS, 1)
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-      if (kt > 0 && lane == 0) mbar_arrive(empty((it - 1) % S));  // the previous tile's products are done
+      if (kt > 0 && lane == 0) mbar_arrive(empty((it - 1) % S));  // the previous K tile's products are done
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     fence_registers(acc);
