@@ -7,9 +7,9 @@
 // Reading k = 2t, 2t + 1 into the fragment slots of k = t, t + 4 (fragment layout in
 // includes/mma_tf32.cuh) permutes k the same way in A and B, which leaves the product unchanged and
 // makes every fragment read free of bank conflicts.
-// 16-byte copies need the contiguous dim at stride 1, 16-byte aligned rows and base; the copy of a
-// chunk that crosses the matrix edge reads only its valid part and zero-fills the rest. Other layouts
-// take 4-byte copies.
+// 16-byte copies need the contiguous dim at stride 1, 16-byte aligned rows and base; a chunk that
+// crosses the matrix edge goes as 4-byte copies of its valid part and zero-fills the rest. Other
+// layouts take 4-byte copies.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,11 +22,21 @@
 
 namespace {
 
-// cp.async of 16 bytes that reads only the first `bytes` (0..16) and zero-fills the rest.
-__device__ __forceinline__ void cp_async_16_partial(float* dst, const float* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(mt::shared_address(dst)), "l"(src),
-               "r"(bytes)
-               : "memory");
+// Stages a chunk of 4 elements src[0], src[step], .. whose first `valid` (0..4) lie inside the matrix
+// into dst[0..4), zero-filling the rest: one 16-byte copy when `vec` (unit step, 16-byte aligned) and
+// the chunk is whole or empty, else a 4-byte copy per element. A chunk cut by the matrix edge never
+// takes a 16-byte copy of fewer source bytes: that copy would read only the valid ones, but
+// compute-sanitizer's initcheck reports it as a 16-byte read, so the never-written padding after a
+// row (the fused classifier's logits rows, padded to 4 floats) showed up as uninitialized reads.
+// base: any address inside the matrix (the copies of absent elements name it but read nothing).
+__device__ __forceinline__ void copy_chunk(float* dst, const float* src, long long step, int valid, bool vec,
+                                           const float* base) {
+  if (vec && valid % 4 == 0) {
+    mt::cp_async_16(dst, valid > 0 ? src : base, valid > 0);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) mt::cp_async_4(dst + e, e < valid ? src + e * step : base, e < valid);
+  }
 }
 
 // One operand tile of ROWS x kBK in shared memory; X[row, k] = x[row * row_stride + k * k_stride].
@@ -55,13 +65,7 @@ struct OperandTile {
       const bool inside = K_CONTIG ? gr < rows : gk < k_end;
       const int valid = inside ? max(0, min(4, along)) : 0;
       const float* src = x + (static_cast<long long>(gr) * row_stride + static_cast<long long>(gk) * k_stride);
-      if (vec) {
-        cp_async_16_partial(dst, valid > 0 ? src : x, valid * 4);
-      } else {
-        const long long step = K_CONTIG ? k_stride : row_stride;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) mt::cp_async_4(dst + e, e < valid ? src + e * step : x, e < valid);
-      }
+      copy_chunk(dst, src, K_CONTIG ? k_stride : row_stride, valid, vec, x);
     }
   }
 
@@ -80,16 +84,25 @@ struct OperandTile {
 #pragma unroll
       for (int i = 0; i < kChunks / THREADS; ++i) {
         const bool inside = row0 + line0 + i * kLines < rows;
-        cp_async_16_partial(dst + i * kLines * kStride,
-                            inside ? src + static_cast<long long>(i * kLines) * row_stride : x, inside ? 16 : 0);
+        mt::cp_async_16(dst + i * kLines * kStride, inside ? src + static_cast<long long>(i * kLines) * row_stride : x,
+                        inside);
       }
     } else {
       const int valid = max(0, min(4, rows - row0 - along));
       const float* src = x + row0 + along + static_cast<long long>(k0 + line0) * k_stride;
+      // A thread's chunks all hold `valid` elements: the test stays out of the loop, whose whole chunks
+      // keep their one copy each.
+      if (valid % 4 == 0) {
 #pragma unroll
-      for (int i = 0; i < kChunks / THREADS; ++i) {
-        cp_async_16_partial(dst + i * kLines * kStride,
-                            valid > 0 ? src + static_cast<long long>(i * kLines) * k_stride : x, valid * 4);
+        for (int i = 0; i < kChunks / THREADS; ++i) {
+          mt::cp_async_16(dst + i * kLines * kStride, valid > 0 ? src + static_cast<long long>(i * kLines) * k_stride : x,
+                          valid > 0);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kChunks / THREADS; ++i) {
+          copy_chunk(dst + i * kLines * kStride, src + static_cast<long long>(i * kLines) * k_stride, 1, valid, false, x);
+        }
       }
     }
   }
