@@ -55,17 +55,18 @@
 #include "includes/cuda_check.cuh"
 #include "includes/device_info.cuh"
 #include "includes/fused_utils.cuh"
+#include "includes/launch_by_length.cuh"
 #include "includes/reduce.cuh"
 #include "includes/vec.cuh"
 
 namespace {
 
-constexpr int kStreamThreads = 512;
-constexpr int kStreamChunk = 4;          // vectors per thread in flight per step of a streaming kernel
-constexpr int kMaxRegisterRowFw = 16384;
-constexpr int kMaxRegisterRowBw = 8192;  // the backward also keeps dgamma/dbeta partials per thread
-constexpr int kRowsPerPartMin = 16;      // rows a backward block sums before writing its partial
-constexpr int kTile = 32;                // columns per block of the dgamma/dbeta column kernels
+constexpr int kRowsPerPartMin = 16;  // rows a backward block sums before writing its partial
+constexpr int kTile = 32;            // columns per block of the dgamma/dbeta column kernels
+
+using fused::kStreamChunk;
+using fused::kStreamThreads;
+using fused::Team;
 
 // Count, mean and sum of squared deviations of a set of values. The merge is symmetric bit for bit
 // (explicitly rounded products, no contraction across the two sides), so every lane of a butterfly
@@ -548,62 +549,26 @@ __global__ void __launch_bounds__(kTile * kTile)
 }
 
 // ---- launchers -------------------------------------------------------------------------------
-template <int VEC, int LANES, int ITERS>
-struct FwRows {
-  static int launch(const FwArgs& a, cudaStream_t stream) {
-    constexpr int kThreads = fused::kTeamBlockThreads<LANES>;
-    constexpr int kTeams = kThreads / LANES;
-    const unsigned blocks = static_cast<unsigned>((static_cast<long long>(a.rows) + kTeams - 1) / kTeams);
-    layernorm_fw_rows<VEC, LANES, ITERS><<<blocks, kThreads, 0, stream>>>(a);
-    return mt_launch_status();
-  }
+// The size buckets (see the top of the file). The backward's rows stop at 8192 floats: it also keeps
+// dgamma/dbeta partials per thread.
+using FwVec4Buckets = fused::Buckets<4, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                     Team<32, 2>, Team<32, 4>, Team<32, 6>, Team<32, 8>, Team<128, 4>, Team<256, 4>,
+                                     Team<512, 4>, Team<768, 4>, Team<1024, 4>>;
+using FwScalarBuckets = fused::Buckets<1, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                       Team<32, 2>, Team<32, 4>, Team<32, 8>, Team<32, 16>, Team<128, 8>,
+                                       Team<256, 8>, Team<512, 8>, Team<1024, 8>, Team<1024, 16>>;
+using BwVec4Buckets = fused::Buckets<4, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                     Team<32, 2>, Team<64, 2>, Team<96, 2>, Team<128, 2>, Team<256, 2>, Team<512, 2>,
+                                     Team<1024, 2>>;
+using BwScalarBuckets = fused::Buckets<1, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                       Team<32, 2>, Team<32, 4>, Team<64, 4>, Team<128, 4>, Team<128, 8>,
+                                       Team<256, 8>, Team<512, 8>, Team<1024, 8>>;
+
+// The forward kernels fused::LaunchRows launches.
+struct FwKernels {
+  template <int VEC, int LANES, int ITERS> static auto rows() { return layernorm_fw_rows<VEC, LANES, ITERS>; }
+  template <int VEC> static auto stream() { return layernorm_fw_stream<VEC>; }
 };
-
-template <int VEC>
-int launch_fw_stream(const FwArgs& a, cudaStream_t stream) {
-  layernorm_fw_stream<VEC><<<static_cast<unsigned>(a.rows), kStreamThreads, 0, stream>>>(a);
-  return mt_launch_status();
-}
-
-int launch_fw_vec4(const FwArgs& a, cudaStream_t s) {
-  const int n = a.hidden;
-  if (n <= 4) return FwRows<4, 1, 1>::launch(a, s);
-  if (n <= 8) return FwRows<4, 2, 1>::launch(a, s);
-  if (n <= 16) return FwRows<4, 4, 1>::launch(a, s);
-  if (n <= 32) return FwRows<4, 8, 1>::launch(a, s);
-  if (n <= 64) return FwRows<4, 16, 1>::launch(a, s);
-  if (n <= 128) return FwRows<4, 32, 1>::launch(a, s);
-  if (n <= 256) return FwRows<4, 32, 2>::launch(a, s);
-  if (n <= 512) return FwRows<4, 32, 4>::launch(a, s);
-  if (n <= 768) return FwRows<4, 32, 6>::launch(a, s);
-  if (n <= 1024) return FwRows<4, 32, 8>::launch(a, s);
-  if (n <= 2048) return FwRows<4, 128, 4>::launch(a, s);
-  if (n <= 4096) return FwRows<4, 256, 4>::launch(a, s);
-  if (n <= 8192) return FwRows<4, 512, 4>::launch(a, s);
-  if (n <= 12288) return FwRows<4, 768, 4>::launch(a, s);
-  if (n <= kMaxRegisterRowFw) return FwRows<4, 1024, 4>::launch(a, s);
-  return launch_fw_stream<4>(a, s);
-}
-
-int launch_fw_scalar(const FwArgs& a, cudaStream_t s) {
-  const int n = a.hidden;
-  if (n <= 1) return FwRows<1, 1, 1>::launch(a, s);
-  if (n <= 2) return FwRows<1, 2, 1>::launch(a, s);
-  if (n <= 4) return FwRows<1, 4, 1>::launch(a, s);
-  if (n <= 8) return FwRows<1, 8, 1>::launch(a, s);
-  if (n <= 16) return FwRows<1, 16, 1>::launch(a, s);
-  if (n <= 32) return FwRows<1, 32, 1>::launch(a, s);
-  if (n <= 64) return FwRows<1, 32, 2>::launch(a, s);
-  if (n <= 128) return FwRows<1, 32, 4>::launch(a, s);
-  if (n <= 256) return FwRows<1, 32, 8>::launch(a, s);
-  if (n <= 512) return FwRows<1, 32, 16>::launch(a, s);
-  if (n <= 1024) return FwRows<1, 128, 8>::launch(a, s);
-  if (n <= 2048) return FwRows<1, 256, 8>::launch(a, s);
-  if (n <= 4096) return FwRows<1, 512, 8>::launch(a, s);
-  if (n <= 8192) return FwRows<1, 1024, 8>::launch(a, s);
-  if (n <= kMaxRegisterRowFw) return FwRows<1, 1024, 16>::launch(a, s);
-  return launch_fw_stream<1>(a, s);
-}
 
 // A backward row kernel: how many rows a block takes per step, how many blocks fit an SM, and
 // its launch (grid = parts).
@@ -619,44 +584,22 @@ int launch_bw_rows(const BwArgs& a, unsigned parts, cudaStream_t stream) {
   return mt_launch_status();
 }
 
-template <int VEC, int LANES, int ITERS>
-constexpr BwRowsKernel bw_rows() {
-  return {kBwBlockThreads<LANES> / LANES, kBwBlocksPerSm<LANES>, &launch_bw_rows<VEC, LANES, ITERS>};
-}
-
-// The bucket for a row of `n` floats; launch == nullptr: too long for registers (streaming path).
-BwRowsKernel select_bw_rows(int n, bool vec4) {
-  if (vec4) {
-    if (n <= 4) return bw_rows<4, 1, 1>();
-    if (n <= 8) return bw_rows<4, 2, 1>();
-    if (n <= 16) return bw_rows<4, 4, 1>();
-    if (n <= 32) return bw_rows<4, 8, 1>();
-    if (n <= 64) return bw_rows<4, 16, 1>();
-    if (n <= 128) return bw_rows<4, 32, 1>();
-    if (n <= 256) return bw_rows<4, 32, 2>();
-    if (n <= 512) return bw_rows<4, 64, 2>();
-    if (n <= 768) return bw_rows<4, 96, 2>();
-    if (n <= 1024) return bw_rows<4, 128, 2>();
-    if (n <= 2048) return bw_rows<4, 256, 2>();
-    if (n <= 4096) return bw_rows<4, 512, 2>();
-    if (n <= kMaxRegisterRowBw) return bw_rows<4, 1024, 2>();
-  } else {
-    if (n <= 1) return bw_rows<1, 1, 1>();
-    if (n <= 2) return bw_rows<1, 2, 1>();
-    if (n <= 4) return bw_rows<1, 4, 1>();
-    if (n <= 8) return bw_rows<1, 8, 1>();
-    if (n <= 16) return bw_rows<1, 16, 1>();
-    if (n <= 32) return bw_rows<1, 32, 1>();
-    if (n <= 64) return bw_rows<1, 32, 2>();
-    if (n <= 128) return bw_rows<1, 32, 4>();
-    if (n <= 256) return bw_rows<1, 64, 4>();
-    if (n <= 512) return bw_rows<1, 128, 4>();
-    if (n <= 1024) return bw_rows<1, 128, 8>();
-    if (n <= 2048) return bw_rows<1, 256, 8>();
-    if (n <= 4096) return bw_rows<1, 512, 8>();
-    if (n <= kMaxRegisterRowBw) return bw_rows<1, 1024, 8>();
+// The pick of fused::walk_buckets that names a backward bucket's kernel; none (launch == nullptr) for
+// rows too long for registers (the streaming path).
+struct BwSelect {
+  template <int VEC, int LANES, int ITERS>
+  BwRowsKernel bucket() const {
+    return {kBwBlockThreads<LANES> / LANES, kBwBlocksPerSm<LANES>, &launch_bw_rows<VEC, LANES, ITERS>};
   }
-  return {0, 0, nullptr};
+  template <int VEC>
+  BwRowsKernel beyond() const {
+    return {0, 0, nullptr};
+  }
+};
+
+// The bucket for a row of `n` floats.
+BwRowsKernel select_bw_rows(int n, bool vec4) {
+  return vec4 ? fused::walk_buckets(n, BwSelect{}, BwVec4Buckets{}) : fused::walk_buckets(n, BwSelect{}, BwScalarBuckets{});
 }
 
 // How the backward splits its work: `parts` partial rows of dgamma/dbeta (blocks of the row kernel,
@@ -722,7 +665,8 @@ extern "C" int launch_layernorm(float* out, float* mean, float* rstd, const floa
   const FwArgs a = {out, mean, rstd, inp, gamma, beta, rows, hidden, 1.f / static_cast<float>(hidden), eps};
   const bool vec4 = hidden % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(inp) &&
                     mt::is_aligned16(gamma) && mt::is_aligned16(beta);
-  return vec4 ? launch_fw_vec4(a, stream) : launch_fw_scalar(a, stream);
+  const fused::LaunchRows<FwKernels, FwArgs> launch{a, rows, stream};
+  return vec4 ? fused::walk_buckets(hidden, launch, FwVec4Buckets{}) : fused::walk_buckets(hidden, launch, FwScalarBuckets{});
 }
 
 // Floats of scratch launch_layernorm_bw needs for these sizes on the current device, or minus a

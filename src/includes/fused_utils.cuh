@@ -41,6 +41,11 @@ __device__ __forceinline__ void store_vec(float* dst, const float (&src)[VEC]) {
   }
 }
 
+// Rows too long for a team's registers stream through one block of kStreamThreads per row, each
+// thread keeping kStreamChunk vectors in flight per step.
+constexpr int kStreamThreads = 512;
+constexpr int kStreamChunk = 4;
+
 // Threads of the block that row kernels launch for a team of LANES threads (at least 4 warps so
 // that short rows still fill a block with several teams).
 template <int LANES>
