@@ -37,11 +37,6 @@ struct RowStats {
   float max, sum_exp, total;
 };
 
-__device__ __forceinline__ RowStats shfl_xor(RowStats v, int lane_mask, int width) {
-  return {mt::shfl_xor(v.max, lane_mask, width), mt::shfl_xor(v.sum_exp, lane_mask, width),
-          mt::shfl_xor(v.total, lane_mask, width)};
-}
-
 struct RowStatsOp {
   __device__ __forceinline__ RowStats operator()(RowStats a, RowStats b) const {
     const float m = fmaxf(a.max, b.max);

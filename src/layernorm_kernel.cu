@@ -77,12 +77,6 @@ struct Stats {
   float m2;
 };
 
-__device__ __forceinline__ Stats shfl_xor(Stats v, int lane_mask, int width) {
-  return {__shfl_xor_sync(mt::kFullWarpMask, v.n, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.mean, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.m2, lane_mask, width)};
-}
-
 struct StatsMerge {
   __device__ __forceinline__ Stats operator()(Stats a, Stats b) const {
     const float n = __fadd_rn(a.n, b.n);
@@ -124,12 +118,6 @@ struct Sum3 {
   float g;
   float gz;
 };
-
-__device__ __forceinline__ Sum3 shfl_xor(Sum3 v, int lane_mask, int width) {
-  return {__shfl_xor_sync(mt::kFullWarpMask, v.z, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.g, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.gz, lane_mask, width)};
-}
 
 struct Sum3Op {
   __device__ __forceinline__ Sum3 operator()(Sum3 a, Sum3 b) const {

@@ -69,11 +69,6 @@ struct MaxSum {
   float s;
 };
 
-__device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int lane_mask, int width) {
-  return {__shfl_xor_sync(mt::kFullWarpMask, v.m, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.s, lane_mask, width)};
-}
-
 __device__ __forceinline__ float rescaled_sum(MaxSum v, float m) {
   return v.m == -INFINITY ? 0.f : __fmul_rn(v.s, mt::fast_exp2((v.m - m) * kLog2e));
 }
