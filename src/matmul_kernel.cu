@@ -22,7 +22,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "includes/cuda_check.cuh"
 #include "includes/device_info.cuh"
@@ -50,22 +49,12 @@ bool vec_operand(const float* x, int contiguous_stride, int other_stride, const 
   return true;
 }
 
-// Launches one kernel instance; `configured` is that instance's own (see mt::allow_shared_memory).
-template <class Kernel>
-int launch_kernel(Kernel kernel, int threads, int smem, const MatmulParams& p, dim3 grid, cudaStream_t stream,
-                  std::atomic<unsigned long long>* configured) {
-  MT_RETURN_IF_ERROR(mt::allow_shared_memory(kernel, smem, configured));
-  kernel<<<grid, threads, smem, stream>>>(p);
-  return mt_launch_status();
-}
-
 template <class Cfg, int PREC>
 struct MmaKernels {
   template <bool A_KC, bool B_KC>
   static int launch(const MatmulParams& p, dim3 grid, cudaStream_t stream) {
-    static std::atomic<unsigned long long> configured{0};
-    return launch_kernel(matmul_mma_kernel<Cfg, A_KC, B_KC, PREC>, Cfg::kThreads, mma_smem_bytes<Cfg, A_KC, B_KC>(), p,
-                         grid, stream, &configured);
+    return mt::launch_with_shared_memory<matmul_mma_kernel<Cfg, A_KC, B_KC, PREC>>(
+        grid, Cfg::kThreads, mma_smem_bytes<Cfg, A_KC, B_KC>(), stream, p);
   }
 };
 
@@ -73,9 +62,8 @@ template <int PREC>
 struct WgmmaKernels {
   template <bool A_KC, bool B_KC>
   static int launch(const MatmulParams& p, dim3 grid, cudaStream_t stream) {
-    static std::atomic<unsigned long long> configured{0};
-    return launch_kernel(matmul_wgmma_kernel<PREC, A_KC, B_KC>, kWgThreads, wgmma_smem_bytes<PREC, A_KC, B_KC>(), p,
-                         grid, stream, &configured);
+    return mt::launch_with_shared_memory<matmul_wgmma_kernel<PREC, A_KC, B_KC>>(
+        grid, kWgThreads, wgmma_smem_bytes<PREC, A_KC, B_KC>(), stream, p);
   }
 };
 
