@@ -112,17 +112,53 @@ __device__ __forceinline__ Stats local_stats(const float (&v)[K][VEC], const boo
   return {count, mean, m2};
 }
 
-// The three row sums of the backward: x - mean, g = dout * gamma, g * (x - mean).
+// The backward's terms of one vector of a row, from dout, x and gamma as loaded: dy = dout,
+// z = x - mean and g = dy * gamma, all zero where the vector is dead (past the row's end).
+template <int VEC>
+__device__ __forceinline__ void bw_terms(float (&dy)[VEC], float (&z)[VEC], float (&g)[VEC], bool live, float mu) {
+#pragma unroll
+  for (int c = 0; c < VEC; ++c) {
+    dy[c] = live ? dy[c] : 0.f;
+    z[c] = live ? z[c] - mu : 0.f;
+    g[c] = live ? dy[c] * g[c] : 0.f;
+  }
+}
+
+// The three row sums of the backward: z = x - mean, g = dout * gamma, g * z.
 struct Sum3 {
   float z;
   float g;
   float gz;
+
+  template <int VEC>
+  __device__ __forceinline__ void add(const float (&zv)[VEC], const float (&gv)[VEC]) {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) {
+      z += zv[c];
+      g += gv[c];
+      gz = fmaf(gv[c], zv[c], gz);
+    }
+  }
 };
 
 struct Sum3Op {
   __device__ __forceinline__ Sum3 operator()(Sum3 a, Sum3 b) const {
     return {a.z + b.z, a.g + b.g, a.gz + b.gz};
   }
+};
+
+// A row's backward from its reduced sums: d = mean(z), the residual of the float32 mean (see the top
+// of the file), mean(g) and mean(g * xhat); then per element xhat = (z - d) * rstd and dinp.
+struct BwRow {
+  float rs;
+  float d;
+  float mean_g;
+  float mean_gxhat;
+
+  __device__ __forceinline__ BwRow(Sum3 s, float rstd, float inv_hidden)
+      : rs(rstd), d(s.z * inv_hidden), mean_g(s.g * inv_hidden), mean_gxhat(rstd * fmaf(-d, s.g, s.gz) * inv_hidden) {}
+  __device__ __forceinline__ float xhat(float z) const { return (z - d) * rs; }
+  __device__ __forceinline__ float dinp(float xhat, float g) const { return rs * fmaf(-xhat, mean_gxhat, g - mean_g); }
 };
 
 struct FwArgs {
@@ -156,13 +192,9 @@ struct BwArgs {
 template <int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
     layernorm_fw_rows(const FwArgs a) {
-  constexpr int kTeams = fused::kTeamBlockThreads<LANES> / LANES;
   __shared__ Stats scratch[32];
-  const int lane = threadIdx.x % LANES;
-  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
-  const bool active = row < static_cast<unsigned>(a.rows);
+  const auto [lane, row, active, offset] = fused::team_row<LANES>(a.rows, a.hidden);
   const int n = active ? a.hidden : 0;
-  const size_t offset = static_cast<size_t>(active ? row : 0) * a.hidden;
   const float* x = a.inp + offset;
   const float pivot = *x;
 
@@ -314,28 +346,18 @@ __global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES>)
     Sum3 s = {0.f, 0.f, 0.f};
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) {
-        dy[it][c] = live[it] ? dy[it][c] : 0.f;
-        z[it][c] = live[it] ? z[it][c] - mu : 0.f;
-        g[it][c] = live[it] ? dy[it][c] * g[it][c] : 0.f;
-        s.z += z[it][c];
-        s.g += g[it][c];
-        s.gz = fmaf(g[it][c], z[it][c], s.gz);
-      }
+      bw_terms<VEC>(dy[it], z[it], g[it], live[it], mu);
+      s.add<VEC>(z[it], g[it]);
     }
-    s = fused::team_allreduce<LANES>(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch);
-    const float d = s.z * a.inv_hidden;
-    const float mean_g = s.g * a.inv_hidden;
-    const float mean_gxhat = rs * fmaf(-d, s.g, s.gz) * a.inv_hidden;
+    const BwRow r(fused::team_allreduce<LANES>(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch), rs, a.inv_hidden);
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
 #pragma unroll
       for (int c = 0; c < VEC; ++c) {
-        const float xhat = (z[it][c] - d) * rs;
+        const float xhat = r.xhat(z[it][c]);
         acc_g[it][c] = fmaf(dy[it][c], xhat, acc_g[it][c]);
         acc_b[it][c] += dy[it][c];
-        g[it][c] = rs * fmaf(-xhat, mean_gxhat, g[it][c] - mean_g);
+        g[it][c] = r.dinp(xhat, g[it][c]);
       }
       if (live[it]) {
         fused::store_vec<VEC>(a.dinp + offset + (it * LANES + lane) * VEC, g[it]);
@@ -416,14 +438,7 @@ __device__ __forceinline__ void load_bw_chunk(float (&dy)[kStreamChunk][VEC],
     }
   }
 #pragma unroll
-  for (int k = 0; k < kStreamChunk; ++k) {
-#pragma unroll
-    for (int c = 0; c < VEC; ++c) {
-      dy[k][c] = live[k] ? dy[k][c] : 0.f;
-      z[k][c] = live[k] ? z[k][c] - mu : 0.f;
-      g[k][c] = live[k] ? dy[k][c] * g[k][c] : 0.f;
-    }
-  }
+  for (int k = 0; k < kStreamChunk; ++k) bw_terms<VEC>(dy[k], z[k], g[k], live[k], mu);
 }
 
 template <int VEC>
@@ -442,20 +457,10 @@ __global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const
     bool live[kStreamChunk];
     load_bw_chunk<VEC>(dy, z, g, live, a, offset, v0, vecs, mu);
 #pragma unroll
-    for (int k = 0; k < kStreamChunk; ++k) {
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) {
-        s.z += z[k][c];
-        s.g += g[k][c];
-        s.gz = fmaf(g[k][c], z[k][c], s.gz);
-      }
-    }
+    for (int k = 0; k < kStreamChunk; ++k) s.add<VEC>(z[k], g[k]);
   }
-  s = mt::block_allreduce(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch);
-  const float d = s.z * a.inv_hidden;
-  const float mean_g = s.g * a.inv_hidden;
-  const float mean_gxhat = rs * fmaf(-d, s.g, s.gz) * a.inv_hidden;
-  if (threadIdx.x == 0) a.resid[row] = d;
+  const BwRow r(mt::block_allreduce(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch), rs, a.inv_hidden);
+  if (threadIdx.x == 0) a.resid[row] = r.d;
 
   for (long long v0 = 0; v0 < vecs; v0 += kStep) {
     float dy[kStreamChunk][VEC], z[kStreamChunk][VEC], g[kStreamChunk][VEC];
@@ -465,10 +470,7 @@ __global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const
     for (int k = 0; k < kStreamChunk; ++k) {
       if (live[k]) {
 #pragma unroll
-        for (int c = 0; c < VEC; ++c) {
-          const float xhat = (z[k][c] - d) * rs;
-          g[k][c] = rs * fmaf(-xhat, mean_gxhat, g[k][c] - mean_g);
-        }
+        for (int c = 0; c < VEC; ++c) g[k][c] = r.dinp(r.xhat(z[k][c]), g[k][c]);
         fused::store_vec<VEC>(a.dinp + offset + (v0 + k * kStreamThreads + threadIdx.x) * VEC, g[k]);
       }
     }

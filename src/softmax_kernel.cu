@@ -118,13 +118,9 @@ __device__ __forceinline__ const float* mask_row(const FwArgs& a, unsigned row) 
 template <int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
     attn_softmax_fw_rows(const FwArgs a) {
-  constexpr int kTeams = fused::kTeamBlockThreads<LANES> / LANES;
   __shared__ float scratch[32];
-  const int lane = threadIdx.x % LANES;
-  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
-  const bool active = row < static_cast<unsigned>(a.rows);
+  const auto [lane, row, active, offset] = fused::team_row<LANES>(a.rows, a.k_len);
   const int limit = active ? live_keys(a, row) : 0;
-  const size_t offset = static_cast<size_t>(active ? row : 0) * a.k_len;
 
   float v[ITERS][VEC];
 #pragma unroll
@@ -267,13 +263,9 @@ __global__ void __launch_bounds__(kStreamThreads) attn_softmax_fw_stream(const F
 template <int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
     attn_softmax_bw_rows(const BwArgs a) {
-  constexpr int kTeams = fused::kTeamBlockThreads<LANES> / LANES;
   __shared__ float scratch[32];
-  const int lane = threadIdx.x % LANES;
-  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
-  const bool active = row < static_cast<unsigned>(a.rows);
+  const auto [lane, row, active, offset] = fused::team_row<LANES>(a.rows, a.k_len);
   const int n = active ? a.k_len : 0;
-  const size_t offset = static_cast<size_t>(active ? row : 0) * a.k_len;
 
   float g[ITERS][VEC];
   float y[ITERS][VEC];
