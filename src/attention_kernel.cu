@@ -609,13 +609,15 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
 template <int DP, int ACT, int PREC>
 int launch_bucket(const FwParams& p, int batch_heads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.q_len + kFwRows - 1) / kFwRows));
-  return mt::launch_with_shared_memory<attention_fw<DP, ACT, PREC>>(grid, kThreads, fw_smem_floats<DP>() * 4, stream, p);
+  constexpr int kBytes = fw_smem_floats<DP>() * static_cast<int>(sizeof(float));
+  return mt::launch_with_shared_memory<attention_fw<DP, ACT, PREC>>(grid, kThreads, kBytes, stream, p);
 }
 
 template <int DP, int ACT, int PREC>
 int launch_bucket(const BwParams& p, int batch_heads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.k_len + kBwKeys - 1) / kBwKeys));
-  return mt::launch_with_shared_memory<attention_bw<DP, ACT, PREC>>(grid, kThreads, bw_smem_floats<DP>() * 4, stream, p);
+  constexpr int kBytes = bw_smem_floats<DP>() * static_cast<int>(sizeof(float));
+  return mt::launch_with_shared_memory<attention_bw<DP, ACT, PREC>>(grid, kThreads, kBytes, stream, p);
 }
 
 template <int ACT, int PREC, class Params>

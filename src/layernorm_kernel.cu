@@ -589,7 +589,8 @@ struct BwSelect {
 
 // The bucket for a row of `n` floats.
 BwRowsKernel select_bw_rows(int n, bool vec4) {
-  return vec4 ? fused::walk_buckets(n, BwSelect{}, BwVec4Buckets{}) : fused::walk_buckets(n, BwSelect{}, BwScalarBuckets{});
+  return vec4 ? fused::walk_buckets(n, BwSelect{}, BwVec4Buckets{})
+              : fused::walk_buckets(n, BwSelect{}, BwScalarBuckets{});
 }
 
 // How the backward splits its work: `parts` partial rows of dgamma/dbeta (blocks of the row kernel,
@@ -656,7 +657,8 @@ extern "C" int launch_layernorm(float* out, float* mean, float* rstd, const floa
   const bool vec4 = hidden % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(inp) &&
                     mt::is_aligned16(gamma) && mt::is_aligned16(beta);
   const fused::LaunchRows<FwKernels, FwArgs> launch{a, rows, stream};
-  return vec4 ? fused::walk_buckets(hidden, launch, FwVec4Buckets{}) : fused::walk_buckets(hidden, launch, FwScalarBuckets{});
+  return vec4 ? fused::walk_buckets(hidden, launch, FwVec4Buckets{})
+              : fused::walk_buckets(hidden, launch, FwScalarBuckets{});
 }
 
 // Floats of scratch launch_layernorm_bw needs for these sizes on the current device, or minus a

@@ -95,13 +95,14 @@ struct OperandTile {
       if (valid % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < kChunks / THREADS; ++i) {
-          mt::cp_async_16(dst + i * kLines * kStride, valid > 0 ? src + static_cast<long long>(i * kLines) * k_stride : x,
-                          valid > 0);
+          const float* line = src + static_cast<long long>(i * kLines) * k_stride;
+          mt::cp_async_16(dst + i * kLines * kStride, valid > 0 ? line : x, valid > 0);
         }
       } else {
 #pragma unroll
         for (int i = 0; i < kChunks / THREADS; ++i) {
-          copy_chunk(dst + i * kLines * kStride, src + static_cast<long long>(i * kLines) * k_stride, 1, valid, false, x);
+          const float* line = src + static_cast<long long>(i * kLines) * k_stride;
+          copy_chunk(dst + i * kLines * kStride, line, 1, valid, false, x);
         }
       }
     }
