@@ -21,21 +21,19 @@ skipped with the reason. TFLOP/s counts 4 B H T^2 D flops forward and 2.5x that 
 when causal), the usual FlashAttention convention.
 
 Usage: python benchmarks/bench_attention.py [--out DIR] [--causal] [--quick]
-Writes DIR/bench_attention.json and DIR/bench_attention.png (default DIR: benchmarks/results).
+Writes DIR/bench_attention.json and .png, with --causal DIR/bench_attention_causal.json and .png
+(default DIR: benchmarks/results/bench_attention).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from minitorch.cuda.timer import gpu_ms  # noqa: E402
+from common import Column, Panel, Table, out_option, write_results
+from minitorch.cuda.timer import gpu_ms
 
 SHAPES = [(8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64)]
 METHODS = ["fused", "fused high", "minitorch naive", "torch naive", "torch sdpa", "torch sdpa tf32"]
@@ -197,60 +195,44 @@ def run_shape(torch: Any, minitorch: Any, reps: int, shape: tuple, causal: bool)
     return rows
 
 
-HEADER = (
-    f"{'shape':<20} {'method':<16} {'fw ms':>8} {'fw+bw ms':>9} {'TFLOP/s':>8} {'peak MiB':>9} "
-    f"{'beyond in':>10} {'fused speedup':>14} {'fused mem':>10}"
+TABLE = Table(
+    Column("shape", 20, lambda r: "x".join(str(s) for s in r["shape"]), left=True),
+    Column("method", 16, "method", left=True),
+    Column("fw ms", 8, "fw_ms", ".3f"),
+    Column("fw+bw ms", 9, "fwbw_ms", ".3f"),
+    Column("TFLOP/s", 8, "fwbw_tflops", ".1f"),
+    Column("peak MiB", 9, "peak_mib", ".0f"),
+    Column("beyond in", 10, "peak_beyond_inputs_mib", ".0f"),
+    Column("fused speedup", 14, "fused_speedup", ".2f", "x"),
+    Column("fused mem", 10, lambda r: 100 * r["fused_memory_ratio"] if "fused_memory_ratio" in r else None, ".0f", "%"),
 )
 
 
 def print_row(r: Dict[str, Any]) -> None:
-    shape = "x".join(str(s) for s in r["shape"])
     if "skipped" in r:
-        print(f"{shape:<20} {r['method']:<16} skipped: {r['skipped']}", flush=True)
-        return
-    speedup = f"{r['fused_speedup']:.2f}x" if "fused_speedup" in r else "-"
-    mem = f"{100 * r['fused_memory_ratio']:.0f}%" if "fused_memory_ratio" in r else "-"
-    print(f"{shape:<20} {r['method']:<16} {r['fw_ms']:>8.3f} {r['fwbw_ms']:>9.3f} {r['fwbw_tflops']:>8.1f} "
-          f"{r['peak_mib']:>9.0f} {r['peak_beyond_inputs_mib']:>10.0f} {speedup:>14} {mem:>10}", flush=True)
+        TABLE.row(r, first=2, note=f"skipped: {r['skipped']}")
+    else:
+        TABLE.row(r)
 
 
-def plot(results: List[Dict[str, Any]], device: str, causal: bool, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
+def panels(results: List[Dict[str, Any]]) -> List[Panel]:
+    """Forward + backward time and peak memory of every method per shape (no bar: skipped)."""
     shapes = sorted({tuple(r["shape"]) for r in results}, key=lambda s: s[2])
+    ran = {(r["method"], tuple(r["shape"])): r for r in results if "skipped" not in r}
+
+    def series(value: Any) -> Dict[str, List[Optional[float]]]:
+        return {m: [value(ran[m, s]) if (m, s) in ran else None for s in shapes] for m in METHODS}
+
     labels = ["x".join(str(v) for v in s) for s in shapes]
-    x = np.arange(len(shapes))
-    width = 0.8 / len(METHODS)
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 9), sharex=True)
-    for i, method in enumerate(METHODS):
-        got = {tuple(r["shape"]): r for r in results if r["method"] == method and "skipped" not in r}
-        times = [got[s]["fwbw_ms"] if s in got else 0.0 for s in shapes]
-        mems = [got[s]["peak_mib"] / 1024 if s in got else 0.0 for s in shapes]
-        offset = (i - (len(METHODS) - 1) / 2) * width
-        ax1.bar(x + offset, times, width, label=method)
-        ax2.bar(x + offset, mems, width, label=method)
-    ax1.set_yscale("log")
-    ax1.set_ylabel("forward + backward, ms (log)")
-    ax1.set_title(f"Attention fp32{' causal' if causal else ''}, {device} (missing bar: skipped)")
-    ax1.legend()
-    ax2.set_yscale("log")
-    ax2.set_ylabel("peak GPU memory, GiB (log)")
-    ax2.set_xticks(x)
-    ax2.set_xticklabels(labels)
-    ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return [
+        Panel(labels, series(lambda r: r["fwbw_ms"]), log=True, ylabel="forward + backward, ms (log)"),
+        Panel(labels, series(lambda r: r["peak_mib"] / 1024), log=True, ylabel="peak GPU memory, GiB (log)"),
+    ]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
-                        help="directory for bench_attention.json and bench_attention.png")
+    out_option(parser, "bench_attention")
     parser.add_argument("--causal", action="store_true", help="causal masking (default: none)")
     parser.add_argument("--quick", action="store_true", help="only the first shape, fewer repeats")
     args = parser.parse_args(argv)
@@ -268,7 +250,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     device = torch.cuda.get_device_name(0)
     print(f"device: {device}; torch {torch.__version__}; float32, TF32 off except the tf32 / high rows; causal={args.causal}")
     print("fused speedup = this path's fw+bw time / fused's; fused mem = fused peak / this path's peak")
-    print(HEADER)
+    TABLE.header()
     results: List[Dict[str, Any]] = []
     for shape in SHAPES[:1] if args.quick else SHAPES:
         rows = run_shape(torch, minitorch, reps, shape, args.causal)
@@ -276,7 +258,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             print_row(r)
         results += rows
 
-    args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "device": device,
         "torch": torch.__version__,
@@ -285,9 +266,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         "memory": "torch.cuda.max_memory_allocated during one fw+bw; peak_beyond_inputs subtracts q, k, v, grad",
         "results": results,
     }
-    (args.out / "bench_attention.json").write_text(json.dumps(report, indent=2))
-    plot(results, device, args.causal, args.out / "bench_attention.png")
-    print(f"wrote {args.out / 'bench_attention.json'} and {args.out / 'bench_attention.png'}")
+    title = f"Attention fp32{' causal' if args.causal else ''}, {device} (missing bar: skipped)"
+    write_results(args.out, "bench_attention_causal" if args.causal else "bench_attention", report, panels(results),
+                  title=title, columns=1, size=(10, 9))
     return 0
 
 

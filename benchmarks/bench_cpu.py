@@ -16,7 +16,7 @@ minitorch step (cumulative time), which is how the costs were found.
 
     python benchmarks/bench_cpu.py [--batch 128] [--seq-len 30] [--steps 5] [--warmup 2]
                                    [--before FILE] [--profile 0] [--out DIR]
-Writes DIR/bench_cpu.json and DIR/bench_cpu.png (default DIR: benchmarks/results).
+Writes DIR/bench_cpu.json and DIR/bench_cpu.png (default DIR: benchmarks/results/bench_cpu).
 """
 
 from __future__ import annotations
@@ -28,22 +28,15 @@ import json
 import os
 import platform
 import pstats
-import statistics
-import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
+import numba
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import numba  # noqa: E402
-
-import minitorch  # noqa: E402
-from bench_train import CONFIG, torch_model  # noqa: E402
+from common import Column, Panel, Table, out_option, wall_clock, write_results
+import minitorch
+from bench_train import CONFIG, torch_model
 from project.mt_data import Batch  # noqa: E402
 from project.mt_steps import TrainStep  # noqa: E402
 from project.mt_train import build_model  # noqa: E402
@@ -101,13 +94,9 @@ def torch_step(torch: Any) -> Callable[[Batch], float]:
 
 
 def measure(step: Callable[[Batch], float], batches: List[Batch], warmup: int) -> Dict[str, Any]:
-    losses = [step(b) for b in batches[:warmup]]
-    times = []
-    for b in batches[warmup:]:
-        t0 = time.perf_counter()
-        losses.append(step(b))
-        times.append(time.perf_counter() - t0)
-    return dict(step_s=statistics.median(times), times_s=times, losses=losses)
+    each = iter(batches)
+    clock = wall_clock(lambda: step(next(each)), len(batches) - warmup, warmup)
+    return dict(step_s=clock.median, times_s=clock.seconds, losses=clock.results)
 
 
 def profile(step: Callable[[Batch], float], batch: Batch, top: int) -> str:
@@ -124,6 +113,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """The module docstring as written, and every option's default."""
 
 
+TABLE = Table(  # rows: a path's results and its name under "path"
+    Column("path", 20, "path", left=True),
+    Column("ms/step", 10, lambda r: 1e3 * r["step_s"], ".0f"),
+    Column("tokens/s", 10, "tokens_per_s", ".0f"),
+    Column("loss first->last", 16, lambda r: f"{r['losses'][0]:.3f}->{r['losses'][-1]:.3f}", left=True),
+)
+
+
 def main(argv: List[str] | None = None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--batch", type=int, default=128, help="sequences per step (the program's --batch-size)")
@@ -133,7 +130,7 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     parser.add_argument("--before", default=None, help="a bench_cpu.json of an earlier run to compare with")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions of one step")
     parser.add_argument("--skip-torch", action="store_true", help="time minitorch only")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="directory of the JSON and PNG")
+    out_option(parser, "bench_cpu")
     args = parser.parse_args(argv)
 
     batches = make_batches(args.warmup + args.steps, args.batch, args.seq_len)
@@ -169,30 +166,22 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     print(f"CPU ({results['numba_threads']} threads)  batch {args.batch} x T {args.seq_len}, n_embd {CONFIG['n_embd']}, "
           f"{CONFIG['n_layers']} layers, vocab {CONFIG['n_vocab']}; median of {args.steps} steps after {args.warmup} warm-up; "
           f"load average {results['load_average_before']:.1f} -> {results['load_average_after']:.1f}")
-    print(f"{'path':20s} {'ms/step':>10s} {'tokens/s':>10s}  loss first->last")
+    TABLE.header()
     if before is not None:
-        print(f"{'minitorch (before)':20s} {1e3 * before:10.0f} {tokens / before:10.0f}")
+        TABLE.row({"path": "minitorch (before)", "step_s": before, "tokens_per_s": tokens / before}, first=3)
     for name, r in results["paths"].items():
-        print(f"{name:20s} {1e3 * r['step_s']:10.0f} {r['tokens_per_s']:10.0f}  {r['losses'][0]:.3f}->{r['losses'][-1]:.3f}")
+        TABLE.row({"path": name, **r})
     if before is not None:
         print(f"speedup over before: {results['speedup_over_before']:.1f}x")
     if "minitorch_over_torch" in results:
         print(f"minitorch / torch CPU step time: {results['minitorch_over_torch']:.2f}x")
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_cpu.json").write_text(json.dumps(results, indent=2))
-    plot(results, out / "bench_cpu.png")
-    print(f"wrote {out / 'bench_cpu.json'} and {out / 'bench_cpu.png'}")
+    write_results(args.out, "bench_cpu", results, panels(results), size=(7, 4))
     return results
 
 
-def plot(results: Dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def panels(results: Dict[str, Any]) -> List[Panel]:
+    """Median ms per step of each path (and of the earlier run given with --before), log scale."""
     names, ms = [], []
     if "before_step_s" in results:
         names.append("minitorch (before)")
@@ -200,16 +189,9 @@ def plot(results: Dict[str, Any], path: Path) -> None:
     for name, r in results["paths"].items():
         names.append(name)
         ms.append(1e3 * r["step_s"])
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar(names, ms, color=["tab:gray", "tab:blue", "tab:orange"][-len(names) :])
-    ax.set_ylabel("ms per training step (median)")
-    ax.set_yscale("log")
-    ax.set_title(f"DecoderLM training step on the CPU, batch {results['batch']} x {results['seq_len']}")
-    for i, v in enumerate(ms):
-        ax.text(i, v, f"{v:.0f}", ha="center", va="bottom")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return [Panel(names, {"ms": ms}, log=True, notes=[f"{v:.0f}" for v in ms],
+                  colors=["tab:gray", "tab:blue", "tab:orange"][-len(names):], ylabel="ms per training step (median)",
+                  title=f"DecoderLM training step on the CPU, batch {results['batch']} x {results['seq_len']}")]
 
 
 if __name__ == "__main__":

@@ -20,25 +20,20 @@ Usage: python benchmarks/bench_decode.py --run RUN_DIR [--data-dir DIR] [--beam-
 RUN_DIR is the output directory of a training run (project/run_machine_translation.py --out-dir,
 e.g. `--epochs 24 --dropout 0.2 --label-smoothing 0.1 --average-last 5`, 24 epochs in ~35 s on an
 H100); the bench loads its checkpoint and tokenizer with project/translate.py's loader.
-Writes DIR/bench_decode.json and DIR/bench_decode.png (default DIR: benchmarks/results).
+Writes DIR/bench_decode.json and DIR/bench_decode.png (default DIR: benchmarks/results/bench_decode).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import sys
 import time
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import minitorch  # noqa: E402
-from minitorch.fused.topk import _composed_top_k, top_k  # noqa: E402
+from common import Column, Panel, Table, out_option, wall_clock, write_results
+import minitorch
+from minitorch.fused.topk import _composed_top_k, top_k
 from project import mt_data  # noqa: E402
 from project.mt_beam import BeamDecoder  # noqa: E402
 from project.mt_decode import GreedyDecoder, corpus_bleu, greedy_decode_recompute  # noqa: E402
@@ -49,12 +44,8 @@ BASELINE = "greedy, recompute"
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> Dict[str, Any]:
-    times, result = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "all_seconds": times, "result": result}
+    clock = wall_clock(fn, repeats)
+    return {"seconds": clock.median, "all_seconds": clock.seconds, "result": clock.results[-1]}
 
 
 def top_k_costs(backend: minitorch.TensorBackend, rows: int, width: int, k: int, repeats: int) -> Dict[str, Any]:
@@ -90,7 +81,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=256, help="sentences per batch (the program's default)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per method after the first")
     parser.add_argument("--sentences", type=int, default=None, help="decode the first N test sentences (None: all)")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="results directory")
+    out_option(parser, "bench_decode")
     args = parser.parse_args(argv)
 
     backend, _ = make_backend(args.backend)
@@ -148,26 +139,34 @@ def main(argv: List[str] | None = None) -> None:
         r["speedup_vs_recompute"] = base / r["seconds"]
     results["top_k"] = top_k_costs(backend, args.batch_size, beam * model.n_vocab, 2 * beam, 10)
     report(results)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_decode.json").write_text(json.dumps(results, indent=2))
-    plot(results, out / "bench_decode.png")
-    print(f"wrote {out / 'bench_decode.json'} and {out / 'bench_decode.png'}")
+    write_results(args.out, "bench_decode", results, panels(results), size=(9, 4.5))
+
+
+def replayed(r: Dict[str, Any]) -> Optional[str]:
+    """Steps replayed from graphs / steps after the first, over all calls (None: no step counts)."""
+    counts = r.get("step_counts")
+    return f"{counts['replayed']}/{counts['replayed'] + counts['eager']}" if counts else None
 
 
 def report(results: Dict[str, Any]) -> None:
     n = results["sentences"]
     print(f"{results['device']}: {n} Multi30k test sentences, max_len {results['max_len']}, "
           f"beam {results['beam_size']}, length penalty {results['length_penalty']}")  # fmt: skip
-    print(f"{'method':<38}{'batch':>6}{'first s':>9}{'seconds':>9}{'sent/s':>8}{'speedup':>9}{'BLEU':>7}"
-          f"{'= ref':>11}{'steps':>7}{'replayed':>10}")  # fmt: skip
+    table = Table(
+        Column("method", 38, "method", left=True),
+        Column("batch", 5, "batch"),
+        Column("first s", 8, "first_seconds", ".3f"),
+        Column("seconds", 8, "seconds", ".3f"),
+        Column("sent/s", 7, "sentences_per_s", ".0f"),
+        Column("speedup", 8, "speedup_vs_recompute", ".2f", "x"),
+        Column("BLEU", 6, "bleu", ".2f"),
+        Column("= ref", 10, lambda r: f"{r['same_as_reference']}/{n}"),
+        Column("steps", 6, "steps_per_call", ".0f"),
+        Column("replayed", 9, replayed),
+    )  # fmt: skip
+    table.header()
     for name, r in results["methods"].items():
-        counts = r.get("step_counts", {})
-        replayed = f"{counts['replayed']}/{counts['replayed'] + counts['eager']}" if counts else "-"
-        steps = f"{r['steps_per_call']:.0f}" if "steps_per_call" in r else "-"
-        print(f"{name:<38}{r['batch']:>6}{r['first_seconds']:>9.3f}{r['seconds']:>9.3f}{r['sentences_per_s']:>8.0f}"
-              f"{r['speedup_vs_recompute']:>8.2f}x{r['bleu']:>7.2f}{r['same_as_reference']:>6}/{n}{steps:>7}"
-              f"{replayed:>10}")  # fmt: skip
+        table.row({"method": name, **r})
     print("(= ref: outputs equal to the reference method's: greedy rows the recompute decoder, beam rows the "
           "eager beam search; steps: decoding steps per call; replayed: steps replayed from graphs / steps "
           "after the first, over all calls)")  # fmt: skip
@@ -185,26 +184,13 @@ def backend_name(name: str) -> str:
     return "cpu (FastOps)"
 
 
-def plot(results: Dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(results["methods"])
-    seconds = [results["methods"][m]["seconds"] for m in names]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    bars = ax.barh(names[::-1], seconds[::-1], color="tab:blue")
-    for bar, name in zip(bars, names[::-1]):
-        r = results["methods"][name]
-        label = f" {r['seconds']:.3f}s ({r['speedup_vs_recompute']:.1f}x), BLEU {r['bleu']:.2f}"
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=8)
-    ax.set_xlabel(f"seconds to decode {results['sentences']} test sentences (median)")
-    ax.set_title(f"Decoding on {results['device']}")
-    ax.set_xlim(0, max(seconds) * 1.5)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def panels(results: Dict[str, Any]) -> List[Panel]:
+    """Median seconds of each method, with its speedup over the baseline and its BLEU."""
+    methods = results["methods"]
+    notes = [f"{r['seconds']:.3f}s ({r['speedup_vs_recompute']:.1f}x), BLEU {r['bleu']:.2f}" for r in methods.values()]
+    return [Panel(list(methods), {"seconds": [r["seconds"] for r in methods.values()]}, kind="barh", notes=notes,
+                  colors=["tab:blue"], xlabel=f"seconds to decode {results['sentences']} test sentences (median)",
+                  title=f"Decoding on {results['device']}")]
 
 
 if __name__ == "__main__":

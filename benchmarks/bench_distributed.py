@@ -18,25 +18,23 @@ each), and backward alone.  Reported: tokens/s (global batch: B x T x GPUs per s
 of communication the overlap hides, 1 - exposed(overlap) / exposed(phase).
 
 Usage: torchrun --nproc_per_node 2 benchmarks/bench_distributed.py [--steps N] [--out DIR]
-Writes DIR/bench_distributed.json and DIR/bench_distributed.png (default DIR: benchmarks/results).
+Writes DIR/bench_distributed.json and DIR/bench_distributed.png (default DIR:
+benchmarks/results/bench_distributed).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import minitorch  # noqa: E402
-from minitorch import distributed  # noqa: E402
+from common import Column, Panel, Table, out_option, wall_clock, write_results
+import minitorch
+from minitorch import distributed
 
 GPT2 = dict(n_vocab=50304, n_embd=768, n_head=12, n_layers=12, seq=1024, batch=4)
 
@@ -45,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--steps", type=int, default=10, help="timed steps per mode (after 3 warm-up steps)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    out_option(p, "bench_distributed")
     return p
 
 
@@ -86,15 +84,7 @@ def timed(fn: Callable[[], Any], steps: int, warmup: int = 3) -> float:
     """Median seconds of fn() with a device sync around each call."""
     import torch
 
-    times = []
-    for i in range(warmup + steps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return wall_clock(fn, steps, warmup, sync=torch.cuda.synchronize).median
 
 
 def measure(trainer: Trainer, info: distributed.ProcessInfo, args: argparse.Namespace) -> Dict[str, float]:
@@ -161,36 +151,28 @@ def report(t: Dict[str, float], device: str, out_dir: Path) -> Dict[str, Any]:
     }
     print(f"GPT-2 124M shape, B {GPT2['batch']} x T {GPT2['seq']} per GPU, {int(t['parameters']):,} parameters, "
           f"{int(t['buckets'])} buckets, {device}")  # fmt: skip
-    print(f"{'mode':<18}{'step ms':>10}{'tokens/s':>12}{'vs 1 GPU':>10}")
+    modes = Table(Column("mode", 17, "mode", left=True), Column("step ms", 10, "ms", ".1f"),
+                  Column("tokens/s", 11, "rate", ",.0f"), Column("vs 1 GPU", 9, "vs", ".2f"))  # fmt: skip
+    modes.header()
     for mode, rate in rates.items():
-        print(f"{mode:<18}{1e3 * t[mode]:>10.1f}{rate:>12,.0f}{rate / rates['1 GPU']:>10.2f}")
+        modes.row({"mode": mode, "ms": 1e3 * t[mode], "rate": rate, "vs": rate / rates["1 GPU"]})
+    parts = Table(Column("part", 33, "part", left=True), Column("ms", 8, "ms", ".2f", " ms"))
     for name in ("backward", "all-reduce of the buckets", "sync_gradients alone", "per-tensor all-reduce, no copy"):
-        print(f"{name:<34}{1e3 * t[name]:>8.2f} ms")
+        parts.row({"part": name, "ms": 1e3 * t[name]})
     hidden = result["hidden_share_of_comm"]
     print(f"exposed communication: phase {1e3 * exposed_phase:.2f} ms, overlap {1e3 * exposed_overlap:.2f} ms; "
           f"hidden share {'n/a' if hidden is None else f'{hidden:.0%}'}; all-reduce / backward "
           f"{result['comm_share_of_backward']:.1%}")  # fmt: skip
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "bench_distributed.json").write_text(json.dumps(result, indent=2))
-    plot(rates, out_dir / "bench_distributed.png")
+    write_results(out_dir, "bench_distributed", result, panels(rates), size=(7, 3.5))
     return result
 
 
-def plot(rates: Dict[str, float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+def panels(rates: Dict[str, float]) -> List[Panel]:
+    """Tokens/s of each mode, labelled with its ratio to one GPU."""
     names = list(rates)
-    ax.bar(names, [rates[n] for n in names], color=["gray", "silver", "tab:orange", "tab:blue"])
-    for i, n in enumerate(names):
-        ax.text(i, rates[n], f"{rates[n] / rates['1 GPU']:.2f}x", ha="center", va="bottom")
-    ax.set_ylabel("tokens/s")
-    ax.set_title("GPT-2 124M step, data parallel (minitorch + NCCL)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return [Panel(names, {"tokens/s": [rates[n] for n in names]}, colors=["gray", "silver", "tab:orange", "tab:blue"],
+                  notes=[f"{rates[n] / rates['1 GPU']:.2f}x" for n in names], ylabel="tokens/s",
+                  title="GPT-2 124M step, data parallel (minitorch + NCCL)")]
 
 
 def main() -> None:
@@ -203,7 +185,7 @@ def main() -> None:
     trainer = Trainer(info.rank)
     t = measure(trainer, info, args)
     if info.is_main:
-        report(t, torch.cuda.get_device_name(), Path(args.out))
+        report(t, torch.cuda.get_device_name(), args.out)
     distributed.destroy_process_group()
 
 

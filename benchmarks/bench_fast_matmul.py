@@ -3,7 +3,7 @@
 Both run on the same inputs in the same process after warm-up (the first FastOps call compiles
 the kernel); each figure is the median of many timed runs.  FastOps is timed with all of numba's
 threads (the ratio) and with one.  The target of issue 2: FastOps within 10x of NumPy.  Prints a
-table and writes <out>/bench_fast_matmul.json (default out: benchmarks/results).
+table and writes <out>/bench_fast_matmul.json (default out: benchmarks/results/bench_fast_matmul).
 
     python benchmarks/bench_fast_matmul.py [--size N] [--reps N] [--out DIR]
 """
@@ -11,36 +11,23 @@ table and writes <out>/bench_fast_matmul.json (default out: benchmarks/results).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable, Dict
 
+import numba
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import numba  # noqa: E402
-
-import minitorch  # noqa: E402
+from common import Column, Table, out_option, wall_clock, write_results
+import minitorch
 
 TARGET_RATIO = 10.0
 
 
 def median_seconds(fn: Callable[[], Any], reps: int, warmup: int) -> Dict[str, float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return {"median_s": statistics.median(times), "min_s": min(times)}
+    clock = wall_clock(fn, reps, warmup)
+    return {"median_s": clock.median, "min_s": min(clock.seconds)}
 
 
 def run(size: int, reps: int) -> Dict[str, Any]:
@@ -92,9 +79,15 @@ def run(size: int, reps: int) -> Dict[str, Any]:
 def print_table(result: Dict[str, Any]) -> None:
     size = result["shape"][0][0]
     print(f"matmul [{size},{size}] x [{size},{size}] float32, median of {result['reps']} runs")
-    print(f"{'backend':<17} {'median ms':>10} {'min ms':>10} {'GFLOP/s':>10}")
+    table = Table(
+        Column("backend", 17, "backend", left=True),
+        Column("median ms", 10, lambda t: 1e3 * t["median_s"], ".3f"),
+        Column("min ms", 10, lambda t: 1e3 * t["min_s"], ".3f"),
+        Column("GFLOP/s", 10, "gflops", ".2f"),
+    )
+    table.header()
     for name, t in result["timings"].items():
-        print(f"{name:<17} {t['median_s'] * 1e3:>10.3f} {t['min_s'] * 1e3:>10.3f} {t['gflops']:>10.2f}")
+        table.row({"backend": name, **t})
     verdict = "within" if result["within_target"] else "OUTSIDE"
     print(
         f"ratio FastOps / NumPy: {result['ratio_fastops_over_numpy']:.2f}x "
@@ -107,14 +100,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--reps", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    out_option(parser, "bench_fast_matmul")
     args = parser.parse_args()
     result = run(args.size, args.reps)
     print_table(result)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "bench_fast_matmul.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    write_results(args.out, "bench_fast_matmul", result)
 
 
 if __name__ == "__main__":

@@ -16,54 +16,25 @@ fits in L2, so the figures are DRAM figures. Bandwidth = bytes the op must move 
 device-to-device copy measured in the same run.
 
 Usage: python benchmarks/bench_fused.py [--out DIR] [--quick]
-Writes DIR/bench_fused.json and DIR/bench_fused.png (default DIR: benchmarks/results).
+Writes DIR/bench_fused.json and DIR/bench_fused.png (default DIR: benchmarks/results/bench_fused).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
-import math
 import sys
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import minitorch  # noqa: E402
-from minitorch.cuda.libraries import kernel_library  # noqa: E402
-from minitorch.cuda.timer import gpu_ms  # noqa: E402
-from minitorch.fused.layernorm import layernorm_backward_reference, layernorm_reference  # noqa: E402
-from minitorch.fused.softmax import softmax_backward_reference, softmax_reference  # noqa: E402
+from common import Column, Panel, Table, buffer_sets, copy_gbps, out_option, rotating, write_results
+import minitorch
+from minitorch.cuda.libraries import kernel_library
+from minitorch.cuda.timer import gpu_ms
+from minitorch.fused.layernorm import layernorm_backward_reference, layernorm_reference
+from minitorch.fused.softmax import softmax_backward_reference, softmax_reference
 
 SOFTMAX_SHAPES = [(128, 8, 40, 40), (8, 12, 1024, 1024), (4, 16, 2048, 2048)]
 LAYERNORM_SHAPES = [(5120, 256), (16384, 768), (65536, 1024), (8192, 4096)]
 EPS = 1e-5
-
-
-def rotating(fn: Callable[[int], Any]) -> Callable[[], Any]:
-    """fn(0), fn(1), fn(2), ... on successive calls (the index picks the buffer set)."""
-    counter = itertools.count()
-    return lambda: fn(next(counter))
-
-
-def copy_bandwidth(torch: Any, reps: int) -> float:
-    """Device-to-device copy, GB/s (read + write bytes)."""
-    free, _ = torch.cuda.mem_get_info()
-    n = min(1 << 28, free // 16)  # 1 GiB of float32, or less on a small GPU
-    src = torch.empty(n, device="cuda").uniform_()
-    dst = torch.empty_like(src)
-    ms = gpu_ms(lambda: dst.copy_(src), reps=reps)
-    return 2 * n * 4 / (ms * 1e-3) / 1e9
-
-
-def rotation(torch: Any, set_bytes: int) -> int:
-    """How many buffer sets to rotate over so that consecutive calls miss L2."""
-    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) or (50 << 20)
-    return int(min(32, max(1, math.ceil(3 * l2 / max(set_bytes, 1)))))
 
 
 def softmax_cases(torch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str, Any]]:
@@ -72,7 +43,7 @@ def softmax_cases(torch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str, A
     for shape in shapes:
         B, H, Tq, Tk = shape
         n = B * H * Tq * Tk
-        k = rotation(torch, 2 * n * 4)
+        k = buffer_sets(2 * n * 4)
         gen = torch.Generator(device="cuda").manual_seed(0)
         xs = [torch.randn(shape, device="cuda", generator=gen) for _ in range(k)]
         ys = [torch.empty(shape, device="cuda") for _ in range(k)]
@@ -137,7 +108,7 @@ def layernorm_cases(torch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str,
     cases = []
     for rows, C in shapes:
         n = rows * C
-        k = rotation(torch, 3 * n * 4)
+        k = buffer_sets(3 * n * 4)
         gen = torch.Generator(device="cuda").manual_seed(1)
         xs = [torch.randn(rows, C, device="cuda", generator=gen) for _ in range(k)]
         dys = [torch.randn(rows, C, device="cuda", generator=gen) for _ in range(k)]
@@ -197,7 +168,7 @@ def layernorm_cases(torch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str,
     return cases
 
 
-def measure(torch: Any, reps: int, cases: List[Dict[str, Any]], copy_gbps: float) -> List[Dict[str, Any]]:
+def measure(torch: Any, reps: int, cases: List[Dict[str, Any]], copy: float) -> List[Dict[str, Any]]:
     results = []
     for case in cases:
         kernel, api, reference, unfused = case.pop("fns")
@@ -209,57 +180,49 @@ def measure(torch: Any, reps: int, cases: List[Dict[str, Any]], copy_gbps: float
         row = dict(case)
         row.update({
             "kernel_us": t["kernel"] * 1e3, "api_us": t["api"] * 1e3, "torch_us": t["torch"] * 1e3,
-            "unfused_us": t["unfused"] * 1e3, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps,
-            "torch_gbps": torch_gbps, "torch_pct_copy": 100 * torch_gbps / copy_gbps,
+            "unfused_us": t["unfused"] * 1e3, "gbps": gbps, "pct_copy": 100 * gbps / copy,
+            "torch_gbps": torch_gbps, "torch_pct_copy": 100 * torch_gbps / copy,
             "speedup_vs_torch": t["torch"] / t["kernel"], "speedup_vs_unfused": t["unfused"] / t["api"],
         })
         results.append(row)
-        print_row(row)
+        TABLE.row(row)
     return results
 
 
-HEADER = (f"{'op':<18} {'shape':<20} {'kernel us':>10} {'GB/s':>7} {'%copy':>6} {'torch us':>10} "
-          f"{'%copy':>6} {'vs torch':>8} {'api us':>10} {'unfused us':>11} {'vs unfused':>10}")
+TABLE = Table(
+    Column("op", 18, "op", left=True),
+    Column("shape", 20, lambda r: str(r["shape"]), left=True),
+    Column("kernel us", 10, "kernel_us", ".1f"),
+    Column("GB/s", 7, "gbps", ".0f"),
+    Column("%copy", 6, "pct_copy", ".0f", "%"),
+    Column("torch us", 10, "torch_us", ".1f"),
+    Column("%copy", 6, "torch_pct_copy", ".0f", "%"),
+    Column("vs torch", 8, "speedup_vs_torch", ".2f", "x"),
+    Column("api us", 10, "api_us", ".1f"),
+    Column("unfused us", 11, "unfused_us", ".1f"),
+    Column("vs unfused", 10, "speedup_vs_unfused", ".1f", "x"),
+)
 
 
-def print_row(r: Dict[str, Any]) -> None:
-    print(f"{r['op']:<18} {str(r['shape']):<20} {r['kernel_us']:>10.1f} {r['gbps']:>7.0f} {r['pct_copy']:>5.0f}% "
-          f"{r['torch_us']:>10.1f} {r['torch_pct_copy']:>5.0f}% {r['speedup_vs_torch']:>7.2f}x "
-          f"{r['api_us']:>10.1f} {r['unfused_us']:>11.1f} {r['speedup_vs_unfused']:>9.1f}x", flush=True)
-
-
-def plot(results: List[Dict[str, Any]], copy_gbps: float, device: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def panels(results: List[Dict[str, Any]], copy: float) -> List[Panel]:
+    """Share of the copy bandwidth (ours and torch's) and the speedups, per op and shape."""
     labels = [f"{r['op']}\n{'x'.join(str(s) for s in r['shape'])}" for r in results]
-    x = np.arange(len(results))
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(10, 0.9 * len(results)), 9), sharex=True)
-    ax1.bar(x - 0.2, [r["pct_copy"] for r in results], 0.4, label="minitorch fused kernel")
-    ax1.bar(x + 0.2, [r["torch_pct_copy"] for r in results], 0.4, label="PyTorch")
-    ax1.axhline(100, color="gray", lw=0.8, ls="--")
-    ax1.set_ylabel(f"% of copy bandwidth ({copy_gbps:.0f} GB/s)")
-    ax1.set_title(f"Fused softmax / LayerNorm, fp32, {device}")
-    ax1.legend()
-    ax2.bar(x - 0.2, [r["speedup_vs_torch"] for r in results], 0.4, label="speedup vs PyTorch")
-    ax2.bar(x + 0.2, [r["speedup_vs_unfused"] for r in results], 0.4, label="speedup vs minitorch unfused")
-    ax2.axhline(1, color="gray", lw=0.8, ls="--")
-    ax2.set_yscale("log")
-    ax2.set_ylabel("speedup (x)")
-    ax2.legend()
-    ax2.set_xticks(x)
-    ax2.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+
+    def series(**keys: str) -> Dict[str, List[float]]:
+        return {name: [r[key] for r in results] for name, key in keys.items()}
+
+    return [
+        Panel(labels, series(**{"minitorch fused kernel": "pct_copy", "PyTorch": "torch_pct_copy"}), ref=100,
+              ylabel=f"% of copy bandwidth ({copy:.0f} GB/s)", rotation=60),
+        Panel(labels, series(**{"speedup vs PyTorch": "speedup_vs_torch",
+                                "speedup vs minitorch unfused": "speedup_vs_unfused"}),
+              ref=1, log=True, ylabel="speedup (x)", rotation=60),
+    ]  # fmt: skip
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
-                        help="directory for bench_fused.json and bench_fused.png")
+    out_option(parser, "bench_fused")
     parser.add_argument("--quick", action="store_true", help="only the first shape of each kernel, fewer repeats")
     args = parser.parse_args(argv)
 
@@ -272,11 +235,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     layernorm_lib = kernel_library("layernorm_kernel")
     reps = 3 if args.quick else 9
     device = torch.cuda.get_device_name(0)
-    copy_gbps = copy_bandwidth(torch, reps)
-    print(f"device: {device}; torch {torch.__version__}; device-to-device copy {copy_gbps:.0f} GB/s")
+    copy = copy_gbps(reps=reps)
+    print(f"device: {device}; torch {torch.__version__}; device-to-device copy {copy:.0f} GB/s")
     print("kernel = our launcher through ctypes on torch buffers (GB/s and %copy use it); api = through minitorch;")
     print("torch = PyTorch's ops; unfused = minitorch's composed reference; all median GPU time per call")
-    print(HEADER)
+    TABLE.header()
 
     sm_shapes = SOFTMAX_SHAPES[:1] if args.quick else SOFTMAX_SHAPES
     ln_shapes = LAYERNORM_SHAPES[:1] if args.quick else LAYERNORM_SHAPES
@@ -284,21 +247,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     # One group at a time, so the buffers of a group are freed before the next is allocated.
     for make, lib, shapes in ((softmax_cases, softmax_lib, sm_shapes), (layernorm_cases, layernorm_lib, ln_shapes)):
         for shape in shapes:
-            results += measure(torch, reps, make(torch, lib, [shape]), copy_gbps)
+            results += measure(torch, reps, make(torch, lib, [shape]), copy)
             torch.cuda.empty_cache()
 
-    args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "device": device,
         "torch": torch.__version__,
-        "copy_gbps": copy_gbps,
+        "copy_gbps": copy,
         "timing": "minitorch.cuda.timer.gpu_ms: median GPU time per call (events around back-to-back calls behind a spin kernel)",
         "kernel_column": "launch_* through ctypes on torch buffers",
         "results": results,
     }
-    (args.out / "bench_fused.json").write_text(json.dumps(report, indent=2))
-    plot(results, copy_gbps, device, args.out / "bench_fused.png")
-    print(f"wrote {args.out / 'bench_fused.json'} and {args.out / 'bench_fused.png'}")
+    write_results(args.out, "bench_fused", report, panels(results, copy), columns=1,
+                  title=f"Fused softmax / LayerNorm, fp32, {device}", size=(max(10, 0.9 * len(results)), 9))
     return 0
 
 

@@ -24,7 +24,7 @@ Data: random tokens in [0, 50257) by default (fine for timing), or --corpus TEXT
 
 Usage (on the GPU machine):
     python benchmarks/bench_gpt2.py --llmc-src ../llmc [--steps 20] [--corpus train.en.gz] [--out DIR]
-Writes DIR/bench_gpt2.json and DIR/bench_gpt2.png (default DIR: benchmarks/results).
+Writes DIR/bench_gpt2.json and DIR/bench_gpt2.png (default DIR: benchmarks/results/bench_gpt2).
 """
 
 from __future__ import annotations
@@ -44,9 +44,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
+from common import ROOT, Column, Panel, Table, out_option, write_results
 from project.gpt2_data import prepare_shards  # noqa: E402
 from project.gpt2_model import gpt2_init_params  # noqa: E402
 from project.llmc_format import GPT2_124M, read_shard, write_checkpoint, write_shard  # noqa: E402
@@ -181,32 +179,22 @@ def summarize(results: dict[str, dict[str, Any]], skip: int) -> None:
         r["vs_llmc_fp32"] = reference["ms_per_step"] / r["ms_per_step"]
 
 
-def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_loss, ax_diff, ax_ms) = plt.subplots(1, 3, figsize=(16, 4.5))
-    reference = np.array(results["llm.c fp32"]["losses"])
-    for i, (name, r) in enumerate(results.items()):
-        steps = np.arange(1, len(r["losses"]) + 1)
-        ax_loss.plot(steps, r["losses"], label=name, linewidth=1, color=f"C{i}")
-        if name != "llm.c fp32":
-            diff = np.maximum(np.abs(np.array(r["losses"]) - reference), 1e-8)
-            ax_diff.plot(steps, diff, label=name, linewidth=1, color=f"C{i}")
-    ax_loss.set(xlabel="step", ylabel="train loss", title="loss per step")
-    ax_diff.set(xlabel="step", ylabel="|loss - llm.c fp32 loss|", title="agreement with llm.c fp32", yscale="log")
+def panels(results: dict[str, dict[str, Any]]) -> list[Panel]:
+    """Loss per step, its distance to llm.c fp32's, and the median step time of every contender."""
     names = list(results)
-    ax_ms.barh(names, [results[n]["ms_per_step"] for n in names], color=[f"C{i}" for i in range(len(names))])
-    ax_ms.set(xlabel="ms per step (median)", title="step time, B 4 x T 1024")
-    for ax in (ax_loss, ax_diff):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    colors = [f"C{i}" for i in range(len(names))]
+    reference = np.array(results["llm.c fp32"]["losses"])
+    steps = list(range(1, len(reference) + 1))
+    others = [n for n in names if n != "llm.c fp32"]
+    diffs = {n: np.maximum(np.abs(np.array(results[n]["losses"]) - reference), 1e-8).tolist() for n in others}
+    return [
+        Panel(steps, {n: results[n]["losses"] for n in names}, kind="lines", colors=colors, xlabel="step",
+              ylabel="train loss", title="loss per step"),
+        Panel(steps, diffs, kind="lines", colors=[colors[names.index(n)] for n in others], log=True, xlabel="step",
+              ylabel="|loss - llm.c fp32 loss|", title="agreement with llm.c fp32"),
+        Panel(names, {"ms per step": [results[n]["ms_per_step"] for n in names]}, kind="barh", colors=colors,
+              xlabel="ms per step (median)", title="step time, B 4 x T 1024"),
+    ]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -220,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds each contender may run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    out_option(p, "bench_gpt2")
     args = p.parse_args(argv)
     if args.steps <= args.skip:
         p.error(f"--steps {args.steps} must exceed --skip {args.skip}")
@@ -245,20 +233,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = torch.cuda.get_device_name()
     data = "random tokens" if args.corpus is None else f"BPE-8192 tokens of {Path(args.corpus).name}"
     print(f"GPT-2 124M, B {B} x T {T}, {args.steps} steps ({data}), {device}; median of steps {args.skip + 1}..{args.steps}")
-    print(f"{'contender':24s} {'ms/step':>9s} {'tokens/s':>9s} {'llm.c fp32/x':>12s} {'device MiB':>11s} "
-          f"{'alloc MiB':>10s} {'loss 1':>9s} {f'loss {args.steps}':>9s} {'max|dloss|':>11s}")
+    table = Table(
+        Column("contender", 24, "contender", left=True),
+        Column("ms/step", 9, "ms_per_step", ".1f"),
+        Column("tokens/s", 9, "tokens_per_s", ",.0f"),
+        Column("llm.c fp32/x", 12, "vs_llmc_fp32", ".2f", "x"),
+        Column("device MiB", 11, "device_mib", ",.0f"),
+        Column("alloc MiB", 10, "allocator_peak_mib", ",.0f"),
+        Column("loss 1", 9, lambda r: r["losses"][0], ".4f"),
+        Column(f"loss {args.steps}", 9, lambda r: r["losses"][-1], ".4f"),
+        Column("max|dloss|", 11, "max_loss_diff", ".2e"),
+    )
+    table.header()
     for name, r in results.items():
-        print(f"{name:24s} {r['ms_per_step']:9.1f} {r['tokens_per_s']:9,.0f} {r['vs_llmc_fp32']:11.2f}x "
-              f"{r['device_mib']:11,.0f} {r['allocator_peak_mib']:10,.0f} {r['losses'][0]:9.4f} {r['losses'][-1]:9.4f} "
-              f"{r['max_loss_diff']:11.2e}")
+        table.row({"contender": name, **r})
     report = {"device": device, "torch": torch.__version__, "batch": B, "seq_len": T, "lr": LR, "steps": args.steps,
               "skip": args.skip, "data": data, "llmc_patches": {k: v[1] for k, v in LLMC_PATCHES.items()},
               "contenders": results}  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_gpt2.json").write_text(json.dumps(report, indent=1))
-    plot(results, out / "bench_gpt2.png", f"GPT-2 124M training on {device} (float32; {data})")
-    print(f"wrote {out / 'bench_gpt2.json'} and {out / 'bench_gpt2.png'}")
+    write_results(args.out, "bench_gpt2", report, panels(results), size=(16, 4.5),
+                  title=f"GPT-2 124M training on {device} (float32; {data})")
     return report
 
 

@@ -9,32 +9,28 @@ X @ W, and its backward products dX = dY @ W^T and dW = X^T @ dY (transposed vie
 the LM head multiplies by the tied embedding, X @ E^T with E [50257, 768], and runs its three products
 as the library does: logits and their gradient dY in rows padded to a multiple of 4 floats (50260, the
 classifier's layout, which the TMA path needs), the embedding's gradient as dE = dY^T @ X [50257, 768].
-Times: median over repetitions of CUDA-event-timed runs of 5 back-to-back calls (queued behind a spin
-kernel, so launch gaps stay hidden), after warm-up; when an input set fits twice in L2 the calls rotate
-over several sets so that they do not run from cache. Each variant's error against a
-float64 product (torch on the GPU) is reported as max|out - ref| / max|ref|.
+Times: minitorch.cuda.timer.gpu_ms, the median over repetitions of CUDA-event-timed runs of 5 back-to-back
+calls (queued behind a spin kernel, so launch gaps stay hidden), after warm-up; when an input set fits
+twice in L2 the calls rotate over several sets so that they do not run from cache. Each variant's error
+against a float64 product (torch on the GPU) is reported as max|out - ref| / max|ref|.
 
 Usage: python benchmarks/bench_matmul.py [--out DIR] [--reps N] [--quick]
-Writes DIR/bench_matmul.json and DIR/bench_matmul.png (default DIR: benchmarks/results).
+Writes DIR/bench_matmul.json and DIR/bench_matmul.png (default DIR: benchmarks/results/bench_matmul).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from minitorch.cuda.layout import MtLayout  # noqa: E402
-from minitorch.cuda.matmul import SIGNATURES  # noqa: E402
-from minitorch.cuda.runtime import load_library  # noqa: E402
+from common import ROOT, Column, Panel, Table, buffer_sets, out_option, rotating, write_results
+from minitorch.cuda.layout import MtLayout
+from minitorch.cuda.matmul import SIGNATURES
+from minitorch.cuda.runtime import load_library
+from minitorch.cuda.timer import gpu_ms
 
 LIB_PATH = ROOT / "minitorch" / "cuda_kernels" / "matmul_kernel.so"
 VARIANTS = ["ours highest", "ours high", "torch fp32", "torch tf32"]
@@ -74,30 +70,11 @@ def make_operand(shape: Tuple[int, int], layout: str, gen: torch.Generator) -> t
     return x.t() if layout.endswith("t") else x
 
 
-def median_ms(fn: Callable[[int], Any], sets: int, reps: int, inner: int = 5) -> float:
-    """Median over `reps` of the mean time of `inner` back-to-back calls, queued behind a spin kernel so
-    that the GPU never waits for Python between them."""
-    for i in range(3):
-        fn(i % sets)
-    torch.cuda.synchronize()
-    times = []
-    for r in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)
-        start.record()
-        for i in range(inner):
-            fn((r * inner + i) % sets)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / inner)
-    return statistics.median(times)
-
-
-def run_shape(lib, name, mkn, la, lb, lo, reps: int, l2_bytes: int) -> Dict[str, Any]:
+def run_shape(lib, name, mkn, la, lb, lo, reps: int) -> Dict[str, Any]:
     M, K, N = mkn
     gen = torch.Generator(device="cuda").manual_seed(0)
     set_bytes = 4 * (M * K + K * N + M * N)
-    sets = min(8, max(1, -(-2 * l2_bytes // set_bytes)))
+    sets = buffer_sets(set_bytes, l2_multiple=2.0, most=8)
     inputs = [(make_operand((M, K), la, gen), make_operand((K, N), lb, gen)) for _ in range(sets)]
     outs = [padded((M, N)) if lo == "p" else torch.empty(M, N, device="cuda") for _ in range(sets)]
     # torch.matmul wants a contiguous out=: its own outputs where ours are padded
@@ -138,7 +115,7 @@ def run_shape(lib, name, mkn, la, lb, lo, reps: int, l2_bytes: int) -> Dict[str,
         fn(0)
         torch.cuda.synchronize()
         err = float(((outs if v.startswith("ours") else torch_outs)[0].double() - ref).abs().max()) / scale
-        ms = median_ms(fn, sets, reps)
+        ms = gpu_ms(rotating(lambda i: fn(i % sets)), warmup=3, reps=reps, inner=5)
         result[v] = {"ms": ms, "tflops": 2.0 * M * N * K / ms / 1e9, "rel_err": err}
     torch.backends.cuda.matmul.allow_tf32 = False
     result["highest_over_fp32"] = result["torch fp32"]["ms"] / result["ours highest"]["ms"]
@@ -146,54 +123,45 @@ def run_shape(lib, name, mkn, la, lb, lo, reps: int, l2_bytes: int) -> Dict[str,
     return result
 
 
-def plot(results: List[Dict[str, Any]], path: Path) -> None:
-    import matplotlib
+def panels(results: List[Dict[str, Any]]) -> List[Panel]:
+    """TFLOP/s of every variant per product."""
+    return [Panel([r["shape"] for r in results], {v: [r[v]["tflops"] for r in results] for v in VARIANTS},
+                  ylabel="TFLOP/s", rotation=45)]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(14, 5))
-    width = 0.2
-    xs = range(len(results))
-    for j, v in enumerate(VARIANTS):
-        ax.bar([x + (j - 1.5) * width for x in xs], [r[v]["tflops"] for r in results], width, label=v)
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([r["shape"] for r in results], rotation=45, ha="right")
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"float32 matmul on {torch.cuda.get_device_name()}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+TABLE = Table(
+    Column("shape", 14, "shape", left=True),
+    Column("M", 6, "M"),
+    Column("K", 6, "K"),
+    Column("N", 6, "N"),
+    *(Column(v, 20, lambda r, v=v: f"{r[v]['ms']:8.3f}ms {r[v]['tflops']:6.1f}TF/s") for v in VARIANTS),
+    Column("hi/fp32", 7, "highest_over_fp32", ".2f", "x"),
+    Column("high/tf32", 9, "high_over_tf32", ".2f", "x"),
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    out_option(parser, "bench_matmul")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="only the square shape and the GPT-2 fc layer")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU visible to torch")
     lib = load_matmul_library()
-    props = torch.cuda.get_device_properties(0)
     todo = shapes()
     if args.quick:
         todo = [s for s in todo if s[0].startswith(("square", "fc "))]
     results = []
-    header = f"{'shape':<15}{'M':>6}{'K':>7}{'N':>7} " + "".join(f"{v:>21}" for v in VARIANTS) + "  hi/fp32 high/tf32"
-    print(header)
+    TABLE.header()
     for name, mkn, la, lb, lo in todo:
-        r = run_shape(lib, name, mkn, la, lb, lo, args.reps, props.L2_cache_size)
+        r = run_shape(lib, name, mkn, la, lb, lo, args.reps)
         results.append(r)
-        cells = "".join(f"{r[v]['ms']:8.3f}ms {r[v]['tflops']:6.1f}TF/s " for v in VARIANTS)
-        print(f"{name:<15}{r['M']:>6}{r['K']:>7}{r['N']:>7} {cells} {r['highest_over_fp32']:6.2f}x {r['high_over_tf32']:6.2f}x")
+        TABLE.row(r)
         print(" " * 36 + "errors: " + "  ".join(f"{v} {r[v]['rel_err']:.2e}" for v in VARIANTS), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "reps": args.reps}
-    (out / "bench_matmul.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    plot(results, out / "bench_matmul.png")
-    print(f"wrote {out / 'bench_matmul.json'} and {out / 'bench_matmul.png'}")
+    write_results(args.out, "bench_matmul", {"meta": meta, "results": results}, panels(results),
+                  title=f"float32 matmul on {meta['device']}", size=(14, 5))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ runs after warm-up (whole steps), or of CUDA-event-timed batches of calls (AdamW
 minitorch.cuda.timer.gpu_ms).
 
 Usage: python benchmarks/bench_memory.py [--out DIR] [--quick]
-Writes DIR/bench_memory.json and DIR/bench_memory.png (default DIR: benchmarks/results).
+Writes DIR/bench_memory.json and DIR/bench_memory.png (default DIR: benchmarks/results/bench_memory).
 """
 
 from __future__ import annotations
@@ -33,21 +33,16 @@ import argparse
 import gc
 import json
 import math
-import statistics
-import sys
-import time
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import minitorch  # noqa: E402
-from minitorch import AdamW, DecoderLM, fused_linear_cross_entropy, nn  # noqa: E402
-from minitorch.cuda.libraries import kernel_library  # noqa: E402
-from minitorch.cuda.timer import gpu_ms  # noqa: E402
-from minitorch.fused.linear_cross_entropy import default_chunk_size  # noqa: E402
+from common import Column, Panel, Table, copy_gbps, out_option, wall_clock, write_results
+import minitorch
+from minitorch import AdamW, DecoderLM, fused_linear_cross_entropy, nn
+from minitorch.cuda.libraries import kernel_library
+from minitorch.cuda.timer import gpu_ms
+from minitorch.fused.linear_cross_entropy import default_chunk_size
 
 LOSS_SHAPE = dict(tokens=16384, hidden=768, vocab=50257)
 LOSS_CHUNKS = [512, None, 4096]  # None: fused_loss.default_chunk_size
@@ -77,21 +72,16 @@ def measure(torch: Any, fn: Callable[[], Any], repeats: int, warmup: int = 1) ->
         fn()
         torch.cuda.synchronize()
         peak = minitorch.cuda_memory_stats()["peak"]
-        times = []
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
+        seconds = wall_clock(fn, repeats, sync=torch.cuda.synchronize).median
     except torch.cuda.OutOfMemoryError as e:
         torch.cuda.empty_cache()
         return {"ms": None, "peak_bytes": None, "working_bytes": None, "error": f"out of memory: {str(e).splitlines()[0]}"}
-    return {"ms": statistics.median(times), "peak_bytes": peak, "working_bytes": peak - base}
+    return {"ms": 1e3 * seconds, "peak_bytes": peak, "working_bytes": peak - base}
 
 
-def gib(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x / 2**30:.2f}"
+def gib(key: str) -> Callable[[Dict[str, Any]], Optional[float]]:
+    """A row's bytes under `key` in GiB (None where the row ran out of memory)."""
+    return lambda r: None if r[key] is None else r[key] / 2**30
 
 
 # ---- 1. the loss ----------------------------------------------------------------------------------------
@@ -202,14 +192,6 @@ def train_bench(torch: Any, configs: Dict[str, Dict[str, int]], repeats: int) ->
 
 
 # ---- 3. fused AdamW ------------------------------------------------------------------------------------------
-def copy_bandwidth(torch: Any, n_floats: int) -> float:
-    """Device-to-device copy of n_floats float32, GB/s counting the bytes read and written."""
-    src = torch.randn(n_floats, device="cuda")
-    dst = torch.empty_like(src)
-    ms = gpu_ms(lambda: dst.copy_(src), inner=20)
-    return 2 * n_floats * 4 / (ms * 1e-3) / 1e9
-
-
 class ComposedAdamW(minitorch.CudaKernelOps):
     """The CUDA backend without the AdamW kernel hook: minitorch.adamw_step runs its composed update."""
 
@@ -229,7 +211,7 @@ def adamw_bench(torch: Any, n: int) -> Dict[str, Any]:
         step[0] += 1
         lib.launch_adamw(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), n, *hyper, step[0], stream)
 
-    copy_gbs = copy_bandwidth(torch, 4 * n)  # as many floats as the update touches
+    copy_gbs = copy_gbps(4 * n)  # as many floats as the update touches
     kernel_ms = gpu_ms(kernel, inner=20)
 
     param = minitorch.Parameter(minitorch.from_torch(p))
@@ -257,6 +239,26 @@ def adamw_bench(torch: Any, n: int) -> Dict[str, Any]:
 
 
 # ---- report ---------------------------------------------------------------------------------------------------
+LOSS_TABLE = Table(
+    Column("path", 34, "path", left=True),
+    Column("ms", 9, "ms", ".1f"),
+    Column("peak GiB", 9, gib("peak_bytes"), ".2f"),
+    Column("working GiB", 12, gib("working_bytes"), ".2f"),
+    Column("peak/base", 10, "peak_fraction_of_baseline", ".3f"),
+    Column("speed vs base", 14, "speed_vs_baseline", ".2f", "x"),
+    Column("loss err", 9, "loss_rel_err_vs_torch", ".1e"),
+)
+TRAIN_TABLE = Table(
+    Column("config", 15, "config", left=True),
+    Column("variant", 42, "variant", left=True),
+    Column("ms", 9, "ms", ".1f"),
+    Column("tokens/s", 10, "tokens_per_s", ",.0f"),
+    Column("peak GiB", 9, gib("peak_bytes"), ".2f"),
+    Column("working GiB", 12, gib("working_bytes"), ".2f"),
+    Column("time vs plain", 14, "time_vs_plain", ".2f", "x"),
+)
+
+
 def print_tables(loss_shape: Dict[str, int], loss_rows: List[Dict[str, Any]], train_rows: List[Dict[str, Any]],
                  adamw: Dict[str, Any]) -> Dict[str, Any]:
     verdict: Dict[str, Any] = {}
@@ -267,14 +269,12 @@ def print_tables(loss_shape: Dict[str, int], loss_rows: List[Dict[str, Any]], tr
     verdict["loss_baseline"] = unfused["path"]
     print(f"\n== loss: {loss_shape['tokens']} tokens x hidden {loss_shape['hidden']} x vocab {loss_shape['vocab']}, "
           f"forward + backward; baseline: {unfused['path']} ==")
-    print(f"{'path':34} {'ms':>9} {'peak GiB':>9} {'working GiB':>12} {'peak/base':>10} {'speed vs base':>14} {'loss err':>9}")
+    LOSS_TABLE.header()
     for r in loss_rows:
         frac = r["peak_bytes"] / unfused["peak_bytes"] if r["peak_bytes"] and unfused["peak_bytes"] else None
         speed = unfused["ms"] / r["ms"] if r["ms"] and unfused["ms"] else None
         r["peak_fraction_of_baseline"], r["speed_vs_baseline"] = frac, speed
-        print(f"{r['path']:34} {r['ms'] or float('nan'):9.1f} {gib(r['peak_bytes']):>9} {gib(r['working_bytes']):>12} "
-              f"{'-' if frac is None else f'{frac:.3f}':>10} {'-' if speed is None else f'{speed:.2f}x':>14} "
-              f"{r.get('loss_rel_err_vs_torch', float('nan')):9.1e}" + (f"  {r['error']}" if "error" in r else ""))
+        LOSS_TABLE.row(r, note=r.get("error", ""))
     fused_rows = [r for r in loss_rows if r["path"].startswith("minitorch fused") and r["ms"] is not None]
     if fused_rows and unfused["ms"] is not None:
         best = min(fused_rows, key=lambda r: r["ms"])
@@ -284,14 +284,11 @@ def print_tables(loss_shape: Dict[str, int], loss_rows: List[Dict[str, Any]], tr
         verdict["loss"]["meets_target"] = (frac is not None and speed is not None
                                            and frac <= TARGETS["loss_peak_fraction"] and speed >= TARGETS["loss_speed_ratio"])
     print("\n== DecoderLM training step (AdamW, fused softmax/LayerNorm kernels) ==")
-    print(f"{'config':15} {'variant':42} {'ms':>9} {'tokens/s':>10} {'peak GiB':>9} {'working GiB':>12} {'time vs plain':>14}")
+    TRAIN_TABLE.header()
     for r in train_rows:
         plain = next(p for p in train_rows if p["config"] == r["config"] and p["variant"] == "plain")
-        rel = r["ms"] / plain["ms"] if r["ms"] and plain["ms"] else None
-        r["time_vs_plain"] = rel
-        print(f"{r['config']:15} {r['variant']:42} {r['ms'] or float('nan'):9.1f} {r['tokens_per_s'] or 0:10,.0f} "
-              f"{gib(r['peak_bytes']):>9} {gib(r['working_bytes']):>12} {'-' if rel is None else f'{rel:.2f}x':>14}"
-              + (f"  {r['error']}" if "error" in r else ""))
+        r["time_vs_plain"] = r["ms"] / plain["ms"] if r["ms"] and plain["ms"] else None
+        TRAIN_TABLE.row(r, note=r.get("error", ""))
     overheads = {r["config"]: r["time_vs_plain"] - 1.0 for r in train_rows if r["variant"] == "checkpoint" and r["time_vs_plain"]}
     verdict["checkpoint_overhead"] = overheads
     print("\n== fused AdamW ==")
@@ -306,60 +303,36 @@ def print_tables(loss_shape: Dict[str, int], loss_rows: List[Dict[str, Any]], tr
     return verdict
 
 
-def plot(path: Path, loss_rows: List[Dict[str, Any]], train_rows: List[Dict[str, Any]], adamw: Dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(19, 5.5))
+def panels(loss_rows: List[Dict[str, Any]], train_rows: List[Dict[str, Any]], adamw: Dict[str, Any]) -> List[Panel]:
+    """Peak memory of the loss paths (with their times), of the training variants per configuration,
+    and the AdamW bandwidths against the copy's."""
     ok = [r for r in loss_rows if r["ms"] is not None]
-    ax = axes[0]
-    ax.barh([r["path"] for r in ok], [r["peak_bytes"] / 2**30 for r in ok], color="tab:blue")
-    for i, r in enumerate(ok):
-        ax.text(r["peak_bytes"] / 2**30, i, f"  {r['ms']:.0f} ms", va="center", fontsize=8)
-    ax.set_xlabel("peak GiB (forward + backward)")
-    ax.set_title("LM head + cross-entropy")
-    ax.invert_yaxis()
-
-    ax = axes[1]
     configs = list(dict.fromkeys(r["config"] for r in train_rows))
+    peak_gib = {(r["config"], r["variant"]): gib("peak_bytes")(r) for r in train_rows}
     variants = list(dict.fromkeys(r["variant"] for r in train_rows))
-    width = 0.8 / max(len(variants), 1)
-    for j, variant in enumerate(variants):
-        values = []
-        for c in configs:
-            row = next((r for r in train_rows if r["config"] == c and r["variant"] == variant), None)
-            values.append(row["peak_bytes"] / 2**30 if row and row["peak_bytes"] else 0.0)
-        ax.bar(np.arange(len(configs)) + j * width, values, width, label=variant)
-    ax.set_xticks(np.arange(len(configs)) + 0.4 - width / 2)
-    ax.set_xticklabels(configs)
-    ax.set_ylabel("peak GiB of a training step")
-    ax.set_title("DecoderLM training step")
-    ax.legend(fontsize=7)
-
-    ax = axes[2]
     n = adamw["params"]
-    labels, gbs = ["copy (d2d)", "fused kernel", "minitorch.AdamW"], [adamw["copy_gbs"], adamw["kernel_gbs"],
-                                                                   28 * n / (adamw["minitorch_adamw_ms"] * 1e-3) / 1e9]
+    labels, ms = ["fused kernel", "minitorch.AdamW"], [adamw["kernel_ms"], adamw["minitorch_adamw_ms"]]
     for key, label in (("torch_fused_ms", "torch fused"), ("torch_foreach_ms", "torch foreach"),
                        ("minitorch_composed_ms", "minitorch composed")):
         if adamw.get(key):
             labels.append(label)
-            gbs.append(28 * n / (adamw[key] * 1e-3) / 1e9)
-    ax.bar(labels, gbs, color=["gray"] + ["tab:green"] * (len(labels) - 1))
-    ax.axhline(TARGETS["adamw_copy_fraction"] * adamw["copy_gbs"], color="red", linestyle="--", label="80% of copy")
-    ax.set_ylabel("GB/s (28 bytes per parameter; copy: read + write)")
-    ax.set_title(f"AdamW, {n / 2**20:.0f}M parameters")
-    ax.tick_params(axis="x", rotation=20)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+            ms.append(adamw[key])
+    gbs = [adamw["copy_gbs"]] + [28 * n / (t * 1e-3) / 1e9 for t in ms]
+    return [
+        Panel([r["path"] for r in ok], {"peak GiB": [r["peak_bytes"] / 2**30 for r in ok]}, kind="barh",
+              notes=[f"{r['ms']:.0f} ms" for r in ok], colors=["tab:blue"], xlabel="peak GiB (forward + backward)",
+              title="LM head + cross-entropy"),
+        Panel(configs, {v: [peak_gib.get((c, v)) for c in configs] for v in variants},
+              ylabel="peak GiB of a training step", title="DecoderLM training step"),
+        Panel(["copy (d2d)"] + labels, {"GB/s": gbs}, colors=["gray"] + ["tab:green"] * len(labels), rotation=20,
+              ref=TARGETS["adamw_copy_fraction"] * adamw["copy_gbs"], ref_label="80% of copy",
+              ylabel="GB/s (28 bytes per parameter; copy: read + write)", title=f"AdamW, {n / 2**20:.0f}M parameters"),
+    ]  # fmt: skip
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="output directory")
+    out_option(parser, "bench_memory")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run, not the issue's figures)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement")
     args = parser.parse_args(argv)
@@ -378,8 +351,6 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     train_rows = train_bench(torch, configs, args.repeats)
     adamw = adamw_bench(torch, n_adamw)
     verdict = print_tables(loss_shape, loss_rows, train_rows, adamw)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     report = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -391,9 +362,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         "targets": TARGETS,
         "verdict": verdict,
     }
-    (out / "bench_memory.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(out / "bench_memory.png", loss_rows, train_rows, adamw)
-    print(f"\nverdict: {json.dumps(verdict)}\nwrote {out / 'bench_memory.json'} and {out / 'bench_memory.png'}")
+    print(f"\nverdict: {json.dumps(verdict)}")
+    write_results(args.out, "bench_memory", report, panels(loss_rows, train_rows, adamw), size=(19, 5.5))
     return report
 
 

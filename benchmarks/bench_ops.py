@@ -1,8 +1,8 @@
 """Benchmark of the general CUDA kernels (src/combine.cu) against PyTorch on the same GPU, fp32.
 
 Measured side by side in one run:
-  - device-to-device copy bandwidth (torch clone of 64M floats; bytes read + written): the floor
-    every memory-bound kernel is judged against;
+  - device-to-device copy bandwidth (64M floats; bytes read + written): the floor every
+    memory-bound kernel is judged against;
   - map (neg, exp, id = our strided-copy kernel) and zip (add) over 64M contiguous floats, and a
     sum over the last dim of [16384, 4096]: GB/s and % of the copy bandwidth, next to torch's;
   - matmul [4096]^3 and batched [96, 1024, 64] @ [96, 64, 1024]: TFLOP/s and ratio to torch.matmul
@@ -13,7 +13,7 @@ Measured side by side in one run:
 GPU times are medians over many runs of one call (minitorch.cuda.timer.gpu_ms: CUDA events, after
 warm-up, behind a spin kernel that hides the launch).  Backend ops take TensorData, so ours are
 called on the TensorData of minitorch tensors sharing torch's buffers.  Results go to
-<out>/bench_ops.json and <out>/bench_ops.png (default out: benchmarks/results).
+<out>/bench_ops.json and <out>/bench_ops.png (default out: benchmarks/results/bench_ops).
 
     python benchmarks/bench_ops.py [--out DIR] [--reps N]
 """
@@ -21,20 +21,14 @@ called on the TensorData of minitorch tensors sharing torch's buffers.  Results 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
-import time
-from pathlib import Path
 from typing import Any, Callable, Dict, List
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import minitorch  # noqa: E402
-from minitorch import cuda_kernel_ops  # noqa: E402
-from minitorch.cuda.timer import gpu_ms  # noqa: E402
+from common import Column, Panel, Table, copy_gbps, out_option, wall_clock, write_results
+import minitorch
+from minitorch import cuda_kernel_ops
+from minitorch.cuda.timer import gpu_ms
 
 BIG = 64 * 1024 * 1024
 REDUCE_SHAPE = (16384, 4096)
@@ -54,11 +48,8 @@ def host_time_per_call(torch: Any, fns: Dict[str, Callable[[], Any]], calls: int
     torch.cuda.synchronize()
     for _ in range(rounds):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(per_round):
-                fn()
-            torch.cuda.synchronize()
-            samples[name].append((time.perf_counter() - t0) / per_round)
+            clock = wall_clock(lambda: [fn() for _ in range(per_round)], 1, sync=torch.cuda.synchronize)
+            samples[name].append(clock.seconds[0] / per_round)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
@@ -93,8 +84,7 @@ def run(reps: int) -> Dict[str, Any]:
     # ---- bandwidth ----------------------------------------------------------------------------
     x, y = randn(BIG), randn(BIG)
     mx, my = ours(x), ours(y)
-    copy_s = gpu_time(lambda: x.clone())
-    copy_gbps = 2 * BIG * 4 / copy_s / 1e9
+    copy = copy_gbps(BIG, reps)
 
     def bandwidth(name: str, nbytes: int, ours_fn: Callable, torch_fn: Callable, check: Callable) -> None:
         t_ours = gpu_time(ours_fn)
@@ -103,8 +93,8 @@ def run(reps: int) -> Dict[str, Any]:
             "name": name, "kind": "bandwidth", "bytes": nbytes,
             "ours_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3,
             "ours_gbps": nbytes / t_ours / 1e9, "torch_gbps": nbytes / t_torch / 1e9,
-            "ours_pct_copy": 100 * nbytes / t_ours / 1e9 / copy_gbps,
-            "torch_pct_copy": 100 * nbytes / t_torch / 1e9 / copy_gbps,
+            "ours_pct_copy": 100 * nbytes / t_ours / 1e9 / copy,
+            "torch_pct_copy": 100 * nbytes / t_torch / 1e9 / copy,
             "max_rel_err": check(),
         })  # fmt: skip
 
@@ -156,78 +146,66 @@ def run(reps: int) -> Dict[str, Any]:
         "dtype": "float32",
         "tf32": False,
         "reps": reps,
-        "copy_gbps": copy_gbps,
+        "copy_gbps": copy,
         "rows": rows,
         "overhead": overhead,
     }
 
 
+BANDWIDTH_TABLE = Table(
+    Column("op", 44, "name", left=True),
+    Column("ours", 12, "ours_gbps", ".0f", " GB/s"),
+    Column("torch", 12, "torch_gbps", ".0f", " GB/s"),
+    Column("ours/copy", 10, "ours_pct_copy", ".1f", "%"),
+    Column("torch/copy", 10, "torch_pct_copy", ".1f", "%"),
+    Column("rel err", 9, "max_rel_err", ".1e"),
+)
+MATMUL_TABLE = Table(
+    Column("op", 44, "name", left=True),
+    Column("ours", 14, "ours_tflops", ".1f", " TFLOP/s"),
+    Column("torch", 14, "torch_tflops", ".1f", " TFLOP/s"),
+    Column("ours/torch", 10, lambda r: 100 * r["ratio_to_torch"], ".1f", "%"),
+    Column("rel err", 9, "max_rel_err", ".1e"),
+)
+
+
 def print_table(res: Dict[str, Any]) -> None:
     print(f"{res['device']}  torch {res['torch']}  fp32, TF32 off  median of {res['reps']} runs")
-    print(f"device-to-device copy (torch clone, 64M floats): {res['copy_gbps']:.0f} GB/s")
-    print(f"{'op':44s} {'ours':>12s} {'torch':>12s} {'ours/copy':>10s} {'torch/copy':>10s} {'rel err':>9s}")
-    for row in res["rows"]:
-        if row["kind"] == "bandwidth":
-            print(f"{row['name']:44s} {row['ours_gbps']:8.0f} GB/s {row['torch_gbps']:7.0f} GB/s "
-                  f"{row['ours_pct_copy']:9.1f}% {row['torch_pct_copy']:9.1f}% {row['max_rel_err']:9.1e}")
-    print(f"{'op':44s} {'ours':>12s} {'torch':>12s} {'ours/torch':>10s}")
-    for row in res["rows"]:
-        if row["kind"] == "matmul":
-            print(f"{row['name']:44s} {row['ours_tflops']:6.1f} TFLOP/s {row['torch_tflops']:5.1f} TFLOP/s "
-                  f"{100 * row['ratio_to_torch']:9.1f}% {row['max_rel_err']:9.1e}")
+    print(f"device-to-device copy (64M floats): {res['copy_gbps']:.0f} GB/s")
+    for table, kind in ((BANDWIDTH_TABLE, "bandwidth"), (MATMUL_TABLE, "matmul")):
+        table.header()
+        for row in res["rows"]:
+            if row["kind"] == kind:
+                table.row(row)
     o = res["overhead"]
     print(f"host overhead of a tiny add ({o['calls']} calls): backend op {o['ours_backend_us']:.1f} us, "
           f"Tensor op {o['ours_tensor_us']:.1f} us, torch {o['torch_us']:.1f} us "
           f"(backend / torch = {o['ours_backend_vs_torch']:.2f}x, Tensor / torch = {o['ours_tensor_vs_torch']:.2f}x)")
 
 
-def plot(res: Dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def panels(res: Dict[str, Any]) -> List[Panel]:
+    """Memory-bound kernels as % of the copy bandwidth, matmul TFLOP/s, and host time per call, ours
+    next to torch's."""
     bw = [r for r in res["rows"] if r["kind"] == "bandwidth"]
     mm = [r for r in res["rows"] if r["kind"] == "matmul"]
     o = res["overhead"]
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5), gridspec_kw={"width_ratios": [3, 1.4, 1.2]})
-    width = 0.38
-
-    ax = axes[0]
-    pos = list(range(len(bw)))
-    ax.bar([p - width / 2 for p in pos], [r["ours_pct_copy"] for r in bw], width, label="minitorch")
-    ax.bar([p + width / 2 for p in pos], [r["torch_pct_copy"] for r in bw], width, label="torch")
-    ax.axhline(100, color="gray", lw=0.8, ls="--")
-    ax.set_xticks(pos, [r["name"] for r in bw], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel(f"% of copy bandwidth ({res['copy_gbps']:.0f} GB/s)")
-    ax.set_ylim(0, max(125.0, 1.1 * max(max(r["ours_pct_copy"], r["torch_pct_copy"]) for r in bw)))
-    ax.set_title("memory-bound kernels")
-    ax.legend(loc="upper left", ncol=2)
-
-    ax = axes[1]
-    pos = list(range(len(mm)))
-    ax.bar([p - width / 2 for p in pos], [r["ours_tflops"] for r in mm], width, label="minitorch")
-    ax.bar([p + width / 2 for p in pos], [r["torch_tflops"] for r in mm], width, label="torch")
-    ax.set_xticks(pos, [r["name"].replace("matmul ", "").replace(" @ ", "\n@ ") for r in mm], fontsize=8)
-    ax.set_ylabel("TFLOP/s (fp32, no TF32)")
-    ax.set_title("matmul")
-    ax.legend()
-
-    ax = axes[2]
-    names = ["minitorch\nbackend op", "minitorch\nTensor op", "torch"]
-    ax.bar(names, [o["ours_backend_us"], o["ours_tensor_us"], o["torch_us"]], color=["C0", "C0", "C1"])
-    ax.set_ylabel("host time per call (us)")
-    ax.set_title(f"tiny add, {o['calls']} calls")
-
-    fig.suptitle(f"minitorch CUDA kernels vs torch on {res['device']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return [
+        Panel([r["name"] for r in bw], {"minitorch": [r["ours_pct_copy"] for r in bw],
+                                        "torch": [r["torch_pct_copy"] for r in bw]},
+              ref=100, rotation=20, ylabel=f"% of copy bandwidth ({res['copy_gbps']:.0f} GB/s)",
+              title="memory-bound kernels"),
+        Panel([r["name"].replace("matmul ", "").replace(" @ ", "\n@ ") for r in mm],
+              {"minitorch": [r["ours_tflops"] for r in mm], "torch": [r["torch_tflops"] for r in mm]},
+              ylabel="TFLOP/s (fp32, no TF32)", title="matmul"),
+        Panel(["minitorch\nbackend op", "minitorch\nTensor op", "torch"],
+              {"us": [o["ours_backend_us"], o["ours_tensor_us"], o["torch_us"]]}, colors=["C0", "C0", "C1"],
+              ylabel="host time per call (us)", title=f"tiny add, {o['calls']} calls"),
+    ]  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="directory for JSON and PNG")
+    out_option(parser, "bench_ops")
     parser.add_argument("--reps", type=int, default=30, help="timed runs per measurement (median reported)")
     args = parser.parse_args()
     reason = cuda_kernel_ops.unavailable_reason()
@@ -241,13 +219,8 @@ def main() -> int:
         return 2
     res = run(args.reps)
     print_table(res)
-    args.out.mkdir(parents=True, exist_ok=True)
-    json_path = args.out / "bench_ops.json"
-    tmp = json_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(res, indent=2) + "\n")
-    os.replace(tmp, json_path)
-    plot(res, args.out / "bench_ops.png")
-    print(f"wrote {json_path} and {args.out / 'bench_ops.png'}")
+    write_results(args.out, "bench_ops", res, panels(res), title=f"minitorch CUDA kernels vs torch on {res['device']}",
+                  size=(17, 5))
     return 0
 
 

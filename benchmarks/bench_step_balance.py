@@ -10,23 +10,18 @@ over the epochs of the real training split and its tokenizer:
 
     python benchmarks/bench_step_balance.py [--data-dir DIR] [--processes 1 2 4 8]
                                             [--bucket-batches 50 100] [--epochs 3] [--out DIR]
-Writes DIR/bench_step_balance.json and .png (default DIR: benchmarks/results).
+Writes DIR/bench_step_balance.json and .png (default DIR: benchmarks/results/bench_step_balance).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import tempfile
-from pathlib import Path
 from typing import Dict, List
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from common import Column, Panel, Table, out_option, write_results
 from project.arg_types import positive_int  # noqa: E402
 from project.mt_data import Batcher, encode_pairs, load_corpus, load_or_train_tokenizer, resolve_data_dir  # noqa: E402
 from project.mt_steps import WIDTH_MULTIPLE  # noqa: E402
@@ -52,24 +47,18 @@ def balance(sequences: List[np.ndarray], args: argparse.Namespace, processes: in
             "longest_over_mean": float(np.mean(ratios)), "cap": float(np.mean(caps))}
 
 
-def plot(rows: List[Dict], path: Path) -> None:
-    import matplotlib
+def panels(rows: List[Dict]) -> List[Panel]:
+    """cap / processes over the process counts, one line per length window."""
+    processes = sorted({r["processes"] for r in rows})
+    share = {(r["bucket_batches"], r["processes"]): r["cap"] / r["processes"] for r in rows}
+    windows = sorted({r["bucket_batches"] for r in rows})
+    return [Panel(processes, {f"--bucket-batches {w}": [share.get((w, n)) for n in processes] for w in windows},
+                  kind="lines", x_log_base=2, xlabel="processes", ylabel="cap / processes (1.0 = no padding loss)",
+                  title="Padding-bound scaling of a translation step")]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for window in sorted({r["bucket_batches"] for r in rows}):
-        mine = [r for r in rows if r["bucket_batches"] == window]
-        ax.plot([r["processes"] for r in mine], [r["cap"] / r["processes"] for r in mine], "o-",
-                label=f"--bucket-batches {window}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("processes")
-    ax.set_ylabel("cap / processes (1.0 = no padding loss)")
-    ax.set_title("Padding-bound scaling of a translation step")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+TABLE = Table(Column("processes", 9, "processes"), Column("bucket-batches", 14, "bucket_batches"),
+              Column("longest/mean", 12, "longest_over_mean", ".3f"), Column("cap", 7, "cap", ".3f"))
 
 
 def main() -> None:
@@ -82,7 +71,7 @@ def main() -> None:
     p.add_argument("--processes", type=positive_int, nargs="+", default=[1, 2, 4, 8], help="process counts")
     p.add_argument("--bucket-batches", type=positive_int, nargs="+", default=[50, 100], help="steps per length window")
     p.add_argument("--epochs", type=positive_int, default=3, help="epochs averaged (seeds 0..N-1)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="output folder")
+    out_option(p, "bench_step_balance")
     args = p.parse_args()
 
     corpus = load_corpus(resolve_data_dir(args.data_dir))
@@ -90,12 +79,11 @@ def main() -> None:
         tokenizer = load_or_train_tokenizer(tmp, corpus.train, args.vocab_size)
     sequences = encode_pairs(tokenizer, corpus.train, args.max_len).sequences
     rows = [balance(sequences, args, n, w) for w in args.bucket_batches for n in args.processes]
-    print(f"{'processes':>9} {'bucket-batches':>14} {'longest/mean':>12} {'cap':>7}")
+    TABLE.header()
     for r in rows:
-        print(f"{r['processes']:>9} {r['bucket_batches']:>14} {r['longest_over_mean']:>12.3f} {r['cap']:>7.3f}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_step_balance.json").write_text(json.dumps({"batch_size": args.batch_size, "rows": rows}, indent=2))
-    plot(rows, args.out / "bench_step_balance.png")
+        TABLE.row(r)
+    report = {"batch_size": args.batch_size, "rows": rows}
+    write_results(args.out, "bench_step_balance", report, panels(rows), size=(6, 4))
 
 
 if __name__ == "__main__":

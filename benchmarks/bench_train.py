@@ -16,28 +16,22 @@ clip + AdamW, no host read per step) over real Multi30k batches against a PyTorc
 same model with the same clipping and AdamW (see program_rows).
 
 Usage: python benchmarks/bench_train.py [--steps N] [--seq-len T] [--data-dir DIR] [--out DIR]
-Writes DIR/bench_train.json and DIR/bench_train.png (default DIR: benchmarks/results).
+Writes DIR/bench_train.json and DIR/bench_train.png (default DIR: benchmarks/results/bench_train).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import minitorch  # noqa: E402
-from minitorch import DecoderLM, nn  # noqa: E402
-
-from profile_kernels import kernel_rows  # noqa: E402  (benchmarks/, this script's folder)
+from common import Column, Panel, Table, out_option, wall_clock, write_results
+import minitorch
+from minitorch import DecoderLM, nn
+from profile_kernels import kernel_rows
 
 CONFIG = dict(n_vocab=8000, n_embd=256, n_head=8, n_layers=4, batch=128)
 
@@ -158,12 +152,9 @@ def measure(torch: Any, step: Callable[[Dict[str, np.ndarray]], float], batches:
     losses = [step(b) for b in batches[:warmup]]
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    times = []
-    for b in batches[warmup:]:
-        t0 = time.perf_counter()
-        losses.append(step(b))
-        times.append(time.perf_counter() - t0)
-    return dict(step_s=statistics.median(times), peak_bytes=torch.cuda.max_memory_allocated(), losses=losses)
+    timed = iter(batches[warmup:])
+    clock = wall_clock(lambda: step(next(timed)), len(batches) - warmup)
+    return dict(step_s=clock.median, peak_bytes=torch.cuda.max_memory_allocated(), losses=losses + clock.results)
 
 
 def profile_step(torch: Any, step: Callable[[Dict[str, np.ndarray]], float], batch: Dict[str, np.ndarray]) -> Dict[str, Any]:
@@ -253,12 +244,24 @@ def program_rows(torch: Any, data_dir: str, epochs: int) -> Dict[str, Any]:
     return rows
 
 
+TABLE = Table(  # rows: a path's results and its name under "path"
+    Column("path", 20, "path", left=True),
+    Column("step ms", 9, lambda r: 1e3 * r["step_s"], ".1f"),
+    Column("tokens/s", 10, "tokens_per_s", ".0f"),
+    Column("peak MiB", 9, lambda r: r["peak_bytes"] / 2**20, ".0f"),
+    Column("kernels", 8, lambda r: r["profile"]["kernels"], "d"),
+    Column("kernel ms", 10, lambda r: 1e3 * r["profile"]["kernel_s"], ".1f"),
+    Column("GPU busy", 9, lambda r: 100 * r["profile"]["gpu_busy"], ".0f", "%"),
+    Column("loss first->last", 16, lambda r: f"{r['losses'][0]:.3f}->{r['losses'][-1]:.3f}", left=True),
+)
+
+
 def main(argv: List[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per path (after warm-up)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--seq-len", type=int, default=48, help="tokens per sequence (Multi30k pairs average ~40)")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    out_option(parser, "bench_train")
     parser.add_argument("--data-dir", default=None,
                         help="Multi30k directory for the program row (default: the program's default)")
     parser.add_argument("--program-epochs", type=int, default=1, help="timed epochs of the program row (0: skip it)")
@@ -295,12 +298,9 @@ def main(argv: List[str] | None = None) -> None:
 
     print(f"{results['device']}  torch {results['torch']}  fp32  batch {CONFIG['batch']} x T {args.seq_len}, "
           f"n_embd {CONFIG['n_embd']}, {CONFIG['n_layers']} layers, vocab {CONFIG['n_vocab']}; median of {args.steps} steps")
-    print(f"{'path':20s} {'step ms':>9s} {'tokens/s':>10s} {'peak MiB':>9s} {'kernels':>8s} {'kernel ms':>10s} {'GPU busy':>9s}  loss first->last")
+    TABLE.header()
     for name, r in p.items():
-        pr = r["profile"]
-        print(f"{name:20s} {1e3 * r['step_s']:9.1f} {r['tokens_per_s']:10.0f} {r['peak_bytes'] / 2**20:9.0f} "
-              f"{pr['kernels']:8d} {1e3 * pr['kernel_s']:10.1f} {100 * pr['gpu_busy']:8.0f}%  "
-              f"{r['losses'][0]:.3f}->{r['losses'][-1]:.3f}")
+        TABLE.row({"path": name, **r})
     print(f"fused / unfused = {results['fused_vs_unfused']:.2f}x   fused / torch eager = {results['fused_vs_torch']:.2f}x   "
           f"all fused / unfused = {results['all_fused_vs_unfused']:.2f}x   all fused / torch eager = {results['all_fused_vs_torch']:.2f}x")
     for name, r in p.items():
@@ -316,42 +316,25 @@ def main(argv: List[str] | None = None) -> None:
             print(f"{name:24s} {r['ms_per_step']:8.2f} ms/step {r['tokens_per_s']:10.0f} tokens/s")
         print(f"program step / torch eager loop = {pr['ratio']:.2f}x")
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_train.json").write_text(json.dumps(results, indent=2))
-    plot(results, out / "bench_train.png")
-    print(f"wrote {out / 'bench_train.json'} and {out / 'bench_train.png'}")
+    write_results(args.out, "bench_train", results, panels(results),
+                  title=f"DecoderLM training on {results['device']} (fp32)", size=(15, 4.5))
 
 
-def plot(results: Dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def panels(results: Dict[str, Any]) -> List[Panel]:
+    """Throughput, peak memory, and a step's kernel time against its host time, per path."""
     names = list(results["paths"])
     r = [results["paths"][n] for n in names]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     colors = ["tab:gray", "tab:blue", "tab:purple", "tab:orange"]
-    axes[0].bar(names, [x["tokens_per_s"] for x in r], color=colors)
-    axes[0].set_ylabel("tokens / s")
-    axes[0].set_title("training throughput")
-    axes[1].bar(names, [x["peak_bytes"] / 2**20 for x in r], color=colors)
-    axes[1].set_ylabel("peak GPU memory (MiB)")
-    axes[1].set_title("peak memory of a step")
-    kern = [1e3 * x["profile"]["kernel_s"] for x in r]
-    host = [1e3 * (x["profile"]["wall_s"] - x["profile"]["kernel_s"]) for x in r]
-    axes[2].bar(names, kern, label="GPU kernels", color="tab:green")
-    axes[2].bar(names, host, bottom=kern, label="GPU idle (host work)", color="tab:red")
-    axes[2].set_ylabel("ms per step")
-    axes[2].set_title("where a step's time goes")
-    axes[2].legend()
-    for ax in axes:
-        ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle(f"DecoderLM training on {results['device']} (fp32)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    kernel_ms = [1e3 * x["profile"]["kernel_s"] for x in r]
+    host_ms = [1e3 * (x["profile"]["wall_s"] - x["profile"]["kernel_s"]) for x in r]
+    return [
+        Panel(names, {"tokens / s": [x["tokens_per_s"] for x in r]}, colors=colors, ylabel="tokens / s",
+              title="training throughput"),
+        Panel(names, {"peak MiB": [x["peak_bytes"] / 2**20 for x in r]}, colors=colors,
+              ylabel="peak GPU memory (MiB)", title="peak memory of a step"),
+        Panel(names, {"GPU kernels": kernel_ms, "GPU idle (host work)": host_ms}, kind="stacked",
+              colors=["tab:green", "tab:red"], ylabel="ms per step", title="where a step's time goes"),
+    ]
 
 
 if __name__ == "__main__":

@@ -14,18 +14,14 @@ against (torch computes here, never inside minitorch).
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+from torch import nn
+from torch.nn import functional as F
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
-
+from common import write_json
 from project.llmc_format import GPT2Config, ShardLoader, read_checkpoint  # noqa: E402
 from project.arg_types import str2bool  # noqa: E402
 
@@ -112,7 +108,7 @@ def main(argv: Any = None) -> dict:
         ms.append((time.perf_counter() - start) * 1e3)
         print(f"step {step + 1:4d}/{args.steps}: train loss {losses[-1]:.6f} ({ms[-1]:.1f} ms)", flush=True)
     result = {"losses": losses, "ms": ms, "allocator_peak_mib": torch.cuda.max_memory_allocated() / 2**20}
-    Path(args.out).write_text(json.dumps(result))
+    write_json(args.out, result)
     return result
 
 

@@ -7,17 +7,19 @@ time, then the program's wall time and the part of it the GPU spent in kernels (
 time or idle GPU).
 
 Usage: python benchmarks/profile_kernels.py [--top 25] [--out FILE.json] -- program.py [its arguments]
+(benchmarks/results/profile_kernels/ keeps the tables quoted in the README and the notes.)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import runpy
 import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List
+
+from common import Column, Table, write_json
 
 
 def kernel_rows(profiler: Any) -> List[Dict[str, Any]]:
@@ -66,14 +68,21 @@ def main(argv: List[str] | None = None) -> None:
     wall = time.perf_counter() - start
     rows = kernel_rows(prof)
     total = sum(r["total_us"] for r in rows)
-    print(f"\n{'kernel':<90}{'total ms':>10}{'launches':>10}{'mean us':>10}{'share':>8}")
+    table = Table(
+        Column("kernel", 89, lambda r: r["kernel"][:89], left=True),
+        Column("total ms", 9, lambda r: r["total_us"] / 1e3, ".2f"),
+        Column("launches", 9, "launches"),
+        Column("mean us", 9, "mean_us", ".1f"),
+        Column("share", 7, lambda r: 100 * r["total_us"] / max(total, 1e-9), ".1f", "%"),
+    )
+    print()
+    table.header()
     for r in rows[: args.top]:
-        print(f"{r['kernel'][:89]:<90}{r['total_us'] / 1e3:>10.2f}{r['launches']:>10}{r['mean_us']:>10.1f}"
-              f"{100 * r['total_us'] / max(total, 1e-9):>7.1f}%")  # fmt: skip
+        table.row(r)
     print(f"{len(rows)} kernels, {total / 1e3:.1f} ms of kernel time in {wall:.2f} s of wall time "
           f"({100 * total / 1e6 / wall:.1f}% of the wall time)")  # fmt: skip
     if args.out:
-        Path(args.out).write_text(json.dumps({"program": program, "wall_s": wall, "kernels": rows}, indent=2))
+        write_json(args.out, {"program": program, "wall_s": wall, "kernels": rows})
 
 
 if __name__ == "__main__":

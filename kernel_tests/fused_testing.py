@@ -1,6 +1,8 @@
-"""Helpers shared by the GPU kernel tests: the backends, seeded inputs, the error measures, calling
-backend ops (which work on TensorData) with Tensors, and the fused-vs-unfused speed line each
-fused-kernel test file prints (visible with pytest -s)."""
+"""Helpers shared by the GPU kernel tests: the backends, seeded inputs, raw (possibly misaligned)
+device buffers for the launchers, the float64 softmax reference, the error measures, calling backend
+ops (which work on TensorData) with Tensors, and the fused-vs-unfused speed line each fused-kernel
+test file prints (visible with pytest -s). torch is imported where it is used: a test module skips
+without it (pytest.importorskip) after importing this one."""
 
 from __future__ import annotations
 
@@ -51,6 +53,46 @@ def on_tensors(op: Callable[..., Any], *args: Any) -> Any:
         return minitorch.Tensor(x, backend=backend) if isinstance(x, minitorch.TensorData) else x
 
     return tuple(wrap(x) for x in out) if isinstance(out, tuple) else wrap(out)
+
+
+# ---- raw device buffers ------------------------------------------------------------------------------
+def device_copy(arr: Array, offset: int = 0) -> Any:
+    """arr flattened into a float32 torch CUDA buffer that starts `offset` floats past its allocation
+    (offset 1: not 16-byte aligned, so the kernels take their scalar path)."""
+    import torch
+
+    buf = torch.empty(arr.size + offset, device="cuda")
+    buf[offset:] = torch.from_numpy(np.asarray(arr, dtype=np.float32).reshape(-1)).cuda()
+    return buf[offset:]
+
+
+def nan_buffer(n: int, offset: int = 0) -> Any:
+    """n NaN floats on the GPU, `offset` floats past their allocation: an output of which the kernel
+    must write every element."""
+    import torch
+
+    return torch.full((n + offset,), float("nan"), device="cuda")[offset:]
+
+
+# ---- references ------------------------------------------------------------------------------------
+def softmax_float64(x: Array, mask: Optional[Array], causal: bool) -> Any:
+    """The attention softmax of float32 scores x [B, H, Tq, Tk] in float64 (a torch tensor on the CPU):
+    the additive [B, Tk] mask is summed in float32, as the kernel sees it (a finite -1e8 rounds the
+    sum to a multiple of 8); causal removes the keys j > i + Tk - Tq; a row with no key left is zeros."""
+    import torch
+
+    B, H, Tq, Tk = x.shape
+    scores = x if mask is None else x + mask.reshape(B, 1, 1, Tk)
+    s = torch.from_numpy(np.ascontiguousarray(scores)).double()
+    if causal:
+        i = torch.arange(Tq).view(Tq, 1)
+        j = torch.arange(Tk).view(1, Tk)
+        s = s.masked_fill(j > i + (Tk - Tq), float("-inf"))
+    m = s.max(dim=-1, keepdim=True).values
+    m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    total = e.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, e / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(e))
 
 
 # ---- errors ----------------------------------------------------------------------------------------

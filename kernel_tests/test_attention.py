@@ -10,6 +10,8 @@ gradients); "finite" pads with -1e9 and always keeps a key, where finite values 
 """
 
 import math
+import sys
+from pathlib import Path
 from typing import Optional, Tuple
 
 import pytest
@@ -21,6 +23,8 @@ from minitorch.cuda_kernel_ops import CudaKernelOps, CudaShapeError
 from fused_testing import on_tensors
 
 torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from minitorch_testing import naive_attention  # noqa: E402
 
 BACKEND = minitorch.TensorBackend(CudaKernelOps)
 TOL = 1e-4
@@ -53,26 +57,6 @@ def make_mask(gen: "torch.Generator", B: int, Tk: int, kind: str) -> Optional["t
         mask[b, keep:] = fill
     mask[0] += 0.5 * torch.randn(Tk, generator=gen, device="cuda")
     return mask
-
-
-def reference(q, k, v, mask, causal: bool, activation: str, scale: float):
-    """(out, lse, p) of naive attention in float64; q, k, v leaf tensors that require grad."""
-    Tq, Tk = q.shape[2], k.shape[2]
-    x = (q @ k.transpose(-1, -2)) * scale
-    if mask is not None:
-        x = x + mask.double()[:, None, None, :]
-    keep = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device)
-    if causal:
-        keep = torch.arange(Tk, device=q.device)[None, :] <= torch.arange(Tq, device=q.device)[:, None] + (Tk - Tq)
-    if activation == "softmax":
-        x = x.masked_fill(~keep, -math.inf)
-        dead = torch.isneginf(x).all(dim=-1, keepdim=True)
-        p = torch.softmax(x.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
-        lse = torch.logsumexp(x, dim=-1)
-    else:
-        p = torch.relu(x).masked_fill(~keep, 0.0)
-        lse = torch.zeros(x.shape[:-1], dtype=torch.float64, device=q.device)
-    return p @ v, lse.detach(), p
 
 
 def inputs(B: int, H: int, Tq: int, Tk: int, D: int, seed: int):
@@ -110,7 +94,7 @@ def check(B: int, H: int, Tq: int, Tk: int, D: int, causal: bool, activation: st
             mask[0] = 0.0
     out, lse, dq, dk, dv = run_fused(q, k, v, mask, causal, activation, g)
     rq, rk, rv = (t.double().requires_grad_(True) for t in (q, k, v))
-    ref, ref_lse, _ = reference(rq, rk, rv, mask, causal, activation, 1.0 / math.sqrt(D))
+    ref, ref_lse = naive_attention(rq, rk, rv, mask, causal, activation, 1.0 / math.sqrt(D))
     ref.backward(g.double())
     what = f"[{B},{H},{Tq},{Tk},{D}] causal={causal} {activation} mask={mask_kind}"
     errors = {
@@ -191,7 +175,7 @@ def test_non_contiguous_inputs_and_explicit_scale() -> None:
     g = torch.randn(B, H, T, D, generator=gen, device="cuda")
     out.backward(minitorch.from_torch(g))
     rq, rk, rv = (b.double().permute(0, 2, 1, 3).detach().requires_grad_(True) for b in bufs)
-    ref, _, _ = reference(rq, rk, rv, None, True, "softmax", 0.3)
+    ref, _ = naive_attention(rq, rk, rv, None, True, "softmax", 0.3)
     ref.backward(g.double())
     assert rel_err(out.to_torch(), ref.detach()) < TOL
     for t, r in ((tq, rq), (tk, rk), (tv, rv)):

@@ -13,7 +13,7 @@ import minitorch
 from minitorch.cuda.libraries import kernel_library
 from minitorch.fused.layernorm import layernorm_backward_reference
 
-from fused_testing import on_tensors, print_speedup, rel_err
+from fused_testing import device_copy, nan_buffer, on_tensors, print_speedup, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -141,19 +141,11 @@ def test_layernorm_bw_raw_poisoned(hidden: int, misaligned: bool) -> None:
     rstd_np = (1.0 / np.sqrt(x64.var(axis=1) + EPS)).astype(np.float32)
     off = 1 if misaligned else 0
 
-    def device(a: np.ndarray):
-        buf = torch.empty(a.size + off, device="cuda")
-        buf[off:] = torch.from_numpy(a.reshape(-1)).cuda()
-        return buf[off:]
-
-    def poisoned(n: int):
-        return torch.full((n + off,), float("nan"), device="cuda")[off:]
-
     lib = kernel_library("layernorm_kernel")
     ws_len = lib.layernorm_bw_workspace_floats(rows, hidden)
     assert ws_len > 0, f"workspace query failed: {ws_len}"
-    x, g, dy, mean, rstd = (device(a) for a in (x_np, g_np, dy_np, mean_np, rstd_np))
-    dx, dgamma, dbeta, ws = poisoned(rows * hidden), poisoned(hidden), poisoned(hidden), poisoned(ws_len)
+    x, g, dy, mean, rstd = (device_copy(a, off) for a in (x_np, g_np, dy_np, mean_np, rstd_np))
+    dx, dgamma, dbeta, ws = (nan_buffer(n, off) for n in (rows * hidden, hidden, hidden, ws_len))
     code = lib.launch_layernorm_bw(dx.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), dy.data_ptr(), x.data_ptr(),
                                    g.data_ptr(), mean.data_ptr(), rstd.data_ptr(), ws.data_ptr(), rows, hidden,
                                    torch.cuda.current_stream().cuda_stream)

@@ -13,7 +13,7 @@ import minitorch
 from minitorch.cuda.libraries import kernel_library
 from minitorch.fused.layernorm import layernorm_reference
 
-from fused_testing import on_tensors, print_speedup, rel_err
+from fused_testing import device_copy, nan_buffer, on_tensors, print_speedup, rel_err
 
 torch = pytest.importorskip("torch")
 
@@ -138,16 +138,8 @@ def test_layernorm_fw_raw_poisoned(hidden: int, misaligned: bool) -> None:
     g_np, b_np = make_params(rng, hidden)
     off = 1 if misaligned else 0
 
-    def device(a: np.ndarray):
-        buf = torch.empty(a.size + off, device="cuda")
-        buf[off:] = torch.from_numpy(a.reshape(-1)).cuda()
-        return buf[off:]
-
-    def poisoned(n: int):
-        return torch.full((n + off,), float("nan"), device="cuda")[off:]
-
-    x, g, b = device(x_np), device(g_np), device(b_np)
-    out, mean, rstd = poisoned(rows * hidden), poisoned(rows), poisoned(rows)
+    x, g, b = device_copy(x_np, off), device_copy(g_np, off), device_copy(b_np, off)
+    out, mean, rstd = nan_buffer(rows * hidden, off), nan_buffer(rows, off), nan_buffer(rows, off)
     lib = kernel_library("layernorm_kernel")
     code = lib.launch_layernorm(out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), x.data_ptr(), g.data_ptr(),
                                 b.data_ptr(), rows, hidden, EPS, torch.cuda.current_stream().cuda_stream)

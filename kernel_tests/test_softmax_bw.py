@@ -13,7 +13,7 @@ import minitorch
 from minitorch.cuda.libraries import kernel_library
 from minitorch.fused.softmax import softmax_backward_reference
 
-from fused_testing import on_tensors, print_speedup, rel_err
+from fused_testing import device_copy, nan_buffer, on_tensors, print_speedup, rel_err, softmax_float64
 
 torch = pytest.importorskip("torch")
 
@@ -25,20 +25,6 @@ MAX_ELEMENTS = 1 << 22
 # ones (2048..16384), the streaming path beyond, each with float4 and scalar lengths.
 LENGTHS = [1, 2, 5, 31, 32, 33, 64, 100, 128, 255, 256, 384, 500, 512, 768, 1000, 1024, 1025, 2048, 4097,
            8192, 16384, 16385, 20000]
-
-
-def softmax_ref(x: np.ndarray, mask, causal: bool) -> torch.Tensor:
-    B, H, Tq, Tk = x.shape
-    s = torch.from_numpy(np.ascontiguousarray(x if mask is None else x + mask.reshape(B, 1, 1, Tk))).double()
-    if causal:
-        i = torch.arange(Tq).view(Tq, 1)
-        j = torch.arange(Tk).view(1, Tk)
-        s = s.masked_fill(j > i + (Tk - Tq), float("-inf"))
-    m = s.max(dim=-1, keepdim=True).values
-    m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
-    e = torch.exp(s - m)
-    total = e.sum(dim=-1, keepdim=True)
-    return torch.where(total > 0, e / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(e))
 
 
 def grad_ref(y: torch.Tensor, g: np.ndarray) -> np.ndarray:
@@ -78,7 +64,7 @@ def test_softmax_bw_lengths(Tk: int, masked: bool) -> None:
     g = rng.standard_normal(shape).astype(np.float32)
     mask = padding_mask(rng, shape[0], Tk) if masked else None
     dx = api_grad(x, mask, False, g)
-    ref = grad_ref(softmax_ref(x, mask, False), g)
+    ref = grad_ref(softmax_float64(x, mask, False), g)
     err = rel_err(dx, ref)
     assert err < TOL, f"shape {shape} masked={masked}: relative error {err:.3g}"
 
@@ -90,7 +76,7 @@ def test_softmax_bw_causal(Tq: int, Tk: int) -> None:
     x = rng.standard_normal(shape).astype(np.float32)
     g = rng.standard_normal(shape).astype(np.float32)
     dx = api_grad(x, None, True, g)
-    err = rel_err(dx, grad_ref(softmax_ref(x, None, True), g))
+    err = rel_err(dx, grad_ref(softmax_float64(x, None, True), g))
     assert err < TOL, f"causal {shape}: relative error {err:.3g}"
 
 
@@ -107,7 +93,7 @@ def test_softmax_bw_random_shapes() -> None:
         g = rng.standard_normal((B, H, T, T)).astype(np.float32)
         mask = padding_mask(rng, B, T) if rng.integers(0, 2) else None
         dx = api_grad(x, mask, causal, g)
-        err = rel_err(dx, grad_ref(softmax_ref(x, mask, causal), g))
+        err = rel_err(dx, grad_ref(softmax_float64(x, mask, causal), g))
         assert err < TOL, f"{(B, H, T, T)} causal={causal} masked={mask is not None}: relative error {err:.3g}"
 
 
@@ -121,15 +107,8 @@ def test_softmax_bw_raw_poisoned(Tk: int, misaligned: bool) -> None:
     g_np = rng.standard_normal((rows, Tk)).astype(np.float32)
     y_np = rng.random((rows, Tk)).astype(np.float32)
     off = 1 if misaligned else 0
-    n = rows * Tk
-
-    def device(a: np.ndarray):
-        buf = torch.empty(n + off, device="cuda")
-        buf[off:] = torch.from_numpy(a.reshape(-1)).cuda()
-        return buf[off:]
-
-    g, y = device(g_np), device(y_np)
-    out = torch.full((n + off,), float("nan"), device="cuda")[off:]
+    g, y = device_copy(g_np, off), device_copy(y_np, off)
+    out = nan_buffer(rows * Tk, off)
     code = kernel_library("softmax_kernel").launch_attn_softmax_bw(
         out.data_ptr(), g.data_ptr(), y.data_ptr(), rows, Tk, torch.cuda.current_stream().cuda_stream
     )

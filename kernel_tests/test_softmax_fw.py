@@ -14,7 +14,7 @@ import minitorch
 from minitorch.cuda.libraries import kernel_library
 from minitorch.fused.softmax import softmax_reference
 
-from fused_testing import on_tensors, print_speedup, rel_err
+from fused_testing import device_copy, nan_buffer, on_tensors, print_speedup, rel_err, softmax_float64
 
 torch = pytest.importorskip("torch")
 
@@ -28,19 +28,7 @@ LENGTHS = [1, 3, 31, 32, 33, 64, 100, 384, 1000, 1024, 1025, 2048, 4097, 8192, 1
 
 
 def reference(x: np.ndarray, mask, causal: bool) -> np.ndarray:
-    B, H, Tq, Tk = x.shape
-    scores = x if mask is None else x + mask.reshape(B, 1, 1, Tk)  # float32 sum, as the kernel
-    s = torch.from_numpy(np.ascontiguousarray(scores)).double()
-    if causal:
-        i = torch.arange(Tq).view(Tq, 1)
-        j = torch.arange(Tk).view(1, Tk)
-        s = s.masked_fill(j > i + (Tk - Tq), float("-inf"))
-    m = s.max(dim=-1, keepdim=True).values
-    m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
-    e = torch.exp(s - m)
-    total = e.sum(dim=-1, keepdim=True)
-    out = torch.where(total > 0, e / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(e))
-    return out.numpy()
+    return softmax_float64(x, mask, causal).numpy()
 
 
 def make_mask(rng: np.random.Generator, B: int, Tk: int, kind: str):
@@ -172,15 +160,9 @@ def test_softmax_fw_raw_poisoned(Tk: int, misaligned: bool) -> None:
     x_np = scores(rng, shape)
     mask_np = make_mask(rng, 2, Tk, "inf")
     off = 1 if misaligned else 0
-    n = x_np.size
-    x_buf = torch.empty(n + off, device="cuda")
-    x_buf[off:] = torch.from_numpy(x_np.reshape(-1)).cuda()
-    m_buf = torch.empty(mask_np.size + off, device="cuda")
-    m_buf[off:] = torch.from_numpy(mask_np.reshape(-1)).cuda()
-    out_buf = torch.full((n + off,), float("nan"), device="cuda")
-    x = x_buf[off:].view(shape)
-    out = out_buf[off:].view(shape)
-    code = _raw_forward(out, x, m_buf[off:].view(2, Tk), causal=False)
+    x = device_copy(x_np, off).view(shape)
+    out = nan_buffer(x_np.size, off).view(shape)
+    code = _raw_forward(out, x, device_copy(mask_np, off).view(2, Tk), causal=False)
     assert code == 0, kernel_library("softmax_kernel").minitorch_error_string(code).decode()
     torch.cuda.synchronize()
     err = rel_err(out.cpu().numpy(), reference(x_np, mask_np, False))

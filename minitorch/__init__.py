@@ -4,7 +4,8 @@
 time a CUDA tensor is made and says how to build them if they are missing.
 """
 
-from . import nn, operators
+from . import dtypes, nn, operators
+from .autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from .autodiff import Context, backpropagate, central_difference, enable_grad, no_grad, topological_sort
 from .checkpoint import checkpoint
 from .cuda_kernel_ops import CudaKernelOps, cuda_memory_stats
@@ -22,7 +23,7 @@ from .rng import get_rng_state, manual_seed, set_rng_state
 from .serialization import load, save
 from .tensor import History, Tensor
 from .tensor_combine import cat, stack, where
-from .tensor_convert import bool_, float32
+from .dtypes import DType, NoKernelError, bfloat16, bool_, float16, float32, promote_types, result_type
 from .tensor_create import (
     arange,
     from_torch,
@@ -39,6 +40,16 @@ from .tensor_data import IndexingError, TensorData, shape_broadcast
 from .tensor_ops import SimpleBackend, SimpleOps, TensorBackend, TensorOps
 
 __all__ = [
+    "dtypes",
+    "DType",
+    "NoKernelError",
+    "bfloat16",
+    "float16",
+    "promote_types",
+    "result_type",
+    "autocast",
+    "get_autocast_dtype",
+    "is_autocast_enabled",
     "nn",
     "precision",
     "operators",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Tuple
 
+from .autocast import autocast, autocast_state
 from .autodiff import Context, enable_grad, is_grad_enabled, no_grad
 from .rng import get_rng_state, set_rng_state
 from .tensor import Tensor
@@ -20,12 +21,13 @@ from .tensor_functions import Function
 class Checkpoint(Function):
     """fn(*args) recorded as one autodiff node whose saved state is the inputs, not the activations.
 
-    forward(fn, needs_grad, *args): saves minitorch's RNG state (get_rng_state), runs fn under
-    no_grad, so nothing inside records history and every intermediate tensor is freed as soon as fn
+    forward(fn, needs_grad, *args): saves minitorch's RNG state (get_rng_state) and autocast state,
+    runs fn under no_grad, so nothing inside records history and every intermediate tensor is freed as soon as fn
     is done with it, and saves fn, the flags and the inputs.
 
     backward(grad_output): sets the RNG state saved in forward (so dropout and anything else drawing
-    random numbers repeat exactly the draws of forward), runs fn again with history on fresh leaves
+    random numbers repeat exactly the draws of forward), runs fn again under the forward's autocast
+    state with history on fresh leaves
     that hold the same input values, puts the RNG state back to what it was when backward started,
     and backpropagates grad_output through the recomputed graph.  Leaves that fn uses without
     taking them as arguments (a module's parameters) accumulate their .grad there, exactly as
@@ -45,17 +47,17 @@ class Checkpoint(Function):
             out = fn(*args)
         if not isinstance(out, Tensor):
             raise TypeError(f"checkpoint: fn must return one Tensor, got {type(out).__name__}")
-        ctx.save_for_backward(fn, needs_grad, rng_state, args)
+        ctx.save_for_backward(fn, needs_grad, rng_state, autocast_state(), args)
         return out
 
     @staticmethod
     def backward(ctx: Context, grad_output: Tensor) -> Tuple[Tensor, ...]:
-        fn, needs_grad, rng_state, args = ctx.saved_values
+        fn, needs_grad, rng_state, cast_state, args = ctx.saved_values
         leaves = tuple(a.detach().requires_grad_(True) if need else a for a, need in zip(args, needs_grad))
         resume_state = get_rng_state()
         set_rng_state(rng_state)
         try:
-            with enable_grad():
+            with enable_grad(), autocast(cast_state.dtype, cast_state.enabled):
                 out = fn(*leaves)
         finally:
             set_rng_state(resume_state)

@@ -17,7 +17,7 @@ from numba import njit, prange
 
 from . import operators
 from .tensor_data import TensorData, broadcast_strides, coalesce, shape_broadcast
-from .tensor_ops import SimpleOps, TensorOps, empty
+from .tensor_ops import SimpleOps, TensorOps, as_array, emulated, empty
 
 _jit_cache: dict = {}
 
@@ -194,12 +194,6 @@ def _scatter_add_kernel(out, grad, ids, n, c):  # type: ignore[no-untyped-def]
             out[row * c + j] += grad[r * c + j]
 
 
-def as_array(t: TensorData) -> np.ndarray:
-    """A NumPy view (no copy) of a CPU TensorData: its storage with its shape and strides."""
-    item = t._storage.itemsize
-    return np.lib.stride_tricks.as_strided(t._storage, t.shape, tuple(s * item for s in t.strides))
-
-
 def _check_ids(ids: TensorData, num_embeddings: int) -> np.ndarray:
     flat = _contiguous(ids)._storage[: ids.size]
     if ids.size and (flat.min() < 0 or flat.max() >= num_embeddings or np.any(flat != np.floor(flat))):
@@ -290,7 +284,7 @@ class FastOps(TensorOps):
         """weight [V, C] rows picked by integral ids [...] -> [..., C]; ids outside [0, V) raise."""
         V, C = weight.shape
         flat = _check_ids(ids, V)
-        o = empty(FastOps, ids.shape + (C,))
+        o = empty(FastOps, ids.shape + (C,), weight.dtype)
         _launch(_gather_kernel, o.size, o._storage, weight._storage, weight.np_strides, flat, ids.size, C, V)
         return o
 
@@ -302,4 +296,4 @@ class FastOps(TensorOps):
         o = empty(FastOps, (num_embeddings, C))
         o._storage[:] = 0.0
         _scatter_add_kernel(o._storage, _contiguous(grad_out)._storage, flat, ids.size, C)
-        return o
+        return emulated(o, grad_out.dtype)

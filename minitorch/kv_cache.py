@@ -78,7 +78,7 @@ class LayerCache:
                 raise IndexingError(f"KVCache in device-slot mode appends one position per step, got {T}")
             for buffer, new in ((self.keys, keys), (self.values, values)):
                 strides = new._tensor.strides
-                rows = new._new(TensorData(new._tensor._storage, (c.rows, c.n_embd), (strides[0], strides[2])))
+                rows = new._new(new._tensor.as_strided((c.rows, c.n_embd), (strides[0], strides[2])))
                 write_slot(buffer.view(c.rows, c.capacity, c.n_embd), rows, c.slot)
             return (
                 _slots(self.keys, c.capacity, c.n_embd, 0, c.width, heads),

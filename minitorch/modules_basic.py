@@ -9,6 +9,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import nn
+from .autocast import autocast_inputs
 from .fused.embedding import embedding
 from .fused.linear import linear
 from .module import Module, Parameter
@@ -79,7 +80,7 @@ class LayerNorm1d(Module):
     """LayerNorm over the last dim with learned scale (weights) and shift (bias).
 
     use_fused_kernel=True runs Tensor.layernorm (one fused op; a fused kernel on CUDA); otherwise
-    the normalization is composed from tensor ops.
+    the normalization is composed from tensor ops.  Inside minitorch.autocast it runs in float32.
     """
 
     def __init__(self, dim: int, eps: float = 1e-5, backend: Optional[Any] = None, use_fused_kernel: bool = False):
@@ -93,6 +94,7 @@ class LayerNorm1d(Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.dim:
             raise IndexingError(f"LayerNorm1d({self.dim}) got input of shape {x.shape}")
+        (x,) = autocast_inputs("layernorm", x)
         if self.use_fused_kernel:
             return x.layernorm(self.weights.value, self.bias.value, self.eps)
         d = x.dims - 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .autocast import autocast_inputs
 from .fused.linear_cross_entropy import check_label_smoothing
 from .tensor import Tensor
 from .tensor_create import rand
@@ -41,7 +42,8 @@ log_softmax = logsoftmax
 def dropout(input: Tensor, p: float, training: bool = True) -> Tensor:
     """Inverted dropout: zero each element with probability p and scale the rest by 1 / (1 - p).
 
-    The mask is drawn on the tensor's own device; identity when not training or p == 0.
+    The mask is drawn on the tensor's own device; identity when not training or p == 0; the
+    result keeps input's dtype (the mask is bool, the scale a Python number).
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
@@ -50,7 +52,7 @@ def dropout(input: Tensor, p: float, training: bool = True) -> Tensor:
     if p == 1.0:
         return input * 0.0
     keep = rand(input.shape, backend=input.backend) < (1.0 - p)
-    return input * (keep * (1.0 / (1.0 - p)))
+    return (input * keep) * (1.0 / (1.0 - p))
 
 
 def gelu(input: Tensor) -> Tensor:
@@ -69,8 +71,9 @@ def softmax_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -
 
     logits [..., V]; target [...] holding integral class ids.  label_smoothing = e trains against
     (1 - e) * onehot(target) + e / V instead of the one-hot (torch's definition):
-    logsumexp(logits) - (1 - e) * logits[target] - e * mean(logits).
+    logsumexp(logits) - (1 - e) * logits[target] - e * mean(logits).  In float32 inside minitorch.autocast.
     """
+    (logits,) = autocast_inputs("cross_entropy", logits)
     if logits.shape[:-1] != target.shape:
         raise IndexingError(f"softmax_loss: logits {logits.shape} need targets of shape {logits.shape[:-1]}, got {target.shape}")
     smoothing = check_label_smoothing("softmax_loss", label_smoothing)
@@ -87,7 +90,9 @@ def cross_entropy(
     """Mean cross-entropy, or with per-token weights sum(loss * w) / sum(w) (0 dims).
 
     Weights of 0 leave a token out (padding, source tokens); label_smoothing: see softmax_loss.
+    In float32 inside minitorch.autocast.
     """
+    (logits,) = autocast_inputs("cross_entropy", logits)
     loss = softmax_loss(logits, target, label_smoothing)
     if weights is None:
         return loss.mean()

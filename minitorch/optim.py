@@ -178,6 +178,8 @@ class AdamW(Adam):
                     [self.v[i]._tensor for i, _ in params], self.max_grad_norm or 0.0, self.beta1, self.beta2, self.eps,
                     self.weight_decay,
                 )  # fmt: skip
+                for v in values:
+                    v._version += 1  # written in place: autocast's cached copies of it are stale
                 return
             grads = self._clipped_grads([p.value.grad for _, p in params])
             for (i, p), g in zip(params, grads):

@@ -1,4 +1,4 @@
-"""Tensor: an n-dimensional float32 array with reverse-mode autodiff, on any backend."""
+"""Tensor: an n-dimensional array (float32, bfloat16, float16 or bool) with reverse-mode autodiff, on any backend."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple,
 import numpy as np
 
 from . import tensor_functions as F
+from .autocast import autocast, autocast_inputs
 from .autodiff import Context, backpropagate, no_grad
+from .dtypes import DType, bool_, float32
 from .fast_ops import FastOps
 from .fused.layernorm import layernorm as _layernorm
 from .fused.softmax import attn_softmax as _attn_softmax
-from .tensor_convert import Conversions, bool_, float32
+from .tensor_convert import Conversions
 from .tensor_data import IndexingError, TensorData, UserShape, prod, shape_broadcast
 from .tensor_index import Indexing
 from .tensor_ops import TensorBackend
@@ -39,15 +41,17 @@ class History:
 
 
 class Tensor(Conversions, Views, Indexing, Reductions):
-    """A float32 array with a shape, strides, a backend, and optional autodiff history.
+    """An array with a shape, strides, a dtype (minitorch.float32 by default; see minitorch.dtypes),
+    a backend, and optional autodiff history.
 
     Comparisons (<, >, <=, >=, ==, !=, ~, &, |) give 1.0/0.0 values of dtype minitorch.bool, which
-    index as a mask (x[x > 0]); any arithmetic on them gives float32 again.
+    index as a mask (x[x > 0]); any arithmetic on them gives float32 again.  Ops on mixed dtypes
+    promote as in PyTorch (bfloat16 with float32 gives float32; a Python number never promotes).
     """
 
     __array_priority__ = 1000
     grad_ready_hooks: Tuple[Callable[["Tensor"], None], ...] = ()  # see register_grad_ready_hook
-    _dtype = float32
+    _version = 0  # bumped by in-place writes; autocast's cached casts of a parameter check it
 
     def __init__(
         self,
@@ -94,25 +98,19 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         return self._tensor.size
 
     @property
-    def dtype(self) -> np.dtype:
-        """minitorch.float32, or minitorch.bool for the 1.0/0.0 results of comparisons."""
-        return self._dtype
+    def dtype(self) -> DType:
+        """minitorch.float32, bfloat16 or float16, or minitorch.bool for the 1.0/0.0 results of comparisons."""
+        return self._tensor.dtype
 
     @property
     def device(self) -> str:
         """'cuda' for tensors of the CUDA backend, else 'cpu'."""
         return "cuda" if self.backend.cuda else "cpu"
 
-    def float(self) -> "Tensor":
-        """This tensor as float32 (a bool tensor's 1.0/0.0 values as numbers)."""
-        if self._dtype is float32:
-            return self
-        return Tensor(self._tensor, self.history, backend=self.backend)
-
     def _keep_dtype(self, out: "Tensor") -> "Tensor":
-        """out (a view or copy of this tensor) with this tensor's dtype."""
-        if self._dtype is not float32:
-            out._dtype = self._dtype
+        """out (values gathered from this tensor, exact in its dtype) labelled with this tensor's dtype."""
+        if out.dtype is not self.dtype:
+            out._tensor = out._tensor.with_dtype(self.dtype)
         return out
 
     def requires_grad_(self, flag: bool = True) -> "Tensor":
@@ -138,22 +136,23 @@ class Tensor(Conversions, Views, Indexing, Reductions):
 
     def detach(self) -> "Tensor":
         """The same data with no history."""
-        return self._keep_dtype(Tensor(self._tensor, backend=self.backend))
+        return Tensor(self._tensor, backend=self.backend)
 
     # ---- construction helpers used by ops ----------------------------------------------------
     def _new(self, td: TensorData) -> "Tensor":
         return Tensor(td, backend=self.backend)
 
-    def _new_empty(self, shape: UserShape) -> "Tensor":
+    def _new_empty(self, shape: UserShape, dtype: DType = float32) -> "Tensor":
         """Uninitialized contiguous tensor on this backend."""
         if type(shape) is not tuple:
             shape = tuple(int(s) for s in shape)
-        return Tensor(TensorData(self.backend.ops.storage_empty(prod(shape)), shape), backend=self.backend)
+        storage = self.backend.ops.storage_empty(prod(shape), dtype)
+        return Tensor(TensorData(storage, shape, dtype=dtype), backend=self.backend)
 
-    def zeros(self, shape: Optional[UserShape] = None) -> "Tensor":
-        """Zeros of a shape (default: this tensor's) on this backend."""
-        out = self._new_empty(self.shape if shape is None else shape)
-        self.backend.ops.fill(out._tensor, 0.0)
+    def zeros(self, shape: Optional[UserShape] = None, dtype: DType = float32) -> "Tensor":
+        """Zeros of a shape (default: this tensor's) and dtype on this backend."""
+        out = self._new_empty(self.shape if shape is None else shape, dtype)
+        self.backend.fill(out._tensor, 0.0)
         return out
 
     def _arange(self, n: int) -> "Tensor":
@@ -168,8 +167,9 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         GPU (through pinned staging buffers)."""
         if self.history is not None and not self.is_leaf():
             raise RuntimeError(f"copy_ into a tensor of shape {self.shape} that has autodiff history")
+        self._version += 1
         if isinstance(src, (int, float)):
-            self.backend.ops.fill(self._tensor, float(src))
+            self.backend.fill(self._tensor, float(src))
             return self
         if isinstance(src, np.ndarray):
             if src.shape != self.shape or not self.is_contiguous():
@@ -177,7 +177,7 @@ class Tensor(Conversions, Views, Indexing, Reductions):
                     f"copy_ of a numpy array of shape {src.shape} needs a contiguous tensor of that shape, got "
                     f"{self.shape} strides {self._tensor.strides}"
                 )
-            self.backend.ops.storage_upload(self._tensor._storage, src)
+            self.backend.ops.storage_upload(self._tensor._storage, self.dtype.round(src))
             return self
         src = self._ensure(src)
         if shape_broadcast(src.shape, self.shape) != self.shape:
@@ -251,26 +251,22 @@ class Tensor(Conversions, Views, Indexing, Reductions):
                 f"matmul shapes {self.shape} @ {b.shape}: inner sizes {self.shape[-1]} and {b.shape[-2]} differ"
             )
         shape_broadcast(self.shape[:-2], b.shape[:-2])
-        return F.MatMul.apply(self, b)
-
-    def _mask(self, out: "Tensor") -> "Tensor":
-        out._dtype = bool_
-        return out
+        return F.MatMul.apply(*autocast_inputs("matmul", self, b))
 
     def __lt__(self, b: TensorLike) -> "Tensor":
         if isinstance(b, (int, float)):
-            return self._mask(F.LTScalar.apply(self, float(b)))
-        return self._mask(F.LT.apply(self, self._ensure(b)))
+            return F.LTScalar.apply(self, float(b))
+        return F.LT.apply(self, self._ensure(b))
 
     def __gt__(self, b: TensorLike) -> "Tensor":
         if isinstance(b, (int, float)):
-            return self._mask(F.LTScalar.apply(-self, -float(b)))
-        return self._mask(F.LT.apply(self._ensure(b), self))
+            return F.LTScalar.apply(-self, -float(b))
+        return F.LT.apply(self._ensure(b), self)
 
     def __eq__(self, b: TensorLike) -> "Tensor":  # type: ignore[override]
         if isinstance(b, (int, float)):
-            return self._mask(F.EQScalar.apply(self, float(b)))
-        return self._mask(F.EQ.apply(self, self._ensure(b)))
+            return F.EQScalar.apply(self, float(b))
+        return F.EQ.apply(self, self._ensure(b))
 
     def __le__(self, b: TensorLike) -> "Tensor":
         return (self < b) | (self == b)
@@ -289,7 +285,9 @@ class Tensor(Conversions, Views, Indexing, Reductions):
     def __and__(self, b: "Tensor") -> "Tensor":
         """Logical and of bool tensors."""
         self._need_bool("&", b)
-        return self._mask(self * b)
+        out = self * b
+        out._tensor = out._tensor.with_dtype(bool_)
+        return out
 
     def __or__(self, b: "Tensor") -> "Tensor":
         """Logical or of bool tensors."""
@@ -298,7 +296,7 @@ class Tensor(Conversions, Views, Indexing, Reductions):
 
     def _need_bool(self, op: str, other: Any = None) -> None:
         for t in (self, other) if other is not None else (self,):
-            if getattr(t, "dtype", None) != bool_:
+            if getattr(t, "dtype", None) is not bool_:
                 raise TypeError(f"{op} needs bool tensors (results of comparisons), got {getattr(t, 'dtype', type(t).__name__)}")
 
     __hash__ = object.__hash__
@@ -312,7 +310,7 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         return F.PowerScalar.apply(self, float(p))
 
     def is_close(self, b: "Tensor") -> "Tensor":
-        return self._mask(F.IsClose.apply(self, self._ensure(b)))
+        return F.IsClose.apply(self, self._ensure(b))
 
     def where(self, condition: "Tensor", other: TensorLike) -> "Tensor":
         """This tensor where condition is non-zero, other elsewhere (broadcast; a NaN or inf in the
@@ -373,7 +371,12 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         h = self.history
         assert h is not None and h.last_fn is not None and h.ctx is not None
         grads = h.last_fn._backward(h.ctx, d_output)
-        return [(inp, g._sum_to(inp.shape)) for inp, g in zip(h.inputs, grads) if g is not None and not inp.is_constant()]
+        # As torch's engine does, each gradient takes its input's dtype (a bf16 use of an fp32 value gets an fp32 one).
+        return [
+            (inp, g._sum_to(inp.shape).to(inp.dtype) if inp.dtype.is_floating else g._sum_to(inp.shape))
+            for inp, g in zip(h.inputs, grads)
+            if g is not None and not inp.is_constant()
+        ]
 
     def accumulate_derivative(self, x: "Tensor") -> None:
         """Add x to .grad of this leaf (kept contiguous)."""
@@ -391,11 +394,11 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         if grad_output is None:
             if self.size != 1:
                 raise RuntimeError(f"backward() without a gradient needs a one-element tensor, got shape {self.shape}")
-            grad_output = self._new_empty(self.shape)
-            self.backend.ops.fill(grad_output._tensor, 1.0)
+            grad_output = self._new_empty(self.shape, self.dtype)
+            self.backend.fill(grad_output._tensor, 1.0)
         elif grad_output.shape != self.shape:
             raise IndexingError(f"backward gradient of shape {grad_output.shape} for a tensor of shape {self.shape}")
-        with no_grad():
+        with no_grad(), autocast(enabled=False):
             backpropagate(self, grad_output)
 
     def zero_grad_(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence, Tuple, Union
 
 from .autodiff import Context
+from .dtypes import result_type
 from .tensor import Tensor
 from .tensor_data import IndexingError
 from .tensor_functions import Function
@@ -29,7 +30,7 @@ class Cat(Function):
     def forward(ctx: Context, dim: int, *parts: Tensor) -> Tensor:
         shape, plans = _part_plans([p.shape for p in parts], dim)
         ctx.save_for_backward(plans)
-        out = parts[0]._new_empty(shape)
+        out = parts[0]._new_empty(shape, result_type(*parts))
         for part, plan in zip(parts, plans):
             if part.size:
                 out.backend.id_map(part._tensor, out=plan.apply(out._tensor))
@@ -42,7 +43,7 @@ class Cat(Function):
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-    """The tensors joined along dim; every other size must agree (as torch.cat)."""
+    """The tensors joined along dim; every other size must agree; their dtypes promote (as torch.cat)."""
     tensors = list(tensors)
     if not tensors:
         raise ValueError("cat needs at least one tensor")
@@ -55,10 +56,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
                 f"cat along dim {dim}: tensor {i} has shape {t.shape}, tensor 0 has {first.shape}; "
                 f"all sizes but dim {dim}'s must agree"
             )
-    out = Cat.apply(d, *tensors)
-    if all(t.dtype == first.dtype for t in tensors):
-        out = first._keep_dtype(out)
-    return out
+    return Cat.apply(d, *tensors)
 
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:

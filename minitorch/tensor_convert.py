@@ -1,21 +1,20 @@
 """Conversions of a Tensor (a mixin of Tensor): NumPy arrays, lists, Python numbers, torch tensors,
-other backends, and its printed form; the dtypes minitorch.float32 and minitorch.bool."""
+other backends and dtypes, and its printed form."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import numpy as np
 
+from . import tensor_functions as F
+from .dtypes import DType, as_dtype, bfloat16, float16, float32
 from .fast_ops import FastOps
 from .tensor_data import TensorData
 from .tensor_ops import TensorBackend
 
 if TYPE_CHECKING:
     from .tensor import Tensor
-
-float32 = np.dtype(np.float32)
-bool_ = np.dtype(np.bool_)  # minitorch.bool: 1.0/0.0 values (stored as float32) that index as a mask
 
 
 def as_backend(spec: Union[str, TensorBackend]) -> TensorBackend:
@@ -35,7 +34,7 @@ class Conversions:
     """Reading a tensor's values out, and moving it; mixed into Tensor."""
 
     def to_numpy(self: "Tensor") -> np.ndarray:
-        """A float32 numpy copy of the values (a device->host copy for GPU tensors)."""
+        """A float32 numpy copy of the values, whatever the dtype (a device->host copy for GPU tensors)."""
         if self.size == 0:
             return np.zeros(self.shape, dtype=np.float32)
         span = 1 + sum((n - 1) * st for n, st in zip(self.shape, self._tensor.strides))
@@ -47,8 +46,9 @@ class Conversions:
         return np.array(view, dtype=np.float32, copy=True)
 
     def numpy(self: "Tensor") -> np.ndarray:
-        """A numpy copy of the values in this tensor's dtype (float32, or bool)."""
-        return self.to_numpy().astype(self._dtype, copy=False)
+        """A numpy copy of the values in this tensor's dtype (float32, float16 or bool); bfloat16, which
+        NumPy lacks, as float32."""
+        return self.to_numpy().astype(self.dtype.numpy or np.float32, copy=False)
 
     def tolist(self: "Tensor") -> Any:
         """The values as (nested) Python lists of floats (bools for a bool tensor); a number for 0 dims."""
@@ -71,18 +71,49 @@ class Conversions:
             raise RuntimeError(f"the truth value of a tensor of shape {self.shape} is ambiguous: use .all() or .any()")
         return self.item() != 0.0
 
-    def to(self: "Tensor", backend: Union[str, TensorBackend]) -> "Tensor":
-        """A copy on another backend (the same tensor if it is already there); backend may be a
-        TensorBackend or "cpu" / "cuda".  The copy is a new leaf: it keeps the requires_grad flag but
-        not the history."""
-        backend = as_backend(backend)
-        if backend.ops is self.backend.ops:
-            return self
-        out = type(self)(TensorData(backend.ops.storage_from_numpy(self.to_numpy()), self.shape), backend=backend)
-        return self._keep_dtype(out.requires_grad_(self.requires_grad()))
+    def to(self: "Tensor", *args: Union[str, TensorBackend, DType], dtype: Optional[DType] = None) -> "Tensor":
+        """This tensor on another backend and/or in another dtype: to(backend), to(dtype),
+        to(backend, dtype); backend a TensorBackend or "cpu" / "cuda", dtype a minitorch dtype (or its
+        name, or its NumPy equivalent).  The same tensor where nothing changes.  A dtype change alone is an autodiff op (its gradient is cast back to this dtype); a
+        move to another backend is a copy that is a new leaf: it keeps the requires_grad flag but not
+        the history."""
+        backend: Optional[TensorBackend] = None
+        dtype = None if dtype is None else as_dtype(dtype)
+        for arg in args:
+            if isinstance(arg, DType):
+                dtype = arg
+            elif isinstance(arg, TensorBackend) or arg in ("cpu", "cuda"):
+                backend = as_backend(arg)
+            else:
+                dtype = as_dtype(arg)
+        out = self
+        if backend is not None and backend.ops is not self.backend.ops:
+            data = TensorData(backend.ops.storage_from_numpy(self.to_numpy()), self.shape)
+            out = type(self)(data, backend=backend)._with_dtype(self.dtype if dtype is None else dtype)
+            return out.requires_grad_(self.requires_grad())
+        if dtype is None or dtype is self.dtype:
+            return out
+        return F.Cast.apply(self, dtype)
+
+    def _with_dtype(self: "Tensor", dtype: DType) -> "Tensor":
+        """This tensor's values in dtype as a tensor without history (itself when it has that dtype)."""
+        return self if dtype is self.dtype else type(self)(self.backend.cast(self._tensor, dtype), backend=self.backend)
+
+    def float(self: "Tensor") -> "Tensor":
+        """This tensor as float32 (a bool tensor's 1.0/0.0 values as numbers); see to()."""
+        return self.to(float32)
+
+    def bfloat16(self: "Tensor") -> "Tensor":
+        """This tensor as bfloat16 (rounded to nearest, ties to even); see to()."""
+        return self.to(bfloat16)
+
+    def half(self: "Tensor") -> "Tensor":
+        """This tensor as float16 (rounded to nearest, ties to even); see to()."""
+        return self.to(float16)
 
     def to_torch(self: "Tensor") -> Any:
-        """A torch tensor sharing this tensor's memory (zero-copy on both CPU and GPU)."""
+        """A torch tensor sharing this tensor's memory (zero-copy on both CPU and GPU), of its storage's
+        dtype: float32 on the CPU backends whatever the dtype, the dtype's own on CUDA."""
         import torch
 
         storage = self._tensor._storage
@@ -92,8 +123,8 @@ class Conversions:
     def __repr__(self: "Tensor") -> str:
         text = np.array2string(self.numpy(), precision=4, separator=", ", threshold=200, edgeitems=3, prefix="tensor(")
         extra = f", backend={self.backend.ops.__name__}"
-        if self._dtype is not float32:
-            extra += ", dtype=minitorch.bool"
+        if self.dtype is not float32:
+            extra += f", dtype={self.dtype!r}"
         if self.requires_grad():
             extra += ", requires_grad=True"
         return f"tensor({text}{extra})"

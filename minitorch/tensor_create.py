@@ -1,4 +1,7 @@
-"""Creating tensors: from numpy, nested lists, torch, or filled with constants, ranges or random numbers."""
+"""Creating tensors: from numpy, nested lists, torch, or filled with constants, ranges or random numbers.
+
+`dtype=` (a minitorch DType, default float32) gives the tensor's dtype: the values are made in float32
+and cast (rounded to nearest even for the 16-bit floats)."""
 
 from __future__ import annotations
 
@@ -6,9 +9,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from .dtypes import DType, as_dtype, bfloat16, bool_, float32
 from .rng import next_seed
 from .tensor import Tensor, default_backend
-from .tensor_convert import as_backend, bool_
+from .tensor_convert import as_backend
 from .tensor_data import TensorData, prod
 from .tensor_ops import TensorBackend
 
@@ -19,25 +23,30 @@ def _backend(backend: Any) -> TensorBackend:
 
 
 def tensor_from_numpy(
-    arr: Any, backend: Optional[TensorBackend] = None, requires_grad: bool = False
+    arr: Any, backend: Optional[TensorBackend] = None, requires_grad: bool = False, dtype: Optional[DType] = None
 ) -> Tensor:
-    """A tensor holding a float32 copy of a numpy array (any strides or memory order); a bool array
-    gives a tensor of dtype minitorch.bool."""
+    """A tensor holding a copy of a numpy array (any strides or memory order) in dtype: by default
+    float32, or minitorch.bool for a bool array."""
     backend = _backend(backend)
     a = np.asarray(arr)
     if a.dtype.kind not in "fiub":
         raise TypeError(f"cannot make a tensor from a numpy array of dtype {a.dtype}")
+    dtype = (bool_ if a.dtype.kind == "b" else float32) if dtype is None else as_dtype(dtype)
     shape = a.shape
     flat = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
-    t = Tensor(TensorData(backend.ops.storage_from_numpy(flat), shape), backend=backend)
-    if a.dtype.kind == "b":
-        t._dtype = bool_
-    return t.requires_grad_(requires_grad)
+    data = TensorData(backend.ops.storage_from_numpy(flat), shape)
+    if dtype is bool_ and a.dtype.kind == "b":
+        data = data.with_dtype(bool_)
+    return Tensor(data, backend=backend)._with_dtype(dtype).requires_grad_(requires_grad)
 
 
-def tensor(data: Any, backend: Optional[TensorBackend] = None, requires_grad: bool = False) -> Tensor:
-    """A tensor from a number, (nested lists of) numbers or bools, or a numpy array; a copy."""
+def tensor(
+    data: Any, backend: Optional[TensorBackend] = None, requires_grad: bool = False, dtype: Optional[DType] = None
+) -> Tensor:
+    """A tensor from a number, (nested lists of) numbers or bools, a numpy array or a Tensor (whose
+    dtype it keeps unless dtype says otherwise); a copy."""
     if isinstance(data, Tensor):
+        dtype = data.dtype if dtype is None else dtype
         data = data.numpy()
     try:
         arr = np.array(data)
@@ -49,50 +58,67 @@ def tensor(data: Any, backend: Optional[TensorBackend] = None, requires_grad: bo
             f"tensor() needs numbers or bools, got {type(bad).__name__} {bad!r} "
             f"(in {str(data)[:80]}); a ragged nested list or a None is not a tensor"
         )
-    return tensor_from_numpy(arr, backend=backend, requires_grad=requires_grad)
+    return tensor_from_numpy(arr, backend=backend, requires_grad=requires_grad, dtype=dtype)
 
 
-def _filled(shape: Sequence[int], value: float, backend: Optional[TensorBackend]) -> Tensor:
+def _empty(shape: Sequence[int], backend: Optional[TensorBackend], dtype: DType = float32) -> Tensor:
     backend = _backend(backend)
     shape = tuple(int(s) for s in shape)
-    out = Tensor(TensorData(backend.ops.storage_empty(prod(shape)), shape), backend=backend)
-    backend.ops.fill(out._tensor, value)
+    dtype = as_dtype(dtype)
+    return Tensor(TensorData(backend.ops.storage_empty(prod(shape), dtype), shape, dtype=dtype), backend=backend)
+
+
+def _filled(shape: Sequence[int], value: float, backend: Optional[TensorBackend], dtype: DType = float32) -> Tensor:
+    out = _empty(shape, backend, dtype)
+    out.backend.fill(out._tensor, value)
     return out
 
 
-def zeros(shape: Sequence[int], backend: Optional[TensorBackend] = None, requires_grad: bool = False) -> Tensor:
+def zeros(
+    shape: Sequence[int], backend: Optional[TensorBackend] = None, requires_grad: bool = False, dtype: DType = float32
+) -> Tensor:
     """A tensor of zeros."""
-    return _filled(shape, 0.0, backend).requires_grad_(requires_grad)
+    return _filled(shape, 0.0, backend, dtype).requires_grad_(requires_grad)
 
 
-def ones(shape: Sequence[int], backend: Optional[TensorBackend] = None, requires_grad: bool = False) -> Tensor:
+def ones(
+    shape: Sequence[int], backend: Optional[TensorBackend] = None, requires_grad: bool = False, dtype: DType = float32
+) -> Tensor:
     """A tensor of ones."""
-    return _filled(shape, 1.0, backend).requires_grad_(requires_grad)
+    return _filled(shape, 1.0, backend, dtype).requires_grad_(requires_grad)
 
 
-def full(shape: Sequence[int], value: float, backend: Optional[TensorBackend] = None) -> Tensor:
-    """A tensor filled with one value."""
-    return _filled(shape, float(value), backend)
+def full(shape: Sequence[int], value: float, backend: Optional[TensorBackend] = None, dtype: DType = float32) -> Tensor:
+    """A tensor filled with one value (rounded to dtype)."""
+    return _filled(shape, float(value), backend, dtype)
 
 
-def rand(shape: Sequence[int], backend: Optional[TensorBackend] = None, requires_grad: bool = False) -> Tensor:
-    """Uniform [0, 1) numbers, drawn on the tensor's own device (seeded by manual_seed)."""
-    backend = _backend(backend)
-    shape = tuple(int(s) for s in shape)
-    out = Tensor(TensorData(backend.ops.storage_empty(prod(shape)), shape), backend=backend)
-    backend.ops.uniform(out._tensor, next_seed())
-    return out.requires_grad_(requires_grad)
+def rand(
+    shape: Sequence[int], backend: Optional[TensorBackend] = None, requires_grad: bool = False, dtype: DType = float32
+) -> Tensor:
+    """Uniform [0, 1) numbers, drawn on the tensor's own device (seeded by manual_seed).  For a 16-bit
+    dtype the float32 draws are scaled by 1 - 2^-(mantissa bits + 2) before rounding, so that none
+    rounds up to 1."""
+    dtype = as_dtype(dtype)
+    out = _empty(shape, backend)
+    out.backend.ops.uniform(out._tensor, next_seed())
+    if dtype.rounds:
+        out = out * (1.0 - 2.0 ** -(dtype.mantissa_bits + 2))
+    return out._with_dtype(dtype).requires_grad_(requires_grad)
 
 
 def from_torch(t: Any, backend: Optional[TensorBackend] = None) -> Tensor:
-    """A minitorch tensor over a float32 torch tensor's memory (zero-copy when it is contiguous).
+    """A minitorch tensor of a float32 or bfloat16 torch tensor's values: over its memory on CUDA
+    (zero-copy when it is contiguous) and for a float32 one on the CPU; a CPU bfloat16 one is copied
+    into the CPU backends' float32 storage.
 
     A CUDA torch tensor needs the CUDA backend (the default for it); a CPU one a CPU backend.
     """
     import torch
 
-    if t.dtype != torch.float32:
-        raise TypeError(f"from_torch needs a float32 tensor, got {t.dtype}")
+    if t.dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"from_torch needs a float32 tensor, got {t.dtype} (a bfloat16 one works too)")
+    dtype = bfloat16 if t.dtype == torch.bfloat16 else float32
     if backend is None:
         if t.is_cuda:
             from .cuda_kernel_ops import CudaKernelOps
@@ -103,18 +129,21 @@ def from_torch(t: Any, backend: Optional[TensorBackend] = None) -> Tensor:
     if t.is_cuda != bool(backend.ops.is_cuda):
         raise TypeError(f"a {'CUDA' if t.is_cuda else 'CPU'} torch tensor cannot back a {backend.ops.__name__} tensor")
     flat = t.detach().contiguous().reshape(-1)
-    storage = flat if t.is_cuda else flat.numpy()
-    return Tensor(TensorData(storage, tuple(t.shape)), backend=backend)
+    if t.is_cuda:
+        storage = flat
+    else:
+        storage = flat.numpy() if dtype is float32 else dtype.decode(flat.view(torch.int16).numpy().view(np.uint16))
+    return Tensor(TensorData(storage, tuple(t.shape), dtype=dtype), backend=backend)
 
 
-def zeros_like(t: Tensor, requires_grad: bool = False) -> Tensor:
-    """Zeros of t's shape on t's backend."""
-    return zeros(t.shape, t.backend, requires_grad)
+def zeros_like(t: Tensor, requires_grad: bool = False, dtype: Optional[DType] = None) -> Tensor:
+    """Zeros of t's shape on t's backend, of t's dtype unless dtype says otherwise."""
+    return zeros(t.shape, t.backend, requires_grad, t.dtype if dtype is None else dtype)
 
 
-def ones_like(t: Tensor, requires_grad: bool = False) -> Tensor:
-    """Ones of t's shape on t's backend."""
-    return ones(t.shape, t.backend, requires_grad)
+def ones_like(t: Tensor, requires_grad: bool = False, dtype: Optional[DType] = None) -> Tensor:
+    """Ones of t's shape on t's backend, of t's dtype unless dtype says otherwise."""
+    return ones(t.shape, t.backend, requires_grad, t.dtype if dtype is None else dtype)
 
 
 def arange(

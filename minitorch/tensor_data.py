@@ -1,7 +1,8 @@
 """Shape, strides and index arithmetic, and TensorData: a storage viewed with a shape and strides.
 
-Storage is backend-specific: a 1-D float32 numpy array for the CPU backends, a 1-D float32 torch
-buffer on the GPU for the CUDA backend.  Nothing here reads a GPU storage element by element.
+Storage is backend-specific: a 1-D float32 numpy array for the CPU backends (whatever the dtype: its
+values are the dtype's, see minitorch.dtypes), a 1-D torch buffer of the dtype's storage format on
+the GPU for the CUDA backend.  Nothing here reads a GPU storage element by element.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import random
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from .dtypes import DType, float32
 
 MAX_DIMS = 8
 
@@ -135,12 +138,13 @@ def _checked_layout(shape: Any, strides: Optional[Any]) -> Tuple[UserShape, Opti
 
 
 class TensorData:
-    """A storage with a shape and strides (in elements); several TensorData may share a storage."""
+    """A storage with a shape, strides (in elements) and a dtype; several TensorData may share a storage."""
 
-    def __init__(self, storage: Any, shape: UserShape, strides: Optional[UserStrides] = None):
+    def __init__(self, storage: Any, shape: UserShape, strides: Optional[UserStrides] = None, dtype: DType = float32):
         if type(shape) is not tuple or strides is not None:
             shape, strides = _checked_layout(shape, strides)
         self._storage = storage
+        self.dtype = dtype
         self._shape = shape
         if strides is None:
             self._strides, self.size = _contiguous_layout(shape)
@@ -221,18 +225,25 @@ class TensorData:
         return float(self._host()[self.index(key)])
 
     def set(self, key: UserIndex, val: float) -> None:
-        """Set the element at an index (CPU storage)."""
-        self._host()[self.index(key)] = val
+        """Set the element at an index (CPU storage), rounded to the dtype."""
+        self._host()[self.index(key)] = self.dtype.round(np.float32(val))
+
+    def as_strided(self, shape: UserShape, strides: Optional[UserStrides] = None, offset: int = 0) -> "TensorData":
+        """Another view of this storage, of the same dtype: shape and strides (default row-major) from
+        element `offset` on (1-D numpy and torch storages slice as views)."""
+        return TensorData(self._storage[offset:] if offset else self._storage, shape, strides, self.dtype)
+
+    def with_dtype(self, dtype: DType) -> "TensorData":
+        """This view labelled with another dtype, the storage as it is: for a storage that already
+        holds values of dtype in its format (a bool's 1.0/0.0 read as float32, a CPU backend's
+        float32 results once rounded to bfloat16)."""
+        return TensorData(self._storage, self._shape, self._strides, dtype)
 
     def permute(self, *order: int) -> "TensorData":
         """A view with dims reordered; order must be a permutation of range(dims)."""
         if sorted(order) != list(range(self.dims)):
             raise IndexingError(f"permute order {order} is not a permutation of the {self.dims} dims of {self._shape}")
-        return TensorData(
-            self._storage,
-            tuple(self._shape[i] for i in order),
-            tuple(self._strides[i] for i in order),
-        )
+        return self.as_strided(tuple(self._shape[i] for i in order), tuple(self._strides[i] for i in order))
 
 
 def shape_args(shape: Sequence[Any]) -> Tuple[int, ...]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from .autodiff import Context, is_grad_enabled
+from .dtypes import DType, arithmetic, result_type
 from .tensor_data import TensorData
 
 if TYPE_CHECKING:
@@ -316,6 +317,20 @@ class Expand(Function):
         return grad_output
 
 
+class Cast(Function):
+    """The values in another dtype (Tensor.to); the gradient is cast back to the input's dtype."""
+
+    @staticmethod
+    def forward(ctx: Context, a: "Tensor", dtype: DType) -> "Tensor":
+        ctx.save_for_backward(a.dtype)
+        return a._new(a.backend.cast(a._tensor, dtype))
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
+        (dtype,) = ctx.saved_values
+        return grad_output._new(grad_output.backend.cast(grad_output._tensor, dtype))
+
+
 class Copy(Function):
     """A contiguous copy (what `contiguous()` runs when the layout is not already contiguous)."""
 
@@ -371,15 +386,18 @@ class ClampMin(Function):
 class Where(Function):
     """condition ? a : b with broadcasting (condition: non-zero is true), as two selects
     (relu_back(m, v) is v where m > 0, else 0), so a NaN or inf in the branch not taken never reaches
-    the result; no gradient for condition."""
+    the result; no gradient for condition.  The result has a's and b's promoted dtype (a 0-dim
+    branch, e.g. masked_fill's value, does not promote the other), the selects' masks being bool."""
 
     @staticmethod
     def forward(ctx: Context, condition: "Tensor", a: "Tensor", b: "Tensor") -> "Tensor":
         backend = condition.backend
         false = backend.eq_scalar(condition._tensor, 0.0)
-        true = backend.add_scalar(backend.mul_scalar(false, -1.0), 1.0)
+        true = backend.eq_scalar(false, 0.0)
         ctx.save_for_backward(true, false)
-        return a._new(backend.add_zip(backend.relu_back_zip(true, a._tensor), backend.relu_back_zip(false, b._tensor)))
+        dtype = arithmetic(result_type(a, b))
+        a_td, b_td = (backend.cast(t._tensor, dtype) if t.dtype is not dtype else t._tensor for t in (a, b))
+        return a._new(backend.add_zip(backend.relu_back_zip(true, a_td), backend.relu_back_zip(false, b_td)))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor", "Tensor"]:

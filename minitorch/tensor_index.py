@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, List, Tuple
 import numpy as np
 
 from .autodiff import Context, is_grad_enabled, no_grad
+from .dtypes import bool_
 from .fused.embedding import Embedding, scatter_rows
 from .tensor_data import IndexingError, TensorData, prod
 from .tensor_functions import Function
@@ -63,7 +64,7 @@ class ViewPlan:
     def apply(self, td: TensorData) -> TensorData:
         offset = sum(s * st for s, st in zip(self.starts, td.strides))
         strides = tuple(0 if d < 0 else td.strides[d] * step for d, step in self.dims)
-        return TensorData(td._storage[offset:] if offset else td._storage, self.shape, strides)
+        return td.as_strided(self.shape, strides, offset)
 
 
 @dataclass
@@ -88,7 +89,7 @@ class StridedView(Function):
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         shape, plan = ctx.saved_values
-        out = grad_output.zeros(shape)
+        out = grad_output.zeros(shape, grad_output.dtype)
         grad_output.backend.id_map(grad_output._tensor, out=plan.apply(out._tensor))
         return out
 
@@ -97,7 +98,7 @@ def _index_array(entry: Any, key: Any) -> np.ndarray:
     """An index entry (list, numpy array, Tensor) as an int64 or bool numpy array."""
     if hasattr(entry, "_tensor"):
         values = entry.to_numpy()
-        if entry.dtype == np.bool_:
+        if entry.dtype is bool_:
             return values != 0
         if not np.all(values == np.floor(values)):
             raise IndexingError(f"index tensor of shape {entry.shape} holds non-integer values (key {_show(key)})")
@@ -266,6 +267,7 @@ class Indexing:
             what = "has autodiff history" if not self.is_leaf() else "requires grad (write inside minitorch.no_grad())"
             raise RuntimeError(f"x[{_show(key)}] = ... writes in place into a tensor of shape {self.shape} that {what}")
         plan = parse_key(key, self.shape)
+        self._version += 1
         with no_grad():
             if not plan.flips and not plan.advanced:
                 self._new(plan.view.apply(self._tensor)).copy_(self._value_like(value))

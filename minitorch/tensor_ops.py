@@ -6,6 +6,11 @@ a storage-level op; the CPU backends compile that function, the CUDA backend map
 its kernels.  A backend may also offer kernel hooks for fused ops (see `TensorOps`); each fused
 `Function` calls the hook where the backend has it and its composed reference (built from Tensor
 operations, kept beside the Function) where it does not.
+
+Dtypes: `TensorBackend` decides every op's output dtype (`dtypes.result_type`, comparisons give
+bool) and, on the CPU backends, whose float32 storage holds every dtype, rounds each output to it;
+the CUDA backend's ops read and write each dtype's own storage and raise `dtypes.NoKernelError`
+where they have no kernel for it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 
 from . import operators
+from .dtypes import DType, arithmetic, bool_, float32, result_type
 from .tensor_data import (
     TensorData,
     broadcast_index,
@@ -32,11 +38,16 @@ ATTENTION_ACTIVATIONS = ("softmax", "relu")  # what attention applies to the sco
 class TensorOps:
     """What a backend provides, all on TensorData:
 
-    storage_empty(size), storage_from_numpy(arr), storage_to_numpy(storage),
-    storage_upload(storage, arr) (storage[:arr.size] = arr, without waiting on a device); fill(out, value),
-    arange(out), uniform(out, seed) writing into `out`; map(fn) -> op(a, out=None),
-    map_scalar(fn) -> op(a, s, out=None), zip(fn) -> op(a, b), reduce(fn, start) -> op(a, dim) (dim kept with
-    size 1), matrix_multiply(a, b).
+    storage_empty(size, dtype=float32), storage_from_numpy(arr) (float32), storage_to_numpy(storage)
+    (float32 values), storage_upload(storage, arr) (storage[:arr.size] = arr, values already of the
+    storage's dtype, without waiting on a device); fill(out, value), arange(out), uniform(out, seed) writing
+    into `out`; map(fn) -> op(a, out=None), map_scalar(fn) -> op(a, s, out=None), zip(fn) -> op(a, b),
+    reduce(fn, start) -> op(a, dim) (dim kept with size 1), matrix_multiply(a, b).
+
+    Dtypes: a backend with `emulates_dtypes` keeps every dtype in float32 storage and computes in
+    float32; TensorBackend labels and rounds its outputs.  A backend without it stores each dtype in
+    its own format, labels its outputs itself and has cast(a, dtype, out=None): a's values converted
+    into out (any layout, a broadcasting to it) or into a new contiguous TensorData.
 
     Optional kernel hooks, looked up by name with `hook(ops, name)` (absent: the Function runs its
     composed reference): linear_fw, attn_softmax_fw/bw, layernorm_fw/bw, attention_fw/bw, embedding_fw/bw,
@@ -48,6 +59,7 @@ class TensorOps:
     """
 
     is_cuda = False
+    emulates_dtypes = True
 
 
 def hook(ops: Any, name: str) -> Optional[Callable[..., Any]]:
@@ -55,9 +67,26 @@ def hook(ops: Any, name: str) -> Optional[Callable[..., Any]]:
     return getattr(ops, name, None)
 
 
-def empty(ops: Any, shape: Tuple[int, ...]) -> TensorData:
-    """An uninitialized contiguous TensorData of `shape` on backend class `ops`."""
-    return TensorData(ops.storage_empty(prod(shape)), shape)
+def empty(ops: Any, shape: Tuple[int, ...], dtype: DType = float32) -> TensorData:
+    """An uninitialized contiguous TensorData of `shape` and `dtype` on backend class `ops`."""
+    return TensorData(ops.storage_empty(prod(shape), dtype), shape, dtype=dtype)
+
+
+def as_array(t: TensorData) -> np.ndarray:
+    """A NumPy view (no copy, writeable) of a CPU TensorData: its storage with its shape and strides."""
+    item = t._storage.itemsize
+    return np.lib.stride_tricks.as_strided(t._storage, t.shape, tuple(s * item for s in t.strides))
+
+
+def emulated(t: TensorData, dtype: DType) -> TensorData:
+    """t (float32 storage of a CPU backend, just written by an op) as a tensor of dtype: labelled,
+    and its values rounded to dtype's in place when dtype is a 16-bit float."""
+    if t.dtype is not dtype:
+        t = t.with_dtype(dtype)
+    if dtype.rounds and t.size:
+        view = as_array(t)
+        view[...] = dtype.round(view)
+    return t
 
 
 # ---- pure-Python backend ----------------------------------------------------------------------
@@ -65,7 +94,8 @@ class SimpleOps(TensorOps):
     """Reference CPU backend in plain Python loops: slow, obviously correct."""
 
     @staticmethod
-    def storage_empty(size: int) -> np.ndarray:
+    def storage_empty(size: int, dtype: DType = float32) -> np.ndarray:
+        """float32 storage for every dtype (see TensorOps)."""
         return np.empty(size, dtype=np.float32)
 
     @staticmethod
@@ -85,10 +115,7 @@ class SimpleOps(TensorOps):
     def fill(out: TensorData, value: float) -> None:
         """Set every element of out (any layout, e.g. a view into a larger storage) to value."""
         if out.size:
-            item = out._storage.itemsize
-            np.lib.stride_tricks.as_strided(
-                out._storage, out.shape, tuple(s * item for s in out.strides), writeable=True
-            )[...] = value
+            as_array(out)[...] = value
 
     @staticmethod
     def arange(out: TensorData) -> None:
@@ -186,9 +213,18 @@ def _simple_map(fn: Callable[[float], float], o: TensorData, x: TensorData) -> N
 
 
 # ---- the table of ops a Tensor uses -----------------------------------------------------------
+COMPARISONS = (operators.lt, operators.eq, operators.is_close)  # their results are bool
+
+
 class TensorBackend:
     """The storage-level ops of one backend (TensorData in, TensorData out), built once per backend
-    class (TensorBackend(FastOps) is cached)."""
+    class (TensorBackend(FastOps) is cached).
+
+    Every op's output dtype is decided here: a copy keeps its input's dtype (or takes its `out`'s),
+    a comparison gives bool, other ops `dtypes.result_type` of their operands with bool arithmetic
+    giving float32 (a Python scalar of map_scalar never promotes).  On a backend that emulates dtypes
+    (the CPU ones) each output is then rounded to its dtype here, the one place where those backends'
+    results are written."""
 
     _cache: Dict[type, "TensorBackend"] = {}
 
@@ -205,44 +241,104 @@ class TensorBackend:
         self.ops = ops
         self.cuda = bool(ops.is_cuda)
         o = operators
-        self.id_map = ops.map(o.id)
-        self.neg_map = ops.map(o.neg)
-        self.sigmoid_map = ops.map(o.sigmoid)
-        self.relu_map = ops.map(o.relu)
-        self.log_map = ops.map(o.log)
-        self.exp_map = ops.map(o.exp)
-        self.inv_map = ops.map(o.inv)
-        self.tanh_map = ops.map(o.tanh)
-        self.gelu_map = ops.map(o.gelu)
+        self._copy = ops.map(o.id)
+        self.id_map = lambda a, out=None: self.cast(a, a.dtype if out is None else out.dtype, out)
+        self.neg_map = self._map(o.neg)
+        self.sigmoid_map = self._map(o.sigmoid)
+        self.relu_map = self._map(o.relu)
+        self.log_map = self._map(o.log)
+        self.exp_map = self._map(o.exp)
+        self.inv_map = self._map(o.inv)
+        self.tanh_map = self._map(o.tanh)
+        self.gelu_map = self._map(o.gelu)
 
-        self.add_zip = ops.zip(o.add)
-        self.mul_zip = ops.zip(o.mul)
-        self.lt_zip = ops.zip(o.lt)
-        self.eq_zip = ops.zip(o.eq)
-        self.is_close_zip = ops.zip(o.is_close)
-        self.max_zip = ops.zip(o.max)
-        self.pow_zip = ops.zip(o.pow)
-        self.relu_back_zip = ops.zip(o.relu_back)
-        self.log_back_zip = ops.zip(o.log_back)
-        self.inv_back_zip = ops.zip(o.inv_back)
-        self.sigmoid_back_zip = ops.zip(o.sigmoid_back)
-        self.tanh_back_zip = ops.zip(o.tanh_back)
-        self.gelu_back_zip = ops.zip(o.gelu_back)
+        self.add_zip = self._zip(o.add)
+        self.mul_zip = self._zip(o.mul)
+        self.lt_zip = self._zip(o.lt)
+        self.eq_zip = self._zip(o.eq)
+        self.is_close_zip = self._zip(o.is_close)
+        self.max_zip = self._zip(o.max)
+        self.pow_zip = self._zip(o.pow)
+        self.relu_back_zip = self._zip(o.relu_back)
+        self.log_back_zip = self._zip(o.log_back)
+        self.inv_back_zip = self._zip(o.inv_back)
+        self.sigmoid_back_zip = self._zip(o.sigmoid_back)
+        self.tanh_back_zip = self._zip(o.tanh_back)
+        self.gelu_back_zip = self._zip(o.gelu_back)
 
-        self.add_scalar = ops.map_scalar(o.add)
-        self.mul_scalar = ops.map_scalar(o.mul)
-        self.pow_scalar = ops.map_scalar(o.pow)
-        self.lt_scalar = ops.map_scalar(o.lt)
-        self.eq_scalar = ops.map_scalar(o.eq)
-        self.max_scalar = ops.map_scalar(o.max)
+        self.add_scalar = self._scalar(o.add)
+        self.mul_scalar = self._scalar(o.mul)
+        self.pow_scalar = self._scalar(o.pow)
+        self.lt_scalar = self._scalar(o.lt)
+        self.eq_scalar = self._scalar(o.eq)
+        self.max_scalar = self._scalar(o.max)
 
-        self.add_reduce = ops.reduce(o.add, 0.0)
-        self.mul_reduce = ops.reduce(o.mul, 1.0)
-        self.max_reduce = ops.reduce(o.max, -math.inf)
-        self.matrix_multiply = ops.matrix_multiply
+        self.add_reduce = self._reduce(o.add, 0.0)
+        self.mul_reduce = self._reduce(o.mul, 1.0)
+        self.max_reduce = self._reduce(o.max, -math.inf)
+        matmul = ops.matrix_multiply
+        self.matrix_multiply = lambda a, b: self._finish(matmul(a, b), _binary_dtype(a, b, False))
+
+    def _finish(self, t: TensorData, dtype: DType) -> TensorData:
+        if self.ops.emulates_dtypes:
+            return emulated(t, dtype)
+        return t if t.dtype is dtype else t.with_dtype(dtype)
+
+    def _map(self, fn: Callable[[float], float]) -> Callable[..., TensorData]:
+        op = self.ops.map(fn)
+        return lambda a, out=None: self._finish(op(a, out=out), arithmetic(a.dtype) if out is None else out.dtype)
+
+    def _scalar(self, fn: Callable[[float, float], float]) -> Callable[..., TensorData]:
+        op = self.ops.map_scalar(fn)
+        compare = fn in COMPARISONS
+
+        def run(a: TensorData, s: float, out: Optional[TensorData] = None) -> TensorData:
+            dtype = out.dtype if out is not None else bool_ if compare else arithmetic(a.dtype)
+            return self._finish(op(a, s, out=out), dtype)
+
+        return run
+
+    def _zip(self, fn: Callable[[float, float], float]) -> Callable[[TensorData, TensorData], TensorData]:
+        op = self.ops.zip(fn)
+        compare = fn in COMPARISONS
+        return lambda a, b: self._finish(op(a, b), _binary_dtype(a, b, compare))
+
+    def _reduce(self, fn: Callable[[float, float], float], start: float) -> Callable[[TensorData, int], TensorData]:
+        op = self.ops.reduce(fn, start)
+        return lambda a, dim: self._finish(op(a, dim), arithmetic(a.dtype))
+
+    def cast(self, a: TensorData, dtype: DType, out: Optional[TensorData] = None) -> TensorData:
+        """a's values in dtype, written into out (any layout; a broadcasts to it; its dtype is dtype)
+        or into a new contiguous TensorData.  To bool: 1 where a is non-zero.  From bool to float32
+        without out: a's own storage, relabelled (a bool's values are float32 1.0/0.0)."""
+        if dtype is bool_ and a.dtype is not bool_:
+            nonzero = self.eq_scalar(self.eq_scalar(a, 0.0), 0.0)
+            return nonzero if out is None else self.id_map(nonzero, out)
+        if out is None and a.dtype is bool_ and dtype is float32:
+            return a.with_dtype(float32)
+        if self.ops.emulates_dtypes:
+            return emulated(self._copy(a, out=out), dtype)
+        return self.ops.cast(a, dtype, out)
+
+    def fill(self, out: TensorData, value: float) -> None:
+        """Set every element of out (any layout) to value, in out's dtype."""
+        if self.ops.emulates_dtypes or out.dtype.storage == float32.storage:
+            self.ops.fill(out, value)
+            self._finish(out, out.dtype)
+            return
+        full = empty(self.ops, out.shape)
+        self.ops.fill(full, value)
+        self.ops.cast(full, out.dtype, out)
 
     def __repr__(self) -> str:
         return f"TensorBackend({self.ops.__name__})"
+
+
+def _binary_dtype(a: TensorData, b: TensorData, compare: bool) -> DType:
+    """The output dtype of a zip or a matmul of a and b."""
+    if compare:
+        return bool_
+    return arithmetic(a.dtype if a.dtype is b.dtype else result_type(a, b))
 
 
 SimpleBackend = TensorBackend(SimpleOps)

@@ -3,7 +3,8 @@ softmax, log_softmax, and clamp.
 
 As in torch, `dim` is one dim, a tuple of dims, or None for all of them, and a reduced dim is removed
 unless keepdim=True (which keeps it with size 1); reducing everything gives a 0-dim tensor.  Unlike
-torch, max(dim) gives the values only (argmax gives the positions).
+torch, max(dim) gives the values only (argmax gives the positions).  Under minitorch.autocast, sum
+(so mean and var), logsumexp, softmax and log_softmax run in float32.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple, Union
 
 from . import tensor_functions as F
+from .autocast import autocast_inputs
 from .tensor_data import IndexingError, prod
 
 if TYPE_CHECKING:
@@ -50,7 +52,8 @@ class Reductions:
 
     def sum(self: "Tensor", dim: Dims = None, keepdim: bool = False) -> "Tensor":
         """Sum over dim (one, several, or all with None)."""
-        return self._reduce(F.Sum, dim, keepdim)
+        (x,) = autocast_inputs("sum", self)
+        return x._reduce(F.Sum, dim, keepdim)
 
     def mean(self: "Tensor", dim: Dims = None, keepdim: bool = False) -> "Tensor":
         """Mean over dim (one, several, or all with None)."""
@@ -88,26 +91,29 @@ class Reductions:
 
     def all(self: "Tensor", dim: Dims = None, keepdim: bool = False) -> "Tensor":
         """True where every element (over dim, or overall) is non-zero (a bool tensor)."""
-        return self._mask((self == 0.0).float().sum(dim, keepdim) == 0.0)
+        return (self == 0.0).float().sum(dim, keepdim) == 0.0
 
     def any(self: "Tensor", dim: Dims = None, keepdim: bool = False) -> "Tensor":
         """True where some element (over dim, or overall) is non-zero (a bool tensor)."""
-        return self._mask((self == 0.0).float().sum(dim, keepdim) < float(prod(self.shape[d] for d in self._dims(dim))))
+        return (self == 0.0).float().sum(dim, keepdim) < float(prod(self.shape[d] for d in self._dims(dim)))
 
     def logsumexp(self: "Tensor", dim: Dims, keepdim: bool = False) -> "Tensor":
         """log(sum(exp(x))) over dim, shifted by the max for stability (a row of -inf gives -inf)."""
-        m = self.max(dim, keepdim=True).detach().clamp(min=-3.0e38)
-        out = m + (self - m).exp().sum(dim, keepdim=True).log()
+        (x,) = autocast_inputs("logsumexp", self)
+        m = x.max(dim, keepdim=True).detach().clamp(min=-3.0e38)
+        out = m + (x - m).exp().sum(dim, keepdim=True).log()
         return out if keepdim else out.view(*(s for d, s in enumerate(self.shape) if d not in self._dims(dim)))
 
     def softmax(self: "Tensor", dim: int) -> "Tensor":
         """exp(x) / sum(exp(x)) along dim, shifted by the (constant) max for stability."""
-        e = (self - self.max(dim, keepdim=True).detach()).exp()
+        (x,) = autocast_inputs("softmax", self)
+        e = (x - x.max(dim, keepdim=True).detach()).exp()
         return e / e.sum(dim, keepdim=True)
 
     def log_softmax(self: "Tensor", dim: int) -> "Tensor":
         """log(softmax(x)) along dim, computed as x - logsumexp(x)."""
-        return self - self.logsumexp(dim, keepdim=True)
+        (x,) = autocast_inputs("log_softmax", self)
+        return x - x.logsumexp(dim, keepdim=True)
 
     def clamp(self: "Tensor", min: Optional[float] = None, max: Optional[float] = None) -> "Tensor":
         """Values limited to [min, max] (either bound may be None); the gradient passes inside."""

@@ -1,13 +1,13 @@
 """Shape and layout of a Tensor (a mixin of Tensor): view, reshape, permute, transpose, .T, expand,
 contiguous, unsqueeze, squeeze and flatten.  All but contiguous() copies and reshape() of a
-non-contiguous tensor are views of the same storage; a tensor of bool dtype stays bool."""
+non-contiguous tensor are views of the same storage; all keep the dtype."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from . import tensor_functions as F
-from .tensor_data import IndexingError, TensorData, UserShape, resolve_shape, shape_args, shape_broadcast
+from .tensor_data import IndexingError, UserShape, resolve_shape, shape_args, shape_broadcast
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -20,7 +20,7 @@ class Views:
 
     def view(self: "Tensor", *shape: Sizes) -> "Tensor":
         """Same data with another shape (one size may be -1); the tensor must be contiguous."""
-        return self._keep_dtype(F.View.apply(self, shape_args(shape)))
+        return F.View.apply(self, shape_args(shape))
 
     def reshape(self: "Tensor", *shape: Sizes) -> "Tensor":
         """view() after a contiguous copy when one is needed."""
@@ -54,7 +54,7 @@ class Views:
     def permute(self: "Tensor", *order: Sizes) -> "Tensor":
         """Dims reordered (a view)."""
         dims = tuple(self._dim(d) for d in shape_args(order))
-        return self._keep_dtype(F.Permute.apply(self, dims))
+        return F.Permute.apply(self, dims)
 
     def transpose(self: "Tensor", dim0: int = -2, dim1: int = -1) -> "Tensor":
         """Two dims swapped (a view)."""
@@ -72,7 +72,7 @@ class Views:
         """This tensor if its layout is row-major, else a row-major copy."""
         if self.is_contiguous():
             return self
-        return self._keep_dtype(F.Copy.apply(self))
+        return F.Copy.apply(self)
 
     def expand(self: "Tensor", *shape: Sizes) -> "Tensor":
         """A broadcast view of this tensor with a larger shape (stride 0 on broadcast dims); -1 keeps a size."""
@@ -81,7 +81,7 @@ class Views:
         sizes = tuple(self.shape[i - pad] if s == -1 and i >= pad else s for i, s in enumerate(sizes))
         if pad < 0 or shape_broadcast(self.shape, sizes) != sizes:
             raise IndexingError(f"cannot expand shape {self.shape} to {sizes}")
-        return self._keep_dtype(F.Expand.apply(self, sizes))
+        return F.Expand.apply(self, sizes)
 
     def _view(self: "Tensor", shape: Sequence[int]) -> "Tensor":
         shape = resolve_shape(tuple(int(s) for s in shape), self.size, self.shape)
@@ -90,11 +90,11 @@ class Views:
                 f"view of a non-contiguous tensor (shape {self.shape}, strides {self._tensor.strides}) "
                 f"to {shape}: call .contiguous() first, or use .reshape()"
             )
-        return self._new(TensorData(self._tensor._storage, shape))
+        return self._new(self._tensor.as_strided(shape))
 
     def _expand_view(self: "Tensor", shape: UserShape) -> "Tensor":
         offset = len(shape) - self.dims
         strides = [0] * offset
         for size, own, stride in zip(shape[offset:], self.shape, self._tensor.strides):
             strides.append(stride if own == size else 0)
-        return self._new(TensorData(self._tensor._storage, shape, tuple(strides)))
+        return self._new(self._tensor.as_strided(shape, tuple(strides)))

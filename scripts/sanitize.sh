@@ -34,6 +34,7 @@ declare -A TESTS_OF=(
   [kv_cache_kernel]="test_decode_graphs.py|slot_write or slot_attention"
   [topk_kernel]="test_decode_graphs.py|top_k_kernel"
   [beam_search_kernel]="test_decode_graphs.py|beam_search_step"
+  [convert_kernel]="test_convert.py|"
 )
 # Beyond the libraries, the translation program's few training steps, which drive them all.
 PROGRAM_ROW="mt_program_all_libs|test_mt_resume_cuda.py|"

@@ -61,7 +61,7 @@ def _host(fn: Callable[..., Any]) -> Callable[..., Any]:
     return staticmethod(call)
 
 
-def _empty(size: int) -> np.ndarray:
+def _empty(size: int, dtype: minitorch.DType = minitorch.float32) -> np.ndarray:
     return np.full(size, 0.0 if _capture[0] is not None else np.nan, dtype=np.float32)
 
 

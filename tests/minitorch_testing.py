@@ -8,6 +8,7 @@ reference computed in float64 from the same float32 inputs.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -112,6 +113,29 @@ def central_grad(
 
 
 # ---- references -------------------------------------------------------------------------------
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], causal: bool,
+                    activation: str, scale: float) -> tuple:  # fmt: skip
+    """(out, lse) of naive attention in float64 on leaf tensors q, k, v (any device; lse detached): an
+    additive [B, Tk] mask, causal keys j <= i + Tk - Tq, softmax (a row with every key removed gives
+    zeros) or ReLU (lse zeros)."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    x = (q @ k.transpose(-1, -2)) * scale
+    if mask is not None:
+        x = x + mask.to(torch.float64)[:, None, None, :]
+    keep = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device)
+    if causal:
+        keep = torch.arange(Tk, device=q.device)[None, :] <= torch.arange(Tq, device=q.device)[:, None] + (Tk - Tq)
+    if activation == "softmax":
+        x = x.masked_fill(~keep, -math.inf)
+        dead = torch.isneginf(x).all(dim=-1, keepdim=True)
+        p = torch.softmax(x.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+        lse = torch.logsumexp(x, dim=-1)
+    else:
+        p = torch.relu(x).masked_fill(~keep, 0.0)
+        lse = torch.zeros(x.shape[:-1], dtype=torch.float64, device=q.device)
+    return p @ v, lse.detach()
+
+
 def slot_attention_reference(
     q: np.ndarray, keys: np.ndarray, values: np.ndarray, slot: float, pads: np.ndarray, width: int, heads: int
 ) -> np.ndarray:

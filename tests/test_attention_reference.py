@@ -9,32 +9,12 @@ from typing import Optional
 import numpy as np
 import pytest
 import torch
-from minitorch_testing import FAST, assert_close, mt, t64
+from minitorch_testing import FAST, assert_close, mt, naive_attention, t64
 
 import minitorch
 from minitorch.fused.attention import attention_weights
 
 TOL = 1e-5
-
-
-def reference(q, k, v, mask: Optional[np.ndarray], causal: bool, activation: str, scale: float):
-    """(out, lse) of naive attention in float64 on leaf tensors q, k, v."""
-    Tq, Tk = q.shape[2], k.shape[2]
-    x = (q @ k.transpose(-1, -2)) * scale
-    if mask is not None:
-        x = x + t64(mask)[:, None, None, :]
-    keep = torch.ones(Tq, Tk, dtype=torch.bool)
-    if causal:
-        keep = torch.arange(Tk)[None, :] <= torch.arange(Tq)[:, None] + (Tk - Tq)
-    if activation == "softmax":
-        x = x.masked_fill(~keep, -math.inf)
-        dead = torch.isneginf(x).all(dim=-1, keepdim=True)
-        p = torch.softmax(x.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
-        lse = torch.logsumexp(x, dim=-1)
-    else:
-        p = torch.relu(x).masked_fill(~keep, 0.0)
-        lse = torch.zeros(x.shape[:-1], dtype=torch.float64)
-    return p @ v, lse.detach()
 
 
 def make_mask(rng: np.random.Generator, B: int, Tk: int, kind: str) -> Optional[np.ndarray]:
@@ -64,7 +44,7 @@ def check(backend, B: int, H: int, Tq: int, Tk: int, D: int, causal: bool, activ
     scale = 1.0 / math.sqrt(D)
     _, lse = attention_weights(tq.detach(), tk.detach(), tmask, causal, activation, scale)
     rq, rk, rv = (t64(x, requires_grad=True) for x in (q, k, v))
-    ref, ref_lse = reference(rq, rk, rv, mask, causal, activation, scale)
+    ref, ref_lse = naive_attention(rq, rk, rv, None if mask is None else t64(mask), causal, activation, scale)
     ref.backward(t64(g))
     what = f"[{B},{H},{Tq},{Tk},{D}] causal={causal} {activation} mask={mask_kind}"
     assert_close(out, ref, f"{what} out", tol=TOL)
@@ -95,7 +75,7 @@ def test_explicit_scale_and_broadcast_mask() -> None:
     mask = np.zeros((1, 3), dtype=np.float32)
     mask[0, 2] = -np.inf
     out = minitorch.fused_attention(mt(q, FAST), mt(k, FAST), mt(v, FAST), mt(mask, FAST), scale=0.25)
-    ref, _ = reference(t64(q), t64(k), t64(v), np.repeat(mask, 2, axis=0), False, "softmax", 0.25)
+    ref, _ = naive_attention(t64(q), t64(k), t64(v), t64(np.repeat(mask, 2, axis=0)), False, "softmax", 0.25)
     assert_close(out, ref, "scale=0.25, mask [1, Tk]")
 
 

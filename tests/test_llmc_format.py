@@ -151,6 +151,17 @@ def test_bad_checkpoint_header_names_file_and_field(tmp_path, changes, message):
     assert str(path) in str(info.value)
 
 
+def assert_each_file_rejected(folder: Path, cases: dict, read) -> None:
+    """cases: file name -> (bytes, message pattern). Each file, written to folder, makes read raise
+    LlmcFormatError matching its pattern and naming the file."""
+    for name, (data, message) in cases.items():
+        path = folder / name
+        path.write_bytes(data)
+        with pytest.raises(LlmcFormatError, match=message) as info:
+            read(path)
+        assert str(path) in str(info.value)
+
+
 def test_truncated_trailing_empty_and_missing_checkpoints(tmp_path):
     good = tiny_checkpoint_file(tmp_path / "good.bin").read_bytes()
     expected = len(good)
@@ -160,12 +171,7 @@ def test_truncated_trailing_empty_and_missing_checkpoints(tmp_path):
         "empty.bin": (b"", r"empty file \(0 bytes\)"),
         "short.bin": (good[:100], r"file is 100 bytes, shorter than the 1024-byte header"),
     }
-    for name, (data, message) in cases.items():
-        path = tmp_path / name
-        path.write_bytes(data)
-        with pytest.raises(LlmcFormatError, match=message) as info:
-            read_checkpoint(path)
-        assert str(path) in str(info.value)
+    assert_each_file_rejected(tmp_path, cases, read_checkpoint)
     with pytest.raises(FileNotFoundError, match=r"checkpoint not found: .*nowhere\.bin"):
         read_checkpoint(tmp_path / "nowhere.bin")
 
@@ -210,12 +216,7 @@ def test_bad_shards_name_file_and_field(tmp_path):
         "zero.bin": (np.r_[header[:2], 0, header[3:]].astype("<i4").tobytes(),
                      r"header\[2\] \(token count\) is 0"),
     }
-    for name, (data, message) in cases.items():
-        path = tmp_path / name
-        path.write_bytes(data)
-        with pytest.raises(LlmcFormatError, match=message) as info:
-            read_shard(path)
-        assert str(path) in str(info.value)
+    assert_each_file_rejected(tmp_path, cases, read_shard)
     with pytest.raises(FileNotFoundError, match="token shard not found"):
         read_shard(tmp_path / "missing.bin")
 

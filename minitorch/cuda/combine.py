@@ -81,7 +81,8 @@ def out_layout(out: TensorData) -> MtLayout:
     return plan
 
 
-def _map_layouts(op: str, a: TensorData, out: Optional[TensorData]) -> Tuple[MtLayout, MtLayout]:
+def map_layouts(op: str, a: TensorData, out: Optional[TensorData]) -> Tuple[MtLayout, MtLayout]:
+    """(out layout, a's layout) of an elementwise op of a into out (None: a new contiguous tensor)."""
     key = (a.shape, a.strides, None if out is None else (out.shape, out.strides))
     plan = _map_plans.get(key)
     if plan is None:
@@ -118,7 +119,7 @@ def map_op(fn: Callable[[float], float]) -> Callable[..., TensorData]:
     name = f"map({UNARY_OPS[op]})"
 
     def ret(a: TensorData, out: Optional[TensorData] = None) -> TensorData:
-        out_l, a_l = _map_layouts(name, a, out)
+        out_l, a_l = map_layouts(name, a, out)
         o = empty(a.shape) if out is None else out
         if o.size:
             rt = runtime()
@@ -136,7 +137,7 @@ def map_scalar_op(fn: Callable[[float, float], float]) -> Callable[..., TensorDa
     name = f"map_scalar({BINARY_OPS[op]})"
 
     def ret(a: TensorData, s: float, out: Optional[TensorData] = None) -> TensorData:
-        out_l, a_l = _map_layouts(name, a, out)
+        out_l, a_l = map_layouts(name, a, out)
         o = empty(a.shape) if out is None else out
         if o.size:
             rt = runtime()
@@ -239,7 +240,7 @@ def add_into(dst: int, src: int, n: int) -> None:
 
 def contiguous(t: TensorData) -> TensorData:
     """t itself when row-major, else a row-major copy."""
-    return t if t.is_contiguous() else _copy(t)
+    return t if t.is_contiguous() else copy(t)
 
 
-_copy = map_op(operators.id)
+copy = map_op(operators.id)  # a (float32 storage) into out, or into a new contiguous tensor of its dtype

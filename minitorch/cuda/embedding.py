@@ -22,9 +22,9 @@ SIGNATURES = {
 
 
 def embedding_fw(weight: TensorData, ids: TensorData) -> TensorData:
-    """weight [V, C] rows picked by ids [...] -> [..., C]."""
+    """weight [V, C] rows picked by ids [...] -> [..., C], of weight's dtype (float32 or bool)."""
     V, C = weight.shape
-    out = empty(ids.shape + (C,))
+    out = empty(ids.shape + (C,), weight.dtype)
     if out.size:
         rt = runtime()
         lib = rt.lib("embedding_kernel", SIGNATURES)

@@ -6,12 +6,14 @@ import ctypes
 from typing import Dict, Tuple
 
 from . import (
-    attention, beam_search, classifier, combine, embedding, kv_cache, layernorm, matmul, optimizer, random, softmax, topk,
+    attention, beam_search, classifier, combine, convert, embedding, kv_cache, layernorm, matmul, optimizer, random,
+    softmax, topk,
 )  # fmt: skip
 from .runtime import ERROR_STRING, Signatures, runtime
 
 LIBRARIES: Dict[str, Signatures] = {
     "combine": combine.SIGNATURES,
+    "convert_kernel": convert.SIGNATURES,
     "random_kernel": random.SIGNATURES,
     "matmul_kernel": matmul.SIGNATURES,
     "embedding_kernel": embedding.SIGNATURES,

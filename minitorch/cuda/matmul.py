@@ -12,7 +12,7 @@ from typing import Dict, Optional, Tuple
 from ..precision import precision_code
 from ..tensor_data import TensorData, broadcast_strides, coalesce, prod, shape_broadcast
 from .layout import MtLayout, layout, remember
-from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, runtime
+from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, require_float32, runtime
 
 _P, _I, _LL, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, MtLayout
 SIGNATURES = {
@@ -61,7 +61,11 @@ def _launch(
 
 
 def matrix_multiply(a: TensorData, b: TensorData) -> TensorData:
-    """a [..., n, k] @ b [..., k, m] -> [broadcast(...), n, m], any strides."""
+    """a [..., n, k] @ b [..., k, m] -> [broadcast(...), n, m], any strides.  Every product of the
+    backend comes here (MatMul, the composed references), so this is where a product dispatches on
+    its operands' dtype: float32 storage (float32, bool masks) runs the kernels below; the 16-bit
+    dtypes have no product kernel yet and raise NoKernelError."""
+    require_float32("matmul", a, b)
     key = (a.shape, a.strides, b.shape, b.strides)
     plan = _plans.get(key)
     if plan is None:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..tensor_data import TensorData
 from .combine import contiguous
-from .runtime import BUILD_HINT, Runtime, check, on_load, ptr, runtime
+from .runtime import BUILD_HINT, Runtime, check, on_load, ptr, require_float32, runtime
 from .staging import uploader
 
 MAX_TENSORS = 40  # kMaxTensors of optimizer_kernel.cu
@@ -98,7 +98,8 @@ class MultiTensorAdamW:
         exp_avg_sqs: Sequence[TensorData], max_norm: float, beta1: float, beta2: float, eps: float,
         weight_decay: float,
     ) -> None:  # fmt: skip
-        """Norm, clip (max_norm <= 0: off) and AdamW of every parameter; all contiguous."""
+        """Norm, clip (max_norm <= 0: off) and AdamW of every parameter; all contiguous and float32."""
+        require_float32("adamw_multi", params, grads, exp_avgs, exp_avg_sqs)
         rt = runtime()
         lib = _lib(rt)
         grads = [contiguous(g) for g in grads]

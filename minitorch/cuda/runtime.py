@@ -1,8 +1,8 @@
 """Loading the kernel libraries, the CUDA runtime state (torch, stream, device), errors and stats.
 
-Storage of a CUDA tensor is a 1-D float32 `torch` tensor on the current CUDA device, used only as a
-buffer from PyTorch's caching allocator; kernels get raw device pointers and launch on PyTorch's
-current stream.  Nothing is loaded at import: the first use loads torch and the libraries and raises
+Storage of a CUDA tensor is a 1-D `torch` tensor of its dtype's storage format (float32 for float32
+and bool, bfloat16, float16) on the current CUDA device, used only as a buffer from PyTorch's
+caching allocator; kernels get raw device pointers and launch on PyTorch's current stream.  Nothing is loaded at import: the first use loads torch and the libraries and raises
 a RuntimeError that names the fix when something is missing.
 """
 
@@ -12,6 +12,7 @@ import ctypes
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..dtypes import DType, dtype_named, float32, no_kernel
 from ..tensor_data import IndexingError, TensorData
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "cuda_kernels"
@@ -91,6 +92,10 @@ class Runtime:
         """An uninitialized device buffer of `floats` float32 from the caching allocator."""
         return self.torch.empty(floats, dtype=self.float32, device=self.device)
 
+    def storage(self, size: int, dtype: DType) -> Any:
+        """An uninitialized device buffer of `size` elements in dtype's storage format."""
+        return self.torch.empty(size, dtype=getattr(self.torch, dtype.storage), device=self.device)
+
 
 _rt: List[Runtime] = []
 _checks: List[Callable[[Runtime], None]] = []
@@ -132,19 +137,33 @@ def ptr(t: TensorData) -> int:
     return t._storage.data_ptr()
 
 
-def empty(shape: Tuple[int, ...]) -> TensorData:
+def empty(shape: Tuple[int, ...], dtype: DType = float32) -> TensorData:
     """An uninitialized contiguous CUDA TensorData."""
     size = 1
     for s in shape:
         size *= s
-    return TensorData(storage_empty(size), shape)
+    return TensorData(storage_empty(size, dtype), shape, dtype=dtype)
 
 
-def storage_empty(size: int) -> Any:
-    """Uninitialized device buffer of `size` float32."""
+def storage_empty(size: int, dtype: DType = float32) -> Any:
+    """Uninitialized device buffer of `size` elements in dtype's storage format."""
     if size >= INT_LIMIT:
         raise CudaShapeError(f"a CUDA tensor of {size} elements exceeds the limit of {INT_LIMIT - 1}")
-    return runtime().buffer(size)
+    return runtime().storage(size, dtype)
+
+
+def storage_dtype(storage: Any) -> DType:
+    """The minitorch dtype of a device buffer's format (float32 for a bool tensor's storage)."""
+    return dtype_named(str(storage.dtype).replace("torch.", ""))
+
+
+def require_float32(op: str, *args: Any) -> None:
+    """NoKernelError naming op when an argument (a TensorData, or a list or tuple of them) is stored
+    in another format than float32: op's kernels read and write float32 only."""
+    for arg in args:
+        for t in arg if isinstance(arg, (list, tuple)) else (arg,):
+            if isinstance(t, TensorData) and t.dtype.storage != float32.storage:
+                raise no_kernel(op, t.dtype)
 
 
 # ---- host<->device transfer accounting ------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .runtime import count_transfer, runtime
+from .runtime import count_transfer, runtime, storage_dtype
 
 SLOTS = 64
 
@@ -74,6 +74,8 @@ class DeviceSeed:
 
 
 def upload_storage(storage: Any, values: np.ndarray) -> None:
-    """Queue storage[:values.size] = values (float32) without waiting for the GPU."""
+    """Queue storage[:values.size] = values (float32 values, written in the storage's format: the
+    16-bit words of values already rounded to its dtype) without waiting for the GPU."""
     flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-    uploader().upload(storage[: flat.size], flat)
+    dtype = storage_dtype(storage)
+    uploader().upload(storage[: flat.size], dtype.encode(flat) if dtype.rounds else flat)

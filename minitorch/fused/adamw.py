@@ -33,6 +33,7 @@ def adamw_step(
     kernel = hook(param.backend.ops, "adamw_step")
     if kernel is not None:
         kernel(param._tensor, grad._tensor, exp_avg._tensor, exp_avg_sq._tensor, lr, beta1, beta2, eps, weight_decay, step)
+        param._version += 1  # written in place: autocast's cached copies of it are stale
         return
     m = exp_avg * beta1 + grad * (1.0 - beta1)
     v = exp_avg_sq * beta2 + grad * grad * (1.0 - beta2)

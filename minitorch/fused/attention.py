@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Optional, Tuple
 
+from ..autocast import autocast_inputs
 from ..autodiff import Context
 from ..tensor_data import IndexingError
 from ..tensor_functions import Function
@@ -44,9 +45,10 @@ def fused_attention(
     and takes no gradient. causal=True keeps key j for query i only when j <= i + (Tk - Tq).
     activation "softmax": softmax over the kept keys, then @ v; a query with no key kept gives zeros
     (and zero gradients). "relu": relu(x) over the kept keys @ v, without normalization.
+    Inside minitorch.autocast q, k and v are taken in the autocast dtype (the mask as it is).
     """
     check_activation("fused_attention", activation)
-    k, v = q._ensure(k), q._ensure(v)
+    q, k, v = autocast_inputs("attention", q, q._ensure(k), q._ensure(v))
     if q.dims != 4 or k.dims != 4 or v.dims != 4:
         raise IndexingError(
             f"fused_attention expects q [B, H, Tq, D] and k, v [B, H, Tk, D], got q {q.shape}, k {k.shape}, v {v.shape}"
@@ -86,6 +88,7 @@ def fused_attention_qkv(
     if T == 0 or D == 0:
         raise IndexingError(f"fused_attention_qkv needs at least one position and D >= 1, got qkv {qkv.shape}")
     flat_mask = key_mask("fused_attention_qkv", f"qkv {qkv.shape}", qkv, mask, B, T)
+    (qkv,) = autocast_inputs("attention", qkv)
     return PackedAttention.apply(qkv, n_head, flat_mask, bool(causal), activation, 1.0 / math.sqrt(D) if scale is None else float(scale))
 
 
@@ -164,7 +167,7 @@ class PackedAttention(Function):
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         inner, (B, T, C3) = ctx.saved_values
         grads = FusedAttention.backward(inner, grad_output)
-        dqkv = grad_output._new_empty((B, T, 3, grads[0].shape[1], grads[0].shape[3]))
+        dqkv = grad_output._new_empty((B, T, 3, grads[0].shape[1], grads[0].shape[3]), grad_output.dtype)
         for i, g in enumerate(grads):
             dqkv[:, :, i].copy_(g.permute(0, 2, 1, 3))
         return dqkv.view(B, T, C3)

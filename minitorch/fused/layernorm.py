@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Tuple
 
+from ..autocast import autocast_inputs
 from ..autodiff import Context
 from ..tensor_data import IndexingError
 from ..tensor_functions import Function
@@ -15,8 +16,9 @@ if TYPE_CHECKING:
 
 
 def layernorm(x: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float = 1e-5) -> "Tensor":
-    """(x - mean) / sqrt(var + eps) * gamma + beta over the last dim (population variance)."""
-    gamma, beta = x._ensure(gamma), x._ensure(beta)
+    """(x - mean) / sqrt(var + eps) * gamma + beta over the last dim (population variance); in float32
+    inside minitorch.autocast."""
+    x, gamma, beta = autocast_inputs("layernorm", x, x._ensure(gamma), x._ensure(beta))
     C = x.shape[-1] if x.dims else 0
     if C == 0:
         raise IndexingError(f"layernorm of input {x.shape} needs a non-empty last dim")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Tuple
 
+from ..autocast import autocast_inputs
 from ..autodiff import Context
 from ..tensor_data import IndexingError
 from ..tensor_functions import Function
@@ -22,7 +23,8 @@ ACTIVATIONS = (None, "gelu", "relu")
 
 
 def linear(x: "Tensor", weight: "Tensor", bias: Optional["Tensor"] = None, activation: Optional[str] = None) -> "Tensor":
-    """act(x @ weight + bias) over the last dim of x [..., in] with weight [in, out], bias [out]."""
+    """act(x @ weight + bias) over the last dim of x [..., in] with weight [in, out], bias [out]
+    (in the autocast dtype inside minitorch.autocast)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
     weight = x._ensure(weight)
@@ -32,6 +34,7 @@ def linear(x: "Tensor", weight: "Tensor", bias: Optional["Tensor"] = None, activ
         bias = x._ensure(bias)
         if bias.shape != (weight.shape[1],):
             raise IndexingError(f"linear: bias of shape {bias.shape} for weight {weight.shape}")
+    x, weight, bias = autocast_inputs("linear", x, weight, bias)
     lead = x.shape[:-1]
     rows = x.contiguous().view(-1, weight.shape[0])
     out = Linear.apply(rows, weight, bias, activation)

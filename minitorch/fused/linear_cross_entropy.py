@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Optional, Tuple
 
 import numpy as np
 
+from ..autocast import autocast_inputs
 from ..autodiff import Context
-from ..tensor_data import IndexingError, TensorData
+from ..tensor_data import IndexingError
 from ..tensor_functions import Function
 from ..tensor_ops import hook
 
@@ -68,7 +69,8 @@ def fused_linear_cross_entropy(
     requires grad), so backward is a cheap scaling.  All-zero weights (sum(w) == 0) give a loss of 0
     and zero gradients, rather than 0/0.  A target outside [0, V) (or not an integer) on a token with
     a non-zero weight raises ValueError on the CPU backends; on CUDA, where checking would need a
-    device-to-host copy, it makes the loss NaN.
+    device-to-host copy, it makes the loss NaN.  Inside minitorch.autocast hidden, weight and bias
+    are taken in the autocast dtype (the logits are of that dtype; the loss is float32).
     """
     for name, t in (("weight", weight), ("targets", targets), ("token_weights", token_weights)) + (
         (("bias", bias),) if bias is not None else ()
@@ -98,6 +100,7 @@ def fused_linear_cross_entropy(
     elif isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"fused_linear_cross_entropy: chunk_size must be a positive int, got {chunk_size!r}")
     smoothing = check_label_smoothing("fused_linear_cross_entropy", label_smoothing)
+    hidden, weight, bias = autocast_inputs("linear_cross_entropy", hidden, weight, bias)
     if not hidden.backend.cuda:
         _check_targets(targets, token_weights, V)
     return FusedLinearCrossEntropy.apply(
@@ -134,8 +137,7 @@ def _row_block(t: "Tensor", start: int, stop: int) -> "Tensor":
     """Rows [start, stop) of a contiguous tensor as a view: every backend's storage is a 1-D array
     (numpy or torch) whose slices are views of it."""
     inner = t.size // t.shape[0]
-    storage = t._tensor._storage[start * inner : stop * inner]
-    return t._new(TensorData(storage, (stop - start,) + tuple(t.shape[1:])))
+    return t._new(t._tensor.as_strided((stop - start,) + tuple(t.shape[1:]), None, start * inner))
 
 
 def linear_cross_entropy_reference(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Tuple
 
+from ..autocast import autocast_inputs
 from ..autodiff import Context
 from ..tensor_data import IndexingError
 from ..tensor_functions import Function
@@ -20,11 +21,13 @@ def attn_softmax(scores: "Tensor", mask: Optional["Tensor"] = None, causal: bool
 
     mask: additive, [B, Tk] or broadcastable to [B, 1, 1, Tk]; -inf removes a key, finite values
     (-1e8) are added as they are; it takes no gradient.  causal: key j of query i is kept only when
-    j <= i + (Tk - Tq).  A row with every key removed gives zeros.
+    j <= i + (Tk - Tq).  A row with every key removed gives zeros.  Inside minitorch.autocast it
+    runs in float32.
     """
     if scores.dims != 4:
         raise IndexingError(f"attn_softmax expects scores [B, H, Tq, Tk], got shape {scores.shape}")
     B, _, _, Tk = scores.shape
+    (scores,) = autocast_inputs("attn_softmax", scores)
     return Attn_Softmax.apply(scores.contiguous(), key_mask("attn_softmax", f"scores {scores.shape}", scores, mask, B, Tk), bool(causal))
 
 
