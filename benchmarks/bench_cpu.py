@@ -37,9 +37,9 @@ import numpy as np
 from common import Column, Panel, Table, out_option, wall_clock, write_results
 import minitorch
 from bench_train import CONFIG, torch_model
-from project.mt_data import Batch  # noqa: E402
-from project.mt_steps import TrainStep  # noqa: E402
-from project.mt_train import build_model  # noqa: E402
+from project.translation.batches import Batch
+from project.translation.step import TranslationStep as TrainStep
+from project.translation.model import build_model
 
 MAX_LEN = 128  # the program's --max-len: the size of the position table
 LR, WEIGHT_DECAY, GRAD_CLIP = 1e-3, 0.01, 1.0

@@ -34,11 +34,10 @@ import numpy as np
 from common import Column, Panel, Table, out_option, wall_clock, write_results
 import minitorch
 from minitorch.fused.topk import _composed_top_k, top_k
-from project import mt_data  # noqa: E402
-from project.mt_beam import BeamDecoder  # noqa: E402
-from project.mt_decode import GreedyDecoder, corpus_bleu, greedy_decode_recompute  # noqa: E402
-from project.mt_train import make_backend  # noqa: E402
-from project.translate import load_translator  # noqa: E402
+from project import translation as mt_data
+from project.translation.beam import BeamDecoder
+from project.translation.decode import GreedyDecoder, corpus_bleu, greedy_decode_recompute
+from project.translation.translate import load_translator
 
 BASELINE = "greedy, recompute"
 
@@ -84,7 +83,7 @@ def main(argv: List[str] | None = None) -> None:
     out_option(parser, "bench_decode")
     args = parser.parse_args(argv)
 
-    backend, _ = make_backend(args.backend)
+    backend = minitorch.choose_backend(args.backend).backend
     model, tokenizer, config = load_translator(args.run, backend)
     test = mt_data.load_corpus(args.data_dir).test[: args.sentences]
     sources, references = [de for de, _ in test], [en for _, en in test]

@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 
 from common import ROOT, Column, Panel, Table, out_option, write_results
-from project.gpt2_data import prepare_shards  # noqa: E402
-from project.gpt2_model import gpt2_init_params  # noqa: E402
-from project.llmc_format import GPT2_124M, read_shard, write_checkpoint, write_shard  # noqa: E402
+from project.gpt2.data import prepare_shards
+from project.gpt2.model import gpt2_init_params
+from project.gpt2.llmc import GPT2_124M, read_shard, write_checkpoint, write_shard
 
 B, T, LR = 4, 1024, 3e-4
 LLMC_PATCHES = {

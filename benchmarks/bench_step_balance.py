@@ -22,9 +22,9 @@ from typing import Dict, List
 import numpy as np
 
 from common import Column, Panel, Table, out_option, write_results
-from project.arg_types import positive_int  # noqa: E402
-from project.mt_data import Batcher, encode_pairs, load_corpus, load_or_train_tokenizer, resolve_data_dir  # noqa: E402
-from project.mt_steps import WIDTH_MULTIPLE  # noqa: E402
+from project.common.options import POSITIVE_INT as positive_int
+from project.translation import Batcher, encode_pairs, load_corpus, load_or_train_tokenizer, resolve_data_dir
+from project.translation.step import WIDTH_MULTIPLE
 
 
 def padded_tokens(lengths: np.ndarray, batch: np.ndarray) -> int:

@@ -182,9 +182,9 @@ def program_rows(torch: Any, data_dir: str, epochs: int) -> Dict[str, Any]:
     batch 128), against a PyTorch eager loop of the same model with the same clipping (1.0) and
     AdamW, also without a host read per step.  One warm-up epoch (graph captures, torch's caching),
     then `epochs` timed epochs: ms/step and tokens/s over the wall time, synchronized at the end."""
-    from project import mt_data
-    from project.mt_steps import TrainStep
-    from project.mt_train import count_tokens
+    from project import translation as mt_data
+    from project.translation.step import TranslationStep as TrainStep
+    from project.translation.model import count_tokens
 
     corpus = mt_data.load_corpus(data_dir)
     tokenizer = mt_data.train_tokenizer(corpus.train, CONFIG["n_vocab"])
@@ -307,7 +307,7 @@ def main(argv: List[str] | None = None) -> None:
         print(f"top kernels of one step, {name}: " + ", ".join(f"{n[:40]} {1e3 * s:.2f} ms" for n, s in r["profile"]["top_kernels"][:5]))
 
     if args.program_epochs > 0:
-        from project import mt_data
+        from project import translation as mt_data
 
         results["program"] = pr = program_rows(torch, args.data_dir or str(mt_data.DEFAULT_DATA_DIR), args.program_epochs)
         print(f"program row: real Multi30k batches, {pr['steps']} steps, {pr['tokens']} tokens after a warm-up epoch")

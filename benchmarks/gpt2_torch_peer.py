@@ -22,8 +22,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from common import write_json
-from project.llmc_format import GPT2Config, ShardLoader, read_checkpoint  # noqa: E402
-from project.arg_types import str2bool  # noqa: E402
+from project.gpt2.llmc import GPT2Config, read_checkpoint
+from project.gpt2.shards import ShardLoader
+from project.common.options import str2bool
 
 
 class Block(nn.Module):

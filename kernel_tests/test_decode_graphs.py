@@ -16,9 +16,9 @@ from minitorch.beam_search import DEAD, BeamState
 from minitorch.fused.device_indexed import gather_rows, write_slot
 from minitorch.fused.slot_attention import slot_attention
 from minitorch.fused.topk import top_k
-from project.mt_beam import BeamDecoder, beam_search
-from project.mt_data import EOS_DE_ID, EOS_EN_ID
-from project.mt_decode import GreedyDecoder, greedy_decode, greedy_decode_recompute
+from project.translation.beam import BeamDecoder, beam_search
+from project.translation.tokenizer import EOS_DE_ID, EOS_EN_ID
+from project.translation.decode import GreedyDecoder, greedy_decode, greedy_decode_recompute
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from minitorch_testing import slot_attention_reference  # noqa: E402

@@ -1,5 +1,5 @@
 """GPT-2 training on CUDA equals the CPU backend: two AdamW steps of a small GPT-2 (the program's
-TrainStep: loss, backward, global-norm clip, update) from the same llm.c-layout parameters and
+GPT2Step: loss, backward, global-norm clip, update) from the same llm.c-layout parameters and
 batches give the same losses, first-step gradients and final parameters, with softmax and ReLU
 attention, on CUDA's naive path and on its all-fused path (fused LayerNorm, fused attention, fused
 linear cross-entropy) against the CPU's naive path."""
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import minitorch
-from project.gpt2_model import GPT2, gpt2_init_params
-from project.gpt2_training import TrainStep
-from project.llmc_format import GPT2Config
+from project.gpt2.llmc import GPT2Config
+from project.gpt2.model import GPT2, gpt2_init_params
+from project.gpt2.training import GPT2Step
 
 from fused_testing import rel_err
 
@@ -34,7 +34,7 @@ def two_steps(backend, activation: str, fused: bool, graphs: bool = False):
     # eps 1e-5 (gradients here are ~1e-4..1e-2) keeps the comparison about the computation.
     optimizer = minitorch.AdamW(model.parameters(), lr=LR, weight_decay=0.1, eps=1e-5, max_grad_norm=1.0)
     rng = np.random.default_rng(1)
-    step = TrainStep(model, optimizer, "fused" if fused else "naive", use_graphs=graphs)
+    step = GPT2Step(model, optimizer, "fused" if fused else "naive", use_graphs=graphs)
     losses, grads = [], None
     for _ in range(2):
         tokens = rng.integers(0, CONFIG.vocab_size, (B, T + 1))

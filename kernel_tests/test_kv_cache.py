@@ -7,8 +7,8 @@ import pytest
 
 import minitorch
 from minitorch import DecoderLM
-from minitorch.cuda.graphs import StepGraphs
-from project.mt_decode import greedy_decode, greedy_decode_recompute
+from minitorch.graphs import StepGraphs
+from project.translation.decode import greedy_decode, greedy_decode_recompute
 
 from fused_testing import rel_err
 

@@ -11,8 +11,9 @@ import torch
 import minitorch
 from minitorch import DecoderLM
 from minitorch.fused.linear import linear
-from project.mt_data import PAD_ID, Batch
-from project.mt_steps import TrainStep
+from project.translation.batches import Batch
+from project.translation.step import TranslationStep
+from project.translation.tokenizer import PAD_ID
 
 from fused_testing import rel_err
 
@@ -80,7 +81,7 @@ def _train(use_graphs: bool, loss_kind: str):
     model = DecoderLM(n_vocab=50, n_embd=32, n_head=4, n_positions=32, n_layers=2, p_dropout=0.1, backend=CUDA,
                       use_fused_kernel=True)
     opt = minitorch.AdamW(model.parameters(), lr=3e-3, max_grad_norm=1.0)
-    step = TrainStep(model, opt, CUDA, loss_kind, use_graphs=use_graphs)
+    step = TranslationStep(model, opt, CUDA, loss_kind, use_graphs=use_graphs)
     replays = sum(step(batch, lr=3e-3 * (1 + i % 4)) for i, batch in enumerate(_batches(20, 50, 3)))
     params = [p.value.to_numpy() for p in model.parameters()]
     return params, step.loss_total(), replays, step.captured

@@ -5,8 +5,10 @@ time a CUDA tensor is made and says how to build them if they are missing.
 """
 
 from . import dtypes, nn, operators
+from .attention_config import AttentionConfig
 from .autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from .autodiff import Context, backpropagate, central_difference, enable_grad, no_grad, topological_sort
+from .backends import BackendChoice, choose_backend, cuda_unavailable_reason, peak_memory_mb
 from .checkpoint import checkpoint
 from .cuda_kernel_ops import CudaKernelOps, cuda_memory_stats
 from .fast_ops import FastOps
@@ -20,7 +22,9 @@ from . import precision
 from .precision import float32_matmul_precision, get_float32_matmul_precision, set_float32_matmul_precision
 from .scalar import Scalar, ScalarHistory, derivative_check
 from .rng import get_rng_state, manual_seed, set_rng_state
-from .serialization import load, save
+from . import graphs, serialization
+from .graphs import StepGraphs, StepInputs, StepSeed
+from .serialization import LoadError, atomic_write, load, save
 from .tensor import History, Tensor
 from .tensor_combine import cat, stack, where
 from .dtypes import DType, NoKernelError, bfloat16, bool_, float16, float32, promote_types, result_type
@@ -51,6 +55,7 @@ __all__ = [
     "get_autocast_dtype",
     "is_autocast_enabled",
     "nn",
+    "AttentionConfig",
     "precision",
     "operators",
     "Context",
@@ -59,6 +64,10 @@ __all__ = [
     "enable_grad",
     "no_grad",
     "topological_sort",
+    "BackendChoice",
+    "choose_backend",
+    "cuda_unavailable_reason",
+    "peak_memory_mb",
     "checkpoint",
     "CudaKernelOps",
     "cuda_memory_stats",
@@ -99,6 +108,13 @@ __all__ = [
     "full",
     "get_rng_state",
     "manual_seed",
+    "graphs",
+    "StepGraphs",
+    "StepInputs",
+    "StepSeed",
+    "serialization",
+    "LoadError",
+    "atomic_write",
     "load",
     "ones",
     "ones_like",

@@ -29,7 +29,7 @@ from .fused.embedding import embedding
 from .fused.masks import NEG_BIG
 from .fused.slot_attention import slot_attention, slot_mask
 from .tensor_create import tensor_from_numpy
-from .tensor_data import IndexingError, TensorData
+from .tensor_data import IndexingError
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -38,18 +38,8 @@ if TYPE_CHECKING:
 def _slots(buffer: "Tensor", capacity: int, n_embd: int, start: int, stop: int, heads: int = 0) -> "Tensor":
     """Slots [start, stop) of every row of a [rows, capacity * n_embd] buffer as a view (no copy):
     [rows, stop - start, n_embd], or with heads > 0 [rows, stop - start, heads, n_embd / heads]."""
-    storage = buffer._tensor._storage[start * n_embd :]
-    rows, T = buffer.shape[0], stop - start
-    if heads:
-        shape, strides = (rows, T, heads, n_embd // heads), (capacity * n_embd, n_embd, n_embd // heads, 1)
-    else:
-        shape, strides = (rows, T, n_embd), (capacity * n_embd, n_embd, 1)
-    return buffer._new(TensorData(storage, shape, strides))
-
-
-def _columns(buffer: "Tensor", n: int) -> "Tensor":
-    """The first n columns of every row of a [rows, m] buffer as a view."""
-    return buffer._new(TensorData(buffer._tensor._storage, (buffer.shape[0], n), (buffer.shape[1], 1)))
+    inner = (heads, n_embd // heads) if heads else (n_embd,)
+    return buffer.view(buffer.shape[0], capacity, *inner).narrow(1, start, stop - start)
 
 
 class LayerCache:
@@ -77,9 +67,7 @@ class LayerCache:
             if T != 1:
                 raise IndexingError(f"KVCache in device-slot mode appends one position per step, got {T}")
             for buffer, new in ((self.keys, keys), (self.values, values)):
-                strides = new._tensor.strides
-                rows = new._new(new._tensor.as_strided((c.rows, c.n_embd), (strides[0], strides[2])))
-                write_slot(buffer.view(c.rows, c.capacity, c.n_embd), rows, c.slot)
+                write_slot(buffer.view(c.rows, c.capacity, c.n_embd), new[:, 0], c.slot)
             return (
                 _slots(self.keys, c.capacity, c.n_embd, 0, c.width, heads),
                 _slots(self.values, c.capacity, c.n_embd, 0, c.width, heads),
@@ -163,8 +151,7 @@ class KVCache:
             return None
         mask = self._masks.get(length)
         if mask is None:
-            view = TensorData(self._mask._tensor._storage, (self.rows, length), (self.capacity, 1))
-            mask = self._mask._new(view).contiguous()
+            mask = self._mask.narrow(1, 0, length).contiguous()
             self._masks = {length: mask}
         return mask
 
@@ -220,7 +207,7 @@ class KVCache:
             if layer.spare is None:
                 layer.spare = (layer.keys.zeros(), layer.values.zeros())
             for current, spare in zip((layer.keys, layer.values), layer.spare):
-                gather_rows(_columns(spare, n), _columns(current, n), sources)
+                gather_rows(spare.narrow(1, 0, n), current.narrow(1, 0, n), sources)
             (layer.keys, layer.values), layer.spare = layer.spare, (layer.keys, layer.values)
         self.parity ^= 1
 

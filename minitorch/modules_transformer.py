@@ -17,17 +17,16 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 
 from . import nn
+from .attention_config import AttentionConfig, resolve_attention_config
 from .checkpoint import checkpoint
-from .fused.attention import check_activation, fused_attention_qkv
-from .fused.masks import NEG_BIG, masked_scores
+from .fused.attention import fused_attention_qkv
+from .fused.masks import masked_scores
 from .kv_cache import KVCache, LayerCache
 from .module import Module, ModuleList
 from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
 from .tensor import Tensor
 from .tensor_create import tensor_from_numpy
 from .tensor_data import IndexingError
-
-ATTENTIONS = ("naive", "fused")  # MultiHeadAttention(attention=...): scores materialized or not
 
 
 class MultiHeadAttention(Module):
@@ -42,22 +41,20 @@ class MultiHeadAttention(Module):
     0 for a real key, a large negative value (-1e9) or -inf for a padded one. causal=True keeps
     key j of query i only when j <= i.
 
-    use_fused_kernel=True runs the softmax as Tensor.attn_softmax (one fused op that applies the
-    causal mask itself, so no [T, T] mask tensor is built); otherwise nn.softmax runs over scores
-    plus explicit mask tensors. Both compute the same function. It needs the naive path with the
-    softmax activation (the other paths have no separate softmax) and raises ValueError otherwise.
-
-    attention="fused" runs the whole of softmax(q k^T / sqrt(D) + masks) v as minitorch.fused_attention_qkv
-    (on CUDA: no [B, H, T, T] tensor in forward or backward); "naive" builds the scores as above.
-    activation="relu" replaces the softmax by relu(q k^T / sqrt(D) + masks) (masked keys give 0),
-    with either attention path.
+    config (minitorch.AttentionConfig; default: from_flags of the keywords use_fused_kernel,
+    attention and activation) chooses the path.  attention "fused" runs the whole of
+    softmax(q k^T / sqrt(D) + masks) v as minitorch.fused_attention_qkv (on CUDA: no [B, H, T, T]
+    tensor in forward or backward); "naive" builds the scores and adds the masks
+    (fused.masks.masked_scores), then takes their softmax, as Tensor.attn_softmax (one fused op that
+    applies the masks itself) with fused_softmax.  activation "relu" replaces the softmax by
+    relu(q k^T / sqrt(D) + masks) (masked keys give 0), on either path.
 
     cache (a LayerCache of a KVCache, for decoding): x holds the next T positions of each row; their
     keys and values are appended to the cache and the queries attend to every filled slot (the
     cache's key mask replaces padding_mask; causal within the new positions).  The scores are then
-    [B, H, T, L] for L filled slots, computed as on the naive path; a fused path (use_fused_kernel
-    or attention="fused") takes their softmax with Tensor.attn_softmax.  A softmax decoding step in the
-    cache's device-slot mode (T = 1) runs fused.slot_attention instead, on every path.
+    [B, H, T, L] for L filled slots, computed as on the naive path, their softmax fused where
+    config.decode_fused_softmax.  A softmax decoding step in the cache's device-slot mode (T = 1)
+    runs fused.slot_attention instead, on every path.
     """
 
     def __init__(
@@ -71,30 +68,21 @@ class MultiHeadAttention(Module):
         use_fused_kernel: bool = False,
         attention: str = "naive",
         activation: str = "softmax",
+        config: Optional[AttentionConfig] = None,
     ):
         super().__init__()
         if n_head < 1 or n_embd % n_head:
             raise ValueError(f"n_embd {n_embd} must be a positive multiple of n_head {n_head}")
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
-        check_activation("MultiHeadAttention", activation)
-        if use_fused_kernel and (attention != "naive" or activation != "softmax"):
-            raise ValueError(
-                f"MultiHeadAttention(use_fused_kernel=True) fuses the softmax of the naive attention path, but "
-                f"attention={attention!r} with activation={activation!r} has no separate softmax to fuse; "
-                f"pass use_fused_kernel=False (DecoderLM and TransformerLayer do this for you)"
-            )
-        self.attention_path = attention
-        self.activation = activation
+        self.attention_config = resolve_attention_config(
+            "MultiHeadAttention", config, use_fused_kernel, attention, activation
+        )
         self.n_embd = n_embd
         self.n_head = n_head
         self.head_dim = n_embd // n_head
         self.causal = causal
-        self.use_fused_kernel = use_fused_kernel
         self.qkv_projection = Linear(n_embd, 3 * n_embd, bias=bias, backend=backend)
         self.out_projection = Linear(n_embd, n_embd, bias=bias, backend=backend)
         self.dropout = Dropout(p_dropout)
-        self._causal_masks: Dict[Any, Tensor] = {}
 
     def _upgrade_entries(self, state: Dict[str, Any], prefix: str) -> None:
         """The older layout: separate q_projection, k_projection and v_projection Linears, packed
@@ -105,17 +93,6 @@ class MultiHeadAttention(Module):
                 values = [state.pop(n) for n in names]
                 arrays = [v.to_numpy() if hasattr(v, "to_numpy") else np.asarray(v, dtype=np.float32) for v in values]
                 state[f"{prefix}qkv_projection.{part}"] = np.concatenate(arrays, axis=-1)
-
-    def causal_mask(self, like: Tensor, T: int) -> Tensor:
-        """Additive [T, T] mask (0 on and below the diagonal, NEG_BIG above), built
-        with backend ops on like's backend and kept per length and backend."""
-        mask = self._causal_masks.get((T, like.backend.ops))
-        if mask is None:
-            rows = like._arange(T).view(T, 1)
-            cols = like._arange(T).view(1, T)
-            mask = ((rows < cols) * NEG_BIG).contiguous()
-            self._causal_masks[(T, like.backend.ops)] = mask
-        return mask
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, cache: Optional[LayerCache] = None) -> Tensor:
         if x.dims != 3 or x.shape[2] != self.n_embd:
@@ -129,9 +106,10 @@ class MultiHeadAttention(Module):
                 raise ValueError("MultiHeadAttention: with a cache, padding comes from the cache's key mask")
             return self._forward_cached(x, cache)
         qkv = self.qkv_projection(x)
-        if self.attention_path == "fused":
+        config = self.attention_config
+        if config.attention == "fused":
             out = fused_attention_qkv(
-                qkv, H, padding_mask, causal=self.causal, activation=self.activation, scale=1.0 / math.sqrt(D)
+                qkv, H, padding_mask, causal=self.causal, activation=config.activation, scale=1.0 / math.sqrt(D)
             )
             attended = out.permute(0, 2, 1, 3).contiguous().view(B, T, C)
             return self.dropout(self.out_projection(attended))
@@ -140,15 +118,7 @@ class MultiHeadAttention(Module):
         q = (heads[:, :, 0] * (1.0 / math.sqrt(D))).permute(0, 2, 1, 3)
         k_t = heads[:, :, 1].permute(0, 2, 3, 1)
         v = heads[:, :, 2].permute(0, 2, 1, 3)
-        scores = q @ k_t
-        if self.use_fused_kernel:
-            probs = scores.attn_softmax(padding_mask, causal=self.causal)
-        else:
-            if padding_mask is not None:
-                scores = scores + padding_mask.view(B, 1, 1, T)
-            if self.causal:
-                scores = scores + self.causal_mask(x, T)
-            probs = nn.softmax(scores, 3) if self.activation == "softmax" else scores.relu()
+        probs = self._probabilities(q @ k_t, padding_mask, self.causal, config.fused_softmax)
         attended = (probs @ v).permute(0, 2, 1, 3).contiguous().view(B, T, C)
         return self.dropout(self.out_projection(attended))
 
@@ -157,22 +127,26 @@ class MultiHeadAttention(Module):
         H, D = self.n_head, self.head_dim
         qkv = self.qkv_projection(x)
         keys, values = cache.append(qkv[:, :, C : 2 * C], qkv[:, :, 2 * C :], H)
-        if cache.cache.slot is not None and self.activation == "softmax":
+        if cache.cache.slot is not None and self.attention_config.activation == "softmax":
             attended = cache.attend(qkv.view(B, 3 * C)[:, :C], H, 1.0 / math.sqrt(D))
             return self.dropout(self.out_projection(attended.view(B, T, C)))
         q = (qkv[:, :, :C] * (1.0 / math.sqrt(D))).view(B, T, H, D).permute(0, 2, 1, 3)
-        L = keys.shape[1]
-        scores = q @ keys.permute(0, 2, 3, 1)
-        mask = cache.cache.key_mask(L)
-        if self.activation == "softmax" and (self.use_fused_kernel or self.attention_path == "fused"):
-            probs = scores.attn_softmax(mask, causal=True)
-        else:
-            scores, _ = masked_scores(scores, mask, causal=True)
-            probs = nn.softmax(scores, 3) if self.activation == "softmax" else scores.relu()
+        mask = cache.cache.key_mask(keys.shape[1])
+        fused = self.attention_config.decode_fused_softmax
+        probs = self._probabilities(q @ keys.permute(0, 2, 3, 1), mask, True, fused)
         attended = probs @ values.permute(0, 2, 1, 3)
         if T > 1:
             attended = attended.permute(0, 2, 1, 3).contiguous()
         return self.dropout(self.out_projection(attended.view(B, T, C)))
+
+    def _probabilities(self, scores: Tensor, mask: Optional[Tensor], causal: bool, fused: bool) -> Tensor:
+        """The attention weights of scores [B, H, Tq, Tk] under the additive key mask [B, Tk] and the
+        causal rule: fused, Tensor.attn_softmax applies both; otherwise the masked scores' softmax
+        (or relu, the relu activation)."""
+        if fused:
+            return scores.attn_softmax(mask, causal=causal)
+        scores, _ = masked_scores(scores, mask, causal)
+        return nn.softmax(scores, 3) if self.attention_config.activation == "softmax" else scores.relu()
 
 
 class FeedForward(Module):
@@ -198,10 +172,10 @@ class FeedForward(Module):
 class TransformerLayer(Module):
     """Pre-LN block: x + attention(ln_1(x)), then + feed_forward(ln_2(x)).
 
-    The feed-forward width is 4 * n_embd unless middle_dim says otherwise; use_fused_kernel
-    selects the fused LayerNorm (Tensor.layernorm) and, where the attention path has a separate
-    softmax (attention="naive", activation="softmax"), the fused softmax; attention and activation
-    go to MultiHeadAttention.
+    The feed-forward width is 4 * n_embd unless middle_dim says otherwise.  config
+    (minitorch.AttentionConfig; default: from_flags of use_fused_kernel, attention and activation,
+    so use_fused_kernel selects the fused LayerNorm and, where the attention path has a separate
+    softmax, the fused softmax) goes to the LayerNorms and to MultiHeadAttention.
     """
 
     def __init__(
@@ -217,15 +191,16 @@ class TransformerLayer(Module):
         middle_dim: Optional[int] = None,
         attention: str = "naive",
         activation: str = "softmax",
+        config: Optional[AttentionConfig] = None,
     ):
         super().__init__()
-        self.ln_1 = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=use_fused_kernel)
+        config = resolve_attention_config("TransformerLayer", config, use_fused_kernel, attention, activation)
+        self.attention_config = config
+        self.ln_1 = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=config.fused_layernorm)
         self.attention = MultiHeadAttention(
-            n_embd, n_head, causal=causal, p_dropout=p_dropout, bias=bias, backend=backend,
-            use_fused_kernel=use_fused_kernel and attention == "naive" and activation == "softmax",
-            attention=attention, activation=activation,
+            n_embd, n_head, causal=causal, p_dropout=p_dropout, bias=bias, backend=backend, config=config
         )
-        self.ln_2 = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=use_fused_kernel)
+        self.ln_2 = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=config.fused_layernorm)
         self.ff = FeedForward(
             n_embd, 4 * n_embd if middle_dim is None else middle_dim, p_dropout=p_dropout, bias=bias, backend=backend
         )
@@ -247,7 +222,8 @@ class DecoderLM(Module):
     recompute_layers=True runs each TransformerLayer under minitorch.checkpoint: backward
     recomputes a layer's activations (same dropout masks) instead of keeping them from forward,
     so training holds one layer's activations plus each layer's input; gradients are unchanged.
-    attention ("naive" | "fused") and activation ("softmax" | "relu") go to every MultiHeadAttention.
+    config (minitorch.AttentionConfig; default: from_flags of use_fused_kernel, attention ("naive" |
+    "fused") and activation ("softmax" | "relu")) goes to every TransformerLayer and the final LayerNorm.
 
     Incremental decoding: new_cache(...) makes a KVCache; hidden_states(ids, cache=cache) then runs
     only the new positions ids [B, T] (the prompt first, then one token per step), appending their
@@ -269,8 +245,11 @@ class DecoderLM(Module):
         recompute_layers: bool = False,
         attention: str = "naive",
         activation: str = "softmax",
+        config: Optional[AttentionConfig] = None,
     ):
         super().__init__()
+        config = resolve_attention_config("DecoderLM", config, use_fused_kernel, attention, activation)
+        self.attention_config = config
         self.n_vocab = n_vocab
         self.recompute_layers = recompute_layers
         self.n_embd = n_embd
@@ -281,13 +260,12 @@ class DecoderLM(Module):
         self.layers = ModuleList(
             [
                 TransformerLayer(
-                    n_embd, n_head, p_dropout=p_dropout, ln_eps=ln_eps, bias=bias, backend=backend,
-                    use_fused_kernel=use_fused_kernel, attention=attention, activation=activation,
+                    n_embd, n_head, p_dropout=p_dropout, ln_eps=ln_eps, bias=bias, backend=backend, config=config
                 )
                 for _ in range(n_layers)
             ]
         )
-        self.ln = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=use_fused_kernel)
+        self.ln = LayerNorm1d(n_embd, eps=ln_eps, backend=backend, use_fused_kernel=config.fused_layernorm)
         self.lm_head = Linear(n_embd, n_vocab, bias=bias, backend=backend)
 
     def new_cache(self, like: Tensor, rows: int, capacity: int, pads: Optional[Sequence[int]] = None) -> KVCache:

@@ -67,6 +67,12 @@ class Adam(Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
     ):
+        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+            raise ValueError(f"{type(self).__name__} betas must be in [0, 1), got beta1={beta1}, beta2={beta2}")
+        if lr < 0.0 or eps < 0.0 or weight_decay < 0.0:
+            raise ValueError(
+                f"{type(self).__name__} needs lr, eps and weight_decay >= 0, got {lr}, {eps}, {weight_decay}"
+            )
         super().__init__(parameters)
         self.lr = lr
         self.beta1 = beta1
@@ -139,10 +145,6 @@ class AdamW(Adam):
         weight_decay: float = 1e-2,
         max_grad_norm: Optional[float] = None,
     ):
-        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
-            raise ValueError(f"AdamW betas must be in [0, 1), got beta1={beta1}, beta2={beta2}")
-        if lr < 0.0 or eps < 0.0 or weight_decay < 0.0:
-            raise ValueError(f"AdamW needs lr, eps and weight_decay >= 0, got {lr}, {eps}, {weight_decay}")
         if max_grad_norm is not None and not max_grad_norm > 0.0:
             raise ValueError(f"AdamW max_grad_norm must be positive or None, got {max_grad_norm}")
         super().__init__(parameters, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)

@@ -31,6 +31,18 @@ def default_backend() -> TensorBackend:
     return TensorBackend(FastOps)
 
 
+def _elementwise(fn: Type[F.Function], doc: str) -> Callable[["Tensor"], "Tensor"]:
+    """A Tensor method applying the one-input Function fn."""
+
+    def method(self: "Tensor") -> "Tensor":
+        return fn.apply(self)
+
+    method.__name__ = fn.__name__.lower()
+    method.__qualname__ = f"Tensor.{method.__name__}"
+    method.__doc__ = doc
+    return method
+
+
 @dataclass
 class History:
     """How a tensor was made: the Function, its context and its inputs (None fn for a leaf)."""
@@ -321,24 +333,12 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         """value where mask is non-zero, this tensor elsewhere."""
         return self._ensure(float(value)).where(mask, self)
 
-    def sigmoid(self) -> "Tensor":
-        return F.Sigmoid.apply(self)
-
-    def relu(self) -> "Tensor":
-        return F.ReLU.apply(self)
-
-    def gelu(self) -> "Tensor":
-        """GELU with the tanh approximation."""
-        return F.GELU.apply(self)
-
-    def log(self) -> "Tensor":
-        return F.Log.apply(self)
-
-    def exp(self) -> "Tensor":
-        return F.Exp.apply(self)
-
-    def tanh(self) -> "Tensor":
-        return F.Tanh.apply(self)
+    sigmoid = _elementwise(F.Sigmoid, "1 / (1 + exp(-x)), elementwise.")
+    relu = _elementwise(F.ReLU, "max(x, 0), elementwise.")
+    gelu = _elementwise(F.GELU, "GELU with the tanh approximation, elementwise.")
+    log = _elementwise(F.Log, "The natural logarithm, elementwise.")
+    exp = _elementwise(F.Exp, "e ** x, elementwise.")
+    tanh = _elementwise(F.Tanh, "The hyperbolic tangent, elementwise.")
 
     # ---- autodiff helpers --------------------------------------------------------------------
     def _sum_to(self, shape: UserShape) -> "Tensor":

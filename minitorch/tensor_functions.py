@@ -11,7 +11,7 @@ The fused ops' Functions live in `minitorch.fused`, one module each.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Type
 
 from .autodiff import Context, is_grad_enabled
 from .dtypes import DType, arithmetic, result_type
@@ -99,35 +99,19 @@ class _Pointwise(Function):
         return grad_output._new(back(saved._tensor, grad_output._tensor))
 
 
-class Inv(_Pointwise):
-    map_name, back_name = "inv_map", "inv_back_zip"
+def _pointwise(name: str, back_name: str, saves_output: bool = False) -> Type[_Pointwise]:
+    """The _Pointwise Function `name` of the backend's map `<name in lower case>_map`."""
+    attributes = {"map_name": f"{name.lower()}_map", "back_name": back_name, "saves_output": saves_output}
+    return type(name, (_Pointwise,), {**attributes, "__module__": __name__})
 
 
-class Sigmoid(_Pointwise):
-    map_name, back_name = "sigmoid_map", "sigmoid_back_zip"
-    saves_output = True
-
-
-class ReLU(_Pointwise):
-    map_name, back_name = "relu_map", "relu_back_zip"
-
-
-class GELU(_Pointwise):
-    map_name, back_name = "gelu_map", "gelu_back_zip"
-
-
-class Tanh(_Pointwise):
-    map_name, back_name = "tanh_map", "tanh_back_zip"
-    saves_output = True
-
-
-class Log(_Pointwise):
-    map_name, back_name = "log_map", "log_back_zip"
-
-
-class Exp(_Pointwise):
-    map_name, back_name = "exp_map", "mul_zip"
-    saves_output = True
+Inv = _pointwise("Inv", "inv_back_zip")
+Sigmoid = _pointwise("Sigmoid", "sigmoid_back_zip", saves_output=True)
+ReLU = _pointwise("ReLU", "relu_back_zip")
+GELU = _pointwise("GELU", "gelu_back_zip")
+Tanh = _pointwise("Tanh", "tanh_back_zip", saves_output=True)
+Log = _pointwise("Log", "log_back_zip")
+Exp = _pointwise("Exp", "mul_zip", saves_output=True)  # d/dx exp(x) = exp(x): the saved output times the gradient
 
 
 class Add(Function):
@@ -140,22 +124,35 @@ class Add(Function):
         return grad_output, grad_output
 
 
-class Mul(Function):
-    @staticmethod
-    def forward(ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
-        ctx.save_for_backward(a, b)
-        return a._new(a.backend.mul_zip(a._tensor, b._tensor))
+class _Product(Function):
+    """A product bilinear in a and b (the backend's op `op_name`): the gradients are op(g, b') and
+    op(a', g), where ' is `adjoint` (the values themselves for Mul, the transpose for MatMul)."""
+
+    op_name: str
 
     @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> Tuple[Optional["Tensor"], Optional["Tensor"]]:
+    def adjoint(t: "Tensor") -> TensorData:
+        return t._tensor
+
+    @classmethod
+    def forward(cls, ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
+        ctx.save_for_backward(a, b)
+        return a._new(getattr(a.backend, cls.op_name)(a._tensor, b._tensor))
+
+    @classmethod
+    def backward(cls, ctx: Context, grad_output: "Tensor") -> Tuple[Optional["Tensor"], Optional["Tensor"]]:
         a, b = ctx.saved_values
-        mul = grad_output.backend.mul_zip
+        op = getattr(grad_output.backend, cls.op_name)
         g = grad_output._tensor
         need_a, need_b = ctx.needs_input_grad
         return (
-            grad_output._new(mul(g, b._tensor)) if need_a else None,
-            grad_output._new(mul(g, a._tensor)) if need_b else None,
+            grad_output._new(op(g, cls.adjoint(b))) if need_a else None,
+            grad_output._new(op(cls.adjoint(a), g)) if need_b else None,
         )
+
+
+class Mul(_Product):
+    op_name = "mul_zip"
 
 
 class AddScalar(Function):
@@ -349,22 +346,9 @@ def _transpose(t: "Tensor") -> TensorData:
     return t._tensor.permute(*order)
 
 
-class MatMul(Function):
-    @staticmethod
-    def forward(ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
-        ctx.save_for_backward(a, b)
-        return a._new(a.backend.matrix_multiply(a._tensor, b._tensor))
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> Tuple[Optional["Tensor"], Optional["Tensor"]]:
-        a, b = ctx.saved_values
-        mm = grad_output.backend.matrix_multiply
-        g = grad_output._tensor
-        need_a, need_b = ctx.needs_input_grad
-        return (
-            grad_output._new(mm(g, _transpose(b))) if need_a else None,
-            grad_output._new(mm(_transpose(a), g)) if need_b else None,
-        )
+class MatMul(_Product):
+    op_name = "matrix_multiply"
+    adjoint = staticmethod(_transpose)
 
 
 class ClampMin(Function):

@@ -303,13 +303,32 @@ class Indexing:
         return self._new(TensorData(self.backend.ops.storage_from_numpy(arr), arr.shape))
 
     def narrow(self: "Tensor", dim: int, start: int, length: int) -> "Tensor":
-        """Positions start .. start + length - 1 of dim, as a view."""
+        """Positions start .. start + length - 1 of dim, as torch.narrow: a view sharing this tensor's
+        storage (writing into it writes this tensor), start may count from the end (-size <= start
+        <= size), and the gradient lands in the narrowed range with zeros elsewhere."""
+        call = f"narrow(dim={dim}, start={start}, length={length})"
+        for name, value in (("dim", dim), ("start", start), ("length", length)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{call}: {name} must be an int, got {type(value).__name__}")
+        if self.dims == 0:
+            raise IndexingError(f"{call} cannot be applied to a 0-dim tensor")
         d = self._dim(dim)
         size = self.shape[d]
-        s = start + size if start < 0 else start
-        if not (0 <= s <= size and 0 <= length <= size - s):
-            raise IndexingError(f"narrow(dim={dim}, start={start}, length={length}) is out of range for shape {self.shape}")
-        return self[(slice(None),) * d + (slice(s, s + length),)]
+        if not -size <= start <= size:
+            raise IndexingError(
+                f"{call}: start must be in [-{size}, {size}] for dim {dim} of size {size} (shape {self.shape})"
+            )
+        if length < 0:
+            raise IndexingError(f"{call}: length must be non-negative")
+        s = int(start) + size if start < 0 else int(start)
+        if s + length > size:
+            raise IndexingError(
+                f"{call}: start ({s}) + length ({length}) exceeds size {size} of dim {dim} (shape {self.shape})"
+            )
+        shape = self.shape[:d] + (int(length),) + self.shape[d + 1 :]
+        starts = tuple(s if i == d and length else 0 for i in range(self.dims))
+        plan = ViewPlan(shape, starts, tuple((i, 1) for i in range(self.dims)))
+        return self._keep_dtype(StridedView.apply(self, plan))
 
     def index_select(self: "Tensor", dim: int, index: Any) -> "Tensor":
         """The positions of a 1-D integer index along dim (a copy), as torch.index_select."""

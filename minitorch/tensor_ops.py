@@ -16,7 +16,7 @@ where they have no kernel for it.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -147,13 +147,7 @@ class SimpleOps(TensorOps):
     def zip(fn: Callable[[float, float], float]) -> Callable[[TensorData, TensorData], TensorData]:
         def ret(x: TensorData, y: TensorData) -> TensorData:
             o = empty(SimpleOps, shape_broadcast(x.shape, y.shape))
-            oi = np.zeros(o.dims, np.int64)
-            ai = np.zeros(x.dims, np.int64)
-            bi = np.zeros(y.dims, np.int64)
-            for i in range(o.size):
-                to_index(i, o.np_shape, oi)
-                broadcast_index(oi, o.np_shape, x.np_shape, ai)
-                broadcast_index(oi, o.np_shape, y.np_shape, bi)
+            for oi, ai, bi in _broadcast_indices(o, x, y):
                 o._storage[index_to_position(oi, o.np_strides)] = fn(
                     float(x._storage[index_to_position(ai, x.np_strides)]),
                     float(y._storage[index_to_position(bi, y.np_strides)]),
@@ -185,13 +179,7 @@ class SimpleOps(TensorOps):
         batch = shape_broadcast(x.shape[:-2], y.shape[:-2])
         n, k, m = x.shape[-2], x.shape[-1], y.shape[-1]
         o = empty(SimpleOps, batch + (n, m))
-        oi = np.zeros(o.dims, np.int64)
-        ai = np.zeros(x.dims, np.int64)
-        bi = np.zeros(y.dims, np.int64)
-        for i in range(o.size):
-            to_index(i, o.np_shape, oi)
-            broadcast_index(oi, o.np_shape, x.np_shape, ai)
-            broadcast_index(oi, o.np_shape, y.np_shape, bi)
+        for oi, ai, bi in _broadcast_indices(o, x, y):
             acc = 0.0
             for j in range(k):
                 ai[-1] = j
@@ -203,12 +191,20 @@ class SimpleOps(TensorOps):
         return o
 
 
-def _simple_map(fn: Callable[[float], float], o: TensorData, x: TensorData) -> None:
+def _broadcast_indices(o: TensorData, *inputs: TensorData) -> Iterator[Tuple[np.ndarray, ...]]:
+    """For each element of o in row-major order: its index, then the index of each input that
+    broadcasts to it (index arrays reused from one element to the next)."""
     oi = np.zeros(o.dims, np.int64)
-    ai = np.zeros(x.dims, np.int64)
+    indices = [np.zeros(t.dims, np.int64) for t in inputs]
     for i in range(o.size):
         to_index(i, o.np_shape, oi)
-        broadcast_index(oi, o.np_shape, x.np_shape, ai)
+        for t, ti in zip(inputs, indices):
+            broadcast_index(oi, o.np_shape, t.np_shape, ti)
+        yield (oi, *indices)
+
+
+def _simple_map(fn: Callable[[float], float], o: TensorData, x: TensorData) -> None:
+    for oi, ai in _broadcast_indices(o, x):
         o._storage[index_to_position(oi, o.np_strides)] = fn(float(x._storage[index_to_position(ai, x.np_strides)]))
 
 

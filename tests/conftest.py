@@ -42,7 +42,7 @@ def corpus_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def straight_run(corpus_dir, tmp_path_factory):
     """The tiny translation model trained two epochs in one go (main()'s result)."""
-    from project import run_machine_translation as run_mt
+    from project.translation import main as run_mt
 
     out = tmp_path_factory.mktemp("straight")
     return run_mt.main(TINY + ["--epochs", "2", "--data-dir", str(corpus_dir), "--out-dir", str(out)])

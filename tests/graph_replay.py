@@ -8,7 +8,7 @@ go on, and its buffer is recorded; every host<->device transfer raises CaptureEr
 cannot hold one, or would replay it with the host values of the capture).  Buffers made in a
 capture start as zeros, elsewhere as NaN (uninitialized memory).  A replay re-runs the recorded ops
 on the recorded buffers with the recorded host values (sizes, scalars), each result written into
-the buffer the capture returned.  `EmulatedGraphs` stands in for minitorch.cuda.graphs.StepGraphs.
+the buffer the capture returned.  `EmulatedGraphs` stands in for minitorch.graphs.StepGraphs.
 BeamState's step gets a hook, the NumPy reference on the same buffers, as CUDA has a kernel for it.
 """
 
@@ -111,7 +111,7 @@ EMULATED = _emulated_backend()
 
 
 class EmulatedGraphs:
-    """minitorch.cuda.graphs.StepGraphs on EMULATED: the first step of a key runs, then is captured
+    """minitorch.graphs.StepGraphs on EMULATED: the first step of a key runs, then is captured
     (recorded); later steps of that key replay the records."""
 
     def __init__(self, enabled: bool):

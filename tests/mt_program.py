@@ -17,9 +17,9 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 import pytest
 
-from project import mt_data
-from project.mt_run import CHECKPOINT_KIND
-from project.run_checkpoint import CheckpointError, load_checkpoint
+from project.common.checkpoint import CheckpointError, load_checkpoint
+from project.translation import corpus as mt_corpus
+from project.translation.options import CHECKPOINT_KIND
 
 REAL_DATA_DIR = Path(__file__).resolve().parent.parent / ".." / "shared" / "data" / "multi30k"
 SPLIT_SIZES = {"train": 240, "valid": 32, "test": 12}
@@ -47,13 +47,13 @@ def generated_pairs(n: int, seed: int) -> List[Tuple[str, str]]:
 
 
 def write_corpus(directory: Path) -> None:
-    real = not mt_data.missing_files(REAL_DATA_DIR)
+    real = not mt_corpus.missing_files(REAL_DATA_DIR)
     for i, (split, n) in enumerate(SPLIT_SIZES.items()):
         if real:
-            pairs = [tuple(" ".join(s.split()[:4]) for s in pair) for pair in mt_data.read_split(REAL_DATA_DIR, split)[:n]]
+            pairs = [tuple(" ".join(s.split()[:4]) for s in pair) for pair in mt_corpus.read_split(REAL_DATA_DIR, split)[:n]]
         else:
             pairs = generated_pairs(n, seed=i)
-        for side, lang in enumerate(mt_data.LANGUAGES):
+        for side, lang in enumerate(mt_corpus.LANGUAGES):
             with gzip.open(directory / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
                 f.writelines(pair[side] + "\n" for pair in pairs)
 

@@ -11,10 +11,10 @@ from graph_replay import EMULATED, FAST, CaptureError, EmulatedGraphs
 
 import minitorch
 from minitorch import DecoderLM
-from project import mt_decode
-from project.mt_beam import BeamDecoder, beam_search
-from project.mt_data import EOS_DE_ID, EOS_EN_ID
-from project.mt_decode import GreedyDecoder, greedy_decode_recompute
+from project.translation import decode as mt_decode
+from project.translation.beam import BeamDecoder, beam_search
+from project.translation.tokenizer import EOS_DE_ID, EOS_EN_ID
+from project.translation.decode import GreedyDecoder, greedy_decode_recompute
 
 
 @pytest.fixture(autouse=True)

@@ -11,9 +11,9 @@ from minitorch_testing import FAST, assert_close, mt
 import minitorch
 from minitorch import DecoderLM, KVCache
 from minitorch.fused.topk import top_k
-from project.mt_beam import beam_search
-from project.mt_data import EOS_DE_ID, EOS_EN_ID
-from project.mt_decode import greedy_decode, greedy_decode_recompute
+from project.translation.beam import beam_search
+from project.translation.tokenizer import EOS_DE_ID, EOS_EN_ID
+from project.translation.decode import greedy_decode, greedy_decode_recompute
 
 
 OPTIONS = [{"use_fused_kernel": True}, {"use_fused_kernel": False}, {"attention": "fused", "activation": "relu"}]

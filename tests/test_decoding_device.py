@@ -14,8 +14,8 @@ from minitorch import DecoderLM
 from minitorch.beam_search import BeamState
 from minitorch.fused.device_indexed import gather_rows, write_slot
 from minitorch.fused.slot_attention import slot_attention
-from project.mt_beam import beam_search
-from project.mt_data import EOS_DE_ID, EOS_EN_ID
+from project.translation.beam import beam_search
+from project.translation.tokenizer import EOS_DE_ID, EOS_EN_ID
 
 
 def test_write_slot_and_gather_rows_match_numpy(backend) -> None:

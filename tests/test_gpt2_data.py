@@ -1,4 +1,4 @@
-"""Tests for project/gpt2_data.py: text -> tokenizer + llm.c token shards (train/val)."""
+"""Tests for project/gpt2/data.py: text -> tokenizer + llm.c token shards (train/val)."""
 
 import gzip
 import math
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from project import gpt2_data
-from project.gpt2_data import build_parser, main, prepare_shards, read_documents
-from project.llmc_format import ShardLoader, read_shard
+from project.gpt2 import data as gpt2_data
+from project.gpt2.data import build_parser, main, prepare_shards, read_documents
+from project.gpt2.llmc import read_shard
+from project.gpt2.shards import ShardLoader
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MULTI30K_EN = REPO_ROOT / ".." / "shared" / "data" / "multi30k" / "train.en.gz"

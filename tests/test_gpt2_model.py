@@ -1,4 +1,4 @@
-"""Tests for project/gpt2_model.py and project/gpt2_sample.py: llm.c layout in and out, GPT-2's
+"""Tests for project/gpt2/model.py and project/gpt2/sample.py: llm.c layout in and out, GPT-2's
 initialisation, loss and gradients against a float64 torch GPT-2 (softmax and ReLU attention),
 training on a generated shard, decoding, and errors."""
 
@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import minitorch
-from project.gpt2_model import GPT2, gpt2_init_params, row_range
-from project.gpt2_sample import generate, sample_token
-from project.gpt2_training import TrainStep
-from project.llmc_format import GPT2Config, LlmcFormatError, ShardLoader, parameter_shapes, read_checkpoint, write_shard
+from project.gpt2.llmc import GPT2Config, LlmcFormatError, parameter_shapes, read_checkpoint, write_shard
+from project.gpt2.model import GPT2, gpt2_init_params
+from project.gpt2.sample import generate, sample_token
+from project.gpt2.shards import ShardLoader
+from project.gpt2.training import GPT2Step
 
 F = torch.nn.functional
 CONFIG = GPT2Config(max_seq_len=16, vocab_size=60, padded_vocab_size=64, num_layers=2, num_heads=4, channels=64)
@@ -145,21 +146,22 @@ def test_tiny_model_trains_on_a_generated_shard(tmp_path):
     loader = ShardLoader(str(tmp_path / "t_train_*.bin"), 4, 16)
     model = GPT2.fresh(CONFIG, seed=10, backend=FAST, attention="fused")
     optimizer = minitorch.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, max_grad_norm=1.0)
-    step = TrainStep(model, optimizer, "fused")
+    step = GPT2Step(model, optimizer, "fused")
     losses = [step(*loader.next_batch(), 3e-3)[0] for _ in range(6)]
     assert losses[0] > 3.5 and losses[-1] < losses[0] - 0.5, losses
 
 
-def test_row_range_is_a_view_with_gradient():
+def test_narrow_rows_are_a_view_with_gradient():
+    """The tied LM head and the last positions are row ranges of wte and the hidden states: Tensor.narrow."""
     t = minitorch.tensor_from_numpy(np.arange(12.0).reshape(4, 3), backend=FAST, requires_grad=True)
-    rows = row_range(t, 1, 3)
+    rows = t.narrow(0, 1, 2)
     np.testing.assert_array_equal(rows.to_numpy(), np.arange(3.0, 9.0).reshape(2, 3))
     (rows * rows).sum().backward()
     expected = np.zeros((4, 3))
     expected[1:3] = 2 * np.arange(3.0, 9.0).reshape(2, 3)
     np.testing.assert_array_equal(t.grad.to_numpy(), expected)
-    with pytest.raises(minitorch.IndexingError, match=r"rows \[3, 5\)"):
-        row_range(t, 3, 5)
+    with pytest.raises(minitorch.IndexingError, match=r"start \(3\) \+ length \(2\) exceeds size 4"):
+        t.narrow(0, 3, 2)
 
 
 def test_generate_greedy_and_sampled():

@@ -1,4 +1,4 @@
-"""Tests for project/llmc_format.py: llm.c's checkpoint and token-shard formats, ShardLoader."""
+"""Tests for project/gpt2/llmc.py and shards.py: llm.c's checkpoint and token-shard formats, ShardLoader."""
 
 import json
 import struct
@@ -7,13 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from project.llmc_format import (
+from project.gpt2.llmc import (
     GPT2_124M,
     PARAMETER_NAMES,
     GPT2Config,
     LlmcFormatError,
-    ShardLoader,
-    expand_shard_pattern,
     num_parameters,
     pad_vocab_size,
     parameter_shapes,
@@ -23,6 +21,7 @@ from project.llmc_format import (
     write_checkpoint,
     write_shard,
 )
+from project.gpt2.shards import ShardLoader, expand_shard_pattern
 
 TINY = GPT2Config(max_seq_len=8, vocab_size=10, padded_vocab_size=16, num_layers=2, num_heads=2, channels=4)
 

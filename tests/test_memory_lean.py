@@ -309,7 +309,7 @@ def test_training_program_fused_loss_and_checkpointing(tmp_path) -> None:
     program (same seed): the same losses up to float rounding."""
     from mt_program import TINY, write_corpus
 
-    from project import run_machine_translation as run_mt
+    from project.translation import main as run_mt
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -1,326 +1,22 @@
-"""Tests for project/mt_data.py: corpus reading and download, tokenizer, sequences, batches."""
+"""Tests for project/translation/tokenizer.py and batches.py: the tokenizer, sequences, batches and
+the prompts of decoding."""
 
-import contextlib
-import gzip
-import hashlib
-import http.server
 import json
-import socket
-import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
+from test_mt_corpus import REAL_DATA_DIR, needs_real_corpus, synthetic_pairs
 
-from project import mt_data
-from project.mt_data import EOS_DE_ID, EOS_EN_ID, PAD_ID
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-REAL_DATA_DIR = REPO_ROOT / ".." / "shared" / "data" / "multi30k"
-needs_real_corpus = pytest.mark.skipif(
-    bool(mt_data.missing_files(REAL_DATA_DIR)),
-    reason=f"real Multi30k corpus not present at {REAL_DATA_DIR}",
-)
-
-
-def closed_port_url() -> str:
-    """A loopback URL on a port nobody listens on: connecting is refused at once."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/raw"
-
-
-@pytest.fixture(autouse=True)
-def isolated_env(monkeypatch, tmp_path):
-    """No test reads the user's settings or cache, or can reach the real origin."""
-    monkeypatch.delenv(mt_data.DATA_DIR_ENV, raising=False)
-    monkeypatch.setenv(mt_data.CACHE_DIR_ENV, str(tmp_path / "default-cache"))
-    monkeypatch.setenv(mt_data.BASE_URL_ENV, closed_port_url())
-
-
-GERMAN_WORDS = ["Ein", "Mädchen", "läuft", "über", "die", "Straße", "zwei", "Hunde", "spielen",
-                "im", "Grünen", "Männer", "schöne", "Öfen", "große", "Brücke", "Jungen", "fährt"]
-ENGLISH_WORDS = ["A", "girl", "runs", "across", "the", "street", "two", "dogs", "play", "in",
-                 "green", "men", "nice", "ovens", "big", "bridge", "boys", "rides", "café"]
-
-
-def synthetic_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
-    rng = np.random.default_rng(seed)
-
-    def sentence(words):
-        return " ".join(rng.choice(words, size=rng.integers(2, 9))) + "."
-
-    return [(sentence(GERMAN_WORDS), sentence(ENGLISH_WORDS)) for _ in range(n)]
-
-
-def write_corpus(directory: Path, pairs_by_split: dict, names: dict | None = None,
-                 gz: bool = True) -> dict:
-    """Write each split's sides as files (optionally gzip'd, optionally under origin names);
-    return the SHA-256 table of their text."""
-    directory.mkdir(parents=True, exist_ok=True)
-    checksums = {}
-    for split, pairs in pairs_by_split.items():
-        for side, lang in enumerate(mt_data.LANGUAGES):
-            text = "".join(pair[side] + "\n" for pair in pairs).encode("utf-8")
-            stem = names[split] if names else split
-            path = directory / f"{stem}.{lang}{'.gz' if gz else ''}"
-            path.write_bytes(gzip.compress(text) if gz else text)
-            checksums[f"{split}.{lang}"] = hashlib.sha256(text).hexdigest()
-    return checksums
-
-
-def small_splits() -> dict:
-    pairs = synthetic_pairs(30, seed=1)
-    return {"train": pairs[:20], "valid": pairs[20:25], "test": pairs[25:]}
-
-
-@contextlib.contextmanager
-def serve_directory(root: Path, lifetime_s: float = 30.0):
-    """Serve ``root`` over HTTP on 127.0.0.1 in a thread; yields (base URL, requested paths).
-    The server stops when the block ends, or by itself after ``lifetime_s`` seconds."""
-    requested = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(root), **kwargs)
-
-        def do_GET(self):
-            requested.append(self.path)
-            super().do_GET()
-
-        def log_message(self, format, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                              daemon=True)
-    watchdog = threading.Timer(lifetime_s, server.shutdown)
-    watchdog.daemon = True
-    thread.start()
-    watchdog.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/raw", requested
-    finally:
-        watchdog.cancel()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
-@pytest.fixture
-def origin(tmp_path):
-    """A local origin serving a small generated corpus under the origin's file names."""
-    splits = small_splits()
-    checksums = write_corpus(tmp_path / "www" / "raw", splits, names=mt_data.ORIGIN_STEMS)
-    with serve_directory(tmp_path / "www") as (url, requested):
-        yield url, requested, checksums, splits
+from project.translation import batches as mt_batches
+from project.translation import corpus as mt_corpus
+from project.translation import decode as mt_decode
+from project.translation import tokenizer as mt_tokenizer
+from project.translation.tokenizer import EOS_DE_ID, EOS_EN_ID, PAD_ID
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return mt_data.train_tokenizer(synthetic_pairs(300), vocab_size=400)
-
-
-# ---------------------------------------------------------------------------------- locations
-
-
-def test_resolve_data_dir_precedence(monkeypatch, tmp_path):
-    assert mt_data.resolve_data_dir() == (REPO_ROOT.parent / "shared/data/multi30k").absolute()
-    assert mt_data.DEFAULT_DATA_DIR == REPO_ROOT.parent / "shared" / "data" / "multi30k"
-    monkeypatch.setenv(mt_data.DATA_DIR_ENV, str(tmp_path / "env"))
-    assert mt_data.resolve_data_dir() == tmp_path / "env"
-    assert mt_data.resolve_data_dir(tmp_path / "cli") == tmp_path / "cli"
-
-
-def test_resolve_cache_dir_and_base_url(monkeypatch, tmp_path):
-    monkeypatch.delenv(mt_data.CACHE_DIR_ENV)
-    monkeypatch.delenv(mt_data.BASE_URL_ENV)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    assert mt_data.resolve_cache_dir() == tmp_path / ".cache" / "minitorch" / "multi30k"
-    assert mt_data.resolve_cache_dir(tmp_path / "c") == tmp_path / "c"
-    assert mt_data.resolve_base_url() == (
-        "https://raw.githubusercontent.com/multi30k/dataset/"
-        "a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw"
-    )
-    monkeypatch.setenv(mt_data.BASE_URL_ENV, "http://mirror.example/raw/")
-    assert mt_data.resolve_base_url() == "http://mirror.example/raw"
-    assert mt_data.resolve_base_url("http://other/x") == "http://other/x"
-
-
-# ------------------------------------------------------------------------------------ reading
-
-
-def test_read_lines_plain_and_gz_keep_all_but_newline(tmp_path):
-    text = "Grüße aus Köln \nzweite\tZeile\r\n\nletzte ohne Umbruch"
-    expected = ["Grüße aus Köln ", "zweite\tZeile", "", "letzte ohne Umbruch"]
-    (tmp_path / "a.txt").write_bytes(text.encode("utf-8"))
-    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode("utf-8")))
-    assert mt_data.read_lines(tmp_path / "a.txt") == expected
-    assert mt_data.read_lines(tmp_path / "a.txt.gz") == expected
-    (tmp_path / "empty").write_bytes(b"")
-    assert mt_data.read_lines(tmp_path / "empty") == []
-
-
-def test_read_corpus_mixed_forms(tmp_path):
-    splits = small_splits()
-    write_corpus(tmp_path, {"train": splits["train"]}, gz=False)
-    write_corpus(tmp_path, {"valid": splits["valid"], "test": splits["test"]}, gz=True)
-    (tmp_path / "train.de.gz").write_bytes(gzip.compress(b"ignored: the plain file wins\n"))
-    assert mt_data.missing_files(tmp_path) == []
-    assert mt_data.find_corpus_file(tmp_path, "train.de") == tmp_path / "train.de"
-    assert mt_data.find_corpus_file(tmp_path, "valid.en") == tmp_path / "valid.en.gz"
-    corpus = mt_data.load_corpus(tmp_path, download=False)
-    assert corpus.directory == tmp_path
-    assert (corpus.train, corpus.valid, corpus.test) == (
-        splits["train"], splits["valid"], splits["test"])
-
-
-def test_read_split_line_count_mismatch(tmp_path):
-    (tmp_path / "valid.de").write_text("eins\nzwei\ndrei\n", encoding="utf-8")
-    (tmp_path / "valid.en.gz").write_bytes(gzip.compress(b"one\ntwo\n"))
-    with pytest.raises(ValueError, match=r"valid\.de has 3 lines but .*valid\.en\.gz has 2"):
-        mt_data.read_split(tmp_path, "valid")
-    with pytest.raises(ValueError, match="unknown split"):
-        mt_data.read_split(tmp_path, "dev")
-
-
-def test_read_split_names_an_empty_or_unreadable_file(tmp_path):
-    (tmp_path / "test.de").write_text("eins\n", encoding="utf-8")
-    (tmp_path / "test.en").write_bytes(b"")
-    with pytest.raises(mt_data.CorpusError, match=r"test\.en is empty: the test split"):
-        mt_data.read_split(tmp_path, "test")
-    (tmp_path / "test.en").write_bytes(b"\xff\xfe not utf-8\n")
-    with pytest.raises(mt_data.CorpusError, match=r"test\.en is not readable UTF-8 text"):
-        mt_data.read_split(tmp_path, "test")
-    (tmp_path / "test.en").unlink()
-    (tmp_path / "test.en.gz").write_bytes(b"not gzip at all")
-    with pytest.raises(mt_data.CorpusError, match=r"test\.en\.gz is not readable UTF-8 text \(BadGzipFile"):
-        mt_data.read_split(tmp_path, "test")
-
-
-@needs_real_corpus
-def test_real_corpus_slice_and_checksum_table():
-    corpus = mt_data.load_corpus(REAL_DATA_DIR, download=False)
-    assert [len(corpus.train), len(corpus.valid), len(corpus.test)] == [29000, 1014, 1000]
-    assert corpus.train[0] == ("Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche.",
-                               "Two young, White males are outside near many bushes.")
-    for de, en in corpus.train[:500]:
-        assert de and en and "\n" not in de + en
-    for name, digest in mt_data.MULTI30K_SHA256.items():
-        assert mt_data.text_sha256(mt_data.find_corpus_file(REAL_DATA_DIR, name)) == digest
-
-
-# ----------------------------------------------------------------------------------- download
-
-
-def test_download_from_local_server(origin, tmp_path):
-    url, requested, checksums, splits = origin
-    cache = tmp_path / "cache"
-    corpus = mt_data.load_corpus(tmp_path / "absent", cache_dir=cache, base_url=url,
-                                 checksums=checksums, download=True, timeout=5, progress=False)
-    assert (corpus.train, corpus.valid, corpus.test) == (
-        splits["train"], splits["valid"], splits["test"])
-    assert corpus.directory == cache
-    assert sorted(requested) == sorted(
-        f"/raw/{stem}.{lang}.gz" for stem in ("train", "val", "test_2016_flickr")
-        for lang in ("de", "en"))
-    assert sorted(p.name for p in cache.iterdir()) == sorted(
-        f"{name}.gz" for name in mt_data.expected_files())
-    again = mt_data.load_corpus(tmp_path / "absent", cache_dir=cache, base_url=url,
-                                checksums=checksums, download=True, timeout=5, progress=False)
-    assert again.test == splits["test"]
-    assert len(requested) == 6, "a complete cache is read, not downloaded again"
-
-
-def test_download_fetches_only_missing_files_via_env(origin, tmp_path, monkeypatch):
-    url, requested, checksums, splits = origin
-    cache = tmp_path / "cache"
-    write_corpus(cache, {"train": splits["train"]})
-    monkeypatch.setenv(mt_data.BASE_URL_ENV, url)
-    monkeypatch.setenv(mt_data.CACHE_DIR_ENV, str(cache))
-    incomplete = tmp_path / "incomplete"
-    write_corpus(incomplete, {"valid": splits["valid"]})
-    corpus = mt_data.load_corpus(incomplete, checksums=checksums, download=True, timeout=5, progress=False)
-    assert corpus.directory == cache and corpus.valid == splits["valid"]
-    assert sorted(requested) == sorted(
-        f"/raw/{stem}.{lang}.gz" for stem in ("val", "test_2016_flickr") for lang in ("de", "en"))
-
-
-@needs_real_corpus
-def test_download_of_shared_files_passes_default_checksums(tmp_path):
-    raw = tmp_path / "www" / "raw"
-    raw.mkdir(parents=True)
-    for split, stem in mt_data.ORIGIN_STEMS.items():
-        for lang in mt_data.LANGUAGES:
-            source = mt_data.find_corpus_file(REAL_DATA_DIR, f"{split}.{lang}")
-            (raw / f"{stem}.{lang}.gz").symlink_to(source.resolve())
-    with serve_directory(tmp_path / "www") as (url, requested):
-        corpus = mt_data.load_corpus(tmp_path / "absent", cache_dir=tmp_path / "cache",
-                                     base_url=url, download=True, timeout=5, progress=False)
-    assert len(requested) == 6
-    assert [len(corpus.train), len(corpus.valid), len(corpus.test)] == [29000, 1014, 1000]
-
-
-def test_download_checksum_mismatch_removes_file(origin, tmp_path):
-    url, _, checksums, _ = origin
-    cache = tmp_path / "cache"
-    wrong = dict(checksums, **{"valid.en": "0" * 64})
-    with pytest.raises(mt_data.ChecksumError, match=r"checksum mismatch for .*/val\.en\.gz.*"
-                                                    r"expected 0{64}"):
-        mt_data.load_corpus(tmp_path / "absent", cache_dir=cache, base_url=url,
-                            checksums=wrong, download=True, timeout=5, progress=False)
-    left = {p.name for p in cache.iterdir()}
-    assert "valid.en.gz" not in left
-    assert left <= {f"{name}.gz" for name in mt_data.expected_files()}, "no temporary files"
-
-
-def test_download_rejects_non_gzip_payload(origin, tmp_path):
-    url, _, checksums, _ = origin
-    (tmp_path / "www" / "raw" / "test_2016_flickr.de.gz").write_bytes(b"<html>not found</html>")
-    cache = tmp_path / "cache"
-    with pytest.raises(mt_data.ChecksumError,
-                       match=r"test_2016_flickr\.de\.gz is not a valid gzip"):
-        mt_data.download_corpus(cache, url, checksums, timeout=5, progress=False)
-    left = {p.name for p in cache.iterdir()}
-    assert "test.de.gz" not in left
-    assert left <= {f"{name}.gz" for name in mt_data.expected_files()}, "no temporary files"
-
-
-def test_missing_directory_makes_no_network_attempt(tmp_path, monkeypatch):
-    """By default a missing corpus is reported, never fetched: the message names the directory,
-    every expected file and both fixes."""
-    absent = tmp_path / "nowhere"
-
-    def no_network(*args, **kwargs):
-        raise AssertionError("load_corpus tried the network without download=True")
-
-    monkeypatch.setattr(mt_data.urllib.request, "urlopen", no_network)
-    with pytest.raises(mt_data.MissingDataError) as info:
-        mt_data.load_corpus(absent, cache_dir=tmp_path / "cache", timeout=5, progress=False)
-    message = str(info.value)
-    assert f"{absent} does not exist" in message
-    for name in mt_data.expected_files():
-        assert name in message
-    assert "not attempted" in message and "--download" in message
-    assert "--data-dir" in message and mt_data.DATA_DIR_ENV in message
-    assert "\n" not in message
-    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").glob("*"))
-
-
-def test_incomplete_directory_download_disabled(tmp_path):
-    (tmp_path / "train.de").write_text("x\n", encoding="utf-8")
-    with pytest.raises(mt_data.MissingDataError,
-                       match=r"lacks train\.en, valid\.de, .*downloading is off"):
-        mt_data.load_corpus(tmp_path, download=False)
-
-
-def test_origin_answering_404_is_reported(tmp_path):
-    (tmp_path / "www").mkdir()
-    with serve_directory(tmp_path / "www") as (url, _):
-        with pytest.raises(mt_data.MissingDataError, match="HTTP Error 404"):
-            mt_data.load_corpus(tmp_path / "absent", cache_dir=tmp_path / "cache",
-                                base_url=url, download=True, timeout=5, progress=False)
+    return mt_tokenizer.train_tokenizer(synthetic_pairs(300), vocab_size=400)
 
 
 # ---------------------------------------------------------------------------------- tokenizer
@@ -330,7 +26,7 @@ def test_special_tokens_have_fixed_ids(tokenizer):
     for token, token_id in [("<eos_de>", 0), ("<eos_en>", 1), ("<pad>", 2)]:
         assert tokenizer.token_to_id(token) == token_id
     assert (EOS_DE_ID, EOS_EN_ID, PAD_ID) == (0, 1, 2)
-    assert mt_data.MIN_VOCAB_SIZE < tokenizer.get_vocab_size() <= 400
+    assert mt_tokenizer.MIN_VOCAB_SIZE < tokenizer.get_vocab_size() <= 400
     ids = tokenizer.encode("Text mit <eos_de> und <pad>", add_special_tokens=False).ids
     assert not {EOS_DE_ID, EOS_EN_ID, PAD_ID} & set(ids), "literal markers stay text"
 
@@ -344,8 +40,8 @@ def test_tokenizer_round_trip_synthetic(tokenizer):
 
 @needs_real_corpus
 def test_tokenizer_round_trip_real_sentences_with_umlauts():
-    corpus = mt_data.load_corpus(REAL_DATA_DIR, download=False)
-    tok = mt_data.train_tokenizer(corpus.train[:2000], vocab_size=2000)
+    corpus = mt_corpus.load_corpus(REAL_DATA_DIR, download=False)
+    tok = mt_tokenizer.train_tokenizer(corpus.train[:2000], vocab_size=2000)
     umlaut = [de for de, _ in corpus.valid if any(c in de for c in "äöüßÄÖÜ")]
     assert len(umlaut) > 100
     encodings = tok.encode_batch(umlaut + [en for _, en in corpus.valid[:100]],
@@ -356,11 +52,11 @@ def test_tokenizer_round_trip_real_sentences_with_umlauts():
 
 def test_load_or_train_tokenizer_saves_and_reloads(tmp_path):
     pairs = synthetic_pairs(100)
-    first = mt_data.load_or_train_tokenizer(tmp_path / "out", pairs, vocab_size=350)
-    path = mt_data.tokenizer_path(tmp_path / "out", 350)
+    first = mt_tokenizer.load_or_train_tokenizer(tmp_path / "out", pairs, vocab_size=350)
+    path = mt_tokenizer.tokenizer_path(tmp_path / "out", 350)
     assert path.is_file() and path.name == "tokenizer-bpe350.json"
     assert [p.name for p in (tmp_path / "out").iterdir()] == [path.name]
-    reloaded = mt_data.load_or_train_tokenizer(tmp_path / "out", [], vocab_size=350)
+    reloaded = mt_tokenizer.load_or_train_tokenizer(tmp_path / "out", [], vocab_size=350)
     assert reloaded.get_vocab() == first.get_vocab()
     text = "Zwei Jungen fahren über die Brücke <eos_en>"
     assert (reloaded.encode(text, add_special_tokens=False).ids
@@ -370,9 +66,9 @@ def test_load_or_train_tokenizer_saves_and_reloads(tmp_path):
 
 def test_tokenizer_rejects_bad_settings():
     with pytest.raises(ValueError, match="vocab_size 100 is below 259"):
-        mt_data.train_tokenizer(synthetic_pairs(5), vocab_size=100)
+        mt_tokenizer.train_tokenizer(synthetic_pairs(5), vocab_size=100)
     with pytest.raises(ValueError, match="zero pairs"):
-        mt_data.train_tokenizer([], vocab_size=300)
+        mt_tokenizer.train_tokenizer([], vocab_size=300)
 
 
 # ---------------------------------------------------------------------- sequences and batches
@@ -380,7 +76,7 @@ def test_tokenizer_rejects_bad_settings():
 
 def test_batch_layout_on_hand_built_sequences():
     sequences = [[10, 11, EOS_DE_ID, 20, 21, EOS_EN_ID], [12, EOS_DE_ID, 22, EOS_EN_ID]]
-    batch = mt_data.make_batch(sequences)
+    batch = mt_batches.make_batch(sequences)
     np.testing.assert_array_equal(batch.tokens, [[10, 11, 0, 20, 21], [12, 0, 22, 2, 2]])
     np.testing.assert_array_equal(batch.targets, [[11, 0, 20, 21, 1], [0, 22, 1, 2, 2]])
     np.testing.assert_array_equal(batch.weights, [[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]])
@@ -391,7 +87,7 @@ def test_batch_layout_on_hand_built_sequences():
 
 def test_padding_and_empty_sides():
     sequences = [[EOS_DE_ID, EOS_EN_ID], [5, 6, 7, EOS_DE_ID, 8, EOS_EN_ID]]
-    batch = mt_data.make_batch(sequences)
+    batch = mt_batches.make_batch(sequences)
     assert batch.tokens.shape == (2, 5)
     np.testing.assert_array_equal(batch.tokens[0], [0, 2, 2, 2, 2])
     np.testing.assert_array_equal(batch.targets[0], [1, 2, 2, 2, 2])
@@ -404,25 +100,25 @@ def test_padding_and_empty_sides():
                                  [5, EOS_DE_ID, PAD_ID, EOS_EN_ID], [EOS_EN_ID]])
 def test_make_batch_rejects_malformed_sequences(bad):
     with pytest.raises(ValueError, match="sequence 1"):
-        mt_data.make_batch([[EOS_DE_ID, EOS_EN_ID], bad])
+        mt_batches.make_batch([[EOS_DE_ID, EOS_EN_ID], bad])
 
 
 def test_encode_pairs_layout_and_dropping(tokenizer):
     pairs = [("Ein Mädchen läuft.", "A girl runs."), ("Zwei Hunde", "two dogs"),
              (" ".join(["Straße"] * 40), "street")]
-    encoded = mt_data.encode_pairs(tokenizer, pairs, max_len=30)
+    encoded = mt_batches.encode_pairs(tokenizer, pairs, max_len=30)
     assert encoded.n_dropped == 1 and len(encoded.sequences) == 2
     for (de, en), seq in zip(pairs, encoded.sequences):
         de_ids = tokenizer.encode(de, add_special_tokens=False).ids
         en_ids = tokenizer.encode(en, add_special_tokens=False).ids
         assert seq.tolist() == de_ids + [EOS_DE_ID] + en_ids + [EOS_EN_ID]
-    batch = mt_data.make_batch(encoded.sequences)
+    batch = mt_batches.make_batch(encoded.sequences)
     first = encoded.sequences[0]
     weighted_targets = batch.targets[0][batch.weights[0] == 1].tolist()
     assert weighted_targets == tokenizer.encode("A girl runs.").ids + [EOS_EN_ID]
     assert len(first) <= 30
     with pytest.raises(ValueError, match="max_len must be at least 3"):
-        mt_data.encode_pairs(tokenizer, pairs, max_len=2)
+        mt_batches.encode_pairs(tokenizer, pairs, max_len=2)
 
 
 def numbered_sequences(n: int) -> list[np.ndarray]:
@@ -436,9 +132,9 @@ def epoch_ids(batcher) -> list[list[int]]:
 
 def test_batcher_epochs_cover_data_and_are_seeded():
     sequences = numbered_sequences(103)
-    a = mt_data.Batcher(sequences, batch_size=8, seed=7, bucket_batches=4)
-    b = mt_data.Batcher(sequences, batch_size=8, seed=7, bucket_batches=4)
-    c = mt_data.Batcher(sequences, batch_size=8, seed=8, bucket_batches=4)
+    a = mt_batches.Batcher(sequences, batch_size=8, seed=7, bucket_batches=4)
+    b = mt_batches.Batcher(sequences, batch_size=8, seed=7, bucket_batches=4)
+    c = mt_batches.Batcher(sequences, batch_size=8, seed=8, bucket_batches=4)
     a1, a2 = epoch_ids(a), epoch_ids(a)
     assert len(a) == 13 and len(a1) == 13
     assert sorted(i for batch in a1 for i in batch) == list(range(103))
@@ -457,18 +153,18 @@ def test_batcher_bucketing_reduces_padding_and_samples_per_epoch():
         padding = sum((b.tokens == PAD_ID).sum() for b in batches)
         return padding / sum(b.tokens.size for b in batches)
 
-    bucketed = mt_data.Batcher(sequences, batch_size=16, seed=0, bucket_batches=10)
-    plain = mt_data.Batcher(sequences, batch_size=16, seed=0, bucket_batches=1)
+    bucketed = mt_batches.Batcher(sequences, batch_size=16, seed=0, bucket_batches=10)
+    plain = mt_batches.Batcher(sequences, batch_size=16, seed=0, bucket_batches=1)
     assert pad_fraction(bucketed) < 0.5 * pad_fraction(plain)
 
-    capped = mt_data.Batcher(sequences, batch_size=16, seed=0, samples_per_epoch=50)
+    capped = mt_batches.Batcher(sequences, batch_size=16, seed=0, samples_per_epoch=50)
     first, second = epoch_ids(capped), epoch_ids(capped)
     assert len(capped) == 4 and [len(batch) for batch in first].count(16) == 3
     seen_first = {i for batch in first for i in batch}
     assert len(seen_first) == 50
     assert seen_first != {i for batch in second for i in batch}
     with pytest.raises(ValueError, match="samples_per_epoch must be between 1 and the 400"):
-        mt_data.Batcher(sequences, batch_size=16, samples_per_epoch=401)
+        mt_batches.Batcher(sequences, batch_size=16, samples_per_epoch=401)
 
 
 def test_a_length_window_holds_bucket_batches_steps_of_any_group_size():
@@ -479,7 +175,7 @@ def test_a_length_window_holds_bucket_batches_steps_of_any_group_size():
     sequences = [np.array([3] + [7] * int(n) + [EOS_DE_ID, 8, EOS_EN_ID]) for n in lengths]
 
     def ranges(group_size):
-        batcher = mt_data.Batcher(sequences, batch_size=8, seed=1, bucket_batches=3)
+        batcher = mt_batches.Batcher(sequences, batch_size=8, seed=1, bucket_batches=3)
         spans = []
         for group in batcher.epoch_groups(group_size):
             n = [int(lengths[i]) for batch in group for i in batch]
@@ -495,7 +191,7 @@ def test_a_length_window_holds_bucket_batches_steps_of_any_group_size():
 
 def test_batcher_resume_mid_epoch_and_between_epochs():
     sequences = numbered_sequences(90)
-    original = mt_data.Batcher(sequences, batch_size=8, seed=3, samples_per_epoch=80)
+    original = mt_batches.Batcher(sequences, batch_size=8, seed=3, samples_per_epoch=80)
     epoch_ids(original)
     between = json.loads(json.dumps(original.state_dict()))
     it = original.epoch()
@@ -505,7 +201,7 @@ def test_batcher_resume_mid_epoch_and_between_epochs():
     tail = [batch.tokens for batch in it]
     following = [batch.tokens for batch in original.epoch()]
 
-    resumed = mt_data.Batcher(sequences, batch_size=8, seed=999, samples_per_epoch=80)
+    resumed = mt_batches.Batcher(sequences, batch_size=8, seed=999, samples_per_epoch=80)
     resumed.load_state_dict(mid)
     resumed_tail = [batch.tokens for batch in resumed.epoch()]
     resumed_following = [batch.tokens for batch in resumed.epoch()]
@@ -513,20 +209,20 @@ def test_batcher_resume_mid_epoch_and_between_epochs():
     for got, want in zip(resumed_tail + resumed_following, tail + following):
         np.testing.assert_array_equal(got, want)
 
-    restarted = mt_data.Batcher(sequences, batch_size=8, seed=999, samples_per_epoch=80)
+    restarted = mt_batches.Batcher(sequences, batch_size=8, seed=999, samples_per_epoch=80)
     restarted.load_state_dict(between)
     for got, want in zip([b.tokens for b in restarted.epoch()], head + tail):
         np.testing.assert_array_equal(got, want)
     assert restarted.state_dict()["batches_done"] == 0
 
-    other = mt_data.Batcher(sequences, batch_size=4, seed=3, samples_per_epoch=80)
+    other = mt_batches.Batcher(sequences, batch_size=4, seed=3, samples_per_epoch=80)
     with pytest.raises(ValueError, match="Batcher state was saved with"):
         other.load_state_dict(mid)
 
 
 def test_eval_batches_fixed_order_covers_everything():
     sequences = numbered_sequences(37)
-    batches = list(mt_data.eval_batches(sequences, batch_size=10))
+    batches = list(mt_batches.eval_batches(sequences, batch_size=10))
     assert [len(b.tokens) for b in batches] == [10, 10, 10, 7]
     ids = [i for b in batches for i in (b.tokens[:, 0] - 3).tolist()]
     assert sorted(ids) == list(range(37))
@@ -540,11 +236,11 @@ def test_eval_batches_fixed_order_covers_everything():
 
 def test_prompts_padding_and_decoding(tokenizer):
     sources = ["Ein Mädchen läuft über die Straße.", "Zwei Hunde"]
-    prompts = mt_data.encode_prompts(tokenizer, sources, max_len=40)
+    prompts = mt_tokenizer.encode_prompts(tokenizer, sources, max_len=40)
     for source, prompt in zip(sources, prompts):
         source_ids = tokenizer.encode(source, add_special_tokens=False).ids
         assert prompt.tolist() == source_ids + [EOS_DE_ID]
-    ids, lengths = mt_data.pad_prompts(prompts)
+    ids, lengths = mt_decode.pad_prompts(prompts)
     assert lengths.tolist() == [len(p) for p in prompts]
     assert ids.shape == (2, max(lengths))
     np.testing.assert_array_equal(ids[1, : lengths[1]], prompts[1])
@@ -553,12 +249,12 @@ def test_prompts_padding_and_decoding(tokenizer):
     english = ["A girl runs across the street.", "two dogs, café"]
     generated = [tokenizer.encode(english[0]).ids + [EOS_EN_ID, 57, 58],
                  np.array([PAD_ID] + tokenizer.encode(english[1]).ids + [EOS_EN_ID])]
-    assert mt_data.decode_translations(tokenizer, generated) == english
-    assert mt_data.decode_translations(tokenizer, [[]]) == [""]
+    assert mt_tokenizer.decode_translations(tokenizer, generated) == english
+    assert mt_tokenizer.decode_translations(tokenizer, [[]]) == [""]
 
 
 def test_prompt_truncation_warns(tokenizer):
     long_source = " ".join(["Straße"] * 30)
     with pytest.warns(UserWarning, match="1 of 2 sources exceed 8 tokens"):
-        prompts = mt_data.encode_prompts(tokenizer, [long_source, "Hunde"], max_len=10)
+        prompts = mt_tokenizer.encode_prompts(tokenizer, [long_source, "Hunde"], max_len=10)
     assert len(prompts[0]) == 9 and prompts[0][-1] == EOS_DE_ID

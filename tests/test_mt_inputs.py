@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from mt_program import TINY
-from project import mt_data
-from project import run_machine_translation as run_mt
-from project.mt_train import cuda_unavailable_reason, make_backend
+import minitorch
+from project.common.options import backend_from_option
+from project.translation import corpus as mt_corpus
+from project.translation import main as run_mt
+from project.translation import options as mt_options
 
 
 def files(directory: Path) -> dict:
@@ -53,17 +55,17 @@ def test_missing_corpus_names_the_files_and_the_fix_without_any_download(tmp_pat
     def no_network(*args, **kwargs):
         raise AssertionError("the program tried the network without --download")
 
-    monkeypatch.setattr(mt_data.urllib.request, "urlopen", no_network)
-    monkeypatch.setenv(mt_data.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(mt_corpus.urllib.request, "urlopen", no_network)
+    monkeypatch.setenv(mt_corpus.CACHE_DIR_ENV, str(tmp_path / "cache"))
     absent = tmp_path / "nowhere"
     message = error_of(TINY + ["--backend", "auto", "--data-dir", str(absent), "--out-dir", str(tmp_path / "out")])
     assert f"{absent} does not exist" in message and "train.de, train.en, valid.de" in message
     assert "not attempted" in message and "--download" in message and "--data-dir" in message
     first_line = capsys.readouterr().out.splitlines()[0]
-    if cuda_unavailable_reason() is None:
-        assert first_line.startswith("backend cuda (auto)")
+    if minitorch.cuda_unavailable_reason() is None:
+        assert first_line.startswith("backend cuda (auto")
     else:
-        assert first_line.startswith(f"backend cpu (auto: CUDA unavailable: {cuda_unavailable_reason()})")
+        assert first_line.startswith(f"backend cpu (auto: CUDA unavailable: {minitorch.cuda_unavailable_reason()})")
 
 
 def test_resume_with_bad_input_leaves_the_saved_run_untouched(saved_run, corpus, tmp_path) -> None:
@@ -96,7 +98,7 @@ def test_bad_corpus_files_are_named(corpus, tmp_path, damage: str, expected: str
     elif damage == "empty English side":
         write_lines(corpus / "train.en.gz", [])
     elif damage == "misaligned":
-        write_lines(corpus / "valid.de.gz", mt_data.read_lines(corpus / "valid.de.gz")[:-1])
+        write_lines(corpus / "valid.de.gz", mt_corpus.read_lines(corpus / "valid.de.gz")[:-1])
     else:
         (corpus / "test.en.gz").write_bytes(b"plain text, not gzip\n")
     out = tmp_path / "out"
@@ -132,17 +134,17 @@ def test_output_directory_guards(saved_run, tmp_path) -> None:
 
 
 def test_backend_cuda_without_cuda_says_what_to_use() -> None:
-    reason = cuda_unavailable_reason()
+    reason = minitorch.cuda_unavailable_reason()
     if reason is None:
         pytest.skip("CUDA can run here")
-    with pytest.raises(ValueError, match=r"--backend cuda cannot run here: .*; use --backend cpu or --backend auto"):
-        make_backend("cuda")
-    backend, line = make_backend("auto")
-    assert not backend.ops.is_cuda and line == f"backend cpu (auto: CUDA unavailable: {reason})"
+    with pytest.raises(ValueError, match=r"the cuda backend cannot run here: .*--backend cpu / --backend auto"):
+        backend_from_option("cuda")
+    choice = backend_from_option("auto")
+    assert not choice.backend.ops.is_cuda and str(choice) == f"backend cpu (auto: CUDA unavailable: {reason})"
 
 
 def test_help_shows_every_default() -> None:
-    parser = run_mt.build_parser()
+    parser = mt_options.build_parser()
     formatter = parser._get_formatter()
     shown = [a for a in parser._actions if a.dest != "help" and a.help != argparse.SUPPRESS]
     assert len(shown) > 25
@@ -153,8 +155,8 @@ def test_help_shows_every_default() -> None:
 
 
 def test_preset_sets_defaults_that_explicit_options_override() -> None:
-    args, explicit = run_mt.parse(["--preset", "tiny", "--n-layers", "3"])
-    for key, value in run_mt.PRESETS["tiny"].items():
+    args, explicit = mt_options.parse(["--preset", "tiny", "--n-layers", "3"])
+    for key, value in mt_options.PRESETS["tiny"].items():
         assert args[key] == (3 if key == "n_layers" else value), key
     assert explicit == {"preset": "tiny", "n_layers": 3}
-    assert run_mt.parse([])[0]["n_embd"] == 256
+    assert mt_options.parse([])[0]["n_embd"] == 256

@@ -16,8 +16,8 @@ import pytest
 
 from mt_program import TINY, WAIT_S, computed, load, saved_step, start, wait_for_step
 from project import run_machine_translation as run_mt
-from project.mt_run import CHECKPOINT_KIND
-from project.run_checkpoint import load_checkpoint
+from project.common.checkpoint import load_checkpoint
+from project.translation.options import CHECKPOINT_KIND
 
 
 def interrupt_at(out_dir, step: int, done: threading.Event) -> threading.Thread:
@@ -48,7 +48,7 @@ def test_kill_9_then_sigint_then_resume_equals_the_uninterrupted_run(straight_ru
     first.wait()
     killed_at = saved_step(out)
     assert killed_at >= kill_at, f"kill -9 after step {kill_at}"
-    assert log.read_text().startswith("backend cpu (numba FastOps); new run in ")
+    assert log.read_text().startswith("backend cpu (requested: numba FastOps); new run in ")
 
     stop_at = killed_at + int(rng.integers(2, 5))  # crosses epoch 1's evaluation for some draws
     done = threading.Event()
@@ -60,7 +60,7 @@ def test_kill_9_then_sigint_then_resume_equals_the_uninterrupted_run(straight_ru
         watcher.join()
     assert stopped["stopped"] == "SIGINT", "main() returns normally (the script exits 0) after a SIGINT"
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("backend cpu (numba FastOps); resuming in ")
+    assert lines[0].startswith("backend cpu (requested: numba FastOps); resuming in ")
     assert lines[-1].startswith("stopped by SIGINT in epoch ") and lines[-1].endswith(
         f"continue with: python {os.path.relpath(run_mt.__file__)} --resume --out-dir {out}"
     )
@@ -93,7 +93,7 @@ def test_a_corrupted_checkpoint_is_refused_and_the_previous_one_kept(straight_ru
         run_mt.main(["--resume", "--out-dir", str(out)])
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"error: {latest} ")
-    assert {"truncate": "is truncated or corrupted", "empty": "is empty", "foreign": "looks like a pickle"}[damage] in message
+    assert {"truncate": "is truncated or damaged", "empty": "is empty", "foreign": "looks like a pickle"}[damage] in message
     assert (f"refused and left as it is. The previous checkpoint {prev} is a 'machine_translation' checkpoint at "
             f"epoch 1, step 8: to continue from it, move it to {latest}") in message  # fmt: skip
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before, "nothing was written"

@@ -8,12 +8,13 @@ import pytest
 from test_mt_data import numbered_sequences
 
 import minitorch
-from project import mt_data
-from project.mt_parallel import TranslationParallel, shard_steps
-from project.mt_steps import TrainStep
+from project.translation import batches as mt_batches
+from project.translation import tokenizer as mt_tokenizer
+from project.translation.parallel import TranslationParallel, shard_steps
+from project.translation.step import TranslationStep
 
 
-def identities(batch: mt_data.Batch) -> tuple:
+def identities(batch: mt_batches.Batch) -> tuple:
     return tuple(sorted((batch.tokens[:, 0] - 3).tolist()))
 
 
@@ -25,8 +26,8 @@ def sharded_epoch(batchers, world_size):
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
 def test_every_batch_of_the_epoch_goes_to_exactly_one_rank(world_size) -> None:
     sequences = numbered_sequences(103)  # 13 batches: 13 = 2 * 5 + 3 leaves a short last step
-    plain = [identities(batch) for batch in mt_data.Batcher(sequences, 8, seed=7).epoch()]
-    ranks = sharded_epoch([mt_data.Batcher(sequences, 8, seed=7) for _ in range(world_size)], world_size)
+    plain = [identities(batch) for batch in mt_batches.Batcher(sequences, 8, seed=7).epoch()]
+    ranks = sharded_epoch([mt_batches.Batcher(sequences, 8, seed=7) for _ in range(world_size)], world_size)
     assert len({len(steps) for steps in ranks}) == 1
     trained = []
     for parts in zip(*ranks):
@@ -35,11 +36,11 @@ def test_every_batch_of_the_epoch_goes_to_exactly_one_rank(world_size) -> None:
         assert len({p.step_tokens for p in parts}) == 1
         real = [p for p in parts if p.n_targets > 0]  # the others: stand-ins, the step's first batch
         assert real == list(parts[: len(real)]) and all(p.share == 0 for p in parts[len(real) :])
-        assert parts[0].step_tokens == sum(int((p.batch.tokens != mt_data.PAD_ID).sum()) for p in real)
+        assert parts[0].step_tokens == sum(int((p.batch.tokens != mt_tokenizer.PAD_ID).sum()) for p in real)
         for p in parts:
             assert p.share == pytest.approx(p.n_targets / sum(q.n_targets for q in real))
         trained.extend(identities(p.batch) for p in real)
-        lengths = [sorted((p.batch.tokens != mt_data.PAD_ID).sum(axis=1).tolist()) for p in real]
+        lengths = [sorted((p.batch.tokens != mt_tokenizer.PAD_ID).sum(axis=1).tolist()) for p in real]
         assert all(a[-1] <= b[0] for a, b in zip(lengths, lengths[1:]))  # neighbours in length
     assert sorted(trained) == sorted(plain)
     if world_size == 1:
@@ -48,16 +49,16 @@ def test_every_batch_of_the_epoch_goes_to_exactly_one_rank(world_size) -> None:
 
 def test_a_checkpoint_resumes_with_another_number_of_processes() -> None:
     sequences = numbered_sequences(103)
-    drawn = mt_data.Batcher(sequences, 8, seed=7).epoch_groups(2)
-    plain = [identities(mt_data.make_batch([sequences[i] for i in b])) for group in drawn for b in group]
-    two = [mt_data.Batcher(sequences, 8, seed=7) for _ in range(2)]
+    drawn = mt_batches.Batcher(sequences, 8, seed=7).epoch_groups(2)
+    plain = [identities(mt_batches.make_batch([sequences[i] for i in b])) for group in drawn for b in group]
+    two = [mt_batches.Batcher(sequences, 8, seed=7) for _ in range(2)]
     iterators = [shard_steps(b, rank, 2) for rank, b in enumerate(two)]
     steps = [[next(it) for _ in range(2)] for it in iterators]
     head = [identities(s.batch) for pair in zip(*steps) for s in pair if s.n_targets > 0]
     states = [json.loads(json.dumps(b.state_dict())) for b in two]
     assert states[0] == states[1] and states[0]["batches_done"] == len(head)
 
-    three = [mt_data.Batcher(sequences, 8, seed=99) for _ in range(3)]
+    three = [mt_batches.Batcher(sequences, 8, seed=99) for _ in range(3)]
     for b in three:
         b.load_state_dict(states[0])
     tail = sharded_epoch(three, 3)
@@ -68,7 +69,7 @@ def test_a_checkpoint_resumes_with_another_number_of_processes() -> None:
 
 def test_rank_must_be_in_the_group() -> None:
     with pytest.raises(ValueError, match="0 <= rank < world_size"):
-        next(shard_steps(mt_data.Batcher(numbered_sequences(10), 4), 2, 2))
+        next(shard_steps(mt_batches.Batcher(numbered_sequences(10), 4), 2, 2))
 
 
 def test_a_stand_in_step_changes_nothing_and_counts_no_loss() -> None:
@@ -77,8 +78,8 @@ def test_a_stand_in_step_changes_nothing_and_counts_no_loss() -> None:
     fast = minitorch.TensorBackend(minitorch.FastOps)
     minitorch.manual_seed(5)
     model = minitorch.DecoderLM(n_vocab=40, n_embd=16, n_head=2, n_positions=16, n_layers=1, p_dropout=0.0, backend=fast)
-    step = TrainStep(model, minitorch.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0), fast, "naive", use_graphs=False)
-    batch = mt_data.make_batch(numbered_sequences(4)[1:])
+    step = TranslationStep(model, minitorch.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0), fast, "naive", use_graphs=False)
+    batch = mt_batches.make_batch(numbered_sequences(4)[1:])
     before = [p.value.to_numpy() for p in model.parameters()]
     step(batch, lr=1e-2, share=0.0, n_targets=0)
     assert step.loss_total() == 0.0

@@ -9,9 +9,11 @@ import pytest
 
 import minitorch
 from minitorch import DecoderLM
-from project.mt_data import PAD_ID, Batch
-from project.mt_steps import StepTimer, TrainStep, pad_width
-from project.mt_train import batch_loss
+from project.common.train_step import StepTimer
+from project.translation.batches import Batch
+from project.translation.model import batch_loss
+from project.translation.step import TranslationStep, pad_width
+from project.translation.tokenizer import PAD_ID
 
 FAST = minitorch.TensorBackend(minitorch.FastOps)
 
@@ -43,7 +45,7 @@ def test_train_step_equals_the_plain_update_on_the_cpu() -> None:
     batches = [_batch(rng, 2, 9) for _ in range(3)]
     model = _model()
     opt = minitorch.AdamW(model.parameters(), lr=1e-2, max_grad_norm=0.5)
-    step = TrainStep(model, opt, FAST, "naive", use_graphs=False)
+    step = TranslationStep(model, opt, FAST, "naive", use_graphs=False)
     assert not any(step(b, lr=1e-2) for b in batches)
     ref_model = _model()
     ref_opt = minitorch.AdamW(ref_model.parameters(), lr=1e-2, max_grad_norm=0.5)
@@ -62,12 +64,12 @@ def test_train_step_equals_the_plain_update_on_the_cpu() -> None:
 def test_graphs_need_cuda() -> None:
     model = _model()
     with pytest.raises(ValueError, match="CUDA graphs need the CUDA backend"):
-        TrainStep(model, minitorch.AdamW(model.parameters()), FAST, "naive", use_graphs=True)
+        TranslationStep(model, minitorch.AdamW(model.parameters()), FAST, "naive", use_graphs=True)
 
 
 def test_step_timer_median_leaves_out_unsteady_steps(monkeypatch) -> None:
     clock = iter([0.0, 1.0, 1.5, 2.5, 3.0])
-    monkeypatch.setattr("project.mt_steps.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("project.common.train_step.time.perf_counter", lambda: next(clock))
     timer = StepTimer(FAST)
     timer.start()
     timer.mark(100, steady=False)  # 1.0 s

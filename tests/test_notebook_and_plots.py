@@ -1,5 +1,5 @@
 """notebooks/quickstart.ipynb executes headless without errors (nbclient, a fresh kernel), and
-project/plot_metrics.py turns a run's metrics.jsonl into a PNG."""
+project/translation/plot.py turns a run's metrics.jsonl into a PNG."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from project.plot_metrics import main as plot_main
-from project.plot_metrics import plot_metrics, read_records
+from project.common.metrics import read_records
+from project.translation.plot import main as plot_main
+from project.translation.plot import plot_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"

@@ -12,7 +12,7 @@ import torch
 import minitorch
 from minitorch import DecoderLM, MultiHeadAttention
 from minitorch_testing import FAST, assert_close, mt, t64
-from project.mt_train import upgrade_moments
+from project.common.checkpoint import upgrade_moments
 
 B, T, C, H = 2, 5, 12, 3
 D = C // H

@@ -1,4 +1,4 @@
-"""project/run_checkpoint.py (the checkpoint file format) and project/run_control.py (save schedule,
+"""project/common/checkpoint.py (the checkpoint file format) and project/common/control.py (save schedule,
 graceful stop on SIGINT/SIGTERM)."""
 
 import json
@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from project.run_checkpoint import (
+import minitorch
+from minitorch.serialization import HEADER
+from project.common.checkpoint import (
     FORMAT,
-    META_KEY,
+    VERSION,
     CheckpointError,
     check_config,
     describe,
@@ -21,7 +23,7 @@ from project.run_checkpoint import (
     previous_path,
     save_checkpoint,
 )
-from project.run_control import GracefulStop, SaveSchedule, StopRequested
+from project.common.control import GracefulStop, SaveSchedule, StopRequested
 
 CONFIG = {"n_embd": 32, "lr": 3e-3, "data_dir": None, "name": "tiny"}
 
@@ -53,9 +55,10 @@ def test_round_trip_is_exact_and_json_plus_npz(tmp_path: Path) -> None:
     np.random.set_state(loaded.state["rng"]["legacy"])
     assert np.array_equal(np.random.get_state(legacy=False)["state"]["key"], saved["rng"]["legacy"]["state"]["key"])
     with np.load(path, allow_pickle=False) as npz:  # a plain .npz any numpy reads, no pickle inside
-        meta = json.loads(npz[META_KEY].tobytes())
-        assert meta["format"] == FORMAT and meta["version"] == 1 and meta["kind"] == "mt"
-        assert "model/embed.weights" in npz.files
+        entries = dict(json.loads(npz[HEADER].tobytes())["tree"]["dict"])  # minitorch.save's JSON header
+        assert entries["format"]["value"] == FORMAT and entries["version"]["value"] == VERSION
+        assert entries["kind"]["value"] == "mt"
+        assert any(np.array_equal(npz[name], saved["model"]["embed.weights"]) for name in npz.files if name != HEADER)
     assert describe(path) == "a 'mt' checkpoint at epoch 1, step 9"
 
 
@@ -91,10 +94,10 @@ def corrupt_variants(good: bytes) -> dict:
     flipped[len(good) // 2] ^= 0xFF
     return {
         "empty": (b"", r"is empty \(0 bytes\)"),
-        "truncated": (good[: len(good) // 2], r"is truncated or corrupted \(BadZipFile"),
-        "flipped byte": (bytes(flipped), r"is truncated or corrupted"),
+        "truncated": (good[: len(good) // 2], r"is truncated or damaged \(BadZipFile"),
+        "flipped byte": (bytes(flipped), r"is truncated or damaged"),
         "pickle": (pickle.dumps({"model": 1}), r"not a NumPy \.npz archive \(it looks like a pickle"),
-        "text": (b"hello\n", r"not a minitorch checkpoint: not a NumPy \.npz archive"),
+        "text": (b"hello\n", r"not a file written by minitorch\.save: not a NumPy \.npz archive"),
     }
 
 
@@ -114,23 +117,24 @@ def test_unusable_files_are_refused_naming_the_file(tmp_path: Path, variant: str
 def test_foreign_archives_other_versions_and_kinds_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "x.npz"
     np.savez(path, weights=np.zeros(3))
-    with pytest.raises(CheckpointError, match=r"x\.npz is an \.npz archive without minitorch checkpoint metadata"):
+    with pytest.raises(CheckpointError, match=r"x\.npz is a \.npz file without a __minitorch__ entry"):
         load_checkpoint(path, "mt")
-    np.savez(path, **{META_KEY: np.frombuffer(b'{"format": "other"}', dtype=np.uint8)})
+    minitorch.save({"format": "other", "weights": np.zeros(3)}, path)
     with pytest.raises(CheckpointError, match="not a minitorch run checkpoint"):
         load_checkpoint(path, "mt")
     save_checkpoint(path, "gpt2", CONFIG, state())
     with pytest.raises(CheckpointError, match=r"x\.npz is a 'gpt2' checkpoint, not a 'mt' one"):
         load_checkpoint(path, "mt")
-    meta = json.dumps({"format": FORMAT, "version": 99, "kind": "mt", "config": {}, "state": {}}).encode()
-    np.savez(path, **{META_KEY: np.frombuffer(meta, dtype=np.uint8)})
-    with pytest.raises(CheckpointError, match=r"has checkpoint format version 99; this program reads version 1"):
+    minitorch.save({"format": FORMAT, "version": 99, "kind": "mt", "config": {}, "state": {}}, path)
+    with pytest.raises(CheckpointError, match=rf"has checkpoint format version 99; this program reads version {VERSION}"):
         load_checkpoint(path, "mt")
-    with zipfile.ZipFile(tmp_path / "y.npz", "w") as z:  # metadata naming an array that is not there
-        meta = {"format": FORMAT, "version": 1, "kind": "mt", "config": {}, "state": {"w": {"__array__": "w"}}}
-        with z.open(META_KEY + ".npy", "w") as f:
-            np.lib.format.write_array(f, np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
-    with pytest.raises(CheckpointError, match=r"y\.npz is truncated or corrupted: its array 'w' is missing"):
+    with zipfile.ZipFile(tmp_path / "y.npz", "w") as z:  # a header naming an array that is not there
+        tree = {"dict": [["format", {"value": FORMAT}], ["version", {"value": VERSION}], ["kind", {"value": "mt"}],
+                         ["config", {"dict": []}], ["state", {"dict": [["w", {"array": "w"}]]}]]}  # fmt: skip
+        header = {"format": "minitorch", "version": 1, "tree": tree}
+        with z.open(HEADER + ".npy", "w") as f:
+            np.lib.format.write_array(f, np.frombuffer(json.dumps(header).encode(), dtype=np.uint8))
+    with pytest.raises(CheckpointError, match=r"y\.npz is truncated or damaged: it lacks the entry 'w' that its header names"):
         load_checkpoint(tmp_path / "y.npz", "mt")
     with pytest.raises(CheckpointError, match=r"absent\.npz does not exist"):
         load_checkpoint(tmp_path / "absent.npz", "mt")

@@ -1,4 +1,4 @@
-"""Smoke tests of project/run_machine_translation.py: a tiny model on a few hundred pairs, CPU
+"""Smoke tests of the translation program (project/translation/main.py): a tiny model on a few hundred pairs, CPU
 (the corpus and the tiny configuration: tests/mt_program.py)."""
 
 import socket
@@ -11,11 +11,15 @@ import minitorch
 from minitorch import distributed
 from minitorch_testing import FAST, assert_close, t64
 from mt_program import SPLIT_SIZES, TINY, computed, load
-from project import mt_data, mt_run
-from project import run_machine_translation as run_mt
-from project.mt_decode import greedy_decode
-from project.mt_train import build_model, learning_rate
-from project.run_checkpoint import load_checkpoint
+from project.common.checkpoint import load_checkpoint
+from project.common.schedule import learning_rate
+from project.translation import corpus as mt_corpus
+from project.translation import main as run_mt
+from project.translation import options as mt_options
+from project.translation import run as mt_run
+from project.translation import tokenizer as mt_tokenizer
+from project.translation.decode import greedy_decode
+from project.translation.model import build_model
 
 
 def test_training_learns_and_writes_every_output(straight_run) -> None:
@@ -38,7 +42,7 @@ def test_training_learns_and_writes_every_output(straight_run) -> None:
     assert state["progress"] == {"epoch": 2, "step": 16, "partial": None}
     assert set(state) >= {"model", "optimizer", "batcher", "rng", "args"}
     assert not list(out.glob(".*part*")), "temporary checkpoint files left behind"
-    assert load_checkpoint(out / "checkpoint.prev.npz", mt_run.CHECKPOINT_KIND).state["progress"]["epoch"] == 1
+    assert load_checkpoint(out / "checkpoint.prev.npz", mt_options.CHECKPOINT_KIND).state["progress"]["epoch"] == 1
 
 
 class Preempted(Exception):
@@ -89,12 +93,12 @@ def test_batched_greedy_decoding_equals_one_sentence_at_a_time(straight_run, cor
     full model on one growing sentence and takes numpy's argmax of its last logits."""
     out = straight_run["out_dir"]
     state = load(out)
-    tokenizer = mt_data.load_tokenizer(mt_data.tokenizer_path(out, 300))
+    tokenizer = mt_tokenizer.load_tokenizer(mt_tokenizer.tokenizer_path(out, 300))
     model = build_model(state["args"], tokenizer.get_vocab_size(), FAST)
     model.load_state_dict(state["model"])
     model.eval()
-    sources = [de for de, _ in mt_data.read_split(corpus_dir, "test")[:3]]
-    prompts = mt_data.encode_prompts(tokenizer, sources, 40)
+    sources = [de for de, _ in mt_corpus.read_split(corpus_dir, "test")[:3]]
+    prompts = mt_tokenizer.encode_prompts(tokenizer, sources, 40)
     batched = greedy_decode(model, prompts, 40, 2, FAST)
     assert not model.training, "decoding must leave the model's mode as it found it"
     for prompt, got in zip(prompts, batched):
@@ -102,17 +106,17 @@ def test_batched_greedy_decoding_equals_one_sentence_at_a_time(straight_run, cor
         while len(ids) < 40:
             logits = model(minitorch.tensor_from_numpy(np.array([ids]), backend=FAST)).to_numpy()
             ids.append(int(np.argmax(logits[0, -1])))
-            if ids[-1] == mt_data.EOS_EN_ID:
+            if ids[-1] == mt_tokenizer.EOS_EN_ID:
                 break
         assert got.tolist() == ids[len(prompt) :]
 
 
 def test_defaults_match_the_reference_configuration() -> None:
-    args = run_mt.build_parser().parse_args([])
+    args = mt_options.build_parser().parse_args([])
     assert (args.n_embd, args.n_head, args.n_layers, args.vocab_size, args.dropout) == (256, 8, 4, 8000, 0.1)
     assert (args.lr, args.batch_size, args.grad_clip, args.epochs) == (1e-3, 128, 1.0, 10)
     assert args.use_fused_kernel is True and args.backend == "auto"
-    assert run_mt.build_parser().parse_args(["--use-fused-kernel", "false"]).use_fused_kernel is False
+    assert mt_options.build_parser().parse_args(["--use-fused-kernel", "false"]).use_fused_kernel is False
 
 
 def test_learning_rate_warmup_then_cosine() -> None:
@@ -152,10 +156,8 @@ def test_adamw_clipped_update_matches_torch(max_norm) -> None:
 
 def test_old_checkpoint_option_names_its_new_spelling(capsys) -> None:
     """--checkpoint (gradient checkpointing) was renamed --recompute-layers; the old spelling says so."""
-    from project import run_machine_translation as run_mt
-
     with pytest.raises(SystemExit):
-        run_mt.build_parser().parse_args(["--checkpoint", "true"])
+        mt_options.build_parser().parse_args(["--checkpoint", "true"])
     assert "--checkpoint was renamed --recompute-layers" in capsys.readouterr().err
 
 

@@ -1,15 +1,22 @@
 """minitorch.save / minitorch.load: round trips of tensors, state dicts and nested containers, the file
-being a plain .npz that NumPy reads without pickle, and the errors."""
+being a plain .npz that NumPy reads without pickle, the errors, and atomic_write (a failed write
+leaves the old file, the previous file kept on request)."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import pickle
+import stat
 
 import numpy as np
 import pytest
 from minitorch_testing import FAST, SIMPLE, assert_close, mt
 
 import minitorch
+from minitorch import serialization
+from minitorch.serialization import LoadError, atomic_write
 
 
 def test_tensor_round_trip_keeps_values_dtype_and_grad_flag(tmp_path) -> None:
@@ -73,3 +80,90 @@ def test_save_and_load_errors(tmp_path) -> None:
     np.savez(tmp_path / "plain.npz", x=np.zeros(2))
     with pytest.raises(ValueError, match="without a __minitorch__ entry: not written by minitorch.save"):
         minitorch.load(tmp_path / "plain.npz")
+
+
+def test_save_into_an_existing_file_leaves_no_temporaries_and_keeps_the_previous_one_on_request(tmp_path) -> None:
+    path = tmp_path / "ckpt.npz"
+    minitorch.save({"step": 1}, path)
+    minitorch.save({"step": 2}, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.npz"]
+    minitorch.save({"step": 3}, path, keep_previous=True)
+    assert minitorch.load(path) == {"step": 3}
+    assert minitorch.load(tmp_path / "ckpt.prev.npz") == {"step": 2}
+    assert serialization.previous_path(path) == tmp_path / "ckpt.prev.npz"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.npz", "ckpt.prev.npz"]
+
+
+@pytest.mark.parametrize("crash", [OSError("disk full"), KeyboardInterrupt()], ids=["error", "interrupt"])
+def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path, crash: BaseException) -> None:
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"old contents")
+
+    def write(f) -> None:
+        f.write(b"half of the new ")
+        raise crash
+
+    with pytest.raises(type(crash)):
+        atomic_write(path, write, keep_previous=True)
+    assert path.read_bytes() == b"old contents"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.bin"]
+
+
+def test_atomic_write_replaces_keeps_previous_and_removes_stale_temporaries(tmp_path) -> None:
+    path = tmp_path / "data.bin"
+    assert atomic_write(path, lambda f: f.write(b"first")) == path
+    (tmp_path / ".data.bin.dead.part").write_bytes(b"left by a killed writer")
+    (tmp_path / ".data.prev.bin.dead.part").write_bytes(b"left by a killed writer")
+    atomic_write(path, lambda f: f.write(b"second"), keep_previous=True)
+    assert path.read_bytes() == b"second" and (tmp_path / "data.prev.bin").read_bytes() == b"first"
+    atomic_write(path, lambda f: f.write(b"third"), keep_previous=True)
+    assert path.read_bytes() == b"third" and (tmp_path / "data.prev.bin").read_bytes() == b"second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.bin", "data.prev.bin"]
+
+
+def test_atomic_write_gives_the_permissions_open_would(tmp_path) -> None:
+    old = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "a.bin", lambda f: f.write(b"x"))
+        with open(tmp_path / "b.bin", "wb") as f:
+            f.write(b"x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.bin").stat().st_mode) == stat.S_IMODE((tmp_path / "b.bin").stat().st_mode)
+
+
+DAMAGED = {
+    "empty": lambda good: b"",
+    "truncated": lambda good: good[: len(good) // 2],
+    "a pickle": lambda good: pickle.dumps({"step": 1}),
+    "text": lambda good: b"step = 1\n",
+    "a .npy array": lambda good: _npy_bytes(),
+    "flipped bytes": lambda good: good[:200] + bytes(b ^ 0xFF for b in good[200:260]) + good[260:],
+}
+
+
+def _npy_bytes() -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros(3))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("damage", DAMAGED)
+def test_loading_a_foreign_or_damaged_file_is_one_clear_error_naming_it(tmp_path, damage: str) -> None:
+    good = tmp_path / "good.npz"
+    minitorch.save({"w": mt(np.arange(64.0), FAST), "step": 3}, good)
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(DAMAGED[damage](good.read_bytes()))
+    with pytest.raises(LoadError) as error:
+        minitorch.load(bad)
+    message = str(error.value)
+    assert message.startswith(str(bad)) and "pickle" not in message.lower()
+
+
+def test_another_format_version_and_a_missing_file(tmp_path) -> None:
+    header = json.dumps({"format": "minitorch", "version": 99, "tree": {"value": 1}}).encode()
+    np.savez(tmp_path / "v99.npz", __minitorch__=np.frombuffer(header, dtype=np.uint8))
+    with pytest.raises(LoadError, match=r"v99.npz: format 'minitorch' version 99; this minitorch reads 'minitorch' version 1"):
+        minitorch.load(tmp_path / "v99.npz")
+    with pytest.raises(FileNotFoundError, match="absent.npz"):
+        minitorch.load(tmp_path / "absent.npz")

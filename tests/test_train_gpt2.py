@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from project.gpt2_data import prepare_shards
-from project.gpt2_model import GPT2
-from project.gpt2_training import learning_rate
-from project.llmc_format import GPT2Config, read_checkpoint
-from project.train_gpt2 import build_parser, main
+from project.common.schedule import learning_rate
+from project.gpt2.data import prepare_shards
+from project.gpt2.llmc import GPT2Config, read_checkpoint
+from project.gpt2.main import build_parser, main
+from project.gpt2.model import GPT2
 
 WORDS = "a man with a red hat walks his dog along the beach while two children play in the sand".split()
 

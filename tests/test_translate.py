@@ -1,4 +1,4 @@
-"""project/translate.py on a tiny model from a CI-sized run of the training program (trained with
+"""project/translation/translate.py on a tiny model from a CI-sized run of the training program (trained with
 label smoothing and --average-last), and the run's final evaluation, snapshots and averaging."""
 
 import io
@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 from mt_program import SPLIT_SIZES, TINY, write_corpus
 
-from project import mt_data
-from project import run_machine_translation as run_mt
-from project import translate
-from project.mt_average import average_snapshots, snapshot_epochs
+import minitorch
+from project.translation import corpus as mt_corpus
+from project.translation import main as run_mt
+from project.translation import options as mt_options
+from project.translation import translate
+from project.translation.average import average_snapshots, snapshot_epochs
 
 RUN = TINY + ["--epochs", "2", "--label-smoothing", "0.1", "--average-last", "2", "--final-beam-size", "3"]
 
@@ -50,10 +52,10 @@ def test_run_keeps_the_last_snapshots_and_reports_greedy_and_beam(run) -> None:
 def test_averaged_parameters_are_the_mean_of_the_snapshots(run) -> None:
     out = run["out_dir"]
     averaged = average_snapshots(out, 2, 2)
-    with np.load(out / "params_epoch1.npz") as a, np.load(out / "params_epoch2.npz") as b:
-        assert set(averaged) == set(a.files)
-        for name in a.files:
-            np.testing.assert_allclose(averaged[name], (a[name].astype(np.float64) + b[name]) / 2, rtol=1e-6)
+    a, b = minitorch.load(out / "params_epoch1.npz"), minitorch.load(out / "params_epoch2.npz")
+    assert set(averaged) == set(a)
+    for name in a:
+        np.testing.assert_allclose(averaged[name], (a[name].astype(np.float64) + b[name]) / 2, rtol=1e-6)
     with pytest.raises(FileNotFoundError, match=r"missing epochs \[0\]"):
         average_snapshots(out, 3, 2)
 
@@ -62,7 +64,7 @@ def test_averaged_parameters_are_the_mean_of_the_snapshots(run) -> None:
 def test_translate_reproduces_the_final_evaluation(run, name: str, beam: str, capsys) -> None:
     """translate.py with the run's averaged parameters gives the final evaluation's translations."""
     out = run["out_dir"]
-    sources = [de for de, _ in mt_data.read_split(run["corpus"], "test")]
+    sources = [de for de, _ in mt_corpus.read_split(run["corpus"], "test")]
     got = translate.main(["--checkpoint", str(out), "--backend", "cpu", "--beam-size", beam, "--batch-size", "5"] + sources)
     assert got == [translate.one_line(h) for h in final_hypotheses(out, name)]
     assert capsys.readouterr().out.splitlines() == got
@@ -70,7 +72,7 @@ def test_translate_reproduces_the_final_evaluation(run, name: str, beam: str, ca
 
 def test_translate_reads_a_file_and_stdin_keeping_blank_lines(run, tmp_path, monkeypatch) -> None:
     out = str(run["out_dir"])
-    sources = [de for de, _ in mt_data.read_split(run["corpus"], "test")][:3]
+    sources = [de for de, _ in mt_corpus.read_split(run["corpus"], "test")][:3]
     lines = [sources[0], "", sources[1], "   ", sources[2]]
     file = tmp_path / "in.de"
     file.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -104,5 +106,5 @@ def test_translate_errors_name_the_problem(run, tmp_path) -> None:
 @pytest.mark.parametrize("option, value", [("--label-smoothing", "1.5"), ("--length-penalty", "-1")])
 def test_training_program_rejects_bad_values(option: str, value: str, capsys) -> None:
     with pytest.raises(SystemExit):
-        run_mt.build_parser().parse_args([option, value])
+        mt_options.build_parser().parse_args([option, value])
     assert option in capsys.readouterr().err

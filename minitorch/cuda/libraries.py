@@ -6,8 +6,8 @@ import ctypes
 from typing import Dict, Tuple
 
 from . import (
-    attention, beam_search, classifier, combine, convert, embedding, kv_cache, layernorm, matmul, optimizer, random,
-    softmax, topk,
+    attention, beam_search, classifier, combine, convert, embedding, kv_cache, layernorm, matmul, matmul_bf16,
+    optimizer, random, softmax, topk,
 )  # fmt: skip
 from .runtime import ERROR_STRING, Signatures, runtime
 
@@ -16,6 +16,7 @@ LIBRARIES: Dict[str, Signatures] = {
     "convert_kernel": convert.SIGNATURES,
     "random_kernel": random.SIGNATURES,
     "matmul_kernel": matmul.SIGNATURES,
+    "matmul_bf16_kernel": matmul_bf16.SIGNATURES,
     "embedding_kernel": embedding.SIGNATURES,
     "softmax_kernel": softmax.SIGNATURES,
     "layernorm_kernel": layernorm.SIGNATURES,

@@ -117,6 +117,12 @@ def runtime() -> Runtime:
     return _rt[0]
 
 
+def is_loaded() -> bool:
+    """True once the runtime has loaded in this process (a CUDA tensor or kernel has been made), so
+    that a device is in use; never loads it."""
+    return bool(_rt)
+
+
 def unavailable_reason() -> Optional[str]:
     """Why the CUDA backend cannot run here (None when it can); loads it on success."""
     try:

@@ -1,6 +1,7 @@
 """Host->device uploads that never wait on the GPU: values are copied into a ring of pinned host
 buffers and sent with non-blocking copies on the current stream, so a training loop can queue the
-next step's inputs (a batch, a learning rate, a dropout seed) while earlier steps still run.
+next step's inputs (a batch, a learning rate, a dropout seed: minitorch.graphs) while earlier steps
+still run.
 
 A ring slot is reused only after the copy that last read it has run (an event per slot), so the
 host can run at most `SLOTS` uploads ahead of the GPU.
@@ -58,19 +59,6 @@ def uploader() -> Uploader:
     if not _uploader:
         _uploader.append(Uploader())
     return _uploader[0]
-
-
-class DeviceSeed:
-    """A 64-bit random key in device memory for `minitorch.rng.seeds_from_device`; `advance()`
-    writes a fresh key drawn from minitorch's host generator (call it outside the context)."""
-
-    def __init__(self) -> None:
-        rt = runtime()
-        self.buffer = rt.torch.zeros(1, dtype=rt.torch.int64, device=rt.device)
-
-    def advance(self, seed: int) -> None:
-        """Queue `seed` (e.g. minitorch.rng.next_seed()) as the key of the next random kernels."""
-        uploader().upload(self.buffer, np.array([seed], dtype=np.int64))
 
 
 def upload_storage(storage: Any, values: np.ndarray) -> None:

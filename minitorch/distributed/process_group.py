@@ -93,9 +93,9 @@ def _select_gpu(local_rank: int) -> None:
             f"LOCAL_RANK={local_rank} but this machine shows {count} CUDA GPU(s): start at most "
             f"{count} processes per node (torchrun --nproc_per_node {count})"
         )
-    from ..cuda import runtime
+    from ..cuda.runtime import is_loaded
 
-    if runtime._rt and torch.cuda.current_device() != local_rank:
+    if is_loaded() and torch.cuda.current_device() != local_rank:
         raise DistributedSetupError(
             f"CUDA tensors already exist on GPU {torch.cuda.current_device()}: call init_process_group "
             f"before making any CUDA tensor, so this process (LOCAL_RANK={local_rank}) uses GPU {local_rank}"

@@ -133,13 +133,6 @@ def _check_targets(targets: "Tensor", token_weights: "Tensor", vocab: int) -> No
         )
 
 
-def _row_block(t: "Tensor", start: int, stop: int) -> "Tensor":
-    """Rows [start, stop) of a contiguous tensor as a view: every backend's storage is a 1-D array
-    (numpy or torch) whose slices are views of it."""
-    inner = t.size // t.shape[0]
-    return t._new(t._tensor.as_strided((stop - start,) + tuple(t.shape[1:]), None, start * inner))
-
-
 def linear_cross_entropy_reference(
     hidden: "Tensor", weight: "Tensor", bias: Optional["Tensor"], targets: "Tensor", token_weights: "Tensor",
     chunk_size: int, need_grad: bool, label_smoothing: float = 0.0,
@@ -161,23 +154,22 @@ def linear_cross_entropy_reference(
     dweight: Optional["Tensor"] = None
     dbias: Optional["Tensor"] = None
     for n0 in range(0, N, chunk_size):
-        n1 = min(N, n0 + chunk_size)
-        rows = n1 - n0
-        h_rows = _row_block(h, n0, n1)
+        rows = min(chunk_size, N - n0)
+        h_rows = h.narrow(0, n0, rows)
         logits = h_rows @ weight
         if bias is not None:
             logits = logits + bias.view(1, V)
         m = logits.max(1, keepdim=True)
         e = (logits - m).exp()
         s = e.sum(1, keepdim=True)
-        one_hot = _row_block(ids, n0, n1).view(rows, 1) == classes
-        row_scale = _row_block(w, n0, n1).view(rows, 1) * scale
+        one_hot = ids.narrow(0, n0, rows).view(rows, 1) == classes
+        row_scale = w.narrow(0, n0, rows).view(rows, 1) * scale
         target_weights = one_hot * (1.0 - label_smoothing) + label_smoothing / V
         part = ((s.log() + m - (logits * target_weights).sum(1, keepdim=True)) * row_scale).sum()
         loss = part if loss is None else loss + part
         if dhidden is not None:
             dlogits = (e / s - target_weights) * row_scale
-            _row_block(dhidden, n0, n1).copy_(dlogits @ weight_t)
+            dhidden.narrow(0, n0, rows).copy_(dlogits @ weight_t)
             part_w = h_rows.transpose(0, 1) @ dlogits
             dweight = part_w if dweight is None else dweight + part_w
             if bias is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Optional
 
-from ..tensor_data import IndexingError, TensorData
+from ..tensor_data import IndexingError
 from ..tensor_ops import hook
 from .masks import NEG_BIG
 
@@ -66,8 +66,7 @@ def slot_attention(
         out = kernel(q._tensor, keys._tensor, values._tensor, slot._tensor, pads._tensor, width, heads, scale)
         if out is not None:
             return q._new(out)
-    per_head = (rows, width, heads, D), (keys._tensor.strides[0], C, D, 1)
-    k, v = (t._new(TensorData(t._tensor._storage, *per_head)) for t in (keys, values))
+    k, v = (t.contiguous().view(rows, keys.shape[1], heads, D).narrow(1, 0, width) for t in (keys, values))
     mask = slot_mask(slot, pads, width).view(rows, 1, 1, width)
     scores = (q.contiguous().view(rows, heads, 1, D) * scale) @ k.permute(0, 2, 3, 1) + mask
     e = (scores - scores.max(3, keepdim=True)).exp() * (mask == 0.0)  # a row with no slot: e = 0, out 0

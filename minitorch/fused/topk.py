@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Tuple
 
-from ..tensor_data import IndexingError, TensorData
+from ..tensor_data import IndexingError
 from ..tensor_ops import hook
 
 if TYPE_CHECKING:
@@ -34,12 +34,6 @@ def top_k(scores: "Tensor", k: int) -> Tuple["Tensor", "Tensor"]:
     return _composed_top_k(scores.detach(), k)
 
 
-def _column(t: "Tensor", j: int) -> "Tensor":
-    """Column j of a contiguous [B, k] tensor as a [B, 1] view."""
-    B, k = t.shape
-    return t._new(TensorData(t._tensor._storage[j:], (B, 1), (k, 1)))
-
-
 def _composed_top_k(scores: "Tensor", k: int) -> Tuple["Tensor", "Tensor"]:
     B, M = scores.shape
     positions = scores._arange(M).view(1, M)
@@ -50,7 +44,7 @@ def _composed_top_k(scores: "Tensor", k: int) -> Tuple["Tensor", "Tensor"]:
         left = floor.where(taken, scores)
         best = left.max(1, keepdim=True)
         at = ((left == best) * (1.0 - taken) * positions).max(1, keepdim=True)
-        _column(values, j).copy_(best)
-        _column(indices, j).copy_(at)
+        values.narrow(1, j, 1).copy_(best)
+        indices.narrow(1, j, 1).copy_(at)
         taken = taken + (positions == at)
     return values, indices

@@ -1,0 +1,268 @@
+"""The bf16 tensor-core matmul library (src/matmul_bf16_kernel.cu, through minitorch.cuda.matmul_bf16)
+against torch float64 on the same bf16 inputs.
+
+Inputs are N(0, 1) values rounded to bf16 (views for transposes, broadcast batch dims with stride 0);
+outputs are filled with NaN before each call so that an unwritten element fails. Errors are
+max|out - ref| / max|ref|; each must stay within 2x torch's own error on the same inputs (torch.matmul in
+bf16, measured here, with the same epilogue in bf16 ops), or FLOOR (float32 rounding) where that is
+smaller. "aligned" operands have rows of a multiple of 8 elements (16 bytes): on sm_90a they take the
+TMA + wgmma kernel, the others the mma.sync kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import pytest
+
+from minitorch.cuda import matmul_bf16
+from minitorch.cuda.layout import layout
+from minitorch.cuda.runtime import CudaShapeError, load_library
+
+torch = pytest.importorskip("torch")
+
+FLOOR = 1e-6
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU visible to torch", allow_module_level=True)
+
+
+def operand(gen, shape: Tuple[int, ...], transposed: bool, aligned: bool = False) -> "torch.Tensor":
+    """bf16 N(0, 1) tensor of `shape`; transposed: a view of storage with the last two dims swapped;
+    aligned: the stored rows padded to a multiple of 8 elements (a view of their first part)."""
+    stored = (*shape[:-2], shape[-1], shape[-2]) if transposed else shape
+    inner = stored[-1]
+    padded = (inner + 7) // 8 * 8 if aligned else inner
+    x = torch.randn((*stored[:-1], padded), generator=gen, device="cuda").to(torch.bfloat16)[..., :inner]
+    return x.transpose(-1, -2) if transposed else x
+
+
+def gelu64(x: "torch.Tensor") -> "torch.Tensor":
+    return 0.5 * x * (1.0 + torch.tanh((2.0 / torch.pi) ** 0.5 * (x + 0.044715 * x**3)))
+
+
+def act64(x: "torch.Tensor", activation: Optional[str]) -> "torch.Tensor":
+    return gelu64(x) if activation == "gelu" else torch.relu(x) if activation == "relu" else x
+
+
+def rel_err(out: "torch.Tensor", ref: "torch.Tensor") -> float:
+    out = out.double()
+    if out.numel() == 0:
+        return 0.0
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def torch_errors(a, b, ref_pre, ref, bias, activation) -> Tuple[float, float]:
+    """torch's bf16 error on the pre-activation and on the output: its matmul, + bias, activation."""
+    pre = torch.matmul(a, b)
+    if bias is not None:
+        pre = pre + bias.to(torch.bfloat16)
+    y = pre
+    if activation is not None:
+        y = torch.nn.functional.gelu(pre, approximate="tanh") if activation == "gelu" else torch.relu(pre)
+    return rel_err(pre, ref_pre), rel_err(y, ref)
+
+
+def check_product(
+    a, b, out_dtype=torch.bfloat16, *, bias: bool = False, activation: Optional[str] = None, pad: int = 0,
+    workspace: Optional["torch.Tensor"] = None,
+) -> None:  # fmt: skip
+    """out = act(a @ b + bias) in out_dtype within 2x torch's bf16 error (the pre-activation too, where an
+    activation stores it); pad: output rows that many elements longer than N (left untouched)."""
+    gen = torch.Generator(device="cuda").manual_seed(a.shape[-1] + pad)
+    M, N = a.shape[-2], b.shape[-1]
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    wide = torch.full((*batch, M, N + pad), float("nan"), dtype=out_dtype, device="cuda")
+    out = wide[..., :N]
+    pre = torch.full_like(out, float("nan")) if activation is not None else None
+    b_vec = torch.randn(N, generator=gen, device="cuda").to(out_dtype) if bias else None
+    matmul_bf16.matmul(a, b, out=out, bias=b_vec, activation=activation, pre_act=pre, workspace=workspace)
+    assert torch.isnan(wide[..., N:]).all(), "a column beyond N was written"
+    ref_pre = a.double() @ b.double() + (b_vec.double() if bias else 0.0)
+    ref = act64(ref_pre, activation)
+    torch_pre, torch_out = torch_errors(a, b, ref_pre, ref, b_vec, activation)
+    ours = rel_err(out, ref)
+    assert ours <= max(2 * torch_out, FLOOR), f"error {ours:.3g} > 2 x torch's {torch_out:.3g}"
+    if pre is not None:
+        ours_pre = rel_err(pre, ref_pre)
+        assert ours_pre <= max(2 * torch_pre, FLOOR), f"pre-activation error {ours_pre:.3g} > 2 x torch's {torch_pre:.3g}"
+
+
+DTYPES = [torch.bfloat16, torch.float32]
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("a_t", [False, True])
+@pytest.mark.parametrize("b_t", [False, True])
+def test_layouts(out_dtype, aligned: bool, a_t: bool, b_t: bool) -> None:
+    """Every layout autodiff produces (A and B row- or column-major, transposed views read in place), odd
+    sizes, partial tiles at every edge."""
+    gen = torch.Generator(device="cuda").manual_seed(1 + 2 * a_t + 4 * b_t + 8 * aligned)
+    check_product(operand(gen, (197, 203), a_t, aligned), operand(gen, (203, 131), b_t, aligned), out_dtype)
+    check_product(operand(gen, (300, 1001), a_t, aligned), operand(gen, (1001, 517), b_t, aligned), out_dtype)
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize(
+    "M, N, K",
+    [(1, 1, 1), (1, 4099, 7), (4099, 1, 13), (17, 31, 1), (2, 3, 5), (64, 64, 64), (128, 256, 64), (131, 257, 4099),
+     (509, 1021, 67), (4099, 127, 1031), (1031, 4099, 131)],
+)  # fmt: skip
+def test_sizes(aligned: bool, M: int, N: int, K: int) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(M * 7 + N * 3 + K)
+    a_t, b_t = M % 2 == 0, N % 3 == 0
+    check_product(operand(gen, (M, K), a_t, aligned), operand(gen, (K, N), b_t, aligned))
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("M, N, K", [(64, 64, 16384), (200, 130, 16384), (768, 768, 4096)])
+def test_long_k(out_dtype, aligned: bool, M: int, N: int, K: int) -> None:
+    """Few output tiles and long K: K splits (partial sums added in order by split_k_reduce), and the same
+    product without workspace (no splits). A rerun gives the same bits."""
+    gen = torch.Generator(device="cuda").manual_seed(K + M + aligned)
+    a, b = operand(gen, (M, K), M == 768, aligned), operand(gen, (K, N), False, aligned)
+    check_product(a, b, out_dtype)
+    check_product(a, b, out_dtype, workspace=torch.empty(0, dtype=torch.uint8, device="cuda"))
+    first, second = (matmul_bf16.matmul(a, b, out_dtype=out_dtype) for _ in range(2))
+    assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_batch_broadcast(aligned: bool) -> None:
+    """Two batch dims with broadcasting (the mma.sync kernel), one batch dim with both operands batched,
+    and a weight shared by the batch (stride 0: on sm_90a the TMA kernel's unbatched tensor map)."""
+    gen = torch.Generator(device="cuda").manual_seed(9 + aligned)
+    a = operand(gen, (3, 1, 45, 33), False, aligned).expand(3, 4, 45, 33)
+    check_product(a, operand(gen, (1, 4, 33, 29), True, aligned).expand(3, 4, 33, 29))
+    x = operand(gen, (5, 200, 136), False, aligned)
+    check_product(x, operand(gen, (5, 136, 72), True, aligned), torch.float32)
+    w = operand(gen, (136, 264), False, aligned).expand(5, 136, 264)
+    check_product(x, w, bias=True, activation="gelu")
+    check_product(operand(gen, (5, 200, 136), True, aligned), w)  # x^T per batch matrix: M-major A
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("activation", [None, "gelu", "relu"])
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("M, N, K", [(100, 132, 70), (37, 45, 8192), (300, 520, 200)])
+def test_epilogues(out_dtype, activation: Optional[str], aligned: bool, M: int, N: int, K: int) -> None:
+    """Bias, GELU (tanh form) and ReLU with the pre-activation stored, on direct and split-K products."""
+    gen = torch.Generator(device="cuda").manual_seed(K + N + aligned)
+    a, b = operand(gen, (M, K), False, aligned), operand(gen, (K, N), M == 300, aligned)
+    check_product(a, b, out_dtype, bias=True, activation=activation)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_activation_without_bias_and_empty_k(activation: str) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    check_product(operand(gen, (50, 40), True), operand(gen, (40, 30), False), activation=activation)
+    a, b = operand(gen, (5, 0), False), operand(gen, (0, 7), False)  # K = 0: out = act(bias)
+    bias = torch.randn(7, generator=gen, device="cuda")
+    out = matmul_bf16.matmul(a, b, out_dtype=torch.float32, bias=bias, activation=activation)
+    assert rel_err(out, act64(bias.double(), activation).expand(5, 7)) <= FLOOR
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("M, N, K", [(33, 65, 100), (64, 128, 20000), (768, 3072, 4096)])
+def test_accumulate(out_dtype, aligned: bool, M: int, N: int, K: int) -> None:
+    """out += a @ b (weight gradients summed over micro-batches), direct and split-K."""
+    gen = torch.Generator(device="cuda").manual_seed(K + aligned)
+    a, b = operand(gen, (M, K), True, aligned), operand(gen, (K, N), False, aligned)
+    out = torch.randn(M, N, generator=gen, device="cuda").to(out_dtype)
+    ref = out.double() + a.double() @ b.double()
+    torch_err = rel_err(out + torch.matmul(a, b).to(out_dtype), ref)
+    matmul_bf16.matmul(a, b, out=out, accumulate=True)
+    assert rel_err(out, ref) <= max(2 * torch_err, FLOOR)
+
+
+@pytest.mark.parametrize("product", ["fwd", "dX", "dW"])
+@pytest.mark.parametrize("layer", ["fc", "attn proj"])
+def test_gpt2_products(product: str, layer: str) -> None:
+    """GPT-2 layers' three products (4096 tokens) in the layouts autodiff gives them: x @ W, dy @ W^T,
+    x^T @ dy (weight gradients in float32)."""
+    gen = torch.Generator(device="cuda").manual_seed(len(product) + len(layer))
+    cin, cout = (768, 3072) if layer == "fc" else (768, 768)
+    x, w, dy = (operand(gen, shape, False) for shape in ((4096, cin), (cin, cout), (4096, cout)))
+    a, b = {"fwd": (x, w), "dX": (dy, w.t()), "dW": (x.t(), dy)}[product]
+    activation = "gelu" if product == "fwd" and layer == "fc" else None
+    check_product(a, b, torch.float32 if product == "dW" else torch.bfloat16, bias=product == "fwd", activation=activation)
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("pad", [1, 8])
+def test_output_row_stride(out_dtype, pad: int) -> None:
+    """Output rows ldc = N + pad elements apart (pair stores only where ldc allows), direct and split-K,
+    whole and ragged tiles."""
+    gen = torch.Generator(device="cuda").manual_seed(pad)
+    for M, N, K, aligned in [(150, 70, 96, False), (64, 60, 8192, True), (256, 768, 96, True)]:
+        check_product(operand(gen, (M, K), False, aligned), operand(gen, (K, N), M != 150, aligned), out_dtype, pad=pad)
+
+
+def test_strided_and_misaligned() -> None:
+    """Neither dim at stride 1 (a step-2 slice), and a base one element past a 16-byte boundary: the
+    element-by-element loads."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    a = operand(gen, (70, 2 * 90), False)[:, ::2]
+    b = torch.randn(90 * 64 + 1, generator=gen, device="cuda").to(torch.bfloat16)[1:].view(90, 64)
+    check_product(a, b)
+    check_product(a, b, torch.float32, bias=True, activation="relu")
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_graph_replay(aligned: bool) -> None:
+    """A split-K product and a GELU epilogue captured in a CUDA graph with a given workspace: every replay
+    gives the eager result's bits, also after the workspace held other data."""
+    gen = torch.Generator(device="cuda").manual_seed(21 + aligned)
+    M, N, K = 768, 768, 4096  # attn proj dW: few tiles, K split
+    a, b = operand(gen, (M, K), True, aligned), operand(gen, (K, N), False, aligned)
+    strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+    ws = torch.empty(max(matmul_bf16.workspace_bytes(M, N, K, 1, strides), 1), dtype=torch.uint8, device="cuda")
+    bias = torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16)
+    eager = matmul_bf16.matmul(a, b, out_dtype=torch.float32, workspace=ws)
+    eager_gelu = matmul_bf16.matmul(a, b, bias=bias, activation="gelu", workspace=ws)
+    out = torch.full((M, N), float("nan"), device="cuda")
+    out_gelu = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        matmul_bf16.matmul(a, b, out=out, workspace=ws)
+        matmul_bf16.matmul(a, b, out=out_gelu, bias=bias, activation="gelu", workspace=ws)
+    for fill in (0, 255, 7):
+        ws.fill_(fill)
+        out.fill_(float("nan"))
+        out_gelu.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager) and torch.equal(out_gelu, eager_gelu)
+
+
+def test_bad_input_is_refused() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    a, b = operand(gen, (4, 6), False), operand(gen, (5, 3), False)
+    with pytest.raises(CudaShapeError, match=r"\(4, 6\).*\(5, 3\)"):
+        matmul_bf16.matmul(a, b)
+    with pytest.raises(ValueError, match="bfloat16"):
+        matmul_bf16.matmul(a.float(), operand(gen, (6, 3), False))
+    with pytest.raises(CudaShapeError, match="bias"):
+        matmul_bf16.matmul(a, operand(gen, (6, 3), False), bias=torch.zeros(4, dtype=torch.bfloat16, device="cuda"))
+    with pytest.raises(ValueError, match="accumulate"):
+        matmul_bf16.matmul(a, operand(gen, (6, 3), False), accumulate=True)
+    lib = load_library("matmul_bf16_kernel", matmul_bf16.SIGNATURES)
+    stream = torch.cuda.current_stream().cuda_stream
+    code = lib.launch_matmul_bf16(
+        None, 1, 2, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 2, None, 1, None, 0, stream,
+    )  # fmt: skip
+    assert code != 0  # accumulate needs epilogue 0
+    code = lib.launch_matmul_bf16(
+        None, 1, 1, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 0, None, 0, None, 0, stream,
+    )  # fmt: skip
+    assert code != 0  # output rows shorter than N
+    code = lib.launch_matmul_bf16(
+        None, 2, 2, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 0, None, 0, None, 0, stream,
+    )  # fmt: skip
+    assert code != 0  # no output dtype 2

@@ -1,0 +1,100 @@
+"""Training pieces of the GPT-2 program (main.py): its step over the common TrainStep, the validation
+loss, the resumable training state (the model in llm.c's format beside a run checkpoint) and the
+loss plot.
+
+Per step the host sends one batch (two [B, T] arrays, one queued copy) and reads back the loss (and
+the gradient norm when clipping); everything else stays on the backend, and on CUDA a step can be
+one graph replay.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+import minitorch
+from minitorch import Tensor
+from minitorch.graphs import StepInputs
+from project.common.checkpoint import load_checkpoint, restore_optimizer, save_checkpoint
+from project.common import evaluation
+from project.common.metrics import Panel, Series, plot_records
+from project.common.train_step import TrainStep
+from project.gpt2.model import GPT2
+from project.gpt2.shards import ShardLoader
+
+STATE_MODEL = "model.bin"
+STATE_NAME = "state.npz"
+CHECKPOINT_KIND = "gpt2"
+LOSS_PANEL = Panel("loss", "cross-entropy loss", (Series("loss", "train", "-"), Series("val_loss", "val")))
+
+
+class GPT2Step(TrainStep):
+    """One update per call on a [B, T] batch: loss, backward, gradient_sync (data parallel: the
+    gradients combined over the processes), AdamW at the call's lr (which clips the gradients' global
+    norm when it has a max_grad_norm). Returns (this process's loss, gradient norm before clipping, or
+    None when the optimizer does not clip). use_graphs (CUDA only): capture the step in a CUDA graph
+    per batch shape and replay it (project/common/train_step.py)."""
+
+    def __init__(
+        self, model: GPT2, optimizer: minitorch.AdamW, loss_kind: str,
+        gradient_sync: Optional[Callable[[], None]] = None, use_graphs: bool = False,
+    ):  # fmt: skip
+        super().__init__(optimizer, model.backend, self._loss, use_graphs, gradient_sync)
+        self.model, self.loss_kind = model, loss_kind
+
+    def __call__(self, inputs: np.ndarray, targets: np.ndarray, lr: float) -> Tuple[float, Optional[float]]:
+        self.run({"ids": self.model.check_ids(inputs), "targets": self.model.check_ids(targets)}, lr)
+        loss = self.loss_total()
+        self.reset_loss()
+        norm = self.optimizer.grad_norm().item() if self.optimizer.max_grad_norm else None
+        return loss, norm
+
+    def _loss(self, inputs: StepInputs) -> Tuple[Tensor, Tensor]:
+        loss = self.model.loss(inputs["ids"], inputs["targets"], self.loss_kind)
+        return loss, loss
+
+
+def validation_loss(model: GPT2, loader: ShardLoader, batches: int, loss_kind: str) -> float:
+    """Mean loss over the first ``batches`` batches of ``loader`` (from its start, as llm.c does;
+    under data parallelism this process's part of them, to be averaged over the processes)."""
+    if batches < 1:
+        raise ValueError(f"validation needs at least one batch, got {batches}")
+    loader.reset()
+
+    def loss_of(batch: Tuple[np.ndarray, np.ndarray]) -> Tuple[Tensor, float]:
+        return model.loss(model.token_ids(batch[0]), model.token_ids(batch[1]), loss_kind), 1.0
+
+    return evaluation.validation_loss(model, (loader.next_batch() for _ in range(batches)), loss_of, batches, show=False)
+
+
+def save_training_state(
+    directory: str | os.PathLike, model: GPT2, optimizer: minitorch.AdamW, step: int, loader: ShardLoader,
+    config: Mapping[str, Any],
+) -> Path:  # fmt: skip
+    """Write ``directory/model.bin`` (llm.c's checkpoint format), then ``directory/state.npz``
+    (a run checkpoint: the run's ``config``, steps done, AdamW's step count and moments, the
+    training loader's position); each atomically, state.npz last, so a directory with one is complete."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_checkpoint(directory / STATE_MODEL)
+    state = {"step": step, "optimizer": optimizer.state_dict(), "train_loader": loader.state()}
+    save_checkpoint(directory / STATE_NAME, CHECKPOINT_KIND, config, state)
+    return directory
+
+
+def load_training_state(directory: str | os.PathLike, optimizer: minitorch.AdamW, loader: ShardLoader) -> dict[str, Any]:
+    """Restore the optimizer and the loader position that ``save_training_state`` wrote (the model
+    comes from ``directory/model.bin``); returns the saved state (``step`` among it)."""
+    checkpoint = load_checkpoint(Path(directory) / STATE_NAME, CHECKPOINT_KIND)
+    restore_optimizer(checkpoint.path, optimizer, checkpoint.state["optimizer"])
+    loader.load_state(checkpoint.state["train_loader"])
+    return checkpoint.state
+
+
+def plot_losses(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, title: str) -> Path:
+    """PNG of the training loss per step and the validation losses of the metric records."""
+    return plot_records(records, path, "step", [LOSS_PANEL], title)

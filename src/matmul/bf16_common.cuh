@@ -1,0 +1,272 @@
+// What both kernels of matmul_bf16_kernel.cu share: the product's parameters, the epilogue that turns
+// float32 sums into output elements, the split-K reduction, the grouped tile order and the planner.
+//
+// out[i] = epilogue(A[i] @ B[i]) for every batch index i, bf16 operands read through any strides,
+// float32 sums, the output in float32 or bf16 (rounded to nearest even once, after the epilogue).
+// Epilogues as matmul_kernel.cu's: none, + bias[c], gelu(x + bias[c]) (tanh form, as
+// minitorch.operators.gelu), relu(x + bias[c]); the pre-activation x + bias can be stored too, and
+// out += result instead of out = result. bias and pre_act have the output's dtype.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../includes/cuda_check.cuh"
+#include "../includes/launch_utils.cuh"
+#include "../includes/layout.cuh"
+
+namespace bf16mm {
+
+using mt::ceil_div;
+
+enum Epilogue { kNone = 0, kBias = 1, kBiasGelu = 2, kBiasRelu = 3 };
+enum OutDtype { kOutF32 = 0, kOutBf16 = 1 };
+constexpr int kTileGroup = 8;  // tile rows per group of the grouped tile order
+constexpr int kMaxSplits = 16;
+constexpr int kMaxGridZ = 65535;
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+struct Params {
+  const __nv_bfloat16* a;
+  const __nv_bfloat16* b;
+  void* out;  // float or bf16 (out_bf16), batch matrix i at out + i * M * ldc elements
+  const void* bias;
+  void* pre_act;
+  int M, N, K;
+  int ldc;  // elements between output rows (>= N)
+  int a_row_stride, a_k_stride, b_k_stride, b_col_stride;
+  MtLayout a_batch, b_batch;
+  int batch;
+  int out_bf16, epilogue, accumulate;
+  bool vec2, vec4;  // 2 (4) adjacent output elements from a column multiple of 2 (4) go as one access
+  // Split-K: the kernels write float32 partial products here (split s, batch matrix i, row r at
+  // partials + s * split_stride + (i * M + r) * N) instead of running the epilogue.
+  float* partials;
+  long long split_stride;
+  // The work, set by the launcher: output tiles of one batch matrix, K tiles (of the kernel's depth)
+  // in all and per split.
+  int tiles_m, tiles_n, k_tiles, splits, k_tiles_per_split;
+};
+
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.f + tanhf(kGeluC * (x + kGeluA * x * x * x)));
+}
+
+__device__ __forceinline__ float load_elem(const void* base, long long i, bool bf16) {
+  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]) : static_cast<const float*>(base)[i];
+}
+
+__device__ __forceinline__ void store_elem(void* base, long long i, float v, bool bf16) {
+  if (bf16) {
+    static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<float*>(base)[i] = v;
+  }
+}
+
+// W = 2 or 4 consecutive elements at base + i (aligned to W elements) as one access.
+template <int W>
+__device__ __forceinline__ void load_vec(const void* base, long long i, bool bf16, float (&x)[W]) {
+  if (bf16) {
+    const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + i);
+    if constexpr (W == 4) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(v);
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+      x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
+    } else {
+      const float2 lo = __bfloat1622float2(*v);
+      x[0] = lo.x, x[1] = lo.y;
+    }
+  } else if constexpr (W == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  } else {
+    const float2 v = *reinterpret_cast<const float2*>(static_cast<const float*>(base) + i);
+    x[0] = v.x, x[1] = v.y;
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void store_vec(void* base, long long i, const float (&x)[W], bool bf16) {
+  if (bf16) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]);
+    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(base) + i;
+    if constexpr (W == 4) {
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(x[2], x[3]);
+      *reinterpret_cast<uint2*>(dst) =
+          make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    } else {
+      *reinterpret_cast<__nv_bfloat162*>(dst) = lo;
+    }
+  } else if constexpr (W == 4) {
+    *reinterpret_cast<float4*>(static_cast<float*>(base) + i) = make_float4(x[0], x[1], x[2], x[3]);
+  } else {
+    *reinterpret_cast<float2*>(static_cast<float*>(base) + i) = make_float2(x[0], x[1]);
+  }
+}
+
+__device__ __forceinline__ float activate(int epilogue, float x) {
+  return epilogue == kBiasGelu ? gelu(x) : epilogue == kBiasRelu ? fmaxf(x, 0.f) : x;
+}
+
+// Output elements (r, c .. c + n - 1) of batch matrix bi (n <= W; c a multiple of W) from their float32
+// sums x: bias, pre-activation, activation, accumulation, in the output's dtype, as one W-wide access
+// each where all W are inside and the layout allows (Params::vec2 / vec4); a split-K product writes its
+// partial sums of split `split` instead.
+template <int W>
+__device__ __forceinline__ void store_run(const Params& p, int split, int bi, int r, int c, float (&x)[W], int n) {
+  if (p.partials != nullptr) {
+    float* dst = p.partials + split * p.split_stride + (static_cast<long long>(bi) * p.M + r) * p.N + c;
+    if (n == W && p.N % W == 0) {
+      store_vec<W>(dst, 0, x, false);
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      if (j < n) dst[j] = x[j];
+    }
+    return;
+  }
+  const bool bf16 = p.out_bf16 != 0;
+  const long long idx = (static_cast<long long>(bi) * p.M + r) * p.ldc + c;
+  const bool act = p.epilogue == kBiasGelu || p.epilogue == kBiasRelu;
+  const bool bias = p.epilogue != kNone && p.bias != nullptr;
+  if (n == W && (W == 4 ? p.vec4 : p.vec2)) {
+    float y[W];
+    if (bias) {
+      load_vec<W>(p.bias, c, bf16, y);
+#pragma unroll
+      for (int j = 0; j < W; ++j) x[j] += y[j];
+    }
+    if (act && p.pre_act != nullptr) store_vec<W>(p.pre_act, idx, x, bf16);
+#pragma unroll
+    for (int j = 0; j < W; ++j) x[j] = activate(p.epilogue, x[j]);
+    if (p.accumulate) {
+      load_vec<W>(p.out, idx, bf16, y);
+#pragma unroll
+      for (int j = 0; j < W; ++j) x[j] += y[j];
+    }
+    store_vec<W>(p.out, idx, x, bf16);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < W; ++j) {
+    if (j >= n) break;
+    float v = x[j];
+    if (bias) v += load_elem(p.bias, c + j, bf16);
+    if (act && p.pre_act != nullptr) store_elem(p.pre_act, idx + j, v, bf16);
+    v = activate(p.epilogue, v);
+    if (p.accumulate) v += load_elem(p.out, idx + j, bf16);
+    store_elem(p.out, idx + j, v, bf16);
+  }
+}
+
+// out = epilogue(sum over s < splits of the partial products, in order s = 0, 1, ...): deterministic.
+// p.partials is null here (the epilogue runs); `partials` holds the sums. One thread per pair of
+// columns, grid-stride.
+__global__ void split_k_reduce(const Params p, const float* partials, int splits) {
+  const int pairs = (p.N + 1) / 2;
+  const long long total = static_cast<long long>(p.batch) * p.M * pairs;
+  for (long long i = mt::grid_stride_first(); i < total; i += mt::grid_stride_step()) {
+    const long long row = i / pairs;  // batch matrix * M + r
+    const int c = static_cast<int>(i - row * pairs) * 2;
+    const bool two = c + 1 < p.N;
+    const float* src = partials + row * p.N + c;
+    float v0 = 0.f, v1 = 0.f;
+    for (int s = 0; s < splits; ++s, src += p.split_stride) {
+      if (two && p.N % 2 == 0) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        v0 += v.x, v1 += v.y;
+      } else {
+        v0 += src[0];
+        if (two) v1 += src[1];
+      }
+    }
+    float x[2] = {v0, v1};
+    store_run<2>(p, 0, static_cast<int>(row / p.M), static_cast<int>(row % p.M), c, x, two ? 2 : 1);
+  }
+}
+
+// Tile t of one batch matrix's tiles_m x tiles_n, in groups of kTileGroup tile rows walked column by
+// column, so that the blocks running at one time share A rows and B columns in L2.
+__device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int* tm, int* tn) {
+  const int group = t / (kTileGroup * tiles_n);
+  const int first_m = group * kTileGroup;
+  const int size = min(tiles_m - first_m, kTileGroup);
+  const int in_group = t - group * kTileGroup * tiles_n;
+  *tm = first_m + in_group % size;
+  *tn = in_group / size;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Planning (host)
+// ------------------------------------------------------------------------------------------------
+
+// A kernel configuration as the planner sees it: tile, K depth, blocks per SM and the SM's rate
+// (flop/s) when it runs them.
+struct TileShape {
+  int bm, bn, bk, per_sm;
+  double sm_rate;
+};
+
+struct Plan {
+  int shape;  // index into the candidates
+  int splits, k_tiles, k_tiles_per_split;
+};
+
+// The shape and K split count with the least estimated time: waves of blocks times a block's time,
+// plus a fixed cost per wave (pipeline fill and epilogue, ~1.5 us) and, for a split product, the
+// partial sums written and read once (~2.5 TB/s) and the reduction's launch (~3 us). A plan must win
+// by 3% to replace a simpler one (fewer splits, or an earlier candidate). The plan depends only on
+// the sizes and the GPU, so the workspace query and the launch agree on it.
+inline Plan plan_product(const TileShape* shapes, int n_shapes, int M, int N, int K, long long batch, int sms,
+                         int max_splits) {
+  Plan best{0, 1, 0, 0};
+  double best_cost = 1e300;
+  for (int i = 0; i < n_shapes; ++i) {
+    const TileShape& sh = shapes[i];
+    const long long k_tiles = ceil_div(K, sh.bk);
+    const long long tiles = ceil_div(M, sh.bm) * ceil_div(N, sh.bn) * batch;
+    const double k_tile_time = 2.0 * sh.bm * sh.bn * sh.bk * sh.per_sm / sh.sm_rate;
+    for (int s = 1; s <= max_splits; ++s) {
+      const long long per_split = ceil_div(k_tiles, s);
+      if (s > 1 && (per_split < 2 || ceil_div(k_tiles, per_split) < s)) break;
+      if (s > 1 && tiles * s > mt::kMaxInt) break;
+      const long long waves = ceil_div(tiles * s, static_cast<long long>(sms) * sh.per_sm);
+      double cost = waves * (per_split * k_tile_time + 1.5e-6);
+      if (s > 1) cost += 8.0 * s * batch * M * N / 2.5e12 + 3e-6;
+      if (cost < best_cost * 0.97) {
+        best_cost = cost;
+        best = Plan{i, s, static_cast<int>(k_tiles), static_cast<int>(per_split)};
+      }
+    }
+  }
+  return best;
+}
+
+// Bytes of float32 partial products a plan writes (0 without K splits).
+inline long long partial_bytes(const Plan& plan, int M, int N, long long batch) {
+  return plan.splits > 1 ? 4LL * plan.splits * batch * M * N : 0;
+}
+
+// p writing split-K partial products to `workspace` (no epilogue there).
+inline Params partial_params(Params p, void* workspace) {
+  p.partials = static_cast<float*>(workspace);
+  p.split_stride = static_cast<long long>(p.batch) * p.M * p.N;
+  return p;
+}
+
+// The epilogue over the plan's partial products in `workspace` into p's output.
+inline int reduce_splits(const Params& p, const void* workspace, int splits, cudaStream_t stream) {
+  Params q = p;
+  q.partials = nullptr;
+  q.split_stride = static_cast<long long>(p.batch) * p.M * p.N;
+  const long long pairs = static_cast<long long>(p.batch) * p.M * ((p.N + 1) / 2);
+  return mt::launch_grid_stride<split_k_reduce>(pairs, stream, q, static_cast<const float*>(workspace), splits);
+}
+
+}  // namespace bf16mm

@@ -1,0 +1,366 @@
+// The Hopper (sm_90a) kernel of matmul_bf16_kernel.cu: TMA loads, a warp-specialized pipeline and
+// wgmma with both operands from shared memory, for products whose operands the Tensor Memory
+// Accelerator can read (a unit-stride dim, 16-byte aligned base and strides, at most one batch dim).
+//
+// Block 128 x BN x 64 (BN 256, 192 or 128), 384 threads, one block per SM, persistent over its units
+// (output tile, K split, batch matrix; block c takes units c, c + grid, ...; within a batch matrix and
+// split, tiles in tile_coords' grouped order):
+//   warp 0 (lane 0)   the producer: per K tile, waits for a free ring slot, then TMA-loads the A tile
+//                     (128 x 64) and the B tile (BN x 64) into it, the slot's `full` barrier counting
+//                     the bytes;
+//   warpgroups 1, 2   consumers of 64 rows each: per K tile, four wgmma.m64nBNk16 reading A and B from
+//                     the slot through descriptors; one K tile's products stay in flight while the next
+//                     tile's are issued, and a slot is released (its `empty` barrier, one arrival per
+//                     consumer warp) once the products reading it are done. At the end of a unit the
+//                     epilogue (store_tile): 64 columns at a time, each warpgroup writes its float32 sums
+//                     into a staging buffer in shared memory, then every thread takes runs of 4 columns
+//                     of a row from it to store_run (bias, activation, pre-activation, accumulation, the
+//                     output's dtype, or a K split's partial sums), a half warp per row.
+// setmaxnreg gives the producer warpgroup's registers to the consumers (24 / 240 a thread: at 232 the
+// 256-wide consumers spilled).
+//
+// Shared memory tiles use the 128-byte swizzle of TMA and wgmma: a tile row of 64 bf16 is 128 bytes and
+// the 16-byte chunk c of row r sits at chunk c ^ (r % 8). wgmma reads 16-bit operands K-major or
+// MN-major (its transpose bits), so each operand is staged as it lies in memory:
+//   K-major (k contiguous):   one box [rows][64 k]; 8-row groups 1024 bytes apart (the descriptor's
+//                             stride offset); k16 step j starts 32 j bytes further;
+//   MN-major (rows contiguous): boxes [64 k][64 rows], 8 KB each, one per 64 rows (the descriptor's
+//                             leading offset, 8192), 8-k groups 1024 bytes apart (stride offset); k16
+//                             step j starts 2048 j bytes further.
+// A consumer warpgroup's 64 rows of A start 8192 bytes into the A tile either way.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "../includes/ptx.cuh"
+#include "bf16_common.cuh"
+
+namespace bf16mm {
+
+constexpr int kTmaBM = 128, kTmaBK = 64, kTmaThreads = 384;
+constexpr int kTmaBoxBytes = 64 * kTmaBK * 2;  // an MN-major box, and a consumer's 64 rows of a K-major A
+// The epilogue's staging: per consumer warpgroup, 64 rows x 64 float32 columns.
+constexpr int kStageBytes = 64 * 64 * 4;
+constexpr int kTmaSmemLimit = 232448;  // an H100's opt-in shared memory per block (227 KB)
+// The block starts with 168 registers a thread (65536 / 384, rounded down to 8): 384 x 168 = 128 x 24 +
+// 256 x 240. Asking the consumers for more than the producers give back would stall them for good.
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs == kTmaThreads * 168, "register split");
+
+template <int BN>
+struct TmaConfig {
+  static constexpr int kABytes = kTmaBM * kTmaBK * 2;
+  static constexpr int kBBytes = BN * kTmaBK * 2;
+  static constexpr int kSlotBytes = kABytes + kBBytes;  // 48, 40 or 32 KB: 1024-byte aligned slots
+  // Ring slots left beside the staging, the barriers (at most 8 stages) and the alignment: 4, 4 or 6.
+  static constexpr int kStages = (kTmaSmemLimit - 2 * kStageBytes - 1024 - 128) / kSlotBytes;
+  static constexpr int kSmemBytes = kStages * kSlotBytes + 2 * kStageBytes + 16 * kStages + 1024;
+  static_assert(kStages >= 3 && kStages <= 8 && kSmemBytes <= kTmaSmemLimit, "ring and staging must fit");
+};
+
+// What the kernel needs beyond Params: whether each operand's tensor map has a batch dim (else every
+// batch matrix reads matrix 0: broadcast).
+struct TmaParams {
+  Params p;
+  bool a_batched, b_batched;
+};
+
+// One unit of a block's work: batch matrix, K split, output tile, and the split's K tiles.
+struct Unit {
+  int bi, split, row0, col0, kt0, k_tiles;
+};
+
+// Unit u: batch matrix, then K split, then tile, so that the blocks of a wave share a K range.
+__device__ __forceinline__ Unit unit_of(const Params& p, int u, int bn) {
+  const int per_batch = p.tiles_m * p.tiles_n;
+  Unit w;
+  w.bi = u / (per_batch * p.splits);
+  const int rem = u - w.bi * per_batch * p.splits;
+  w.split = rem / per_batch;
+  int tm, tn;
+  tile_coords(rem - w.split * per_batch, p.tiles_m, p.tiles_n, &tm, &tn);
+  w.row0 = tm * kTmaBM;
+  w.col0 = tn * bn;
+  w.kt0 = w.split * p.k_tiles_per_split;
+  w.k_tiles = min(p.k_tiles_per_split, p.k_tiles - w.kt0);
+  return w;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Waits until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// Box (c0, c1, c2) of the tensor map into shared memory at dst; completion counted on bar.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, uint32_t bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Barrier of one consumer warpgroup (128 threads; ids 1 and 2, 0 being __syncthreads).
+__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+
+// Descriptor of a 128-byte-swizzled tile at shared address addr (1024-byte aligned 8-row groups):
+// K-major: 8-row groups 1024 bytes apart; MN-major: 8-k groups 1024 bytes apart, 64-row boxes 8192.
+template <bool K_MAJOR>
+__device__ __forceinline__ uint64_t tile_desc(uint32_t addr) {
+  constexpr uint64_t leading = K_MAJOR ? 1 : kTmaBoxBytes >> 4;
+  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | leading << 16 | static_cast<uint64_t>(1024 >> 4) << 32 |
+         1ull << 62;
+}
+
+// The descriptor's start-address step (16-byte units) from one k16 step to the next.
+template <bool K_MAJOR>
+constexpr uint64_t kDescStep = K_MAJOR ? 32 >> 4 : 2048 >> 4;
+
+// d (+)= a b for one m64nNk16 bf16 product with A and B from shared memory (TA, TB: MN-major), float32
+// sums; d is overwritten where accumulate is 0. Returns before the product is done.
+#define MT_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define MT_D16(i) MT_D4(i), MT_D4(i + 4), MT_D4(i + 8), MT_D4(i + 12)
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+      "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+      "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+      "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, "
+      "%102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, "
+      "%119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
+      : MT_D16(0), MT_D16(16), MT_D16(32), MT_D16(48), MT_D16(64), MT_D16(80), MT_D16(96), MT_D16(112)
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+      "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+      "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+      "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+      "}, %96, %97, p, 1, 1, %99, %100;\n}\n"
+      : MT_D16(0), MT_D16(16), MT_D16(32), MT_D16(48), MT_D16(64), MT_D16(80)
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+      "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+      "%62, %63"
+      "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+      : MT_D16(0), MT_D16(16), MT_D16(32), MT_D16(48)
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(TA), "n"(TB));
+}
+#undef MT_D16
+#undef MT_D4
+
+template <int BN, int TA, int TB>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[BN / 2], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  if constexpr (BN == 256) {
+    wgmma_m64n256k16<TA, TB>(d, a_desc, b_desc, accumulate);
+  } else if constexpr (BN == 192) {
+    wgmma_m64n192k16<TA, TB>(d, a_desc, b_desc, accumulate);
+  } else {
+    wgmma_m64n128k16<TA, TB>(d, a_desc, b_desc, accumulate);
+  }
+}
+
+// Register dependency on every accumulator after a wait, so that no read of them moves above it.
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Columns [64 PIECE, 64 PIECE + 64) of a consumer warpgroup's accumulators into its staging buffer: 64
+// rows of 16 chunks of 4 floats, chunk q of row r at chunk q ^ (r % 8), so that a warp's fragment writes
+// take 2 wavefronts and its row reads 4 per 512 bytes, no more. base: the thread's row wq * 16 + g and
+// its word pair 2 (t % 2); y: its swizzle, ((g ^ t / 2) << 4) (chunk 2 j + t / 2 of the row holds
+// columns 8 j + 2 t, + 1).
+template <int BN, int PIECE>
+__device__ __forceinline__ void stage_piece(const float (&acc)[BN / 2], uint32_t base, uint32_t y) {
+  if constexpr (PIECE < BN / 64) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int jj = 8 * PIECE + j;  // the accumulators' column block
+      const uint32_t at = base + ((32u * j) ^ y);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(acc[4 * jj]), "f"(acc[4 * jj + 1]) : "memory");
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + 8 * 256), "f"(acc[4 * jj + 2]), "f"(acc[4 * jj + 3])
+                   : "memory");
+    }
+  }
+}
+
+// The epilogue of one consumer warpgroup's 64 rows (kernel rows row0.., columns col0.. of batch matrix
+// bi), 64 columns at a time through the staging buffer at `stage`; barrier bar_id is the warpgroup's.
+// Only the staging is unrolled (the accumulators' indices must be constants); the stores are one loop
+// for every kind of epilogue, which keeps the kernel's code at an eighth of what fully unrolled
+// epilogues took (26 KB against 224 KB), at the same speed (bf16_notes.md, v3). wq: the warp in the
+// warpgroup; g, t: lane / 4, lane % 4.
+template <int BN>
+__device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[BN / 2], uint32_t stage, int bar_id,
+                                           int split, int bi, int row0, int col0, int wq, int g, int t) {
+  const uint32_t base = stage + (wq * 16 + g) * 256 + 8 * (t & 1), y = ((g ^ (t >> 1)) & 7) << 4;
+#pragma unroll 1
+  for (int piece = 0; piece < BN / 64; ++piece) {
+    warpgroup_sync(bar_id);  // the previous piece has been read
+    switch (piece) {
+      case 0: stage_piece<BN, 0>(acc, base, y); break;
+      case 1: stage_piece<BN, 1>(acc, base, y); break;
+      case 2: stage_piece<BN, 2>(acc, base, y); break;
+      default: stage_piece<BN, 3>(acc, base, y); break;
+    }
+    warpgroup_sync(bar_id);
+#pragma unroll 1
+    for (int k = threadIdx.x % 128; k < 64 * 16; k += 128) {
+      const int rr = k >> 4, q = k & 15, r = row0 + rr, c = col0 + 64 * piece + 4 * q;
+      if (r >= p.M || c >= p.N) continue;
+      float x[4];
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
+                   : "r"(stage + rr * 256 + ((q ^ (rr & 7)) << 4))
+                   : "memory");
+      store_run<4>(p, split, bi, r, c, x, min(4, p.N - c));
+    }
+  }
+}
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MT_BF16_TMA_THREADS 384
+#else
+#define MT_BF16_TMA_THREADS 1
+#endif
+
+// The body exists only where the sm_90a instructions were compiled. Elsewhere the kernel declares a
+// 1-thread limit, which the host reads (cudaFuncGetAttributes) to know whether it can launch it.
+template <bool A_KMAJOR, bool B_KMAJOR, int BN>
+__global__ void __launch_bounds__(MT_BF16_TMA_THREADS, 1)
+    matmul_bf16_tma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
+                           const TmaParams tp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = TmaConfig<BN>;
+  constexpr int S = Cfg::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = mt::shared_address(smem_raw);
+  const uint32_t base = (raw_addr + 1023) & ~1023u;
+  const uint32_t staging = base + S * Cfg::kSlotBytes;  // one kStageBytes buffer per consumer warpgroup
+  const uint32_t bars = staging + 2 * kStageBytes;
+  const auto full = [&](int s) { return bars + 8 * s; };
+  const auto empty = [&](int s) { return bars + 8 * (S + s); };
+  const Params& p = tp.p;
+  const int units = p.batch * p.splits * p.tiles_m * p.tiles_n;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), 8);  // every consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&a_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&b_map)) : "memory");
+  }
+  __syncthreads();
+
+  if (warp < 4) {  // the producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (threadIdx.x != 0) return;
+    int it = 0;
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      const Unit w = unit_of(p, u, BN);
+      const int ba = tp.a_batched ? w.bi : 0, bb = tp.b_batched ? w.bi : 0;
+      for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
+        const int s = it % S, k0 = (w.kt0 + kt) * kTmaBK;
+        mbar_wait(empty(s), ((it / S) & 1) ^ 1);
+        mbar_expect_tx(full(s), Cfg::kSlotBytes);
+        const uint32_t slot = base + s * Cfg::kSlotBytes;
+        if constexpr (A_KMAJOR) {
+          tma_load(slot, a_map, full(s), k0, w.row0, ba);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kTmaBM / 64; ++i) tma_load(slot + i * kTmaBoxBytes, a_map, full(s), w.row0 + 64 * i, k0, ba);
+        }
+        if constexpr (B_KMAJOR) {
+          tma_load(slot + Cfg::kABytes, b_map, full(s), k0, w.col0, bb);
+        } else {
+#pragma unroll
+          for (int i = 0; i < BN / 64; ++i)
+            tma_load(slot + Cfg::kABytes + i * kTmaBoxBytes, b_map, full(s), w.col0 + 64 * i, k0, bb);
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  const int cw = warp / 4 - 1, wq = warp % 4, g = lane / 4, t = lane % 4;
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  int it = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const Unit w = unit_of(p, u, BN);
+    for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
+      const int s = it % S;
+      mbar_wait(full(s), (it / S) & 1);
+      const uint32_t slot = base + s * Cfg::kSlotBytes;
+      const uint64_t a_desc = tile_desc<A_KMAJOR>(slot + cw * kTmaBoxBytes);
+      const uint64_t b_desc = tile_desc<B_KMAJOR>(slot + Cfg::kABytes);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int j = 0; j < kTmaBK / 16; ++j) {
+        wgmma_bf16<BN, !A_KMAJOR, !B_KMAJOR>(acc, a_desc + j * kDescStep<A_KMAJOR>, b_desc + j * kDescStep<B_KMAJOR>,
+                                             kt > 0 || j > 0);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      if (kt > 0 && lane == 0) mbar_arrive(empty((it - 1) % S));  // the previous K tile's products are done
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    fence_registers(acc);
+    if (lane == 0) mbar_arrive(empty((it - 1) % S));
+
+    // Epilogue: acc[4 j], acc[4 j + 1] are row wq * 16 + g of the warpgroup's 64, columns 8 j + 2 t, + 1;
+    // acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further.
+    store_tile<BN>(p, acc, staging + cw * kStageBytes, 1 + cw, w.split, w.bi, w.row0 + cw * 64, w.col0, wq, g, t);
+  }
+#endif
+}
+
+}  // namespace bf16mm
