@@ -26,6 +26,7 @@ declare -A TESTS_OF=(
   [random_kernel]="test_cuda_ops.py|uniform"
   [embedding_kernel]="test_cuda_ops.py test_cuda_functions.py test_decode_graphs.py|embedding or gather_rows"
   [matmul_kernel]="test_matmul.py test_cuda_ops.py|matmul"
+  [matmul_bf16_kernel]="test_matmul_bf16.py|"
   [softmax_kernel]="test_softmax_fw.py test_softmax_bw.py|"
   [layernorm_kernel]="test_layernorm_fw.py test_layernorm_bw.py|"
   [attention_kernel]="test_attention.py|"

@@ -18,6 +18,8 @@
 
 #include "../includes/cuda_check.cuh"
 #include "../includes/launch_utils.cuh"
+#include "../includes/layout.cuh"
+#include "../includes/tma.cuh"
 #include "../includes/vec.cuh"
 #include "params.cuh"
 #include "split_k.cuh"
@@ -26,23 +28,6 @@
 #include "tma_work.cuh"
 
 namespace tma {
-
-inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static bool looked = false;
-  if (!looked) {
-    looked = true;
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess) {
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-    }
-    cudaGetLastError();  // no entry point means no TMA path, not an error for the next launch
-  }
-  return fn;
-}
 
 // One operand as the kernel reads it: element (i, o) of batch matrix b at
 // base[i + o * outer_stride + b * batch_stride] (floats), i along the unit-stride dim.
@@ -128,11 +113,7 @@ inline int launch(const MatmulParams& p, int precision, float* workspace, long l
                   cudaStream_t stream) {
   if (p.K == 0) return kNotTaken;
   int batch_dim = -1;  // the one batch dim with more than one matrix, if any
-  for (int d = 0; d < p.a_batch.ndim; ++d) {
-    if (p.a_batch.shape[d] == 1) continue;
-    if (batch_dim >= 0) return kNotTaken;
-    batch_dim = d;
-  }
+  if (!mt::at_most_one_dim(p.a_batch, &batch_dim)) return kNotTaken;
   // The operands as read: A[r, k] = a[r * a_rs + k * a_ks + i * a_bs], B[k, c] = b[k * b_ks + c * b_cs + i * b_bs].
   const float *a = p.a, *b = p.b;
   int a_rs = p.a_row_stride, a_ks = p.a_k_stride, b_ks = p.b_k_stride, b_cs = p.b_col_stride;
