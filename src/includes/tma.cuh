@@ -42,6 +42,20 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, u
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+
+// One K tile of an operand (ROWS rows from row0, the K tile from k0, batch matrix `batch`) into shared
+// memory at dst: one box [ROWS][k] when the operand is K-major, else ROWS / BOX boxes [k][BOX rows],
+// box_bytes apart.
+template <bool K_MAJOR, int ROWS, int BOX>
+__device__ __forceinline__ void load_operand_tile(uint32_t dst, const CUtensorMap& map, uint32_t bar, int k0, int row0,
+                                                  int batch, int box_bytes) {
+  if constexpr (K_MAJOR) {
+    tma_load(dst, map, bar, k0, row0, batch);
+  } else {
+#pragma unroll
+    for (int i = 0; i < ROWS / BOX; ++i) tma_load(dst + i * box_bytes, map, bar, row0 + BOX * i, k0, batch);
+  }
+}
 #endif
 
 // cuTensorMapEncodeTiled, or nullptr where the driver has none (then no TMA path runs).

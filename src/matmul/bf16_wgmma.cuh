@@ -91,11 +91,11 @@ __device__ __forceinline__ Unit unit_of(const Params& p, int u, int bn) {
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+using tma::load_operand_tile;
 using tma::mbar_arrive;
 using tma::mbar_expect_tx;
 using tma::mbar_init;
 using tma::mbar_wait;
-using tma::tma_load;
 
 // Barrier of one consumer warpgroup (128 threads; ids 1 and 2, 0 being __syncthreads).
 __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
@@ -286,19 +286,8 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS, 1)
         mbar_wait(empty(s), ((it / S) & 1) ^ 1);
         mbar_expect_tx(full(s), Cfg::kSlotBytes);
         const uint32_t slot = base + s * Cfg::kSlotBytes;
-        if constexpr (A_KMAJOR) {
-          tma_load(slot, a_map, full(s), k0, w.row0, ba);
-        } else {
-#pragma unroll
-          for (int i = 0; i < kTmaBM / 64; ++i) tma_load(slot + i * kTmaBoxBytes, a_map, full(s), w.row0 + 64 * i, k0, ba);
-        }
-        if constexpr (B_KMAJOR) {
-          tma_load(slot + Cfg::kABytes, b_map, full(s), k0, w.col0, bb);
-        } else {
-#pragma unroll
-          for (int i = 0; i < BN / 64; ++i)
-            tma_load(slot + Cfg::kABytes + i * kTmaBoxBytes, b_map, full(s), w.col0 + 64 * i, k0, bb);
-        }
+        load_operand_tile<A_KMAJOR, kTmaBM, 64>(slot, a_map, full(s), k0, w.row0, ba, kTmaBoxBytes);
+        load_operand_tile<B_KMAJOR, BN, 64>(slot + Cfg::kABytes, b_map, full(s), k0, w.col0, bb, kTmaBoxBytes);
       }
     }
     return;

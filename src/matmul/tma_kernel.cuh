@@ -183,19 +183,8 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
           mbar_wait(empty(s), ((it / S) & 1) ^ 1);
           mbar_expect_tx(full(s), Cfg::kTxBytes);
           const uint32_t slot = base + s * Cfg::kSlotBytes;
-          if constexpr (A_KMAJOR) {
-            tma_load(slot, a_map, full(s), k0, w.row0, ba);
-          } else {
-#pragma unroll
-            for (int i = 0; i < kBM / 32; ++i) tma_load(slot + i * kBoxBytes, a_map, full(s), w.row0 + 32 * i, k0, ba);
-          }
-          if constexpr (B_TRANSFORM) {
-#pragma unroll
-            for (int i = 0; i < BN / 32; ++i)
-              tma_load(slot + kABytes + i * kBoxBytes, b_map, full(s), w.col0 + 32 * i, k0, bb);
-          } else {
-            tma_load(slot + kABytes, b_map, full(s), k0, w.col0, bb);
-          }
+          load_operand_tile<A_KMAJOR, kBM, 32>(slot, a_map, full(s), k0, w.row0, ba, kBoxBytes);
+          load_operand_tile<!B_TRANSFORM, BN, 32>(slot + kABytes, b_map, full(s), k0, w.col0, bb, kBoxBytes);
         }
       }
     } else if constexpr (Cfg::kConv > 0) {
