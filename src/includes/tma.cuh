@@ -24,6 +24,16 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
+// After one thread initialized the barriers: makes them visible to the async proxy (the TMA units).
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Starts fetching a tensor map's descriptor, so that the first load finds it cached.
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap& map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
+}
+
 // Waits until the barrier's phase of this parity has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
   asm volatile(

@@ -91,11 +91,13 @@ __device__ __forceinline__ Unit unit_of(const Params& p, int u, int bn) {
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+using tma::fence_barrier_init;
 using tma::load_operand_tile;
 using tma::mbar_arrive;
 using tma::mbar_expect_tx;
 using tma::mbar_init;
 using tma::mbar_wait;
+using tma::prefetch_tensormap;
 
 // Barrier of one consumer warpgroup (128 threads; ids 1 and 2, 0 being __syncthreads).
 __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
@@ -268,9 +270,9 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS, 1)
       mbar_init(full(s), 1);
       mbar_init(empty(s), 8);  // every consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&a_map)) : "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&b_map)) : "memory");
+    fence_barrier_init();
+    prefetch_tensormap(a_map);
+    prefetch_tensormap(b_map);
   }
   __syncthreads();
 

@@ -163,9 +163,9 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
       mbar_init(conv(s), 3);
       mbar_init(empty(s), 8);  // every consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&a_map)) : "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&b_map)) : "memory");
+    fence_barrier_init();
+    prefetch_tensormap(a_map);
+    prefetch_tensormap(b_map);
   }
   __syncthreads();
 
