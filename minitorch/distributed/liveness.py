@@ -79,18 +79,20 @@ class Watchdog:
                         else:
                             lost.append((r, now - seen[r][1]))
             except Exception as err:  # the store's own errors differ between torch versions
-                if self._stop.is_set():
-                    return
-                host, port = self.address
-                self._exit(f"the rendezvous store at {host}:{port} stopped answering ({type(err).__name__}: "
-                           f"{str(err).splitlines()[0] if str(err) else ''}): {self._store_owner}, which serves it, "
-                           f"is gone")  # fmt: skip
+                if not self._stop.is_set():
+                    self._store_lost(err)
                 return
             if lost:
                 self._exit(_lost_message(lost, self.world_size))
                 return
             if self._stop.wait(self.interval_s):
                 return
+
+    def _store_lost(self, err: Exception) -> None:
+        host, port = self.address
+        first = str(err).splitlines()[0] if str(err) else ""
+        self._exit(f"lost {self._store_owner}: the rendezvous store it serves at {host}:{port} stopped answering "
+                   f"({type(err).__name__}: {first})")  # fmt: skip
 
     def _exit(self, what: str) -> None:
         hint = f" {self.hint}" if self.hint else ""
@@ -102,10 +104,13 @@ class Watchdog:
         """Return once every rank has called wait_for_all(name) as often as this one."""
         generation = self._generation[name] = self._generation.get(name, 0) + 1
         key = self._key("barrier", name, generation)
-        arrived = self._waits.add(key, 1)
-        while arrived < self.world_size:
-            time.sleep(POLL_S)
-            arrived = self._waits.add(key, 0)
+        try:
+            arrived = self._waits.add(key, 1)
+            while arrived < self.world_size:
+                time.sleep(POLL_S)
+                arrived = self._waits.add(key, 0)
+        except Exception as err:  # as in _run: the process that serves the store is gone
+            self._store_lost(err)
 
     def stop(self) -> None:
         """Mark this rank done (the others no longer watch it) and end the thread."""

@@ -25,8 +25,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -85,6 +86,7 @@ class DataParallel:
         if self.world_size > 1:
             distributed.start_watchdog(self.options["lost_rank_timeout"], resume_hint)
         self.sync: Optional[distributed.GradientAccumulator] = None
+        self._before_close: List[Callable[[], None]] = []
 
     @property
     def rank(self) -> int:
@@ -192,11 +194,31 @@ class DataParallel:
         or writing files; a lost process still ends the wait, through the watchdog)."""
         distributed.barrier(name)
 
+    def before_close(self, release: Callable[[], None]) -> None:
+        """Run release() when the program leaves the group (e.g. free CUDA graphs that captured
+        collectives: NCCL cannot be shut down under them)."""
+        self._before_close.append(release)
+
     def close(self) -> None:
         """Leave the process group (after every process got here)."""
+        for release in self._before_close:
+            release()
         if self.sync is not None:
             self.sync.close()
         distributed.destroy_process_group()
+
+    def __enter__(self) -> "DataParallel":
+        return self
+
+    def __exit__(self, kind: Any, error: Optional[BaseException], trace: Any) -> None:
+        """close(), also when the program fails.  A failure that a lost process caused (a collective
+        whose peer vanished) ends up here, and while close() waits for the others the watchdog names
+        the lost process and ends this one; the failure is said first, in one line."""
+        if error is not None and self.world_size > 1:
+            first = str(error).splitlines()[0] if str(error) else ""
+            print(f"rank {self.rank}: {type(error).__name__}: {first}; waiting for the other processes",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        self.close()
 
 
 def _device(backend: str) -> str:

@@ -167,11 +167,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     hint = (f"The last checkpoint in {args.out_dir} (checkpoint_NNNNNN/, --checkpoint-every) is intact: continue "
             f"with --resume-from on any number of processes")  # fmt: skip
     # Under torchrun: joins the group, picks this process's GPU, starts the watchdog.
-    parallel = DataParallel(args.backend, vars(args), resume_hint=hint)
-    try:
+    with DataParallel(args.backend, vars(args), resume_hint=hint) as parallel:
         return _run(args, parallel)
-    finally:
-        parallel.close()
 
 
 def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
@@ -201,6 +198,7 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
     )
     train_step = GPT2Step(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda,
                           micro_slices=micro, weight=b / B)  # fmt: skip
+    parallel.before_close(train_step.release_graphs)  # a graph may hold the step's all-reduces
     total_steps = args.steps or train.batches_per_epoch
     peak_lr = parallel.peak_lr(args.lr)
     step = load_training_state(args.resume_from, optimizer, train)["step"] if args.resume_from else 0
@@ -257,7 +255,6 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
                                             vars(args))  # fmt: skip
                 print(f"step {step:5d} | saved {where}", flush=True)
 
-    train_step.release_graphs()
     memory = minitorch.peak_memory_mb(backend)
     log({"step": step, **memory})
     if not parallel.is_main:

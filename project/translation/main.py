@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 import minitorch
-from project.common.checkpoint import CheckpointError
+from project.common.checkpoint import Checkpoint, CheckpointError
 from project.common.control import GracefulStop, StopRequested
 from project.common.metrics import MetricsLog
 from project.common.options import InputError, backend_from_option
@@ -66,7 +66,13 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
     hint = (f"The last checkpoint, {out_dir / CHECKPOINT_NAME}, is intact: continue with --resume --out-dir {out_dir} "
             f"on any number of processes")  # fmt: skip
     # Under torchrun: joins the group, picks this process's GPU, starts the watchdog.
-    parallel = TranslationParallel(config["backend"], config, resume_hint=hint)
+    with TranslationParallel(config["backend"], config, resume_hint=hint) as parallel:
+        return train(config, checkpoint, parallel)
+
+
+def train(config: Dict[str, Any], checkpoint: Optional[Checkpoint], parallel: TranslationParallel) -> Dict[str, Any]:
+    """run() in the process group: data, model, the epochs, the final evaluation."""
+    out_dir = Path(config["out_dir"])
     say = parallel.print
     choice = backend_from_option(config["backend"])
     backend = choice.backend
@@ -78,6 +84,7 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
     with parallel.main_first():  # rank 0 trains and saves the tokenizer, the others load it
         data = prepare_data(config, out_dir)
     job = TranslationRun(config, backend, data, parallel)
+    parallel.before_close(job.step.release_graphs)  # a graph may hold the step's all-reduces
     if checkpoint is not None:
         job.resumed(restore_run_state(checkpoint, job.model, job.optimizer, job.batcher))
     parallel.decorrelate_rng()
@@ -97,8 +104,6 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
     )
 
     def finish(stopped: Optional[str], final: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        job.step.release_graphs()  # before leaving the group: a graph may hold its all-reduces
-        parallel.close()
         return {"config": config, "history": history, "out_dir": out_dir, "stopped": stopped, "final": final}
 
     with GracefulStop() as stop:
