@@ -7,21 +7,35 @@ what these tests compare), and checkpoints at the end; --stop-at-step stops it a
 would (the checkpoint then holds the unfinished epoch), --resume continues from the checkpoint.
 gpt2: project/train_gpt2.py's main() with the options after `--`.  --simple runs either on SimpleOps
 (pure Python: no numba compilation, fast for these sizes) instead of the --backend it names.
+compare: whether the translation checkpoints in --out and --against hold the same training (the
+same progress, parameters and AdamW moments within --tolerance, or --exact: bit for bit), with one
+exception on different numbers of processes: the key part of the attention's qkv bias.  Its gradient
+is zero in exact arithmetic (softmax does not change when every score of a row moves by the same
+amount), so what it gets is rounding noise, which AdamW divides by its own magnitude into steps of
+about lr whose sign depends on the order of the sums.
 
     torchrun --standalone --nproc_per_node 2 scripts/ddp_programs.py translation --out DIR --simple [--zero 1]
         [--micro-batch-size 2] [--stop-at-step K] [--resume] [--save-every-steps 1] [--batch-size 8]
     torchrun --standalone --nproc_per_node 2 scripts/ddp_programs.py gpt2 --simple -- --train-shards ... --out-dir DIR
+    python scripts/ddp_programs.py compare --out DIR --against OTHER [--exact]
 
 Without torchrun it is the same run in one process.  Used by tests/test_parallel_programs.py (gloo)
-and kernel_tests/test_distributed_cuda.py (NCCL).
+and kernel_tests/test_distributed_cuda.py (NCCL), through the functions at its end: start a run
+(alone, under torchrun, as two "nodes" of one host, or as two processes of which one gets killed),
+wait for it, compare two runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -29,7 +43,7 @@ if __package__ in (None, ""):
 import numpy as np
 
 import minitorch
-from project.common.checkpoint import load_checkpoint
+from project.common.checkpoint import CheckpointError, load_checkpoint
 from project.common.options import lenient
 from project.translation.batches import EncodedPairs
 from project.translation import options as mt_options
@@ -45,10 +59,14 @@ TINY = {"n_embd": 8, "n_head": 2, "n_layers": 1, "max_len": 10, "dropout": 0.0, 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("program", choices=("translation", "gpt2"))
+    p.add_argument("program", choices=("translation", "gpt2", "compare"))
     p.add_argument("--simple", action="store_true", help="train on SimpleOps, whatever the backend option says")
     p.add_argument("--backend", choices=("cpu", "cuda"), default="cpu", help="translation: the backend")
     p.add_argument("--out", help="translation: the run's directory")
+    p.add_argument("--against", help="compare: the reference run's directory")
+    p.add_argument("--exact", action="store_true", help="compare: bit for bit, the key bias included")
+    p.add_argument("--tolerance", type=float, default=1e-5, help="compare: most |difference| / largest |value| of a tensor")
+    p.add_argument("--n-embd", type=int, default=8, help="translation: model width")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=8, help="translation: the global batch (pairs)")
     p.add_argument("--pairs", type=int, default=40, help="translation: generated training pairs")
@@ -96,7 +114,7 @@ def backend_of(args: argparse.Namespace) -> minitorch.TensorBackend:
 
 def translation(args: argparse.Namespace) -> None:
     config: Dict[str, Any] = {**vars(lenient(mt_options.build_parser()).parse_args([])), **TINY}
-    config.update(out_dir=args.out, backend=args.backend, epochs=args.epochs, batch_size=args.batch_size,
+    config.update(n_embd=args.n_embd, out_dir=args.out, backend=args.backend, epochs=args.epochs, batch_size=args.batch_size,
                   micro_batch_size=args.micro_batch_size, zero=args.zero, lost_rank_timeout=args.lost_rank_timeout,
                   save_every_steps=args.save_every_steps, cuda_graphs=args.backend == "cuda")  # fmt: skip
     out = Path(args.out)
@@ -136,12 +154,112 @@ def gpt2(args: argparse.Namespace) -> None:
     gpt2_main.main(args.rest)
 
 
+def checkpoint_of(out: Path) -> Any:
+    return load_checkpoint(Path(out) / mt_options.CHECKPOINT_NAME, mt_options.CHECKPOINT_KIND)
+
+
+def differences(out: Path, against: Path, exact: bool = False, tolerance: float = 1e-5) -> List[str]:
+    """What differs between the training in two translation checkpoints (see the module docstring)."""
+    got, want = checkpoint_of(out), checkpoint_of(against)
+    found = [] if got.state["progress"] == want.state["progress"] else [f"progress {got.state['progress']}"]
+    key_bias = np.s_[want.config["n_embd"] : 2 * want.config["n_embd"]]
+    pairs = [(name, got.state["model"][name], value) for name, value in want.state["model"].items()]
+    pairs += [(f"{m}[{i}]", got.state["optimizer"][m][i], value) for m in ("m", "v")
+              for i, value in want.state["optimizer"][m].items()]  # fmt: skip
+    for name, mine, value in pairs:
+        if name.endswith("qkv_projection.bias") and not exact:
+            mine, value = np.delete(mine, key_bias), np.delete(value, key_bias)
+        error = float(np.abs(mine - value).max() / max(np.abs(value).max(), 1e-30))
+        if (exact and not np.array_equal(mine, value)) or error > tolerance:
+            found.append(f"{name}: relative difference {error:.2e}")
+    return found
+
+
+def compare(args: argparse.Namespace) -> None:
+    found = differences(Path(args.out), Path(args.against), args.exact, args.tolerance)
+    print(f"{args.out} against {args.against}: " + ("the same training" if not found else "; ".join(found[:10])))
+    sys.exit(1 if found else 0)
+
+
+# ---- for the tests that drive this script ---------------------------------------------------------
+SCRIPT = str(Path(__file__).resolve())
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def free_port() -> int:
+    """A TCP port of this host that nothing listens on now (for a rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def environment(**extra: str) -> Dict[str, str]:
+    """The environment of a run: this one, the repository importable, one thread a process, and extra."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "PYTHONPATH": ROOT, **extra}
+
+
+def start(args: Sequence[str], processes: int = 1, **env: str) -> subprocess.Popen:
+    """This script with these arguments, alone or under torchrun --standalone, its output piped."""
+    command = [sys.executable, SCRIPT, *args]
+    if processes > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+                   SCRIPT, *args]  # fmt: skip
+    return subprocess.Popen(command, env=environment(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def start_nodes(args: Sequence[str], port: int, devices: Sequence[str] = ("", "")) -> List[subprocess.Popen]:
+    """One `torchrun --nnodes N --nproc_per_node 1 --rdzv-backend c10d` command per "node" of this
+    host (N = len(devices); devices: each node's CUDA_VISIBLE_DEVICES, "" for the CPU)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(devices)), "--nproc_per_node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", SCRIPT, *args]  # fmt: skip
+    return [subprocess.Popen(command, env=environment(**({"CUDA_VISIBLE_DEVICES": d} if d else {})),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for d in devices]  # fmt: skip
+
+
+def kill_one(args: Sequence[str], port: int, out: Path, logs: Path, at_step: int = 2) -> Tuple[int, float, str]:
+    """Start 2 processes of `args`, each its own command (as on two hosts: no launcher ends the other),
+    SIGKILL rank 1 once out's checkpoint is at step at_step, and wait for rank 0: (its exit status,
+    seconds it took after the kill, its output)."""
+    workers = []
+    for rank in range(2):
+        env = environment(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))  # fmt: skip
+        with open(logs / f"rank{rank}.log", "w") as log:
+            workers.append(subprocess.Popen([sys.executable, SCRIPT, *args], env=env, stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + 300
+    while saved_step(out) < at_step:
+        if time.monotonic() > deadline or workers[0].poll() is not None:
+            raise AssertionError(f"no checkpoint of step {at_step}:\n{(logs / 'rank0.log').read_text()[-3000:]}")
+        time.sleep(0.05)
+    workers[1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    status = workers[0].wait(timeout=120)
+    return status, time.monotonic() - killed, (logs / "rank0.log").read_text()
+
+
+def saved_step(out: Path) -> int:
+    """The step of out's translation checkpoint (-1 while there is none)."""
+    try:
+        return checkpoint_of(out).state["progress"]["step"]
+    except CheckpointError:
+        return -1
+
+
+def finish(*runs: subprocess.Popen, timeout: float = 600) -> str:
+    """Wait for runs started together; AssertionError with its output where one failed; the output
+    of the last."""
+    logs = [run.communicate(timeout=timeout)[0] for run in runs]
+    for run, log in zip(runs, logs):
+        assert run.returncode == 0, log[-4000:]
+    return logs[-1]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = build_parser().parse_args(argv[:cut])
     args.rest = argv[cut + 1 :]  # gpt2: the program's own options
-    (translation if args.program == "translation" else gpt2)(args)
+    {"translation": translation, "gpt2": gpt2, "compare": compare}[args.program](args)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ over micro-batches, ZeRO-1 (ShardedAdamW), the overlap profile and the watchdog.
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,9 @@ from minitorch import distributed
 from minitorch_testing import assert_close
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from ddp_programs import free_port  # noqa: E402 (a script's module)
+
 SIMPLE = minitorch.TensorBackend(minitorch.SimpleOps)
 
 
@@ -140,12 +142,6 @@ def test_without_torchrun_a_program_is_rank_0_of_1(torchrun_env) -> None:
 
 
 # ---- DistributedDataParallel in a group of one -------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def group_of_one(torchrun_env):
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
