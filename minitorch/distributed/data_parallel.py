@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..dtypes import float32
 from ..module import Module
 from ..tensor import Tensor
 from ..tensor_data import TensorData
@@ -68,7 +69,6 @@ class DistributedDataParallel(GradientAccumulator):
         import torch.distributed as dist
 
         self._torch, self._dist = torch, dist
-        self.profile: Optional[OverlapProfile] = None
         self._world_size, self._rank = dist.get_world_size(), dist.get_rank()
         super().__init__(module, bucket_cap_mb, overlap, shards=self._world_size if shard else 1)
         self.sharded = shard
@@ -84,7 +84,7 @@ class DistributedDataParallel(GradientAccumulator):
         if shard:
             self._home_parameters()
         self._broadcast_parameters()
-        self.profile = OverlapProfile(self._cuda) if profile else None
+        self.profile: Optional[OverlapProfile] = OverlapProfile(self._cuda) if profile else None
 
     # ---- setup -------------------------------------------------------------------------------
     def _check_backend(self) -> None:
@@ -97,7 +97,7 @@ class DistributedDataParallel(GradientAccumulator):
             )
         if self.sharded:
             for name, p in zip(self._names, self._params):
-                if p.value.dtype.name != "float32":
+                if p.value.dtype is not float32:
                     raise ValueError(f"DistributedDataParallel(shard=True) keeps float32 weights; {name} is {p.value.dtype}")
 
     def _check_same_model(self) -> None:
@@ -189,20 +189,21 @@ class DistributedDataParallel(GradientAccumulator):
     def _collective(self, bucket: Bucket, start: Any) -> Any:
         """Launch start(bucket) (an async collective) after the work queued so far on the compute
         stream: on CUDA on the communication stream."""
+        profiled = self.profile is not None and self._round is not None
         if not self._cuda:
-            record = self.profile.collective_started() if self.profile and self._round else None
+            record = self.profile.collective_started() if profiled else None
             work = start(bucket)
-            if record is not None:
+            if profiled:
                 self.profile.collective_ended(record, work)
             return work
         cuda = self._torch.cuda
         bucket.event.record(cuda.current_stream())
         self._comm_stream.wait_event(bucket.event)
         with cuda.stream(self._comm_stream):
-            record = self.profile.collective_started() if self.profile and self._round else None
+            record = self.profile.collective_started() if profiled else None
             work = start(bucket)
-            if record is not None:
-                work.wait()
+            if profiled:
+                work.wait()  # the end mark, on this stream, then follows the collective
                 self.profile.collective_ended(record, work)
         return work
 
@@ -231,6 +232,9 @@ class DistributedDataParallel(GradientAccumulator):
     def _hand_out(self) -> None:
         if not self.sharded:
             super()._hand_out()
+            return
+        for p in self._params:  # its local gradient: the reduced one is only this process's shard
+            p.value.grad = None
 
     def overlap_summary(self, skip: int = 1) -> Dict[str, Optional[float]]:
         """profile=True: medians over the profiled rounds after the first `skip` (OverlapProfile.summary)."""

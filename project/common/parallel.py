@@ -117,7 +117,11 @@ class DataParallel:
 
     def process_rows(self, batch_size: int) -> int:
         """Rows of a whole step this process trains: its share of the global batch (rows r, r + N,
-        ... of it), or --batch-size itself under --scale-batch-with-world."""
+        ... of it), or --batch-size itself under --scale-batch-with-world.  InputError where a
+        process would get none."""
+        if not self.scale_batch and batch_size < self.world_size:
+            raise InputError(f"--batch-size {batch_size} (the global batch) leaves some of the {self.world_size} "
+                             f"processes without rows: give at least {self.world_size}, or --scale-batch-with-world true")
         return batch_size if self.scale_batch else len(range(self.rank, batch_size, self.world_size))
 
     def micro_slices(self, rows: int) -> List[slice]:
