@@ -149,6 +149,10 @@ def measure(info: distributed.ProcessInfo, args: argparse.Namespace) -> Dict[str
             "tokens_per_gpu_step": B * T, "contenders": runs}  # fmt: skip
 
 
+def gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n > 1 else ''}"
+
+
 def report(out: Path) -> Dict[str, Any]:
     worlds = sorted((json.loads(p.read_text()) for p in out.glob("world*.json")), key=lambda w: w["world"])
     if not worlds:
@@ -157,7 +161,7 @@ def report(out: Path) -> Dict[str, Any]:
     base = next((w for w in worlds if w["world"] == 1), None)
     print(f"GPT-2 124M, B {B} x T {T} per GPU, {worlds[-1]['device']}, minitorch matmuls {worlds[-1]['precision']}")
     table = Table(Column("contender", 20, "name", left=True),
-                  *(Column(f"{n} GPU{'s' if n > 1 else ''} tok/s", 16, f"rate{n}", ",.0f") for n in sizes),
+                  *(Column(f"{gpus(n)} tok/s", 16, f"rate{n}", ",.0f") for n in sizes),
                   *(Column(f"x{n}", 6, f"speedup{n}", ".2f") for n in sizes if n > 1))  # fmt: skip
     table.header()
     series: Dict[str, List[Optional[float]]] = {}
@@ -174,13 +178,13 @@ def report(out: Path) -> Dict[str, Any]:
         profiled = w["contenders"]["minitorch profiled"]
         overlap = profiled.get("overlap") or {}
         if overlap.get("comm_ms") is not None:
-            print(f"{w['world']} GPUs, eager minitorch step ({profiled['buckets']} buckets): all-reduce "
+            print(f"{gpus(w['world'])}, eager minitorch step ({profiled['buckets']} buckets): all-reduce "
                   f"{overlap['comm_ms']:.2f} ms, exposed after backward {overlap['exposed_ms']:.2f} ms, hidden "
                   f"{overlap['hidden_share']:.0%}")  # fmt: skip
         state = {k: w["contenders"][k]["optimizer_state_gib"] for k in ("minitorch", "minitorch ZeRO-1")}
-        print(f"{w['world']} GPUs: AdamW state per GPU {state['minitorch']:.2f} GiB, ZeRO-1 {state['minitorch ZeRO-1']:.2f} GiB")
+        print(f"{gpus(w['world'])}: AdamW state per GPU {state['minitorch']:.2f} GiB, ZeRO-1 {state['minitorch ZeRO-1']:.2f} GiB")
     result = {"worlds": worlds}
-    write_results(out, "bench_distributed", result, [Panel([f"{n} GPU{'s' if n > 1 else ''}" for n in sizes], series,
+    write_results(out, "bench_distributed", result, [Panel([gpus(n) for n in sizes], series,
                   ylabel="tokens/s", title="GPT-2 124M training, data parallel")], size=(8, 4))  # fmt: skip
     return result
 
