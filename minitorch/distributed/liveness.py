@@ -129,9 +129,10 @@ def _lost_message(lost: List[Tuple[int, float]], world_size: int) -> str:
 _active: Optional[Watchdog] = None
 
 
-def start_watchdog(timeout_s: float, hint: str = "", interval_s: float = 1.0) -> Watchdog:
+def start_watchdog(timeout_s: float, hint: str = "", interval_s: Optional[float] = None) -> Watchdog:
     """Start this process's watchdog (once, after init_process_group); hint ends the message of a
-    lost peer (e.g. how to resume from the last checkpoint)."""
+    lost peer (e.g. how to resume from the last checkpoint); a heartbeat every interval_s seconds
+    (default: every second, or 4 per timeout when it is shorter)."""
     global _active
     from .process_group import process_info
 
@@ -140,7 +141,8 @@ def start_watchdog(timeout_s: float, hint: str = "", interval_s: float = 1.0) ->
     info = process_info()
     if info.backend == "none":
         raise RuntimeError("start_watchdog needs a process group: call init_process_group first")
-    _active = Watchdog(info.rank, info.world_size, timeout_s, interval_s, hint)
+    interval = min(1.0, timeout_s / 4) if interval_s is None else interval_s
+    _active = Watchdog(info.rank, info.world_size, timeout_s, interval, hint)
     return _active
 
 
