@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -135,6 +135,10 @@ class AdamW(Adam):
     state_dict / load_state_dict are Adam's (step count and moments).
     """
 
+    # Sums the gradients' squares in place over processes that each update a shard of the
+    # parameters (minitorch.distributed.ShardedAdamW), so the norm and clip are global; None alone.
+    _sumsq_reduce: Optional[Callable[[Any], None]] = None
+
     def __init__(
         self,
         parameters: Sequence[Parameter],
@@ -178,7 +182,7 @@ class AdamW(Adam):
                 self._multi.update(
                     [v._tensor for v in values], [v.grad._tensor for v in values], [self.m[i]._tensor for i, _ in params],
                     [self.v[i]._tensor for i, _ in params], self.max_grad_norm or 0.0, self.beta1, self.beta2, self.eps,
-                    self.weight_decay,
+                    self.weight_decay, self._sumsq_reduce,
                 )  # fmt: skip
                 for v in values:
                     v._version += 1  # written in place: autocast's cached copies of it are stale
@@ -209,6 +213,8 @@ class AdamW(Adam):
         total = (grads[0] * grads[0]).sum()
         for g in grads[1:]:
             total = total + (g * g).sum()
+        if self._sumsq_reduce is not None:
+            self._sumsq_reduce(total.to_torch())
         self._norm = total**0.5
         if self.max_grad_norm is None:
             return grads

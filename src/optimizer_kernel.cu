@@ -22,9 +22,10 @@
 // Tensors come in lists of up to kMaxTensors pointers passed by value (several launches of 1 and
 // 3 for longer lists; their partials go to consecutive ranges of one buffer).
 //
-// The gradient pack of data-parallel training uses the same lists: param[t] <- grad[t] * scale for
-// every tensor of a list in one launch (param[t] is the gradient's slot in a flat bucket that is
-// then all-reduced; the moments are unused), instead of one copy kernel per parameter.
+// The gradient pack of data-parallel training uses the same lists: param[t] <- grad[t] * scale, or
+// param[t] += grad[t] * scale when accumulating the micro-batches of a step, for every tensor of a
+// list in one launch (param[t] is the gradient's slot in a flat bucket that is then reduced over
+// the processes; the moments are unused), instead of one copy kernel per parameter.
 #include <cmath>
 #include <cuda_runtime.h>
 
@@ -221,6 +222,7 @@ adamw_multi_kernel(const TensorList l, const AdamWCoefficients* __restrict__ coe
   }
 }
 
+template <bool kAccumulate>
 __global__ void __launch_bounds__(kThreads) gradient_pack_kernel(const TensorList l, float scale) {
   const int t = tensor_of_block(l, blockIdx.x);
   const long long begin = (blockIdx.x - l.block_start[t]) * kChunk;
@@ -231,11 +233,18 @@ __global__ void __launch_bounds__(kThreads) gradient_pack_kernel(const TensorLis
     long long i = begin + 4 * threadIdx.x;
     for (; i + 3 < end; i += 4 * blockDim.x) {
       const float4 v = *reinterpret_cast<const float4*>(g + i);
-      *reinterpret_cast<float4*>(out + i) = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+      float4 o = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+      if (kAccumulate) {
+        const float4 before = *reinterpret_cast<const float4*>(out + i);
+        o = make_float4(before.x + o.x, before.y + o.y, before.z + o.z, before.w + o.w);
+      }
+      *reinterpret_cast<float4*>(out + i) = o;
     }
-    for (long long j = i; j < min(i + 4, end); ++j) out[j] = g[j] * scale;
+    for (long long j = i; j < min(i + 4, end); ++j) out[j] = (kAccumulate ? out[j] : 0.f) + g[j] * scale;
   } else {
-    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) out[j] = g[j] * scale;
+    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) {
+      out[j] = (kAccumulate ? out[j] : 0.f) + g[j] * scale;
+    }
   }
 }
 
@@ -315,11 +324,16 @@ int launch_adamw_multi(TensorList list, const void* coefficients, cudaStream_t s
   return mt_launch_status();
 }
 
-// The gradient pack: list.param[t] <- list.grad[t] * scale for every tensor of the list.
-int launch_gradient_pack(TensorList list, float scale, cudaStream_t stream) {
+// The gradient pack: list.param[t] <- list.grad[t] * scale for every tensor of the list, or
+// list.param[t] += list.grad[t] * scale when accumulate is non-zero.
+int launch_gradient_pack(TensorList list, float scale, int accumulate, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(!valid_list(list));
   for (int t = 0; t < list.count; ++t) MT_RETURN_IF_INVALID(list.param[t] == nullptr);
-  gradient_pack_kernel<<<list.block_start[list.count], kThreads, 0, stream>>>(list, scale);
+  if (accumulate) {
+    gradient_pack_kernel<true><<<list.block_start[list.count], kThreads, 0, stream>>>(list, scale);
+  } else {
+    gradient_pack_kernel<false><<<list.block_start[list.count], kThreads, 0, stream>>>(list, scale);
+  }
   return mt_launch_status();
 }
 

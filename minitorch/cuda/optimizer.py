@@ -6,7 +6,7 @@ data-parallel training (many gradients scaled into their bucket slots in one lau
 from __future__ import annotations
 
 import ctypes
-from typing import Any, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -40,7 +40,7 @@ SIGNATURES = {
     "launch_grad_sumsq": (_I, [TensorList, _P, _P]),
     "launch_adamw_prepare": (_I, [_P, _I, _P, _D, _D, _D, _D, _D, _P, _P]),
     "launch_adamw_multi": (_I, [TensorList, _P, _P]),
-    "launch_gradient_pack": (_I, [TensorList, _F, _P]),
+    "launch_gradient_pack": (_I, [TensorList, _F, _I, _P]),
     "adamw_max_tensors": (_I, []),
     "adamw_chunk": (_LL, []),
     "adamw_coefficient_floats": (_I, []),
@@ -96,9 +96,12 @@ class MultiTensorAdamW:
     def update(
         self, params: Sequence[TensorData], grads: Sequence[TensorData], exp_avgs: Sequence[TensorData],
         exp_avg_sqs: Sequence[TensorData], max_norm: float, beta1: float, beta2: float, eps: float,
-        weight_decay: float,
+        weight_decay: float, reduce_partials: Optional[Callable[[Any], None]] = None,
     ) -> None:  # fmt: skip
-        """Norm, clip (max_norm <= 0: off) and AdamW of every parameter; all contiguous and float32."""
+        """Norm, clip (max_norm <= 0: off) and AdamW of every parameter; all contiguous and float32.
+        reduce_partials(partials): called on the torch buffer of the norm's partial sums of squares
+        before they are added up, to sum them in place over the processes that each update a shard
+        of the parameters (equal shards give equal partial counts), so the norm and clip are global."""
         require_float32("adamw_multi", params, grads, exp_avgs, exp_avg_sqs)
         rt = runtime()
         lib = _lib(rt)
@@ -113,6 +116,8 @@ class MultiTensorAdamW:
             code = lib.launch_grad_sumsq(l, self.partials.data_ptr() + 4 * offset, stream)
             check(code, lib, "gradient norm")
             offset += l.block_start[l.count]
+        if reduce_partials is not None:
+            reduce_partials(self.partials[:n_partials])
         code = lib.launch_adamw_prepare(
             self.partials.data_ptr(), n_partials, self.hyper.data_ptr(), max_norm, beta1, beta2, eps, weight_decay,
             self.coefficients.data_ptr(), stream,
@@ -122,9 +127,12 @@ class MultiTensorAdamW:
             check(lib.launch_adamw_multi(l, self.coefficients.data_ptr(), stream), lib, "multi-tensor adamw")
 
 
-def gradient_pack(slots: Sequence[TensorData], grads: Sequence[TensorData], scale: float) -> None:
-    """slots[i] <- grads[i] * scale for every i (contiguous slots of equal sizes), in one launch per
-    MAX_TENSORS gradients: the copy of data-parallel gradients into their all-reduce bucket."""
+def gradient_pack(
+    slots: Sequence[TensorData], grads: Sequence[TensorData], scale: float, accumulate: bool = False
+) -> None:
+    """slots[i] <- grads[i] * scale (accumulate: slots[i] += grads[i] * scale) for every i (contiguous
+    slots of equal sizes), in one launch per MAX_TENSORS gradients: the copy of data-parallel
+    gradients into their bucket, or their sum over the micro-batches of a step."""
     rt = runtime()
     lib = _lib(rt)
     for slot, grad in zip(slots, grads):
@@ -132,7 +140,7 @@ def gradient_pack(slots: Sequence[TensorData], grads: Sequence[TensorData], scal
             raise ValueError(f"gradient_pack: gradient of shape {grad.shape} for a slot of shape {slot.shape}")
     grads = [contiguous(g) for g in grads]
     for l in _tensor_lists(slots, grads):
-        check(lib.launch_gradient_pack(l, scale, rt.stream()), lib, f"gradient pack of {l.count} tensors")
+        check(lib.launch_gradient_pack(l, scale, int(accumulate), rt.stream()), lib, f"gradient pack of {l.count} tensors")
 
 
 def _tensor_lists(*columns: Sequence[TensorData]) -> List[TensorList]:

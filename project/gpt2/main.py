@@ -30,7 +30,7 @@ from project.common.options import (
     NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, UNIT_INTERVAL, InputError, add_compute_options, backend_from_option,
     given_options, option,
 )  # fmt: skip
-from project.common.parallel import DataParallel
+from project.common.parallel import DataParallel, add_parallel_options, check_divisible
 from project.common.schedule import learning_rate
 from project.gpt2.data import EOT_TOKEN
 from project.gpt2.llmc import GPT2Config
@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     data = p.add_argument_group("data")
     data.add_argument("--train-shards", required=True, metavar="GLOB", help="llm.c token shards to train on")
     data.add_argument("--val-shards", default=None, metavar="GLOB", help="llm.c token shards for validation")
-    data.add_argument("--batch-size", type=POSITIVE_INT, default=4)
+    data.add_argument("--batch-size", type=POSITIVE_INT, default=4,
+                      help="sequences of --seq-len tokens per step, over all processes under torchrun (see "
+                      "--micro-batch-size, --scale-batch-with-world)")
     data.add_argument("--seq-len", type=POSITIVE_INT, default=1024)
     opt = p.add_argument_group("optimization")
     opt.add_argument("--steps", type=POSITIVE_INT, default=None,
@@ -93,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="token that starts samples when there is no tokenizer (GPT-2's <|endoftext|>)")
     run.add_argument("--checkpoint-every", type=NON_NEGATIVE_INT, default=0,
                      help="save <out-dir>/checkpoint_NNNNNN/ (model.bin, state.npz) every N steps")
+    add_parallel_options(p, rows="sequences")
     add_compute_options(p, attention="fused", loss="fused")
     p.add_argument("--out-dir", default="runs/gpt2", help="metrics, plot, checkpoints and the final model.bin")
     p.add_argument("--seed", type=int, default=0, help="initialisation of a fresh model and sampling")
@@ -153,54 +156,64 @@ def build_model(args: argparse.Namespace, backend: minitorch.TensorBackend) -> G
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Run the program; returns {"args", "records" (the metric records), "model", "out_dir"}.
 
-    Under `torchrun --nproc_per_node N` process r trains on the r-th B x T slice of every N x B x T
-    sample of the shards (llm.c's multi-process DataLoader), the gradients are averaged during
-    backward (minitorch.distributed), validation losses are averaged over the processes, and rank 0
-    prints and writes every file; a checkpoint resumes with any N."""
+    Under `torchrun --nproc_per_node N` --batch-size B stays the step's global batch: process r
+    trains on the r-th B/N x T slice of every B x T sample of the shards (llm.c's multi-process
+    DataLoader), in micro-batches of --micro-batch-size rows where given, each loss weighted by its
+    part of the step; the gradients are summed during backward (minitorch.distributed; --zero 1
+    shards AdamW's state), so the run trains as on one process. Validation losses are averaged over
+    the processes, rank 0 prints and writes every file, a checkpoint resumes with any N, and a lost
+    process ends the others with a message instead of a hang."""
     args = parse_args(argv)
-    parallel = DataParallel(args.backend)  # under torchrun: joins the group, picks this process's GPU
-    try:
+    hint = (f"The last checkpoint in {args.out_dir} (checkpoint_NNNNNN/, --checkpoint-every) is intact: continue "
+            f"with --resume-from on any number of processes")  # fmt: skip
+    # Under torchrun: joins the group, picks this process's GPU, starts the watchdog.
+    with DataParallel(args.backend, vars(args), resume_hint=hint) as parallel:
         return _run(args, parallel)
-    finally:
-        parallel.close()
 
 
 def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
     out_dir = Path(args.out_dir)
     if parallel.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
+    N, T = parallel.world_size, args.seq_len
     try:
         choice = backend_from_option(args.backend)
+        B = parallel.global_batch(args.batch_size)
+        check_divisible(B, N)
     except InputError as err:
         raise SystemExit(f"error: {err}") from None
     backend = choice.backend
     minitorch.set_float32_matmul_precision(args.matmul_precision)
     minitorch.manual_seed(args.seed)
-    B, T, N = args.batch_size, args.seq_len, parallel.world_size
-    train = ShardLoader(args.train_shards, B, T, parallel.rank, N)
-    val = ShardLoader(args.val_shards, B, T, parallel.rank, N) if args.val_shards else None
+    b = B // N  # this process's rows of a step
+    train = ShardLoader(args.train_shards, b, T, parallel.rank, N)
+    val = ShardLoader(args.val_shards, b, T, parallel.rank, N) if args.val_shards else None
     model = build_model(args, backend)
     if T > model.config.max_seq_len:
         raise SystemExit(f"error: --seq-len {T} exceeds the model's max_seq_len {model.config.max_seq_len}")
-    parallel.wrap(model)
-    optimizer = minitorch.AdamW(
-        model.parameters(), lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
+    micro = parallel.micro_slices(b)
+    parallel.wrap(model, micro_batches=len(micro) > 1)
+    optimizer = parallel.optimizer(
+        model, lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
     )
-    train_step = GPT2Step(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda)
+    train_step = GPT2Step(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda,
+                          micro_slices=micro, weight=b / B)  # fmt: skip
+    parallel.before_close(train_step.release_graphs)  # a graph may hold the step's all-reduces
     total_steps = args.steps or train.batches_per_epoch
+    peak_lr = parallel.peak_lr(args.lr)
     step = load_training_state(args.resume_from, optimizer, train)["step"] if args.resume_from else 0
     metrics = MetricsLog(out_dir / METRICS_NAME, write=parallel.is_main)
     records = metrics.restart((lambda r: r["step"] <= step) if args.resume_from else None)
     tokenizer = find_tokenizer(args, train)
     val_batches = min(args.val_batches, val.batches_per_epoch) if val else 0
     n_params = sum(p.value.size for p in model.parameters())
+    split = f", {N} processes x {b} (data parallel{', ZeRO-1' if args.zero else ''})" if N > 1 else ""
+    split += f", micro-batches of up to {args.micro_batch_size}" if len(micro) > 1 else ""
     parallel.print(
-        f"GPT-2 {model.config} ({n_params:,} parameters), {choice}"
-        + (f", {N} processes (data parallel)" if N > 1 else "")
-        + f": {model.attention_config}, loss {args.loss}, recompute layers {args.recompute_layers}, "
-        f"matmul precision {args.matmul_precision}; "
+        f"GPT-2 {model.config} ({n_params:,} parameters), {choice}{split}: {model.attention_config}, "
+        f"loss {args.loss}, recompute layers {args.recompute_layers}, matmul precision {args.matmul_precision}; "
         f"{train.num_tokens:,} training tokens in {len(train.paths)} shard(s) ({train.batches_per_epoch} steps of "
-        f"{N}x{B}x{T}), {total_steps} steps" + (f" from step {step}" if step else ""),
+        f"{B}x{T}), {total_steps} steps" + (f" from step {step}" if step else ""),
         flush=True,
     )
 
@@ -220,12 +233,12 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
             break
         start = time.perf_counter()
         inputs, targets = train.next_batch()
-        lr = learning_rate(step, args.lr, args.warmup_steps, total_steps, args.final_lr_frac)
+        lr = learning_rate(step, peak_lr, args.warmup_steps, total_steps, args.final_lr_frac)
         loss, norm = train_step(inputs, targets, lr)
         seconds = time.perf_counter() - start
-        loss = parallel.sum(loss)[0] / N  # the step's loss over all N x B x T tokens
+        loss = parallel.sum(loss)[0]  # the step's loss over all B x T tokens (each process's is weighted)
         step += 1
-        tokens_per_s = N * B * T / seconds
+        tokens_per_s = B * T / seconds
         record = {"step": step, "loss": loss, "lr": lr, "ms": seconds * 1e3, "tokens_per_s": tokens_per_s}
         if norm is not None:
             record["grad_norm"] = norm
@@ -235,11 +248,13 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
             f"{tokens_per_s:10,.0f} tok/s" + (f" | grad norm {norm:.3f}" if norm is not None else ""),
             flush=True,
         )
-        if args.checkpoint_every and step % args.checkpoint_every == 0 and parallel.is_main:
-            where = save_training_state(out_dir / f"checkpoint_{step:06d}", model, optimizer, step, train, vars(args))
-            print(f"step {step:5d} | saved {where}", flush=True)
+        if args.checkpoint_every and step % args.checkpoint_every == 0:
+            optimizer_state = parallel.optimizer_state(optimizer)  # under --zero 1 every process gathers
+            if parallel.is_main:
+                where = save_training_state(out_dir / f"checkpoint_{step:06d}", model, optimizer_state, step, train,
+                                            vars(args))  # fmt: skip
+                print(f"step {step:5d} | saved {where}", flush=True)
 
-    train_step.release_graphs()
     memory = minitorch.peak_memory_mb(backend)
     log({"step": step, **memory})
     if not parallel.is_main:
