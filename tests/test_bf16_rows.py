@@ -86,3 +86,23 @@ def test_adamw_working_copy_errors() -> None:
         minitorch.AdamW(params, working_dtype=minitorch.float16)
     with pytest.raises(KeyError, match="no working copy"):
         minitorch.AdamW(params).working_copy(params[0])
+
+
+def test_attn_softmax_of_bfloat16_scores_is_float32_math_rounded_once() -> None:
+    rng = np.random.default_rng(2)
+    scores = bfloat16.round(rng.normal(0.0, 3.0, (2, 3, 4, 9)).astype(np.float32))
+    mask = np.zeros((2, 9), np.float32)
+    mask[1, 6:] = -np.inf
+    sb = _tensor(scores, bfloat16, requires_grad=True)
+    s32 = _tensor(scores, requires_grad=True)
+    out = minitorch.fused.attn_softmax(sb, _tensor(mask), causal=True)
+    want = minitorch.fused.attn_softmax(s32, _tensor(mask), causal=True)
+    assert out.dtype is bfloat16
+    np.testing.assert_array_equal(out.to_numpy(), bfloat16.round(want.to_numpy()))
+    dy = bfloat16.round(rng.normal(size=scores.shape).astype(np.float32))
+    (out * _tensor(dy, bfloat16)).sum().backward()
+    assert sb.grad.dtype is bfloat16
+    y = _tensor(out.to_numpy())
+    g = _tensor(dy)
+    expected = (y * (g - (g * y).sum(3, keepdim=True))).to_numpy()
+    np.testing.assert_array_equal(sb.grad.to_numpy(), bfloat16.round(expected))
