@@ -95,10 +95,10 @@ def _activation_hook(name: str, fn: Callable[..., Any], activations: int) -> Any
     """A hook whose first `activations` arguments may be stored in any of KERNEL_STORAGE (its
     kernels are templated on their format) and the others (weights, statistics) as float32 only."""
 
-    def checked(*args: Any) -> Any:
+    def checked(*args: Any, **kwargs: Any) -> Any:
         require_storage(name, KERNEL_STORAGE, *args[:activations])
-        require_storage(name, ("float32",), *args[activations:])
-        return fn(*args)
+        require_storage(name, ("float32",), *args[activations:], *kwargs.values())
+        return fn(*args, **kwargs)
 
     return staticmethod(checked)
 
@@ -125,8 +125,8 @@ class CudaKernelOps(TensorOps):
 
     # kernel hooks of the fused ops
     linear_fw = _hook("linear_fw", matmul.linear_fw)
-    embedding_fw = _hook("embedding_fw", embedding.embedding_fw)
-    embedding_bw = _hook("embedding_bw", embedding.embedding_bw)
+    embedding_fw = _activation_hook("embedding_fw", embedding.embedding_fw, 1)
+    embedding_bw = _activation_hook("embedding_bw", embedding.embedding_bw, 1)
     attn_softmax_fw = _activation_hook("attn_softmax_fw", softmax.attn_softmax_fw, 2)
     attn_softmax_bw = _activation_hook("attn_softmax_bw", softmax.attn_softmax_bw, 2)
     layernorm_fw = _activation_hook("layernorm_fw", layernorm.layernorm_fw, 1)
@@ -139,6 +139,6 @@ class CudaKernelOps(TensorOps):
     gradient_pack = _hook("gradient_pack", optimizer.gradient_pack)
     slot_write = _hook("slot_write", kv_cache.slot_write)
     slot_attention = _hook("slot_attention", kv_cache.slot_attention)
-    gather_rows = _hook("gather_rows", embedding.gather_rows)
+    gather_rows = _activation_hook("gather_rows", embedding.gather_rows, 2)
     top_k = _hook("top_k", topk.top_k)
     beam_search_step = _hook("beam_search_step", beam_search.beam_search_step)

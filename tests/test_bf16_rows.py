@@ -106,3 +106,18 @@ def test_attn_softmax_of_bfloat16_scores_is_float32_math_rounded_once() -> None:
     g = _tensor(dy)
     expected = (y * (g - (g * y).sum(3, keepdim=True))).to_numpy()
     np.testing.assert_array_equal(sb.grad.to_numpy(), bfloat16.round(expected))
+
+
+def test_embedding_gathers_bfloat16_rows_of_a_float32_master() -> None:
+    rng = np.random.default_rng(3)
+    weight = _tensor(rng.standard_normal((6, 5)), requires_grad=True)
+    ids = _tensor(np.array([[1, 4, 1], [0, 5, 1]], np.float32))
+    rows = minitorch.fused.embedding(weight, ids, dtype=bfloat16)
+    assert rows.dtype is bfloat16
+    np.testing.assert_array_equal(rows.to_numpy(), bfloat16.round(weight.to_numpy()[[[1, 4, 1], [0, 5, 1]]]))
+    dy = bfloat16.round(rng.standard_normal((2, 3, 5)).astype(np.float32))
+    (rows * _tensor(dy, bfloat16)).sum().backward()
+    assert weight.grad.dtype is float32
+    want = np.zeros((6, 5), np.float32)
+    np.add.at(want, np.array([1, 4, 1, 0, 5, 1]), dy.reshape(6, 5))
+    np.testing.assert_allclose(weight.grad.to_numpy(), want, rtol=1e-6)
