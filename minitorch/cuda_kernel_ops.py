@@ -135,7 +135,7 @@ class CudaKernelOps(TensorOps):
     attention_bw = _hook("attention_bw", attention.attention_bw)
     linear_cross_entropy_fw = _hook("linear_cross_entropy_fw", classifier.linear_cross_entropy_fw)
     adamw_step = _hook("adamw_step", optimizer.adamw_step)
-    adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update refuses other dtypes
+    adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update checks the dtypes itself
     gradient_pack = _hook("gradient_pack", optimizer.gradient_pack)
     slot_write = _hook("slot_write", kv_cache.slot_write)
     slot_attention = _hook("slot_attention", kv_cache.slot_attention)
