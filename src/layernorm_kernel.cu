@@ -1,8 +1,11 @@
 // LayerNorm over the last dim, forward and backward (LightSeq2-style fused row kernels).
 //
 // Shapes: inp, out, dout, dinp [rows, hidden]; gamma, beta, dgamma, dbeta [hidden]; mean, rstd
-// [rows]. VEC = 4 (float4 accesses) when hidden % 4 == 0 and every pointer is 16-byte aligned,
-// else 1 (scalar accesses, any hidden size).
+// [rows]. VEC = 4 (4-element vector accesses) when hidden % 4 == 0 and every pointer is aligned to
+// them, else 1 (scalar accesses, any hidden size).
+// Storage: inp, out, dout and dinp are T, float or bfloat16 (the activations); gamma and beta are
+// float32 (the master weights themselves: two rows read once per block from cache, so a bfloat16
+// copy would save nothing), and so are mean, rstd, dgamma, dbeta and all the math.
 //
 // Forward: y = (x - mean) * rstd * gamma + beta, rstd = 1 / sqrt(var + eps), var biased.
 //   Accuracy: statistics are taken of z = x - x[row, 0] (exact when x is near x[row, 0]), so a row
@@ -51,12 +54,14 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "includes/cuda_check.cuh"
 #include "includes/device_info.cuh"
 #include "includes/fused_utils.cuh"
 #include "includes/launch_by_length.cuh"
 #include "includes/reduce.cuh"
+#include "includes/storage.cuh"
 #include "includes/vec.cuh"
 
 namespace {
@@ -161,11 +166,12 @@ struct BwRow {
   __device__ __forceinline__ float dinp(float xhat, float g) const { return rs * fmaf(-xhat, mean_gxhat, g - mean_g); }
 };
 
+template <class T>
 struct FwArgs {
-  float* out;
+  T* out;
   float* mean;
   float* rstd;
-  const float* inp;
+  const T* inp;
   const float* gamma;
   const float* beta;
   int rows;
@@ -174,12 +180,13 @@ struct FwArgs {
   float eps;
 };
 
+template <class T>
 struct BwArgs {
-  float* dinp;
+  T* dinp;
   float* partial;  // workspace [parts][2 * hidden]
   float* resid;    // workspace [rows] (streaming path only)
-  const float* dout;
-  const float* inp;
+  const T* dout;
+  const T* inp;
   const float* gamma;
   const float* mean;
   const float* rstd;
@@ -189,14 +196,14 @@ struct BwArgs {
 };
 
 // ---- forward, row in registers ---------------------------------------------------------------
-template <int VEC, int LANES, int ITERS>
+template <class T, int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
-    layernorm_fw_rows(const FwArgs a) {
+    layernorm_fw_rows(const FwArgs<T> a) {
   __shared__ Stats scratch[32];
   const auto [lane, row, active, offset] = fused::team_row<LANES>(a.rows, a.hidden);
   const int n = active ? a.hidden : 0;
-  const float* x = a.inp + offset;
-  const float pivot = *x;
+  const T* x = a.inp + offset;
+  const float pivot = mt::to_float(*x);
 
   // Loads are not predicated (a dead vector re-reads the row's first one) so that all of them
   // issue before the first use instead of waiting on scarce predicate registers.
@@ -235,9 +242,9 @@ __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
 }
 
 // ---- forward, streaming (any hidden size) ----------------------------------------------------
-template <int VEC>
+template <int VEC, class T>
 __device__ __forceinline__ void load_shifted_chunk(float (&z)[kStreamChunk][VEC],
-                                                   bool (&live)[kStreamChunk], const float* x,
+                                                   bool (&live)[kStreamChunk], const T* x,
                                                    long long v0, long long vecs, float pivot) {
 #pragma unroll
   for (int k = 0; k < kStreamChunk; ++k) {
@@ -252,13 +259,13 @@ __device__ __forceinline__ void load_shifted_chunk(float (&z)[kStreamChunk][VEC]
   }
 }
 
-template <int VEC>
-__global__ void __launch_bounds__(kStreamThreads) layernorm_fw_stream(const FwArgs a) {
+template <class T, int VEC>
+__global__ void __launch_bounds__(kStreamThreads) layernorm_fw_stream(const FwArgs<T> a) {
   __shared__ Stats scratch[32];
   const unsigned row = blockIdx.x;
   const size_t offset = static_cast<size_t>(row) * a.hidden;
-  const float* x = a.inp + offset;
-  const float pivot = *x;
+  const T* x = a.inp + offset;
+  const float pivot = mt::to_float(*x);
   const long long vecs = a.hidden / VEC;
   constexpr long long kStep = static_cast<long long>(kStreamChunk) * kStreamThreads;
 
@@ -304,9 +311,9 @@ constexpr int kBwBlockThreads = LANES > 32 ? LANES : 256;
 template <int LANES>
 constexpr int kBwBlocksPerSm = 1024 / kBwBlockThreads<LANES> > 0 ? 1024 / kBwBlockThreads<LANES> : 1;
 
-template <int VEC, int LANES, int ITERS>
+template <class T, int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES>)
-    layernorm_bw_rows(const BwArgs a) {
+    layernorm_bw_rows(const BwArgs<T> a) {
   constexpr int kThreads = kBwBlockThreads<LANES>;
   constexpr int kTeams = kThreads / LANES;
   __shared__ Sum3 scratch[32];
@@ -420,11 +427,11 @@ __global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES>)
 }
 
 // ---- backward, streaming (any hidden size) ---------------------------------------------------
-template <int VEC>
+template <int VEC, class T>
 __device__ __forceinline__ void load_bw_chunk(float (&dy)[kStreamChunk][VEC],
                                               float (&z)[kStreamChunk][VEC],
                                               float (&g)[kStreamChunk][VEC],
-                                              bool (&live)[kStreamChunk], const BwArgs& a,
+                                              bool (&live)[kStreamChunk], const BwArgs<T>& a,
                                               size_t offset, long long v0, long long vecs,
                                               float mu) {
 #pragma unroll
@@ -441,8 +448,8 @@ __device__ __forceinline__ void load_bw_chunk(float (&dy)[kStreamChunk][VEC],
   for (int k = 0; k < kStreamChunk; ++k) bw_terms<VEC>(dy[k], z[k], g[k], live[k], mu);
 }
 
-template <int VEC>
-__global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const BwArgs a) {
+template <class T, int VEC>
+__global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const BwArgs<T> a) {
   __shared__ Sum3 scratch[32];
   const unsigned row = blockIdx.x;
   const size_t offset = static_cast<size_t>(row) * a.hidden;
@@ -488,7 +495,8 @@ __device__ __forceinline__ float tile_column_sum(float v, float (&tile)[kTile][k
 }
 
 // grid (ceil(hidden / 32), slabs), block (32, 32): partial[slab] = sums over the slab's rows.
-__global__ void __launch_bounds__(kTile * kTile) layernorm_bw_params_stream(const BwArgs a,
+template <class T>
+__global__ void __launch_bounds__(kTile * kTile) layernorm_bw_params_stream(const BwArgs<T> a,
                                                                             int rows_per_slab) {
   __shared__ float tile[kTile][kTile + 1];
   const long long col = static_cast<long long>(blockIdx.x) * kTile + threadIdx.x;
@@ -499,8 +507,8 @@ __global__ void __launch_bounds__(kTile * kTile) layernorm_bw_params_stream(cons
 #pragma unroll 4
     for (long long r = r0 + threadIdx.y; r < r1; r += kTile) {
       const size_t i = static_cast<size_t>(r) * a.hidden + col;
-      const float dy = a.dout[i];
-      const float xhat = (a.inp[i] - a.mean[r] - a.resid[r]) * a.rstd[r];
+      const float dy = mt::to_float(a.dout[i]);
+      const float xhat = (mt::to_float(a.inp[i]) - a.mean[r] - a.resid[r]) * a.rstd[r];
       sg = fmaf(dy, xhat, sg);
       sb += dy;
     }
@@ -555,57 +563,63 @@ using BwScalarBuckets = fused::Buckets<1, Team<1, 1>, Team<2, 1>, Team<4, 1>, Te
                                        Team<256, 8>, Team<512, 8>, Team<1024, 8>>;
 
 // The forward kernels fused::LaunchRows launches.
+template <class T>
 struct FwKernels {
-  template <int VEC, int LANES, int ITERS> static auto rows() { return layernorm_fw_rows<VEC, LANES, ITERS>; }
-  template <int VEC> static auto stream() { return layernorm_fw_stream<VEC>; }
+  template <int VEC, int LANES, int ITERS> static auto rows() { return layernorm_fw_rows<T, VEC, LANES, ITERS>; }
+  template <int VEC> static auto stream() { return layernorm_fw_stream<T, VEC>; }
 };
 
 // A backward row kernel: how many rows a block takes per step, how many blocks fit an SM, and
 // its launch (grid = parts).
+template <class T>
 struct BwRowsKernel {
   int teams;
   int blocks_per_sm;
-  int (*launch)(const BwArgs&, unsigned parts, cudaStream_t);
+  int (*launch)(const BwArgs<T>&, unsigned parts, cudaStream_t);
 };
 
-template <int VEC, int LANES, int ITERS>
-int launch_bw_rows(const BwArgs& a, unsigned parts, cudaStream_t stream) {
-  layernorm_bw_rows<VEC, LANES, ITERS><<<parts, kBwBlockThreads<LANES>, 0, stream>>>(a);
+template <class T, int VEC, int LANES, int ITERS>
+int launch_bw_rows(const BwArgs<T>& a, unsigned parts, cudaStream_t stream) {
+  layernorm_bw_rows<T, VEC, LANES, ITERS><<<parts, kBwBlockThreads<LANES>, 0, stream>>>(a);
   return mt_launch_status();
 }
 
 // The pick of fused::walk_buckets that names a backward bucket's kernel; none (launch == nullptr) for
 // rows too long for registers (the streaming path).
+template <class T>
 struct BwSelect {
   template <int VEC, int LANES, int ITERS>
-  BwRowsKernel bucket() const {
-    return {kBwBlockThreads<LANES> / LANES, kBwBlocksPerSm<LANES>, &launch_bw_rows<VEC, LANES, ITERS>};
+  BwRowsKernel<T> bucket() const {
+    return {kBwBlockThreads<LANES> / LANES, kBwBlocksPerSm<LANES>, &launch_bw_rows<T, VEC, LANES, ITERS>};
   }
   template <int VEC>
-  BwRowsKernel beyond() const {
+  BwRowsKernel<T> beyond() const {
     return {0, 0, nullptr};
   }
 };
 
-// The bucket for a row of `n` floats.
-BwRowsKernel select_bw_rows(int n, bool vec4) {
-  return vec4 ? fused::walk_buckets(n, BwSelect{}, BwVec4Buckets{})
-              : fused::walk_buckets(n, BwSelect{}, BwScalarBuckets{});
+// The bucket for a row of `n` elements.
+template <class T>
+BwRowsKernel<T> select_bw_rows(int n, bool vec4) {
+  return vec4 ? fused::walk_buckets(n, BwSelect<T>{}, BwVec4Buckets{})
+              : fused::walk_buckets(n, BwSelect<T>{}, BwScalarBuckets{});
 }
 
 // How the backward splits its work: `parts` partial rows of dgamma/dbeta (blocks of the row kernel,
 // or row slabs of the streaming column kernel) and the workspace that needs.
+template <class T>
 struct BwPlan {
-  BwRowsKernel rows_kernel;
+  BwRowsKernel<T> rows_kernel;
   int parts;
   int rows_per_slab;  // streaming path
   long long workspace_floats;
 };
 
-int plan_bw(int rows, int hidden, bool vec4, BwPlan* plan) {
+template <class T>
+int plan_bw(int rows, int hidden, bool vec4, BwPlan<T>* plan) {
   int sms = 0;
   MT_RETURN_IF_ERROR(mt::sm_count(&sms));
-  plan->rows_kernel = select_bw_rows(hidden, vec4);
+  plan->rows_kernel = select_bw_rows<T>(hidden, vec4);
   if (plan->rows_kernel.launch != nullptr) {
     // Parts: as many blocks as stay resident, each summing at least kRowsPerPartMin rows so the
     // partials stay small next to the rows; but at least two per SM (rows permitting, two rows per
@@ -629,36 +643,75 @@ int plan_bw(int rows, int hidden, bool vec4, BwPlan* plan) {
   return static_cast<int>(cudaSuccess);
 }
 
-// The workspace must fit whichever path the launcher takes: the float4 one, or the scalar one
-// when a pointer turns out not to be 16-byte aligned.
+// The workspace must fit whichever path the launcher takes: the vector one, or the scalar one
+// when a pointer turns out not to be aligned. The plan does not depend on the storage type.
 int workspace_floats(int rows, int hidden, long long* floats) {
-  BwPlan scalar_plan;
+  BwPlan<float> scalar_plan;
   MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, false, &scalar_plan)));
   *floats = scalar_plan.workspace_floats;
   if (hidden % 4 == 0) {
-    BwPlan vec_plan;
+    BwPlan<float> vec_plan;
     MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, true, &vec_plan)));
     if (vec_plan.workspace_floats > *floats) *floats = vec_plan.workspace_floats;
   }
   return static_cast<int>(cudaSuccess);
 }
 
+template <class T>
+int layernorm_fw(T* out, float* mean, float* rstd, const T* inp, const float* gamma, const float* beta, int rows,
+                 int hidden, float eps, cudaStream_t stream) {
+  const FwArgs<T> a = {out, mean, rstd, inp, gamma, beta, rows, hidden, 1.f / static_cast<float>(hidden), eps};
+  const bool vec4 = hidden % 4 == 0 && mt::is_aligned4(out) && mt::is_aligned4(inp) && mt::is_aligned16(gamma) &&
+                    mt::is_aligned16(beta);
+  const fused::LaunchRows<FwKernels<T>, FwArgs<T>> launch{a, rows, stream};
+  return vec4 ? fused::walk_buckets(hidden, launch, FwVec4Buckets{})
+              : fused::walk_buckets(hidden, launch, FwScalarBuckets{});
+}
+
+template <class T>
+int layernorm_bw(T* dinp, float* dgamma, float* dbeta, const T* dout, const T* inp, const float* gamma,
+                 const float* mean, const float* rstd, float* workspace, int rows, int hidden, cudaStream_t stream) {
+  const bool vec4 = hidden % 4 == 0 && mt::is_aligned4(dinp) && mt::is_aligned4(dout) && mt::is_aligned4(inp) &&
+                    mt::is_aligned16(gamma) && mt::is_aligned16(workspace);
+  BwPlan<T> plan;
+  MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, vec4, &plan)));
+  BwArgs<T> a = {dinp, workspace, nullptr, dout, inp, gamma, mean, rstd, rows, hidden, 1.f / static_cast<float>(hidden)};
+  if (plan.rows_kernel.launch != nullptr) {
+    MT_RETURN_IF_ERROR(static_cast<cudaError_t>(
+        plan.rows_kernel.launch(a, static_cast<unsigned>(plan.parts), stream)));
+  } else {
+    a.resid = workspace + static_cast<size_t>(plan.parts) * 2 * hidden;
+    if (vec4) {
+      layernorm_bw_dinp_stream<T, 4><<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(a);
+    } else {
+      layernorm_bw_dinp_stream<T, 1><<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(a);
+    }
+    MT_RETURN_IF_ERROR(cudaGetLastError());
+    const dim3 grid(static_cast<unsigned>((hidden + kTile - 1) / kTile), static_cast<unsigned>(plan.parts));
+    layernorm_bw_params_stream<T><<<grid, dim3(kTile, kTile), 0, stream>>>(a, plan.rows_per_slab);
+    MT_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  const unsigned reduce_blocks = static_cast<unsigned>((2ll * hidden + kTile - 1) / kTile);
+  layernorm_bw_params_reduce<<<reduce_blocks, dim3(kTile, kTile), 0, stream>>>(
+      dgamma, dbeta, workspace, plan.parts, hidden);
+  return mt_launch_status();
+}
+
 }  // namespace
 
 MT_DEFINE_ERROR_STRING()
 
-extern "C" int launch_layernorm(float* out, float* mean, float* rstd, const float* inp,
-                                const float* gamma, const float* beta, int rows, int hidden,
-                                float eps, cudaStream_t stream) {
+// format: the storage code (mt::with_storage: 0 float32, 1 bfloat16) of out and inp.
+extern "C" int launch_layernorm(int format, void* out, float* mean, float* rstd, const void* inp, const float* gamma,
+                                const float* beta, int rows, int hidden, float eps, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(out == nullptr || mean == nullptr || rstd == nullptr || inp == nullptr ||
                        gamma == nullptr || beta == nullptr);
   MT_RETURN_IF_INVALID(rows <= 0 || hidden <= 0 || !(eps > 0.f));  // eps > 0 as minitorch.fused.layernorm
-  const FwArgs a = {out, mean, rstd, inp, gamma, beta, rows, hidden, 1.f / static_cast<float>(hidden), eps};
-  const bool vec4 = hidden % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(inp) &&
-                    mt::is_aligned16(gamma) && mt::is_aligned16(beta);
-  const fused::LaunchRows<FwKernels, FwArgs> launch{a, rows, stream};
-  return vec4 ? fused::walk_buckets(hidden, launch, FwVec4Buckets{})
-              : fused::walk_buckets(hidden, launch, FwScalarBuckets{});
+  return mt::with_storage(format, [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    return layernorm_fw(static_cast<T*>(out), mean, rstd, static_cast<const T*>(inp), gamma, beta, rows, hidden, eps,
+                        stream);
+  });
 }
 
 // Floats of scratch launch_layernorm_bw needs for these sizes on the current device, or minus a
@@ -670,38 +723,17 @@ extern "C" long long layernorm_bw_workspace_floats(int rows, int hidden) {
   return status != 0 ? -static_cast<long long>(status) : floats;
 }
 
-extern "C" int launch_layernorm_bw(float* dinp, float* dgamma, float* dbeta, const float* dout,
-                                   const float* inp, const float* gamma, const float* mean,
-                                   const float* rstd, float* workspace, int rows, int hidden,
-                                   cudaStream_t stream) {
+// format: the storage code of dinp, dout and inp (as launch_layernorm's).
+extern "C" int launch_layernorm_bw(int format, void* dinp, float* dgamma, float* dbeta, const void* dout,
+                                   const void* inp, const float* gamma, const float* mean, const float* rstd,
+                                   float* workspace, int rows, int hidden, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(dinp == nullptr || dgamma == nullptr || dbeta == nullptr ||
                        dout == nullptr || inp == nullptr || gamma == nullptr || mean == nullptr ||
                        rstd == nullptr || workspace == nullptr);
   MT_RETURN_IF_INVALID(rows <= 0 || hidden <= 0);
-  const bool vec4 = hidden % 4 == 0 && mt::is_aligned16(dinp) && mt::is_aligned16(dout) &&
-                    mt::is_aligned16(inp) && mt::is_aligned16(gamma) &&
-                    mt::is_aligned16(workspace);
-  BwPlan plan;
-  MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, vec4, &plan)));
-  BwArgs a = {dinp, workspace, nullptr, dout,  inp,    gamma,
-              mean, rstd,      rows,    hidden, 1.f / static_cast<float>(hidden)};
-  if (plan.rows_kernel.launch != nullptr) {
-    MT_RETURN_IF_ERROR(static_cast<cudaError_t>(
-        plan.rows_kernel.launch(a, static_cast<unsigned>(plan.parts), stream)));
-  } else {
-    a.resid = workspace + static_cast<size_t>(plan.parts) * 2 * hidden;
-    if (vec4) {
-      layernorm_bw_dinp_stream<4><<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(a);
-    } else {
-      layernorm_bw_dinp_stream<1><<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(a);
-    }
-    MT_RETURN_IF_ERROR(cudaGetLastError());
-    const dim3 grid(static_cast<unsigned>((hidden + kTile - 1) / kTile), static_cast<unsigned>(plan.parts));
-    layernorm_bw_params_stream<<<grid, dim3(kTile, kTile), 0, stream>>>(a, plan.rows_per_slab);
-    MT_RETURN_IF_ERROR(cudaGetLastError());
-  }
-  const unsigned reduce_blocks = static_cast<unsigned>((2ll * hidden + kTile - 1) / kTile);
-  layernorm_bw_params_reduce<<<reduce_blocks, dim3(kTile, kTile), 0, stream>>>(
-      dgamma, dbeta, workspace, plan.parts, hidden);
-  return mt_launch_status();
+  return mt::with_storage(format, [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    return layernorm_bw(static_cast<T*>(dinp), dgamma, dbeta, static_cast<const T*>(dout), static_cast<const T*>(inp),
+                        gamma, mean, rstd, workspace, rows, hidden, stream);
+  });
 }

@@ -6,7 +6,8 @@
 //              reduction over y.
 // With few outputs and a long reduced dim both split the reduced dim over more warps/blocks, write
 // partials to a caller-provided workspace, and a second launch reduces the partials (deterministic, no
-// atomics).
+// atomics). The input's storage TI and the output's TO are float or bfloat16; accumulation, partials
+// and the start value are float.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +18,7 @@
 #include "../includes/launch_utils.cuh"
 #include "../includes/layout.cuh"
 #include "../includes/reduce.cuh"
+#include "../includes/storage.cuh"
 
 namespace {
 
@@ -28,10 +30,11 @@ constexpr int kColsX = 32;
 constexpr int kColsY = 8;
 
 // One warp per (output, split) unit. Elements [split * chunk, min(len, (split + 1) * chunk)) of the
-// row; a scalar head up to the first 16-byte boundary, float4 body (4 loads in flight), scalar tail.
-template <class Op>
+// row; a scalar head up to the first boundary of 4 elements, a body of 4-element vector loads (4 in
+// flight), scalar tail.
+template <class TO, class TI, class Op>
 __global__ void __launch_bounds__(kReduceThreads)
-reduce_rows_kernel(float* out, const MtLayout out_l, const float* a, const MtLayout outer,
+reduce_rows_kernel(TO* out, const MtLayout out_l, const TI* a, const MtLayout outer,
                    long long units, int splits, int chunk, int reduce_len, float identity,
                    float start, float* partial, Op op) {
   const int lane = threadIdx.x & 31;
@@ -41,34 +44,36 @@ reduce_rows_kernel(float* out, const MtLayout out_l, const float* a, const MtLay
     const int o = static_cast<int>(unit / splits);
     const int lo = static_cast<int>(unit - static_cast<long long>(o) * splits) * chunk;
     const int len = min(reduce_len - lo, chunk);
-    const float* p = a + mt::layout_offset(outer, o) + lo;
-    const int misalign = static_cast<int>((reinterpret_cast<std::uintptr_t>(p) & 15u) >> 2);
+    const TI* p = a + mt::layout_offset(outer, o) + lo;
+    const int misalign =
+        static_cast<int>((reinterpret_cast<std::uintptr_t>(p) & (4 * sizeof(TI) - 1)) / sizeof(TI));
     const int head = min(len, (4 - misalign) & 3);
     float acc0 = identity, acc1 = identity, acc2 = identity, acc3 = identity;
-    if (lane < head) acc0 = op(acc0, p[lane]);
-    const float4* p4 = reinterpret_cast<const float4*>(p + head);
+    if (lane < head) acc0 = op(acc0, mt::to_float(p[lane]));
+    const TI* p4 = p + head;
     const int n4 = (len - head) >> 2;
     int j = lane;
     for (; j + 96 < n4; j += 128) {
-      const float4 v0 = p4[j], v1 = p4[j + 32], v2 = p4[j + 64], v3 = p4[j + 96];
+      const float4 v0 = mt::load4(p4 + 4 * j), v1 = mt::load4(p4 + 4 * (j + 32));
+      const float4 v2 = mt::load4(p4 + 4 * (j + 64)), v3 = mt::load4(p4 + 4 * (j + 96));
       acc0 = op(acc0, op(op(v0.x, v0.y), op(v0.z, v0.w)));
       acc1 = op(acc1, op(op(v1.x, v1.y), op(v1.z, v1.w)));
       acc2 = op(acc2, op(op(v2.x, v2.y), op(v2.z, v2.w)));
       acc3 = op(acc3, op(op(v3.x, v3.y), op(v3.z, v3.w)));
     }
     for (; j < n4; j += 32) {
-      const float4 v = p4[j];
+      const float4 v = mt::load4(p4 + 4 * j);
       acc0 = op(acc0, op(op(v.x, v.y), op(v.z, v.w)));
     }
     const int tail = head + (n4 << 2) + lane;
-    if (tail < len) acc1 = op(acc1, p[tail]);
+    if (tail < len) acc1 = op(acc1, mt::to_float(p[tail]));
     float acc = op(op(acc0, acc1), op(acc2, acc3));
     acc = mt::warp_allreduce(acc, op);
     if (lane == 0) {
       if (partial != nullptr) {
         partial[unit] = acc;
       } else {
-        out[mt::layout_offset(out_l, o)] = op(start, acc);
+        out[mt::layout_offset(out_l, o)] = mt::from_float<TO>(op(start, acc));
       }
     }
   }
@@ -76,9 +81,9 @@ reduce_rows_kernel(float* out, const MtLayout out_l, const float* a, const MtLay
 
 // Block (kColsX, kColsY): x picks one of 32 consecutive outputs, y strides over this block's part
 // of the reduced dim (blockIdx.y selects the split); partials of the 8 rows meet in shared memory.
-template <class Op>
+template <class TO, class TI, class Op>
 __global__ void __launch_bounds__(kColsX* kColsY)
-reduce_cols_kernel(float* out, const MtLayout out_l, const float* a, const MtLayout outer,
+reduce_cols_kernel(TO* out, const MtLayout out_l, const TI* a, const MtLayout outer,
                    int n_out, int reduce_len, int reduce_stride, int chunk, float identity,
                    float start, float* partial, Op op) {
   __shared__ float tile[kColsY][kColsX + 1];
@@ -87,20 +92,20 @@ reduce_cols_kernel(float* out, const MtLayout out_l, const float* a, const MtLay
   const int hi = min(reduce_len, lo + chunk);
   float acc = identity;
   if (o < n_out) {
-    const float* p = a + mt::layout_offset(outer, o);
+    const TI* p = a + mt::layout_offset(outer, o);
     int r = lo + threadIdx.y;
     float acc1 = identity, acc2 = identity, acc3 = identity;
     for (; r + 3 * kColsY < hi; r += 4 * kColsY) {
-      const float v0 = p[r * reduce_stride];
-      const float v1 = p[(r + kColsY) * reduce_stride];
-      const float v2 = p[(r + 2 * kColsY) * reduce_stride];
-      const float v3 = p[(r + 3 * kColsY) * reduce_stride];
+      const float v0 = mt::to_float(p[r * reduce_stride]);
+      const float v1 = mt::to_float(p[(r + kColsY) * reduce_stride]);
+      const float v2 = mt::to_float(p[(r + 2 * kColsY) * reduce_stride]);
+      const float v3 = mt::to_float(p[(r + 3 * kColsY) * reduce_stride]);
       acc = op(acc, v0);
       acc1 = op(acc1, v1);
       acc2 = op(acc2, v2);
       acc3 = op(acc3, v3);
     }
-    for (; r < hi; r += kColsY) acc = op(acc, p[r * reduce_stride]);
+    for (; r < hi; r += kColsY) acc = op(acc, mt::to_float(p[r * reduce_stride]));
     acc = op(op(acc, acc1), op(acc2, acc3));
   }
   tile[threadIdx.y][threadIdx.x] = acc;
@@ -112,7 +117,7 @@ reduce_cols_kernel(float* out, const MtLayout out_l, const float* a, const MtLay
     if (partial != nullptr) {
       partial[static_cast<long long>(blockIdx.y) * n_out + o] = v;
     } else {
-      out[mt::layout_offset(out_l, o)] = op(start, v);
+      out[mt::layout_offset(out_l, o)] = mt::from_float<TO>(op(start, v));
     }
   }
 }
@@ -163,8 +168,8 @@ long long workspace_floats(const ReducePlan& plan, int n_out) {
   return plan.splits > 1 ? static_cast<long long>(plan.splits) * n_out : 0;
 }
 
-template <class Op>
-int reduce_pass(Op op, float* out, const MtLayout& out_l, const float* a, const MtLayout& outer,
+template <class Op, class TO, class TI>
+int reduce_pass(Op op, TO* out, const MtLayout& out_l, const TI* a, const MtLayout& outer,
                 int n_out, int reduce_len, int reduce_stride, float identity, float start,
                 float* workspace, long long workspace_len, bool allow_split, int sms,
                 cudaStream_t stream) {
@@ -195,7 +200,7 @@ int reduce_pass(Op op, float* out, const MtLayout& out_l, const float* a, const 
   partial_outer.shape[0] = n_out;
   partial_outer.strides[0] = plan.rows ? plan.splits : 1;
   const int partial_stride = plan.rows ? 1 : n_out;
-  return reduce_pass(op, out, out_l, partial, partial_outer, n_out, plan.splits, partial_stride,
+  return reduce_pass(op, out, out_l, static_cast<const float*>(partial), partial_outer, n_out, plan.splits, partial_stride,
                      identity, start, nullptr, 0, false, sms, stream);
 }
 

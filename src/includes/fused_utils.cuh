@@ -12,32 +12,34 @@
 #include <cuda_runtime.h>
 
 #include "reduce.cuh"
+#include "storage.cuh"
 #include "vec.cuh"
 
 namespace fused {
 
-// Load / store VEC consecutive floats (VEC = 4: one 128-bit access, the address 16-byte aligned).
-template <int VEC>
-__device__ __forceinline__ void load_vec(float (&dst)[VEC], const float* src) {
+// Load / store VEC consecutive elements of a float or bfloat16 row as floats (VEC = 4: one 16-byte
+// or 8-byte access, the address aligned to it: mt::is_aligned4).
+template <int VEC, class T>
+__device__ __forceinline__ void load_vec(float (&dst)[VEC], const T* src) {
   static_assert(VEC == 1 || VEC == 4, "VEC is 1 or 4");
   if constexpr (VEC == 4) {
-    const float4 t = mt::load_float4(src);
+    const float4 t = mt::load4(src);
     dst[0] = t.x;
     dst[1] = t.y;
     dst[2] = t.z;
     dst[3] = t.w;
   } else {
-    dst[0] = *src;
+    dst[0] = mt::to_float(*src);
   }
 }
 
-template <int VEC>
-__device__ __forceinline__ void store_vec(float* dst, const float (&src)[VEC]) {
+template <int VEC, class T>
+__device__ __forceinline__ void store_vec(T* dst, const float (&src)[VEC]) {
   static_assert(VEC == 1 || VEC == 4, "VEC is 1 or 4");
   if constexpr (VEC == 4) {
-    mt::store_float4(dst, make_float4(src[0], src[1], src[2], src[3]));
+    mt::store4(dst, make_float4(src[0], src[1], src[2], src[3]));
   } else {
-    *dst = src[0];
+    *dst = mt::from_float<T>(src[0]);
   }
 }
 
