@@ -159,4 +159,12 @@ def test_preset_sets_defaults_that_explicit_options_override() -> None:
     for key, value in mt_options.PRESETS["tiny"].items():
         assert args[key] == (3 if key == "n_layers" else value), key
     assert explicit == {"preset": "tiny", "n_layers": 3}
-    assert mt_options.parse([])[0]["n_embd"] == 256
+    assert mt_options.parse(["--preset", "full"])[0]["n_embd"] == 256
+
+
+def test_preset_auto_is_full_on_cuda_and_tiny_on_a_cpu() -> None:
+    assert mt_options.parse(["--backend", "cuda"])[0]["preset"] == "full"
+    args = mt_options.parse(["--backend", "cpu"])[0]
+    assert args["preset"] == "tiny" and args["n_embd"] == mt_options.PRESETS["tiny"]["n_embd"]
+    auto = "full" if minitorch.cuda_unavailable_reason() is None else "tiny"
+    assert mt_options.parse([])[0]["preset"] == auto
