@@ -4,13 +4,16 @@ default; --backend auto says what it chose; --preset tiny sets defaults that exp
 
 import argparse
 import gzip
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from mt_program import TINY
+from mt_program import ROOT, SCRIPT, TINY
 import minitorch
 from project.common.options import backend_from_option
 from project.translation import corpus as mt_corpus
@@ -168,3 +171,29 @@ def test_preset_auto_is_full_on_cuda_and_tiny_on_a_cpu() -> None:
     assert args["preset"] == "tiny" and args["n_embd"] == mt_options.PRESETS["tiny"]["n_embd"]
     auto = "full" if minitorch.cuda_unavailable_reason() is None else "tiny"
     assert mt_options.parse([])[0]["preset"] == auto
+
+
+BAD_INPUTS = {
+    "missing corpus": (["--data-dir", "{tmp}/nowhere"], r"nowhere does not exist.*--download"),
+    "options that do not fit": (["--n-embd", "30", "--n-head", "4", "--dropout", "1.5"],
+                                r"--n-embd 30 is not a multiple of --n-head 4; --dropout 1\.5 is outside \[0, 1\)"),
+    "a choice that does not exist": (["--backend", "tpu"], r"argument --backend: invalid choice: 'tpu'"),
+    "an unknown option": (["--learning-rate", "1"], r"unrecognized arguments: --learning-rate 1"),
+    "--resume without a checkpoint": (["--resume"], r"--resume: no checkpoint .*checkpoint\.npz; train without --resume"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_every_bad_input_is_one_error_line_and_exit_1(corpus_dir, tmp_path, case: str) -> None:
+    """The script itself: one line on stderr, status 1, no traceback (argparse's errors included)."""
+    options, expected = BAD_INPUTS[case]
+    argv = TINY + ["--data-dir", str(corpus_dir), "--out-dir", str(tmp_path / "out")]
+    argv += [word.replace("{tmp}", str(tmp_path)) for word in options]
+    if case == "--resume without a checkpoint":
+        argv = ["--resume", "--out-dir", str(tmp_path / "out")]
+    done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    errors = done.stderr.splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: ") and re.search(expected, errors[0]), done.stderr
+    assert "Traceback" not in done.stdout + done.stderr

@@ -12,6 +12,8 @@ or one outside the training loop) is one line and status 130.
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 import warnings
 from collections.abc import Callable
@@ -65,3 +67,11 @@ def interrupted(why: str) -> NoReturn:
     print(f"interrupted{f' ({why})' if why else ''}: stopped without saving; the last checkpoint, if any, is "
           f"as it was", file=sys.stderr, flush=True)  # fmt: skip
     raise SystemExit(INTERRUPTED_STATUS)
+
+
+def command_line(script: str | os.PathLike, *args: str) -> str:
+    """A shell command that runs a program's script with args: the script's path relative to the
+    working directory when it lies below it, else absolute."""
+    path = Path(script).resolve()
+    shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
+    return shlex.join(["python", shown, *args])

@@ -20,8 +20,11 @@ training before the first step, 70 ms per greedy decoding step of 100 sentences)
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Deque, Optional
+
+import numpy as np
 
 import minitorch
 
@@ -90,21 +93,21 @@ class Estimate:
 
 
 class Pace:
-    """Measured seconds per training step of this process, leaving out its first step (which
-    compiles kernels or captures CUDA graphs); time spent between steps (evaluation) is excluded
-    by pause()."""
+    """Measured seconds per training step of this process: the median of its last WINDOW steps that
+    ran back to back, so the compilation or graph capture of early steps and a moment of load on
+    the machine fade out; time between steps (evaluation) is left out through pause()."""
+
+    WINDOW = 25
 
     def __init__(self) -> None:
         self._last: Optional[float] = None
-        self._seconds = 0.0
-        self._steps = 0
+        self._recent: Deque[float] = deque(maxlen=self.WINDOW)
 
     def step(self) -> None:
-        """A step has ended (on CUDA it may still run: the mean over many steps is what counts)."""
+        """A step has ended (on CUDA it may still run: over many steps the host keeps the GPU's pace)."""
         now = time.perf_counter()
         if self._last is not None:
-            self._seconds += now - self._last
-            self._steps += 1
+            self._recent.append(now - self._last)
         self._last = now
 
     def pause(self) -> None:
@@ -113,8 +116,8 @@ class Pace:
 
     @property
     def seconds_per_step(self) -> Optional[float]:
-        """Mean seconds per step so far (None until two steps have run back to back)."""
-        return self._seconds / self._steps if self._steps else None
+        """Median seconds per step of the recent steps (None until two steps ran back to back)."""
+        return float(np.median(self._recent)) if self._recent else None
 
 
 def first_line(

@@ -14,7 +14,6 @@ save or a stop happens in every process at the same step (agreed every --log-eve
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Dict
@@ -24,6 +23,7 @@ from tqdm import tqdm
 
 import minitorch
 from project.common.checkpoint import Checkpoint, CheckpointError, restore_optimizer, save_checkpoint
+from project.common.console import command_line
 from project.common.control import GracefulStop, SaveSchedule
 from project.common.eta import Pace, format_duration, speed_of
 from project.common.schedule import learning_rate
@@ -192,9 +192,9 @@ class TranslationRun:
     def stopped(self, signal_name: str) -> str:
         """The line printed when a signal stopped the run: where, what was saved, how to go on."""
         where = self.position()
-        script = os.path.relpath(Path(__file__).parents[1] / "run_machine_translation.py")
-        return (f"stopped by {signal_name} in {where}; saved {self.out_dir / CHECKPOINT_NAME}; continue with: "
-                f"python {script} --resume --out-dir {self.out_dir}")  # fmt: skip
+        command = command_line(Path(__file__).parents[1] / "run_machine_translation.py", "--resume", "--out-dir",
+                               str(self.out_dir))  # fmt: skip
+        return f"stopped by {signal_name} in {where}; saved {self.out_dir / CHECKPOINT_NAME}; continue with: {command}"
 
 
 def run_state(model: minitorch.DecoderLM, optimizer: minitorch.Adam, batcher: Batcher, progress: Dict[str, Any]) -> Dict[str, Any]:
