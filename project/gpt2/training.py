@@ -10,6 +10,7 @@ one graph replay.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Tuple
@@ -20,7 +21,7 @@ import minitorch
 from minitorch import Tensor
 from minitorch.distributed import GradientAccumulator
 from minitorch.graphs import StepInputs
-from project.common.checkpoint import load_checkpoint, restore_optimizer, save_checkpoint
+from project.common.checkpoint import CheckpointError, load_checkpoint, restore_optimizer, save_checkpoint
 from project.common import evaluation
 from project.common.metrics import Panel, Series, plot_records
 from project.common.train_step import TrainStep
@@ -30,6 +31,7 @@ from project.gpt2.shards import ShardLoader
 STATE_MODEL = "model.bin"
 STATE_NAME = "state.npz"
 CHECKPOINT_KIND = "gpt2"
+CHECKPOINT_PREFIX = "checkpoint_"
 LOSS_PANEL = Panel("loss", "cross-entropy loss", (Series("loss", "train", "-"), Series("val_loss", "val")))
 
 
@@ -104,11 +106,30 @@ def save_training_state(
 
 def load_training_state(directory: str | os.PathLike, optimizer: minitorch.AdamW, loader: ShardLoader) -> dict[str, Any]:
     """Restore the optimizer and the loader position that ``save_training_state`` wrote (the model
-    comes from ``directory/model.bin``); returns the saved state (``step`` among it)."""
+    comes from ``directory/model.bin``); returns the saved state (``step`` among it). A state that
+    does not fit them raises CheckpointError naming the file."""
     checkpoint = load_checkpoint(Path(directory) / STATE_NAME, CHECKPOINT_KIND)
     restore_optimizer(checkpoint.path, optimizer, checkpoint.state["optimizer"])
-    loader.load_state(checkpoint.state["train_loader"])
+    try:
+        loader.load_state(checkpoint.state["train_loader"])
+    except (KeyError, ValueError) as err:
+        raise CheckpointError(f"{checkpoint.path} does not fit these training shards: {err}") from None
     return checkpoint.state
+
+
+def checkpoint_directory(out_dir: str | os.PathLike, step: int) -> Path:
+    """Where a run saves its checkpoint of a step: ``<out_dir>/checkpoint_NNNNNN``."""
+    return Path(out_dir) / f"{CHECKPOINT_PREFIX}{step:06d}"
+
+
+def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
+    """Remove all but the newest `keep` checkpoint directories of out_dir (keep 0: remove none);
+    returns those removed."""
+    found = sorted(p for p in Path(out_dir).glob(f"{CHECKPOINT_PREFIX}[0-9]*") if p.is_dir())
+    removed = found[:-keep] if keep else []
+    for directory in removed:
+        shutil.rmtree(directory)
+    return removed
 
 
 def plot_losses(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, title: str) -> Path:

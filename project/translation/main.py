@@ -35,48 +35,56 @@ import numpy as np
 
 import minitorch
 from project.common.checkpoint import Checkpoint, CheckpointError
+from project.common.console import run_program
 from project.common.control import GracefulStop, StopRequested
+from project.common.eta import speed_of
+from project.common.lock import first_process, locked_out_dir
 from project.common.metrics import MetricsLog
 from project.common.options import InputError, backend_from_option
 from project.translation.average import save_snapshot
 from project.translation.corpus import CorpusError, MissingDataError
 from project.translation.evaluate import FINAL_NAME, final_evaluation
-from project.translation.options import CHECKPOINT_NAME, resolve_config
+from project.translation.options import CHECKPOINT_NAME, parse, resolve_config
 from project.translation.parallel import TranslationParallel
+from project.translation.plan import announce
 from project.translation.plot import plot_metrics
 from project.translation.run import TranslationRun, prepare_data, restore_run_state
 
 METRICS_NAME = "metrics.jsonl"
+INPUT_ERRORS = (InputError, CheckpointError, MissingDataError, CorpusError)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Run the program; returns {"config", "history" (one metrics record per epoch), "out_dir",
     "stopped" (the signal that stopped it, or None), "final" (the final evaluation's record, None
-    when stopped or when no epoch was trained)}. Bad input exits with a one-line error."""
-    try:
-        return run(argv)
-    except (InputError, CheckpointError, MissingDataError, CorpusError) as err:
-        raise SystemExit(f"error: {err}") from None
+    when stopped or when no epoch was trained)}. Bad input exits with a one-line error (status 1);
+    --out-dir is locked for the run (a second run into it is refused, naming this one's PID)."""
+    return run_program(lambda: run(argv), INPUT_ERRORS)
 
 
 def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
     """main() without turning bad input into SystemExit."""
-    config, checkpoint = resolve_config(argv)
-    out_dir = Path(config["out_dir"])
-    hint = (f"The last checkpoint, {out_dir / CHECKPOINT_NAME}, is intact: continue with --resume --out-dir {out_dir} "
-            f"on any number of processes")  # fmt: skip
-    # Under torchrun: joins the group, picks this process's GPU, starts the watchdog.
-    with TranslationParallel(config["backend"], config, resume_hint=hint) as parallel:
-        return train(config, checkpoint, parallel)
+    args, explicit = parse(argv)
+    with locked_out_dir(args["out_dir"], hold=first_process()):
+        config, checkpoint = resolve_config(args, explicit)
+        out_dir = Path(config["out_dir"])
+        hint = (f"The last checkpoint, {out_dir / CHECKPOINT_NAME}, is intact: continue with --resume --out-dir "
+                f"{out_dir} on any number of processes")  # fmt: skip
+        # Under torchrun: joins the group, picks this process's GPU, starts the watchdog.
+        with TranslationParallel(config["backend"], config, resume_hint=hint) as parallel:
+            return train(config, checkpoint, parallel, auto_preset=explicit.get("preset", "auto") == "auto")
 
 
-def train(config: Dict[str, Any], checkpoint: Optional[Checkpoint], parallel: TranslationParallel) -> Dict[str, Any]:
-    """run() in the process group: data, model, the epochs, the final evaluation."""
+def train(
+    config: Dict[str, Any], checkpoint: Optional[Checkpoint], parallel: TranslationParallel, auto_preset: bool
+) -> Dict[str, Any]:
+    """run() in the process group, on a configuration resolved and checked: data, model, the
+    epochs, the final evaluation."""
     out_dir = Path(config["out_dir"])
     say = parallel.print
     choice = backend_from_option(config["backend"])
     backend = choice.backend
-    say(f"{choice}; {'resuming' if checkpoint else 'new run'} in {out_dir}", flush=True)
+    say(announce(choice, config, checkpoint, speed_of(backend), parallel, auto_preset), flush=True)
     minitorch.set_float32_matmul_precision(config["matmul_precision"])
     minitorch.manual_seed(config["seed"])
     np.random.seed(config["seed"])
@@ -93,12 +101,12 @@ def train(config: Dict[str, Any], checkpoint: Optional[Checkpoint], parallel: Tr
 
     n_params = sum(p.value.size for p in job.model.parameters())
     say(
-        f"{'resuming at epoch ' + str(job.progress['epoch']) + ' step ' + str(job.progress['step']) if checkpoint else 'training'} "
+        f"{'resuming in ' + job.position() if checkpoint else 'training'} "
         f"({job.model.attention_config}, loss: {config['loss']}, recompute layers: {config['recompute_layers']}): "
         f"{n_params:,} parameters, "
         f"vocab {data['tokenizer'].get_vocab_size()}, {len(data['train'].sequences)} train pairs "
-        f"({data['train'].n_dropped} longer than {config['max_len']} dropped), {len(data['valid'].sequences)} valid, "
-        f"{len(data['prompts'])} test; {parallel.steps_per_epoch(job.batcher)} steps/epoch of "
+        f"({data['train'].n_dropped} longer than {config['max_len']} dropped), {len(data['valid'].sequences)} valid "
+        f"({data['valid'].n_dropped} dropped), {len(data['prompts'])} test; {job.plan.per_epoch} steps/epoch of "
         f"{parallel.global_batch(config['batch_size'])} pairs{_split(parallel, config)}",
         flush=True,
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from project.common.checkpoint import Checkpoint, CheckpointError, check_config, describe, load_checkpoint, previous_path
+from project.common.console import OneLineParser
 from project.common.options import (
     FRACTION,
     NON_NEGATIVE,
@@ -24,6 +25,7 @@ from project.common.options import (
     option,
 )
 from project.common.parallel import add_parallel_options
+from project.common.presets import add_preset_option, apply_preset
 from project.translation.corpus import DATA_DIR_ENV, DEFAULT_BASE_URL, DEFAULT_DATA_DIR
 from project.translation.tokenizer import MIN_VOCAB_SIZE
 
@@ -42,8 +44,10 @@ RUN_CONTROL = {
 # Options newer than some checkpoints that change the training, with the value those checkpoints trained with
 # (--batch-size was per process before --scale-batch-with-world).
 TRAINED_BEFORE = {"label_smoothing": 0.0, "lr_scaling": "none", "scale_batch_with_world": True}
-# --preset NAME: defaults for a quick run (explicit options still win). tiny: a 2-core CPU, minutes.
+# --preset NAME: defaults of a run (explicit options still win). full: the parser's defaults, the real
+# run for a GPU; tiny: minutes on a 2-core CPU; auto (the default): full on CUDA, tiny on a CPU.
 PRESETS = {
+    "full": {},
     "tiny": {
         "n_embd": 64, "n_head": 4, "n_layers": 2, "vocab_size": 1000, "max_len": 48, "batch_size": 32,
         "samples_per_epoch": 1280, "epochs": 2, "warmup_steps": 10, "lr": 3e-3, "dropout": 0.0,
@@ -64,13 +68,11 @@ class RenamedOption(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     """The program's options; a value out of its bound is a usage error naming the option."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         description="German->English translation with a minitorch decoder-only transformer (Multi30k).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--preset", choices=("none", *PRESETS), default="none",
-                   help="defaults for a quick run, explicit options still win; tiny: " +
-                   " ".join(f"{option(k)} {v}" for k, v in PRESETS["tiny"].items()))
+    add_preset_option(p, PRESETS)
     model = p.add_argument_group("model")
     model.add_argument("--n-embd", type=POSITIVE_INT, default=256, help="model width")
     model.add_argument("--n-head", type=POSITIVE_INT, default=8, help="attention heads")
@@ -131,12 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """(every option, the options given on the command line); --preset changes the defaults. Values
-    out of bounds pass here: check_options reports them all at once."""
+    """(every option, the options given on the command line); --preset changes the defaults and is
+    resolved ("auto": "full" or "tiny" for --backend). Values out of bounds pass here: check_options
+    reports them all at once."""
     parser = lenient(build_parser())
-    preset = parser.parse_known_args(argv)[0].preset
-    parser.set_defaults(**PRESETS.get(preset, {}))
-    return vars(parser.parse_args(argv)), given_options(lenient(build_parser()), argv)
+    preset = apply_preset(parser, PRESETS, argv)
+    return {**vars(parser.parse_args(argv)), "preset": preset}, given_options(lenient(build_parser()), argv)
 
 
 def check_options(config: Dict[str, Any]) -> None:
@@ -150,10 +152,9 @@ def check_options(config: Dict[str, Any]) -> None:
         raise InputError("; ".join(problems))
 
 
-def resolve_config(argv: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], Optional[Checkpoint]]:
-    """(configuration, checkpoint or None), checked. A resumed run takes its configuration from the
-    checkpoint, with the RUN_CONTROL options the command line sets."""
-    args, explicit = parse(argv)
+def resolve_config(args: Dict[str, Any], explicit: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[Checkpoint]]:
+    """(configuration, checkpoint or None), checked, from parse()'s result. A resumed run takes its
+    configuration from the checkpoint, with the RUN_CONTROL options the command line sets."""
     path = Path(args["out_dir"]) / CHECKPOINT_NAME
     if not args["resume"]:
         for existing in (path, previous_path(path)):

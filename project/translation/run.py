@@ -14,7 +14,6 @@ a stop happens in every process at the same step (agreed every --log-every steps
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any, Dict
@@ -24,7 +23,9 @@ from tqdm import tqdm
 
 import minitorch
 from project.common.checkpoint import Checkpoint, CheckpointError, restore_optimizer, save_checkpoint
+from project.common.console import command_line
 from project.common.control import GracefulStop, SaveSchedule
+from project.common.eta import Pace, format_duration, speed_of
 from project.common.schedule import learning_rate
 from project.common.train_step import StepTimer
 from project.translation.batches import Batcher, encode_pairs
@@ -34,6 +35,7 @@ from project.translation.evaluate import Decoders, evaluate
 from project.translation.model import build_model
 from project.translation.options import CHECKPOINT_KIND, CHECKPOINT_NAME
 from project.translation.parallel import TranslationParallel
+from project.translation.plan import RunPlan, plan_run, position, resume_point
 from project.translation.step import TranslationStep
 from project.translation.tokenizer import encode_prompts, load_or_train_tokenizer
 
@@ -85,7 +87,24 @@ class TranslationRun:
             label_smoothing=config["label_smoothing"], gradient_sync=parallel.gradient_sync,
         )
         self.timer = StepTimer(backend)
+        self.pace = Pace()
         self.decoders = Decoders(self.model, config, backend)
+        self.plan = self._plan()
+
+    def _plan(self) -> RunPlan:
+        """The plan of what is left, from the data's sizes and the model (exact now, where the first
+        line had to estimate them before the corpus was read)."""
+        sizes = {"train": len(self.data["train"].sequences), "valid": len(self.data["valid"].sequences),
+                 "test": len(self.data["prompts"])}  # fmt: skip
+        params = sum(p.value.size for p in self.model.parameters())
+        state = {"progress": self.progress, "batcher": self.batcher.state_dict()}
+        return plan_run(self.config, speed_of(self.backend), self.parallel, sizes, params, state)
+
+    def position(self) -> str:
+        """Where the run stands, as the progress bar counts ("epoch 2/10, step 17/227")."""
+        state = {"progress": self.progress, "batcher": self.batcher.state_dict()}
+        epoch, step, _ = resume_point(state, self.parallel.batches_per_step, self.plan.per_epoch)
+        return position(epoch, self.config["epochs"], step, self.plan.per_epoch)
 
     def save(self) -> None:
         """Checkpoint now (the device loss sum of an unfinished epoch is read into the progress and,
@@ -109,6 +128,7 @@ class TranslationRun:
         if not self.parallel.is_main and partial is not None and not partial["trained"]:
             progress = {**progress, "partial": {**partial, "loss_sum": 0.0, "n_targets": 0}}
         self.progress = progress
+        self.plan = self._plan()
 
     def train_epoch(self, epoch: int, stop: GracefulStop) -> bool:
         """Train (the rest of) an epoch; False when a stop signal ended it (after a save)."""
@@ -126,6 +146,7 @@ class TranslationRun:
             micro = shard.micro_batches(parallel.micro_slices(len(shard.sequences)))
             replayed = self.step.accumulate(micro, lr, capture=shard.full)
             self.timer.mark(shard.step_tokens, steady=replayed or not self.step.use_graphs)
+            self.pace.step()
             self.progress["step"] += 1
             partial["lr"] = lr
             partial["n_targets"] += shard.n_targets
@@ -133,8 +154,10 @@ class TranslationRun:
             partial["train_seconds"] = before + time.perf_counter() - start
             log = (i + 1) % config["log_every"] == 0
             if log and parallel.is_main:
+                left = self.plan.remaining(epoch, done // parallel.batches_per_step + i + 1, self.pace.seconds_per_step)
                 bar.set_postfix(loss=f"{self.step.loss_total() / partial['n_targets']:.3f}", lr=f"{lr:.2e}",
-                                tok_s=f"{partial['n_tokens'] / partial['train_seconds']:,.0f}", refresh=False)  # fmt: skip
+                                tok_s=f"{partial['n_tokens'] / partial['train_seconds']:,.0f}",
+                                run_left=format_duration(left), refresh=False)  # fmt: skip
             stopping, saving = parallel.agree(log, stop.requested, self.schedule.due(self.progress["step"]))
             if stopping or saving:
                 self.save()
@@ -142,6 +165,7 @@ class TranslationRun:
                     bar.close()
                     return False
         bar.close()
+        self.pace.pause()
         loss_sum, n_targets = parallel.sum(self.step.loss_total(), partial["n_targets"])
         partial["loss_sum"], partial["n_targets"] = loss_sum, int(n_targets)
         partial["train_seconds"] = before + time.perf_counter() - start
@@ -167,10 +191,10 @@ class TranslationRun:
 
     def stopped(self, signal_name: str) -> str:
         """The line printed when a signal stopped the run: where, what was saved, how to go on."""
-        where = f"epoch {self.progress['partial']['epoch']}, step {self.progress['step']}"
-        script = os.path.relpath(Path(__file__).parents[1] / "run_machine_translation.py")
-        return (f"stopped by {signal_name} in {where}; saved {self.out_dir / CHECKPOINT_NAME}; continue with: "
-                f"python {script} --resume --out-dir {self.out_dir}")  # fmt: skip
+        where = self.position()
+        command = command_line(Path(__file__).parents[1] / "run_machine_translation.py", "--resume", "--out-dir",
+                               str(self.out_dir))  # fmt: skip
+        return f"stopped by {signal_name} in {where}; saved {self.out_dir / CHECKPOINT_NAME}; continue with: {command}"
 
 
 def run_state(
