@@ -9,7 +9,9 @@ is loaded at import, so `import minitorch` works without a GPU; the first CUDA s
 kernels and names the fix when they are missing.
 
 Dtypes: casts and copies of every dtype run in convert_kernel.so; a product dispatches on its dtype
-in `matmul.matrix_multiply`; every other op has float32 kernels only and raises NoKernelError
+in `matmul.matrix_multiply`, fused attention in `attention.attention_fw/bw` and the fused linear cross-entropy in
+`classifier.linear_cross_entropy_fw` (float32 or bfloat16);
+every other op has float32 kernels only and raises NoKernelError
 ("minitorch: no bfloat16 CUDA kernel for 'exp' (cast with .float() first)") for a tensor stored in
 another format, before anything runs: nothing is computed in another precision than asked.
 """
@@ -114,9 +116,9 @@ class CudaKernelOps(TensorOps):
     attn_softmax_bw = _hook("attn_softmax_bw", softmax.attn_softmax_bw)
     layernorm_fw = _hook("layernorm_fw", layernorm.layernorm_fw)
     layernorm_bw = _hook("layernorm_bw", layernorm.layernorm_bw)
-    attention_fw = _hook("attention_fw", attention.attention_fw)
-    attention_bw = _hook("attention_bw", attention.attention_bw)
-    linear_cross_entropy_fw = _hook("linear_cross_entropy_fw", classifier.linear_cross_entropy_fw)
+    attention_fw = staticmethod(attention.attention_fw)  # dispatches on dtype itself
+    attention_bw = staticmethod(attention.attention_bw)
+    linear_cross_entropy_fw = staticmethod(classifier.linear_cross_entropy_fw)  # dispatches on dtype itself
     adamw_step = _hook("adamw_step", optimizer.adamw_step)
     adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update refuses other dtypes
     gradient_pack = _hook("gradient_pack", optimizer.gradient_pack)
