@@ -9,9 +9,9 @@ is loaded at import, so `import minitorch` works without a GPU; the first CUDA s
 kernels and names the fix when they are missing.
 
 Dtypes: casts and copies of every dtype run in convert_kernel.so; a product dispatches on its dtype
-in `matmul.matrix_multiply`, fused attention in `attention.attention_fw/bw` and the fused linear cross-entropy in
-`classifier.linear_cross_entropy_fw` (float32 or bfloat16);
-every other op has float32 kernels only and raises NoKernelError
+in `matmul.matrix_multiply`; fused attention (`attention.attention_fw/bw`), the fused linear
+cross-entropy (`classifier.linear_cross_entropy_fw`) and the KV cache (`kv_cache.slot_write` and
+`slot_attention`) dispatch in their bindings, on float32 or bfloat16; every other op has float32 kernels only and raises NoKernelError
 ("minitorch: no bfloat16 CUDA kernel for 'exp' (cast with .float() first)") for a tensor stored in
 another format, before anything runs: nothing is computed in another precision than asked.
 """
@@ -122,8 +122,8 @@ class CudaKernelOps(TensorOps):
     adamw_step = _hook("adamw_step", optimizer.adamw_step)
     adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update refuses other dtypes
     gradient_pack = _hook("gradient_pack", optimizer.gradient_pack)
-    slot_write = _hook("slot_write", kv_cache.slot_write)
-    slot_attention = _hook("slot_attention", kv_cache.slot_attention)
+    slot_write = staticmethod(kv_cache.slot_write)  # float32 or bfloat16
+    slot_attention = staticmethod(kv_cache.slot_attention)  # float32 or bfloat16
     gather_rows = _hook("gather_rows", embedding.gather_rows)
     top_k = _hook("top_k", topk.top_k)
     beam_search_step = _hook("beam_search_step", beam_search.beam_search_step)
