@@ -9,9 +9,10 @@ is loaded at import, so `import minitorch` works without a GPU; the first CUDA s
 kernels and names the fix when they are missing.
 
 Dtypes: casts and copies of every dtype run in convert_kernel.so; a product dispatches on its dtype
-in `matmul.matrix_multiply`; every other op has float32 kernels only and raises NoKernelError
-("minitorch: no bfloat16 CUDA kernel for 'exp' (cast with .float() first)") for a tensor stored in
-another format, before anything runs: nothing is computed in another precision than asked.
+in `matmul.matrix_multiply`, a Linear's in `matmul.linear_fw` / `linear_bw`; every other op has
+float32 kernels only and raises NoKernelError ("minitorch: no bfloat16 CUDA kernel for 'exp' (cast
+with .float() first)") for a tensor stored in another format, before anything runs: nothing is
+computed in another precision than asked.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ class CudaKernelOps(TensorOps):
     reduce = _float32_ops(combine.reduce_op, {"add": "sum", "mul": "prod"})
 
     # kernel hooks of the fused ops
-    linear_fw = _hook("linear_fw", matmul.linear_fw)
+    linear_fw = staticmethod(matmul.linear_fw)  # dispatches on dtype itself, as linear_bw
+    linear_bw = staticmethod(matmul.linear_bw)
     embedding_fw = _hook("embedding_fw", embedding.embedding_fw)
     embedding_bw = _hook("embedding_bw", embedding.embedding_bw)
     attn_softmax_fw = _hook("attn_softmax_fw", softmax.attn_softmax_fw)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Tuple
 
+from ..autocast import autocast_activation
 from ..autodiff import Context
 from ..tensor_data import IndexingError
 from ..tensor_functions import Function
@@ -20,11 +21,12 @@ def embedding(weight: "Tensor", ids: "Tensor") -> "Tensor":
     """weight[ids] -> [*ids.shape, C] for weight [V, C] and ids holding integers in [0, V).
 
     The CPU backends raise IndexError for an id outside [0, V); on CUDA, where checking would need a
-    device-to-host copy, such an id gives a row of zeros (and no gradient)."""
+    device-to-host copy, such an id gives a row of zeros (and no gradient).  Under
+    minitorch.autocast(low_activations=True) the rows come in the autocast dtype."""
     ids = weight._ensure(ids)
     if weight.dims != 2:
         raise IndexingError(f"embedding weight must be [num_embeddings, dim], got shape {weight.shape}")
-    return Embedding.apply(weight, ids.detach())
+    return autocast_activation(Embedding.apply(weight, ids.detach()))
 
 
 def _one_hot(ids: "Tensor", classes: int) -> "Tensor":
