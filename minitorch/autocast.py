@@ -21,10 +21,13 @@ parameter's values have changed, so its address stays (a captured CUDA graph kee
 copy is current while the tensor's `_version` is the one it was written at: in-place writes
 (`copy_`, `x[...] = v`) and the optimizers' in-place updates bump it.  Left to autocast, a stale copy
 costs one cast pass per weight per optimizer step, and the memory of one 16-bit copy of each weight
-the autocast ops read.  An optimizer that writes the copy in the same pass as the float32 update
-(reading `working_copy(p)`, then calling `working_copy_written(p)` after bumping `p._version`) saves
-that pass.  Reading a copy returns the same tensor until the parameter changes; its values are the
-parameter's at its latest read.  Activations are cast at each use.
+the autocast ops read.  AdamW ends each update with `refresh_working_copies` of its parameters, so
+every copy is current after a step: a captured CUDA graph that reads copies without autocast's
+checks (a decoding step) reads current values, and a training step's forward casts nothing.  An
+optimizer that writes the copy in the same pass as the float32 update (reading `working_copy(p)`,
+then calling `working_copy_written(p)` after bumping `p._version`) saves that pass.  Reading a copy
+returns the same tensor until the parameter changes; its values are the parameter's latest.
+Activations are cast at each use.
 
 `low_activations=True` keeps the activations in the autocast dtype between ops, as llm.c's bf16
 training does: LayerNorm and the attention softmax take 16-bit activations as they are (their
@@ -43,7 +46,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import ContextDecorator
-from typing import TYPE_CHECKING, Any, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterable, List, NamedTuple, Optional, Tuple
 
 from .autodiff import Context, is_grad_enabled
 from .dtypes import DType, as_dtype, bfloat16, float32
@@ -189,6 +192,16 @@ class WorkingCopy(Function):
         if grad_output.dtype is dtype:
             return grad_output
         return grad_output._new(grad_output.backend.cast(grad_output._tensor, dtype))
+
+
+def refresh_working_copies(tensors: Iterable["Tensor"]) -> None:
+    """Write the values of each of tensors whose working copy is stale into that copy (one cast
+    each; nothing for a tensor without a copy or with a current one)."""
+    for t in tensors:
+        version, copy = getattr(t, "_autocast_copy", (None, None))
+        if copy is not None and version != t._version:
+            t.backend.cast(t._tensor, copy.dtype, copy._tensor)
+            t._autocast_copy = (t._version, t._new(copy._tensor))  # its next read for a gradient adds history
 
 
 def working_copy(t: "Tensor") -> Optional[TensorData]:

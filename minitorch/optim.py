@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .autocast import refresh_working_copies
 from .autodiff import no_grad
 from .fused.adamw import adamw_step
 from .module import Parameter
@@ -131,7 +132,9 @@ class AdamW(Adam):
     read the learning rate and step count from device memory: `begin_step()` queues those values
     (host work only), `update()` launches the kernels, so `update()` can be captured in a CUDA graph
     and replayed every step.  `step()` is both.  Elsewhere the update is `minitorch.fused.adamw_step`
-    per parameter (composed tensor ops on the CPU backends), after a composed clip.
+    per parameter (composed tensor ops on the CPU backends), after a composed clip.  Each update ends
+    by making the updated parameters' autocast working copies current
+    (minitorch.autocast.refresh_working_copies).
     state_dict / load_state_dict are Adam's (step count and moments).
     """
 
@@ -182,13 +185,14 @@ class AdamW(Adam):
                 )  # fmt: skip
                 for v in values:
                     v._version += 1  # written in place: autocast's cached copies of it are stale
-                return
-            grads = self._clipped_grads([p.value.grad for _, p in params])
-            for (i, p), g in zip(params, grads):
-                adamw_step(
-                    p.value, g, self.m[i], self.v[i], float(self.lr), self.beta1, self.beta2, self.eps,
-                    self.weight_decay, self.t,
-                )  # fmt: skip
+            else:
+                grads = self._clipped_grads([p.value.grad for _, p in params])
+                for (i, p), g in zip(params, grads):
+                    adamw_step(
+                        p.value, g, self.m[i], self.v[i], float(self.lr), self.beta1, self.beta2, self.eps,
+                        self.weight_decay, self.t,
+                    )  # fmt: skip
+            refresh_working_copies(p.value for _, p in params)
 
     def grad_norm(self) -> Tensor:
         """Global L2 norm of the gradients of the last update, before clipping: a 0-dim tensor."""

@@ -85,7 +85,7 @@ class TranslationRun:
         self.step = TranslationStep(
             self.model, self.optimizer, backend, config["loss"], use_graphs=config["cuda_graphs"] and backend.cuda,
             graph_batch_size=config["batch_size"], label_smoothing=config["label_smoothing"],
-            gradient_sync=parallel.gradient_sync,
+            gradient_sync=parallel.gradient_sync, dtype=config["dtype"],
         )
         self.timer = StepTimer(backend)
         self.decoders = Decoders(self.model, config, backend)

@@ -44,14 +44,15 @@ class TranslationStep(TrainStep):
 
     loss_kind and label_smoothing: see model.batch_loss; use_graphs: capture and replay CUDA graphs
     (CUDA only); graph_batch_size: only batches of this many rows are captured (the short last
-    batch of an epoch runs eagerly); gradient_sync: called between backward and the optimizer."""
+    batch of an epoch runs eagerly); gradient_sync: called between backward and the optimizer;
+    dtype: --dtype ("fp32" or "bf16")."""
 
     def __init__(
         self, model: DecoderLM, optimizer: minitorch.AdamW, backend: TensorBackend, loss_kind: str,
         use_graphs: bool, graph_batch_size: Optional[int] = None, label_smoothing: float = 0.0,
-        gradient_sync: Optional[Callable[[], None]] = None,
+        gradient_sync: Optional[Callable[[], None]] = None, dtype: str = "fp32",
     ):  # fmt: skip
-        super().__init__(optimizer, backend, self._loss, use_graphs, gradient_sync)
+        super().__init__(optimizer, backend, self._loss, use_graphs, gradient_sync, dtype)
         self.model, self.loss_kind, self.label_smoothing = model, loss_kind, label_smoothing
         self.graph_batch_size = graph_batch_size
 
