@@ -4,6 +4,7 @@ import json
 import struct
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -118,6 +119,48 @@ def test_independently_written_checkpoint_loads_into_named_parameters(tmp_path):
     assert params["wte"][15, 3] == 15 * 4 + 3  # padded rows are read too
 
 
+def test_bfloat16_checkpoint_is_version_5_and_round_trips(tmp_path):
+    """Version 5: every tensor in bfloat16 (rounded to nearest even, as ml_dtypes rounds), read back
+    as float32 holding exactly those values; writing them again gives the same bytes, and as version 3
+    the same values."""
+    params = random_params(TINY)
+    path = write_checkpoint(tmp_path / "model_bf16.bin", TINY, params, dtype="bfloat16")
+    header = np.fromfile(path, dtype="<i4", count=256)
+    assert header[:8].tolist() == [20240326, 5, 8, 10, 2, 2, 4, 16] and not header[8:].any()
+    assert path.stat().st_size == 1024 + 2 * num_parameters(TINY)
+    config, loaded = read_checkpoint(path)
+    assert config == TINY and list(loaded) == list(PARAMETER_NAMES)
+    for name in PARAMETER_NAMES:
+        assert loaded[name].dtype == np.float32
+        np.testing.assert_array_equal(loaded[name], params[name].astype(ml_dtypes.bfloat16).astype(np.float32))
+    again = write_checkpoint(tmp_path / "again.bin", TINY, loaded, dtype="bfloat16")
+    assert again.read_bytes() == path.read_bytes()
+    widened = read_checkpoint(write_checkpoint(tmp_path / "fp32.bin", TINY, loaded))[1]
+    for name in PARAMETER_NAMES:
+        np.testing.assert_array_equal(widened[name], loaded[name])
+    with pytest.raises(ValueError, match=r"dtype is one of \['bfloat16', 'float32'\], got 'float16'"):
+        write_checkpoint(tmp_path / "m.bin", TINY, params, dtype="float16")
+
+
+def test_independently_written_bfloat16_checkpoint_loads(tmp_path):
+    """A version-5 file written by hand (ml_dtypes' bfloat16, little-endian, tensors back to back)."""
+    rng = np.random.default_rng(3)
+    tensors = [rng.standard_normal(shape).astype(ml_dtypes.bfloat16) for _, shape in TINY_LAYOUT]
+    path = tmp_path / "llmc_bf16.bin"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240326, 5, 8, 10, 2, 2, 4, 16, *[0] * 248))
+        for tensor in tensors:
+            f.write(tensor.view("<u2").tobytes())
+    config, params = read_checkpoint(path)
+    assert config == TINY
+    for (name, _), tensor in zip(TINY_LAYOUT, tensors):
+        np.testing.assert_array_equal(params[name], tensor.astype(np.float32))
+    with open(path, "ab") as f:
+        f.write(b"\0\0")
+    with pytest.raises(LlmcFormatError, match=r"2 bytes too many .*header says \d+ bfloat16 parameters"):
+        read_checkpoint(path)
+
+
 def test_write_checkpoint_checks_names_shapes_and_dtypes(tmp_path):
     params = random_params(TINY)
     with pytest.raises(ValueError, match=r"missing \['lnfb'\]"):
@@ -134,8 +177,9 @@ def test_write_checkpoint_checks_names_shapes_and_dtypes(tmp_path):
     [
         (dict(magic=20240520), r"header\[0\] \(magic\) is 20240520.*token shard"),
         (dict(magic=1234), r"header\[0\] \(magic\) is 1234, expected 20240326"),
-        (dict(version=5), r"header\[1\] \(version\) is 5, a bfloat16 checkpoint"),
-        (dict(version=4), r"header\[1\] \(version\) is 4.*only version 3"),
+        (dict(version=5), r"\d+ bytes too many .*header says \d+ bfloat16 parameters"),
+        (dict(version=4), r"header\[1\] \(version\) is 4.*only versions 3 \(float32\) and 5 \(bfloat16\)"),
+        (dict(version=2), r"header\[1\] \(version\) is 2, an export from before llm.c padded the vocabulary"),
         (dict(L=0), r"GPT2Config.num_layers must be in 1\.\.\d+, got 0"),
         (dict(NH=3), r"GPT2Config.channels \(4\) must be divisible by num_heads \(3\)"),
         (dict(Vp=9), r"GPT2Config.padded_vocab_size \(9\) must be >= vocab_size \(10\)"),
