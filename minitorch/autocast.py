@@ -13,7 +13,10 @@ not listed run in the dtype their inputs promote to):
 
 Parameters stay float32 (master weights) and so do their gradients: a cast is an autodiff op whose
 gradient is cast back to its input's dtype, so an fp32 weight read through a bf16 copy accumulates
-an fp32 gradient, and the optimizer updates float32 values.
+an fp32 gradient, and the optimizer updates float32 values.  A gradient of a working copy (below)
+reaches the master without being rounded to the copy's dtype on the way: a bf16 Linear's weight
+gradient is float32 (products of bf16 values summed in float32), and stays so (a bf16 `@` gives a
+bf16 one, as in PyTorch).
 
 The bf16 copy of a parameter (a leaf tensor that requires grad) is its *working copy*: one
 persistent 16-bit buffer per parameter, allocated at the first read and rewritten in place when the
@@ -170,6 +173,7 @@ def _lowered(t: Optional[Any], dtype: DType) -> Optional[Any]:
         if not stale and (copy.requires_grad() or not is_grad_enabled()):
             return copy
     copy = WorkingCopy.apply(t, buffer, stale)
+    copy._grad_dtype = t.dtype  # gradients reach the master as they come (a 16-bit Linear's dW is float32)
     t._autocast_copy = (t._version, copy)
     return copy
 
