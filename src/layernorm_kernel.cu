@@ -55,17 +55,18 @@
 #include "includes/cuda_check.cuh"
 #include "includes/device_info.cuh"
 #include "includes/fused_utils.cuh"
+#include "includes/launch_by_length.cuh"
 #include "includes/reduce.cuh"
 #include "includes/vec.cuh"
 
 namespace {
 
-constexpr int kStreamThreads = 512;
-constexpr int kStreamChunk = 4;          // vectors per thread in flight per step of a streaming kernel
-constexpr int kMaxRegisterRowFw = 16384;
-constexpr int kMaxRegisterRowBw = 8192;  // the backward also keeps dgamma/dbeta partials per thread
-constexpr int kRowsPerPartMin = 16;      // rows a backward block sums before writing its partial
-constexpr int kTile = 32;                // columns per block of the dgamma/dbeta column kernels
+constexpr int kRowsPerPartMin = 16;  // rows a backward block sums before writing its partial
+constexpr int kTile = 32;            // columns per block of the dgamma/dbeta column kernels
+
+using fused::kStreamChunk;
+using fused::kStreamThreads;
+using fused::Team;
 
 // Count, mean and sum of squared deviations of a set of values. The merge is symmetric bit for bit
 // (explicitly rounded products, no contraction across the two sides), so every lane of a butterfly
@@ -75,12 +76,6 @@ struct Stats {
   float mean;
   float m2;
 };
-
-__device__ __forceinline__ Stats shfl_xor(Stats v, int lane_mask, int width) {
-  return {__shfl_xor_sync(mt::kFullWarpMask, v.n, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.mean, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.m2, lane_mask, width)};
-}
 
 struct StatsMerge {
   __device__ __forceinline__ Stats operator()(Stats a, Stats b) const {
@@ -117,23 +112,53 @@ __device__ __forceinline__ Stats local_stats(const float (&v)[K][VEC], const boo
   return {count, mean, m2};
 }
 
-// The three row sums of the backward: x - mean, g = dout * gamma, g * (x - mean).
+// The backward's terms of one vector of a row, from dout, x and gamma as loaded: dy = dout,
+// z = x - mean and g = dy * gamma, all zero where the vector is dead (past the row's end).
+template <int VEC>
+__device__ __forceinline__ void bw_terms(float (&dy)[VEC], float (&z)[VEC], float (&g)[VEC], bool live, float mu) {
+#pragma unroll
+  for (int c = 0; c < VEC; ++c) {
+    dy[c] = live ? dy[c] : 0.f;
+    z[c] = live ? z[c] - mu : 0.f;
+    g[c] = live ? dy[c] * g[c] : 0.f;
+  }
+}
+
+// The three row sums of the backward: z = x - mean, g = dout * gamma, g * z.
 struct Sum3 {
   float z;
   float g;
   float gz;
-};
 
-__device__ __forceinline__ Sum3 shfl_xor(Sum3 v, int lane_mask, int width) {
-  return {__shfl_xor_sync(mt::kFullWarpMask, v.z, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.g, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.gz, lane_mask, width)};
-}
+  template <int VEC>
+  __device__ __forceinline__ void add(const float (&zv)[VEC], const float (&gv)[VEC]) {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) {
+      z += zv[c];
+      g += gv[c];
+      gz = fmaf(gv[c], zv[c], gz);
+    }
+  }
+};
 
 struct Sum3Op {
   __device__ __forceinline__ Sum3 operator()(Sum3 a, Sum3 b) const {
     return {a.z + b.z, a.g + b.g, a.gz + b.gz};
   }
+};
+
+// A row's backward from its reduced sums: d = mean(z), the residual of the float32 mean (see the top
+// of the file), mean(g) and mean(g * xhat); then per element xhat = (z - d) * rstd and dinp.
+struct BwRow {
+  float rs;
+  float d;
+  float mean_g;
+  float mean_gxhat;
+
+  __device__ __forceinline__ BwRow(Sum3 s, float rstd, float inv_hidden)
+      : rs(rstd), d(s.z * inv_hidden), mean_g(s.g * inv_hidden), mean_gxhat(rstd * fmaf(-d, s.g, s.gz) * inv_hidden) {}
+  __device__ __forceinline__ float xhat(float z) const { return (z - d) * rs; }
+  __device__ __forceinline__ float dinp(float xhat, float g) const { return rs * fmaf(-xhat, mean_gxhat, g - mean_g); }
 };
 
 struct FwArgs {
@@ -167,13 +192,9 @@ struct BwArgs {
 template <int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
     layernorm_fw_rows(const FwArgs a) {
-  constexpr int kTeams = fused::kTeamBlockThreads<LANES> / LANES;
   __shared__ Stats scratch[32];
-  const int lane = threadIdx.x % LANES;
-  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
-  const bool active = row < static_cast<unsigned>(a.rows);
+  const auto [lane, row, active, offset] = fused::team_row<LANES>(a.rows, a.hidden);
   const int n = active ? a.hidden : 0;
-  const size_t offset = static_cast<size_t>(active ? row : 0) * a.hidden;
   const float* x = a.inp + offset;
   const float pivot = *x;
 
@@ -325,28 +346,18 @@ __global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES>)
     Sum3 s = {0.f, 0.f, 0.f};
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) {
-        dy[it][c] = live[it] ? dy[it][c] : 0.f;
-        z[it][c] = live[it] ? z[it][c] - mu : 0.f;
-        g[it][c] = live[it] ? dy[it][c] * g[it][c] : 0.f;
-        s.z += z[it][c];
-        s.g += g[it][c];
-        s.gz = fmaf(g[it][c], z[it][c], s.gz);
-      }
+      bw_terms<VEC>(dy[it], z[it], g[it], live[it], mu);
+      s.add<VEC>(z[it], g[it]);
     }
-    s = fused::team_allreduce<LANES>(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch);
-    const float d = s.z * a.inv_hidden;
-    const float mean_g = s.g * a.inv_hidden;
-    const float mean_gxhat = rs * fmaf(-d, s.g, s.gz) * a.inv_hidden;
+    const BwRow r(fused::team_allreduce<LANES>(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch), rs, a.inv_hidden);
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
 #pragma unroll
       for (int c = 0; c < VEC; ++c) {
-        const float xhat = (z[it][c] - d) * rs;
+        const float xhat = r.xhat(z[it][c]);
         acc_g[it][c] = fmaf(dy[it][c], xhat, acc_g[it][c]);
         acc_b[it][c] += dy[it][c];
-        g[it][c] = rs * fmaf(-xhat, mean_gxhat, g[it][c] - mean_g);
+        g[it][c] = r.dinp(xhat, g[it][c]);
       }
       if (live[it]) {
         fused::store_vec<VEC>(a.dinp + offset + (it * LANES + lane) * VEC, g[it]);
@@ -427,14 +438,7 @@ __device__ __forceinline__ void load_bw_chunk(float (&dy)[kStreamChunk][VEC],
     }
   }
 #pragma unroll
-  for (int k = 0; k < kStreamChunk; ++k) {
-#pragma unroll
-    for (int c = 0; c < VEC; ++c) {
-      dy[k][c] = live[k] ? dy[k][c] : 0.f;
-      z[k][c] = live[k] ? z[k][c] - mu : 0.f;
-      g[k][c] = live[k] ? dy[k][c] * g[k][c] : 0.f;
-    }
-  }
+  for (int k = 0; k < kStreamChunk; ++k) bw_terms<VEC>(dy[k], z[k], g[k], live[k], mu);
 }
 
 template <int VEC>
@@ -453,20 +457,10 @@ __global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const
     bool live[kStreamChunk];
     load_bw_chunk<VEC>(dy, z, g, live, a, offset, v0, vecs, mu);
 #pragma unroll
-    for (int k = 0; k < kStreamChunk; ++k) {
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) {
-        s.z += z[k][c];
-        s.g += g[k][c];
-        s.gz = fmaf(g[k][c], z[k][c], s.gz);
-      }
-    }
+    for (int k = 0; k < kStreamChunk; ++k) s.add<VEC>(z[k], g[k]);
   }
-  s = mt::block_allreduce(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch);
-  const float d = s.z * a.inv_hidden;
-  const float mean_g = s.g * a.inv_hidden;
-  const float mean_gxhat = rs * fmaf(-d, s.g, s.gz) * a.inv_hidden;
-  if (threadIdx.x == 0) a.resid[row] = d;
+  const BwRow r(mt::block_allreduce(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch), rs, a.inv_hidden);
+  if (threadIdx.x == 0) a.resid[row] = r.d;
 
   for (long long v0 = 0; v0 < vecs; v0 += kStep) {
     float dy[kStreamChunk][VEC], z[kStreamChunk][VEC], g[kStreamChunk][VEC];
@@ -476,10 +470,7 @@ __global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const
     for (int k = 0; k < kStreamChunk; ++k) {
       if (live[k]) {
 #pragma unroll
-        for (int c = 0; c < VEC; ++c) {
-          const float xhat = (z[k][c] - d) * rs;
-          g[k][c] = rs * fmaf(-xhat, mean_gxhat, g[k][c] - mean_g);
-        }
+        for (int c = 0; c < VEC; ++c) g[k][c] = r.dinp(r.xhat(z[k][c]), g[k][c]);
         fused::store_vec<VEC>(a.dinp + offset + (v0 + k * kStreamThreads + threadIdx.x) * VEC, g[k]);
       }
     }
@@ -548,62 +539,26 @@ __global__ void __launch_bounds__(kTile * kTile)
 }
 
 // ---- launchers -------------------------------------------------------------------------------
-template <int VEC, int LANES, int ITERS>
-struct FwRows {
-  static int launch(const FwArgs& a, cudaStream_t stream) {
-    constexpr int kThreads = fused::kTeamBlockThreads<LANES>;
-    constexpr int kTeams = kThreads / LANES;
-    const unsigned blocks = static_cast<unsigned>((static_cast<long long>(a.rows) + kTeams - 1) / kTeams);
-    layernorm_fw_rows<VEC, LANES, ITERS><<<blocks, kThreads, 0, stream>>>(a);
-    return mt_launch_status();
-  }
+// The size buckets (see the top of the file). The backward's rows stop at 8192 floats: it also keeps
+// dgamma/dbeta partials per thread.
+using FwVec4Buckets = fused::Buckets<4, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                     Team<32, 2>, Team<32, 4>, Team<32, 6>, Team<32, 8>, Team<128, 4>, Team<256, 4>,
+                                     Team<512, 4>, Team<768, 4>, Team<1024, 4>>;
+using FwScalarBuckets = fused::Buckets<1, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                       Team<32, 2>, Team<32, 4>, Team<32, 8>, Team<32, 16>, Team<128, 8>,
+                                       Team<256, 8>, Team<512, 8>, Team<1024, 8>, Team<1024, 16>>;
+using BwVec4Buckets = fused::Buckets<4, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                     Team<32, 2>, Team<64, 2>, Team<96, 2>, Team<128, 2>, Team<256, 2>, Team<512, 2>,
+                                     Team<1024, 2>>;
+using BwScalarBuckets = fused::Buckets<1, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                       Team<32, 2>, Team<32, 4>, Team<64, 4>, Team<128, 4>, Team<128, 8>,
+                                       Team<256, 8>, Team<512, 8>, Team<1024, 8>>;
+
+// The forward kernels fused::LaunchRows launches.
+struct FwKernels {
+  template <int VEC, int LANES, int ITERS> static auto rows() { return layernorm_fw_rows<VEC, LANES, ITERS>; }
+  template <int VEC> static auto stream() { return layernorm_fw_stream<VEC>; }
 };
-
-template <int VEC>
-int launch_fw_stream(const FwArgs& a, cudaStream_t stream) {
-  layernorm_fw_stream<VEC><<<static_cast<unsigned>(a.rows), kStreamThreads, 0, stream>>>(a);
-  return mt_launch_status();
-}
-
-int launch_fw_vec4(const FwArgs& a, cudaStream_t s) {
-  const int n = a.hidden;
-  if (n <= 4) return FwRows<4, 1, 1>::launch(a, s);
-  if (n <= 8) return FwRows<4, 2, 1>::launch(a, s);
-  if (n <= 16) return FwRows<4, 4, 1>::launch(a, s);
-  if (n <= 32) return FwRows<4, 8, 1>::launch(a, s);
-  if (n <= 64) return FwRows<4, 16, 1>::launch(a, s);
-  if (n <= 128) return FwRows<4, 32, 1>::launch(a, s);
-  if (n <= 256) return FwRows<4, 32, 2>::launch(a, s);
-  if (n <= 512) return FwRows<4, 32, 4>::launch(a, s);
-  if (n <= 768) return FwRows<4, 32, 6>::launch(a, s);
-  if (n <= 1024) return FwRows<4, 32, 8>::launch(a, s);
-  if (n <= 2048) return FwRows<4, 128, 4>::launch(a, s);
-  if (n <= 4096) return FwRows<4, 256, 4>::launch(a, s);
-  if (n <= 8192) return FwRows<4, 512, 4>::launch(a, s);
-  if (n <= 12288) return FwRows<4, 768, 4>::launch(a, s);
-  if (n <= kMaxRegisterRowFw) return FwRows<4, 1024, 4>::launch(a, s);
-  return launch_fw_stream<4>(a, s);
-}
-
-int launch_fw_scalar(const FwArgs& a, cudaStream_t s) {
-  const int n = a.hidden;
-  if (n <= 1) return FwRows<1, 1, 1>::launch(a, s);
-  if (n <= 2) return FwRows<1, 2, 1>::launch(a, s);
-  if (n <= 4) return FwRows<1, 4, 1>::launch(a, s);
-  if (n <= 8) return FwRows<1, 8, 1>::launch(a, s);
-  if (n <= 16) return FwRows<1, 16, 1>::launch(a, s);
-  if (n <= 32) return FwRows<1, 32, 1>::launch(a, s);
-  if (n <= 64) return FwRows<1, 32, 2>::launch(a, s);
-  if (n <= 128) return FwRows<1, 32, 4>::launch(a, s);
-  if (n <= 256) return FwRows<1, 32, 8>::launch(a, s);
-  if (n <= 512) return FwRows<1, 32, 16>::launch(a, s);
-  if (n <= 1024) return FwRows<1, 128, 8>::launch(a, s);
-  if (n <= 2048) return FwRows<1, 256, 8>::launch(a, s);
-  if (n <= 4096) return FwRows<1, 512, 8>::launch(a, s);
-  if (n <= 8192) return FwRows<1, 1024, 8>::launch(a, s);
-  if (n <= kMaxRegisterRowFw) return FwRows<1, 1024, 16>::launch(a, s);
-  return launch_fw_stream<1>(a, s);
-}
 
 // A backward row kernel: how many rows a block takes per step, how many blocks fit an SM, and
 // its launch (grid = parts).
@@ -619,44 +574,23 @@ int launch_bw_rows(const BwArgs& a, unsigned parts, cudaStream_t stream) {
   return mt_launch_status();
 }
 
-template <int VEC, int LANES, int ITERS>
-constexpr BwRowsKernel bw_rows() {
-  return {kBwBlockThreads<LANES> / LANES, kBwBlocksPerSm<LANES>, &launch_bw_rows<VEC, LANES, ITERS>};
-}
-
-// The bucket for a row of `n` floats; launch == nullptr: too long for registers (streaming path).
-BwRowsKernel select_bw_rows(int n, bool vec4) {
-  if (vec4) {
-    if (n <= 4) return bw_rows<4, 1, 1>();
-    if (n <= 8) return bw_rows<4, 2, 1>();
-    if (n <= 16) return bw_rows<4, 4, 1>();
-    if (n <= 32) return bw_rows<4, 8, 1>();
-    if (n <= 64) return bw_rows<4, 16, 1>();
-    if (n <= 128) return bw_rows<4, 32, 1>();
-    if (n <= 256) return bw_rows<4, 32, 2>();
-    if (n <= 512) return bw_rows<4, 64, 2>();
-    if (n <= 768) return bw_rows<4, 96, 2>();
-    if (n <= 1024) return bw_rows<4, 128, 2>();
-    if (n <= 2048) return bw_rows<4, 256, 2>();
-    if (n <= 4096) return bw_rows<4, 512, 2>();
-    if (n <= kMaxRegisterRowBw) return bw_rows<4, 1024, 2>();
-  } else {
-    if (n <= 1) return bw_rows<1, 1, 1>();
-    if (n <= 2) return bw_rows<1, 2, 1>();
-    if (n <= 4) return bw_rows<1, 4, 1>();
-    if (n <= 8) return bw_rows<1, 8, 1>();
-    if (n <= 16) return bw_rows<1, 16, 1>();
-    if (n <= 32) return bw_rows<1, 32, 1>();
-    if (n <= 64) return bw_rows<1, 32, 2>();
-    if (n <= 128) return bw_rows<1, 32, 4>();
-    if (n <= 256) return bw_rows<1, 64, 4>();
-    if (n <= 512) return bw_rows<1, 128, 4>();
-    if (n <= 1024) return bw_rows<1, 128, 8>();
-    if (n <= 2048) return bw_rows<1, 256, 8>();
-    if (n <= 4096) return bw_rows<1, 512, 8>();
-    if (n <= kMaxRegisterRowBw) return bw_rows<1, 1024, 8>();
+// The pick of fused::walk_buckets that names a backward bucket's kernel; none (launch == nullptr) for
+// rows too long for registers (the streaming path).
+struct BwSelect {
+  template <int VEC, int LANES, int ITERS>
+  BwRowsKernel bucket() const {
+    return {kBwBlockThreads<LANES> / LANES, kBwBlocksPerSm<LANES>, &launch_bw_rows<VEC, LANES, ITERS>};
   }
-  return {0, 0, nullptr};
+  template <int VEC>
+  BwRowsKernel beyond() const {
+    return {0, 0, nullptr};
+  }
+};
+
+// The bucket for a row of `n` floats.
+BwRowsKernel select_bw_rows(int n, bool vec4) {
+  return vec4 ? fused::walk_buckets(n, BwSelect{}, BwVec4Buckets{})
+              : fused::walk_buckets(n, BwSelect{}, BwScalarBuckets{});
 }
 
 // How the backward splits its work: `parts` partial rows of dgamma/dbeta (blocks of the row kernel,
@@ -718,11 +652,13 @@ extern "C" int launch_layernorm(float* out, float* mean, float* rstd, const floa
                                 float eps, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(out == nullptr || mean == nullptr || rstd == nullptr || inp == nullptr ||
                        gamma == nullptr || beta == nullptr);
-  MT_RETURN_IF_INVALID(rows <= 0 || hidden <= 0 || !(eps >= 0.f));
+  MT_RETURN_IF_INVALID(rows <= 0 || hidden <= 0 || !(eps > 0.f));  // eps > 0 as minitorch.fused.layernorm
   const FwArgs a = {out, mean, rstd, inp, gamma, beta, rows, hidden, 1.f / static_cast<float>(hidden), eps};
   const bool vec4 = hidden % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(inp) &&
                     mt::is_aligned16(gamma) && mt::is_aligned16(beta);
-  return vec4 ? launch_fw_vec4(a, stream) : launch_fw_scalar(a, stream);
+  const fused::LaunchRows<FwKernels, FwArgs> launch{a, rows, stream};
+  return vec4 ? fused::walk_buckets(hidden, launch, FwVec4Buckets{})
+              : fused::walk_buckets(hidden, launch, FwScalarBuckets{});
 }
 
 // Floats of scratch launch_layernorm_bw needs for these sizes on the current device, or minus a

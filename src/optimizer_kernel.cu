@@ -296,7 +296,9 @@ int launch_grad_sumsq(TensorList list, float* partials, cudaStream_t stream) {
 int launch_adamw_prepare(const float* partials, int n_partials, const double* hyper, double max_norm, double beta1,
                          double beta2, double eps, double weight_decay, void* out, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(n_partials < 1 || partials == nullptr || hyper == nullptr || out == nullptr);
+  // The bounds of minitorch.optim.AdamW, which drives this launch.
   MT_RETURN_IF_INVALID(!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0));
+  MT_RETURN_IF_INVALID(eps < 0.0 || weight_decay < 0.0);
   adamw_prepare_kernel<<<1, kPrepareThreads, 0, stream>>>(partials, n_partials, hyper, max_norm, beta1, beta2, eps,
                                                           weight_decay, static_cast<AdamWCoefficients*>(out));
   return mt_launch_status();

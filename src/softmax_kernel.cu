@@ -30,6 +30,7 @@
 
 #include "includes/cuda_check.cuh"
 #include "includes/fused_utils.cuh"
+#include "includes/launch_by_length.cuh"
 #include "includes/ptx.cuh"
 #include "includes/reduce.cuh"
 #include "includes/vec.cuh"
@@ -37,9 +38,9 @@
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kStreamThreads = 512;
-constexpr int kStreamChunk = 4;  // vectors per thread in flight per step of a streaming kernel
-constexpr int kMaxRegisterRow = 16384;
+using fused::kStreamChunk;
+using fused::kStreamThreads;
+using fused::Team;
 
 // n / d for n, d < 2^31 by a multiply-high and a shift (Granlund-Montgomery), precomputed on the
 // host: the per-row batch and query indices would otherwise cost a ~20-instruction division each.
@@ -67,11 +68,6 @@ struct MaxSum {
   float m;
   float s;
 };
-
-__device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int lane_mask, int width) {
-  return {__shfl_xor_sync(mt::kFullWarpMask, v.m, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.s, lane_mask, width)};
-}
 
 __device__ __forceinline__ float rescaled_sum(MaxSum v, float m) {
   return v.m == -INFINITY ? 0.f : __fmul_rn(v.s, mt::fast_exp2((v.m - m) * kLog2e));
@@ -122,13 +118,9 @@ __device__ __forceinline__ const float* mask_row(const FwArgs& a, unsigned row) 
 template <int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
     attn_softmax_fw_rows(const FwArgs a) {
-  constexpr int kTeams = fused::kTeamBlockThreads<LANES> / LANES;
   __shared__ float scratch[32];
-  const int lane = threadIdx.x % LANES;
-  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
-  const bool active = row < static_cast<unsigned>(a.rows);
+  const auto [lane, row, active, offset] = fused::team_row<LANES>(a.rows, a.k_len);
   const int limit = active ? live_keys(a, row) : 0;
-  const size_t offset = static_cast<size_t>(active ? row : 0) * a.k_len;
 
   float v[ITERS][VEC];
 #pragma unroll
@@ -271,13 +263,9 @@ __global__ void __launch_bounds__(kStreamThreads) attn_softmax_fw_stream(const F
 template <int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
     attn_softmax_bw_rows(const BwArgs a) {
-  constexpr int kTeams = fused::kTeamBlockThreads<LANES> / LANES;
   __shared__ float scratch[32];
-  const int lane = threadIdx.x % LANES;
-  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
-  const bool active = row < static_cast<unsigned>(a.rows);
+  const auto [lane, row, active, offset] = fused::team_row<LANES>(a.rows, a.k_len);
   const int n = active ? a.k_len : 0;
-  const size_t offset = static_cast<size_t>(active ? row : 0) * a.k_len;
 
   float g[ITERS][VEC];
   float y[ITERS][VEC];
@@ -363,86 +351,32 @@ __global__ void __launch_bounds__(kStreamThreads) attn_softmax_bw_stream(const B
   }
 }
 
-// ---- launch helpers --------------------------------------------------------------------------
-template <int VEC, int LANES, int ITERS>
-struct FwRows {
-  static int launch(const FwArgs& a, cudaStream_t stream) {
-    constexpr int kThreads = fused::kTeamBlockThreads<LANES>;
-    constexpr int kTeams = kThreads / LANES;
-    const unsigned blocks = static_cast<unsigned>((static_cast<long long>(a.rows) + kTeams - 1) / kTeams);
-    attn_softmax_fw_rows<VEC, LANES, ITERS><<<blocks, kThreads, 0, stream>>>(a);
-    return mt_launch_status();
-  }
-};
-
-template <int VEC>
-struct FwStream {
-  static int launch(const FwArgs& a, cudaStream_t stream) {
-    attn_softmax_fw_stream<VEC><<<static_cast<unsigned>(a.rows), kStreamThreads, 0, stream>>>(a);
-    return mt_launch_status();
-  }
-};
-
-template <int VEC, int LANES, int ITERS>
-struct BwRows {
-  static int launch(const BwArgs& a, cudaStream_t stream) {
-    constexpr int kThreads = fused::kTeamBlockThreads<LANES>;
-    constexpr int kTeams = kThreads / LANES;
-    const unsigned blocks = static_cast<unsigned>((static_cast<long long>(a.rows) + kTeams - 1) / kTeams);
-    attn_softmax_bw_rows<VEC, LANES, ITERS><<<blocks, kThreads, 0, stream>>>(a);
-    return mt_launch_status();
-  }
-};
-
-template <int VEC>
-struct BwStream {
-  static int launch(const BwArgs& a, cudaStream_t stream) {
-    attn_softmax_bw_stream<VEC><<<static_cast<unsigned>(a.rows), kStreamThreads, 0, stream>>>(a);
-    return mt_launch_status();
-  }
-};
-
+// ---- launchers -------------------------------------------------------------------------------
 // The size buckets (see the top of the file), shared by the forward and the backward.
-template <template <int, int, int> class Rows, template <int> class Stream, class Args>
-int launch_by_length_vec4(const Args& a, int n, cudaStream_t s) {
-  if (n <= 4) return Rows<4, 1, 1>::launch(a, s);
-  if (n <= 8) return Rows<4, 2, 1>::launch(a, s);
-  if (n <= 16) return Rows<4, 4, 1>::launch(a, s);
-  if (n <= 32) return Rows<4, 8, 1>::launch(a, s);
-  if (n <= 64) return Rows<4, 8, 2>::launch(a, s);
-  if (n <= 128) return Rows<4, 16, 2>::launch(a, s);
-  if (n <= 256) return Rows<4, 32, 2>::launch(a, s);
-  if (n <= 384) return Rows<4, 32, 3>::launch(a, s);
-  if (n <= 512) return Rows<4, 32, 4>::launch(a, s);
-  if (n <= 768) return Rows<4, 32, 6>::launch(a, s);
-  if (n <= 1024) return Rows<4, 32, 8>::launch(a, s);
-  if (n <= 2048) return Rows<4, 128, 4>::launch(a, s);
-  if (n <= 4096) return Rows<4, 256, 4>::launch(a, s);
-  if (n <= 8192) return Rows<4, 512, 4>::launch(a, s);
-  if (n <= kMaxRegisterRow) return Rows<4, 1024, 4>::launch(a, s);
-  return Stream<4>::launch(a, s);
-}
+using Vec4Buckets = fused::Buckets<4, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<8, 2>, Team<16, 2>,
+                                   Team<32, 2>, Team<32, 3>, Team<32, 4>, Team<32, 6>, Team<32, 8>, Team<128, 4>,
+                                   Team<256, 4>, Team<512, 4>, Team<1024, 4>>;
+using ScalarBuckets = fused::Buckets<1, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                     Team<32, 2>, Team<32, 4>, Team<32, 8>, Team<32, 12>, Team<32, 16>, Team<32, 24>,
+                                     Team<32, 32>, Team<256, 8>, Team<512, 8>, Team<1024, 8>, Team<1024, 16>>;
 
-template <template <int, int, int> class Rows, template <int> class Stream, class Args>
-int launch_by_length_scalar(const Args& a, int n, cudaStream_t s) {
-  if (n <= 1) return Rows<1, 1, 1>::launch(a, s);
-  if (n <= 2) return Rows<1, 2, 1>::launch(a, s);
-  if (n <= 4) return Rows<1, 4, 1>::launch(a, s);
-  if (n <= 8) return Rows<1, 8, 1>::launch(a, s);
-  if (n <= 16) return Rows<1, 16, 1>::launch(a, s);
-  if (n <= 32) return Rows<1, 32, 1>::launch(a, s);
-  if (n <= 64) return Rows<1, 32, 2>::launch(a, s);
-  if (n <= 128) return Rows<1, 32, 4>::launch(a, s);
-  if (n <= 256) return Rows<1, 32, 8>::launch(a, s);
-  if (n <= 384) return Rows<1, 32, 12>::launch(a, s);
-  if (n <= 512) return Rows<1, 32, 16>::launch(a, s);
-  if (n <= 768) return Rows<1, 32, 24>::launch(a, s);
-  if (n <= 1024) return Rows<1, 32, 32>::launch(a, s);
-  if (n <= 2048) return Rows<1, 256, 8>::launch(a, s);
-  if (n <= 4096) return Rows<1, 512, 8>::launch(a, s);
-  if (n <= 8192) return Rows<1, 1024, 8>::launch(a, s);
-  if (n <= kMaxRegisterRow) return Rows<1, 1024, 16>::launch(a, s);
-  return Stream<1>::launch(a, s);
+// The kernels fused::LaunchRows launches, forward and backward.
+struct FwKernels {
+  template <int VEC, int LANES, int ITERS> static auto rows() { return attn_softmax_fw_rows<VEC, LANES, ITERS>; }
+  template <int VEC> static auto stream() { return attn_softmax_fw_stream<VEC>; }
+};
+
+struct BwKernels {
+  template <int VEC, int LANES, int ITERS> static auto rows() { return attn_softmax_bw_rows<VEC, LANES, ITERS>; }
+  template <int VEC> static auto stream() { return attn_softmax_bw_stream<VEC>; }
+};
+
+// Launches Kernels' instance for rows of k_len floats, float4 accesses when vec4.
+template <class Kernels, class Args>
+int launch_rows(const Args& a, bool vec4, cudaStream_t stream) {
+  const fused::LaunchRows<Kernels, Args> launch{a, a.rows, stream};
+  return vec4 ? fused::walk_buckets(a.k_len, launch, Vec4Buckets{})
+              : fused::walk_buckets(a.k_len, launch, ScalarBuckets{});
 }
 
 }  // namespace
@@ -468,8 +402,7 @@ extern "C" int launch_attn_softmax(float* out, const float* inp, const float* ma
                     make_fast_div(static_cast<unsigned>(rows_per_batch))};
   const bool vec4 = k_len % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(inp) &&
                     (mask == nullptr || mt::is_aligned16(mask));
-  return vec4 ? launch_by_length_vec4<FwRows, FwStream>(a, k_len, stream)
-              : launch_by_length_scalar<FwRows, FwStream>(a, k_len, stream);
+  return launch_rows<FwKernels>(a, vec4, stream);
 }
 
 extern "C" int launch_attn_softmax_bw(float* grad_inp, const float* grad_out,
@@ -480,6 +413,5 @@ extern "C" int launch_attn_softmax_bw(float* grad_inp, const float* grad_out,
   const BwArgs a = {grad_inp, grad_out, soft_out, rows, k_len};
   const bool vec4 = k_len % 4 == 0 && mt::is_aligned16(grad_inp) && mt::is_aligned16(grad_out) &&
                     mt::is_aligned16(soft_out);
-  return vec4 ? launch_by_length_vec4<BwRows, BwStream>(a, k_len, stream)
-              : launch_by_length_scalar<BwRows, BwStream>(a, k_len, stream);
+  return launch_rows<BwKernels>(a, vec4, stream);
 }

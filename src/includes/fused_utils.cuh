@@ -41,10 +41,34 @@ __device__ __forceinline__ void store_vec(float* dst, const float (&src)[VEC]) {
   }
 }
 
+// Rows too long for a team's registers stream through one block of kStreamThreads per row, each
+// thread keeping kStreamChunk vectors in flight per step.
+constexpr int kStreamThreads = 512;
+constexpr int kStreamChunk = 4;
+
 // Threads of the block that row kernels launch for a team of LANES threads (at least 4 warps so
 // that short rows still fill a block with several teams).
 template <int LANES>
 constexpr int kTeamBlockThreads = LANES > 32 ? LANES : 128;
+
+// The row of this thread's team in a row kernel launched by fused::LaunchRows (kTeamBlockThreads<LANES>
+// threads to a block, LANES to a row), for `rows` rows of `row_len` floats. A team past the last row
+// is not active: it still takes part in the block's reductions (every thread reaches every barrier)
+// but works on row 0 (offset) and writes nothing.
+struct TeamRow {
+  int lane;       // the thread's place in its team
+  unsigned row;
+  bool active;    // row < rows
+  size_t offset;  // the row's first float, row 0's when not active
+};
+
+template <int LANES>
+__device__ __forceinline__ TeamRow team_row(int rows, int row_len) {
+  constexpr int kTeams = kTeamBlockThreads<LANES> / LANES;
+  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
+  const bool active = row < static_cast<unsigned>(rows);
+  return {static_cast<int>(threadIdx.x % LANES), row, active, static_cast<size_t>(active ? row : 0) * row_len};
+}
 
 // All-reduce of v over the team of LANES threads holding one row; every thread of the team gets
 // the same value. All threads of the block must call it (inactive teams too), the same number of
