@@ -12,17 +12,15 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from mt_program import TINY, computed, load
-from test_train_gpt2 import FRESH, WORDS, tiny_args
+from mt_program import TINY, assert_same_training_state, computed, load, run_until_first_save
+from test_train_gpt2 import FRESH, tiny_args, word_shards
 from test_translate import final_hypotheses
 
 from project.common.checkpoint import load_checkpoint
-from project.gpt2.data import prepare_shards
 from project.gpt2.llmc import read_checkpoint
 from project.gpt2.main import main as train_gpt2
 from project.translation import corpus as mt_corpus
 from project.translation import main as run_mt
-from project.translation import run as mt_run
 from project.translation import translate
 
 MT_BF16 = TINY + ["--epochs", "2", "--dtype", "bf16", "--average-last", "2", "--final-beam-size", "2"]
@@ -55,31 +53,13 @@ def test_translation_trains_in_bf16_keeping_float32_masters(mt_bf16) -> None:
     assert mt_bf16["final"]["greedy_bleu"] >= 0.0
 
 
-class Preempted(Exception):
-    pass
-
-
 def test_translation_bf16_resumes_exactly_and_continues_in_float32(mt_bf16, corpus_dir, tmp_path, monkeypatch) -> None:
     out = tmp_path / "resumed"
-    save = mt_run.save_checkpoint
-
-    def save_then_stop(*args):
-        save(*args)
-        raise Preempted
-
-    monkeypatch.setattr(mt_run, "save_checkpoint", save_then_stop)
-    with pytest.raises(Preempted):
-        run_mt.main(MT_BF16 + ["--data-dir", str(corpus_dir), "--out-dir", str(out)])
-    monkeypatch.undo()
+    run_until_first_save(MT_BF16 + ["--data-dir", str(corpus_dir), "--out-dir", str(out)], monkeypatch)
     epoch_one = shutil.copytree(out, tmp_path / "epoch_one")
 
     resumed = run_mt.main(["--resume", "--out-dir", str(out), "--data-dir", str(corpus_dir)])
-    straight, again = load(mt_bf16["out_dir"]), load(out)
-    for name, value in straight["model"].items():
-        np.testing.assert_array_equal(again["model"][name], value, err_msg=name)
-    for moment in ("m", "v"):
-        for i, value in straight["optimizer"][moment].items():
-            np.testing.assert_array_equal(again["optimizer"][moment][i], value)
+    assert_same_training_state(load(mt_bf16["out_dir"]), load(out))
     assert computed(resumed["history"]) == computed(mt_bf16["history"])
 
     in_fp32 = run_mt.main(["--resume", "--out-dir", str(epoch_one), "--data-dir", str(corpus_dir), "--dtype", "fp32"])
@@ -103,11 +83,7 @@ def test_translate_decodes_in_the_runs_bf16_as_its_final_evaluation(mt_bf16, cor
 # ---- GPT-2 --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpt2_bf16")
-    rng = np.random.default_rng(0)
-    lines = [" ".join(rng.choice(WORDS, size=rng.integers(5, 12))) for _ in range(400)]
-    (root / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return prepare_shards(root / "corpus.txt", root / "data", vocab_size=300, val_fraction=0.1, progress=False)
+    return word_shards(tmp_path_factory.mktemp("gpt2_bf16"))
 
 
 def losses(run: Path) -> list:
