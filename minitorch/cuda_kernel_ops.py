@@ -9,13 +9,13 @@ is loaded at import, so `import minitorch` works without a GPU; the first CUDA s
 kernels and names the fix when they are missing.
 
 Dtypes: casts and copies of every dtype run in convert_kernel.so; a product dispatches on its dtype
-in `matmul.matrix_multiply`; map/zip/reduce have float32 and bfloat16 kernels (float32 math); fused
-attention (`attention.attention_fw/bw`), the fused linear cross-entropy
-(`classifier.linear_cross_entropy_fw`) and the KV cache (`kv_cache.slot_write` and `slot_attention`)
-dispatch in their bindings, on float32 or bfloat16; every other op has the kernels its entry below
-names and raises NoKernelError ("minitorch: no float16 CUDA kernel for 'exp' (cast with .float()
-first)") for a tensor stored in another format, before anything runs: nothing is computed in another
-precision than asked.
+in `matmul.matrix_multiply`, a Linear's in `matmul.linear_fw` / `linear_bw`; map/zip/reduce have
+float32 and bfloat16 kernels (float32 math); fused attention (`attention.attention_fw/bw`), the
+fused linear cross-entropy (`classifier.linear_cross_entropy_fw`) and the KV cache
+(`kv_cache.slot_write` and `slot_attention`) dispatch in their bindings, on float32 or bfloat16;
+every other op has the kernels its entry below names and raises NoKernelError ("minitorch: no
+float16 CUDA kernel for 'exp' (cast with .float() first)") for a tensor stored in another format,
+before anything runs: nothing is computed in another precision than asked.
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ class CudaKernelOps(TensorOps):
     reduce = _templated_ops(combine.reduce_op, {"add": "sum", "mul": "prod"})
 
     # kernel hooks of the fused ops
-    linear_fw = _hook("linear_fw", matmul.linear_fw)
+    linear_fw = staticmethod(matmul.linear_fw)  # dispatches on dtype itself, as linear_bw
+    linear_bw = staticmethod(matmul.linear_bw)
     embedding_fw = _activation_hook("embedding_fw", embedding.embedding_fw, 1)
     embedding_bw = _activation_hook("embedding_bw", embedding.embedding_bw, 1)
     attn_softmax_fw = _activation_hook("attn_softmax_fw", softmax.attn_softmax_fw, 2)

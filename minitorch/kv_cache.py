@@ -243,8 +243,8 @@ class KVCache:
             raise RuntimeError("KVCache.reorder works in host mode; in device-slot mode use reorder_rows")
         ids = tensor_from_numpy(sources, backend=self._backend)
         for layer in self.layers:
-            layer.keys = embedding(layer.keys, ids)
-            layer.values = embedding(layer.values, ids)
+            layer.keys = embedding(layer.keys, ids, layer.keys.dtype)
+            layer.values = embedding(layer.values, ids, layer.values.dtype)
             layer.spare = None
         self.parity = 0
         pads = self.pads[sources]

@@ -5,13 +5,15 @@ The defaults follow llm.c's ``train_gpt2_fp32.cu``: AdamW (0.9, 0.999, eps 1e-8)
 3e-4 with no weight decay, batch 4 x 1024, training batches in shard order (llm.c's DataLoader
 without shuffling), validation from the start of the val shards. Per step one line (loss, ms,
 tokens/s) and a record in ``<out-dir>/metrics.jsonl`` (also the validation losses, and at the end
-the peak memory); at the end ``<out-dir>/loss.png`` and ``<out-dir>/model.bin``.
+the peak memory); at the end ``<out-dir>/loss.png`` and ``<out-dir>/model.bin`` (float32, or with
+``--dtype bf16`` llm.c's bfloat16 version 5, as its bf16 trainer writes).
 
     python project/gpt2_data.py --out-dir runs/gpt2_data
     python project/train_gpt2.py --depth 4 --channels 256 --heads 4 --max-seq-len 256 --vocab-size 8192 \\
         --train-shards 'runs/gpt2_data/train_en_train_*.bin' --val-shards 'runs/gpt2_data/train_en_val_*.bin' \\
         --seq-len 256 --batch-size 16 --steps 500 --lr 1e-3 --warmup-steps 50 --final-lr-frac 0.1
     python project/train_gpt2.py --init-from gpt2_124M.bin --train-shards 'fineweb_train_*.bin'
+    python project/train_gpt2.py --init-from gpt2_124M_bf16.bin --dtype bf16 --train-shards 'fineweb_train_*.bin'
 """
 
 from __future__ import annotations
@@ -31,13 +33,16 @@ from project.common.options import (
     given_options, option,
 )  # fmt: skip
 from project.common.parallel import DataParallel, add_parallel_options, check_divisible
+from project.common.precision import compute_precision
 from project.common.schedule import learning_rate
 from project.gpt2.data import EOT_TOKEN
 from project.gpt2.llmc import GPT2Config
 from project.gpt2.model import GPT2
 from project.gpt2.sample import generate
 from project.gpt2.shards import ShardLoader
-from project.gpt2.training import STATE_MODEL, GPT2Step, load_training_state, plot_losses, save_training_state, validation_loss
+from project.gpt2.training import (
+    LLMC_DTYPES, STATE_MODEL, GPT2Step, load_training_state, plot_losses, save_training_state, validation_loss,
+)  # fmt: skip
 
 FRESH_MODEL = ("depth", "channels", "heads", "max_seq_len", "vocab_size")
 METRICS_NAME = "metrics.jsonl"
@@ -50,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     model = p.add_argument_group("model (a fresh one with GPT-2's initialisation unless --init-from/--resume-from)")
-    model.add_argument("--init-from", default=None, metavar="FILE.bin", help="llm.c float32 checkpoint to start from")
+    model.add_argument("--init-from", default=None, metavar="FILE.bin",
+                       help="llm.c checkpoint to start from (float32, version 3, or bfloat16, version 5)")
     model.add_argument("--resume-from", default=None, metavar="DIR",
                        help="checkpoint directory of an earlier run (--checkpoint-every): model, AdamW moments, "
                        "step and data position; the other options come from this command line")
@@ -197,11 +203,12 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
         model, lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
     )
     train_step = GPT2Step(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda,
-                          micro_slices=micro, weight=b / B)  # fmt: skip
+                          args.dtype, micro_slices=micro, weight=b / B)  # fmt: skip
     parallel.before_close(train_step.release_graphs)  # a graph may hold the step's all-reduces
+    precision = compute_precision(args.dtype)
     total_steps = args.steps or train.batches_per_epoch
     peak_lr = parallel.peak_lr(args.lr)
-    step = load_training_state(args.resume_from, optimizer, train)["step"] if args.resume_from else 0
+    step = load_training_state(args.resume_from, model, optimizer, train)["step"] if args.resume_from else 0
     metrics = MetricsLog(out_dir / METRICS_NAME, write=parallel.is_main)
     records = metrics.restart((lambda r: r["step"] <= step) if args.resume_from else None)
     tokenizer = find_tokenizer(args, train)
@@ -211,7 +218,8 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
     split += f", micro-batches of up to {args.micro_batch_size}" if len(micro) > 1 else ""
     parallel.print(
         f"GPT-2 {model.config} ({n_params:,} parameters), {choice}{split}: {model.attention_config}, "
-        f"loss {args.loss}, recompute layers {args.recompute_layers}, matmul precision {args.matmul_precision}; "
+        f"loss {args.loss}, recompute layers {args.recompute_layers}, matmul precision {args.matmul_precision}, "
+        f"dtype {args.dtype}; "
         f"{train.num_tokens:,} training tokens in {len(train.paths)} shard(s) ({train.batches_per_epoch} steps of "
         f"{B}x{T}), {total_steps} steps" + (f" from step {step}" if step else ""),
         flush=True,
@@ -224,11 +232,14 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
     while True:
         last = step == total_steps
         if val and args.val_every and (step % args.val_every == 0 or last):
-            val_loss = parallel.sum(validation_loss(model, val, val_batches, args.loss))[0] / N
+            with precision:
+                val_loss = parallel.sum(validation_loss(model, val, val_batches, args.loss))[0] / N
             parallel.print(f"step {step:5d} | val loss {val_loss:.6f} ({N * val_batches} batches)", flush=True)
             log({"step": step, "val_loss": val_loss})
         if args.sample_every and step > 0 and (step % args.sample_every == 0 or last) and parallel.is_main:
-            print(f"step {step:5d} | sample: {sample(model, args, tokenizer, args.seed + step)!r}", flush=True)
+            with precision:
+                text = sample(model, args, tokenizer, args.seed + step)
+            print(f"step {step:5d} | sample: {text!r}", flush=True)
         if last:
             break
         start = time.perf_counter()
@@ -259,7 +270,7 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
     log({"step": step, **memory})
     if not parallel.is_main:
         return {"args": args, "records": records, "model": model, "out_dir": out_dir, **memory}
-    model.save_checkpoint(out_dir / STATE_MODEL)
+    model.save_checkpoint(out_dir / STATE_MODEL, LLMC_DTYPES[args.dtype])
     plot_losses(records, out_dir / PLOT_NAME, f"GPT-2 L{model.config.num_layers} C{model.config.channels}, {args.activation}")
     steady = [r["ms"] for r in records if "ms" in r][1:]
     print(
