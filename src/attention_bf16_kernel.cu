@@ -35,6 +35,7 @@
 #include "includes/launch_utils.cuh"
 #include "includes/ptx.cuh"
 #include "includes/vec.cuh"
+#include "matmul/bf16_mma.cuh"
 
 namespace {
 
@@ -53,25 +54,15 @@ struct Bf16Config {
   static constexpr int kBwBytes = 2 * kQueries * 4 + ((2 * kBwKeys + 2 * kQueries) * kLd + kBwKeys * kLdT) * 2;
 };
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(mt::shared_address(row)));
-}
+// ldmatrix (x4, plain or .trans) and mma.sync m16n8k16 bf16 with float32 accumulators: the matmul
+// library's (matmul/bf16_mma.cuh).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) { bf16mm::ldmatrix_x4<false>(r, row); }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(mt::shared_address(row)));
+  bf16mm::ldmatrix_x4<true>(r, row);
 }
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using bf16mm::mma_bf16;
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -184,25 +175,6 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int row0,
   }
 }
 
-// Starts copying `count` floats (count <= kThreads) of src[start, start + count), zero past `limit`.
-__device__ __forceinline__ void load_vector(float* dst, const float* src, int start, int count, int limit) {
-  if (static_cast<int>(threadIdx.x) < count) {
-    const bool ok = start + static_cast<int>(threadIdx.x) < limit;
-    mt::cp_async_4(dst + threadIdx.x, ok ? src + start + threadIdx.x : src, ok);
-  }
-}
-
-// Writes columns col, col + 1 (col even) of one bf16 output row: one 4-byte store when the rows are
-// aligned, else element by element up to head_dim.
-__device__ __forceinline__ void store_pair(bf16* row_ptr, int col, float x, float y, int head_dim, bool vec) {
-  if (vec) {
-    if (col < head_dim) *reinterpret_cast<__nv_bfloat162*>(row_ptr + col) = __floats2bfloat162_rn(x, y);
-  } else {
-    if (col < head_dim) row_ptr[col] = __float2bfloat16(x);
-    if (col + 1 < head_dim) row_ptr[col + 1] = __float2bfloat16(y);
-  }
-}
-
 // ---- forward -----------------------------------------------------------------------------------
 template <int DP, int ACT>
 __global__ void __launch_bounds__(kThreads, Bf16Config<DP>::kFwMinBlocks) attention_bf16_fw(const FwParams<bf16> p) {
@@ -286,19 +258,7 @@ __global__ void __launch_bounds__(kThreads, Bf16Config<DP>::kFwMinBlocks) attent
     mt::cp_async_commit();
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int query = q0 + 16 * warp + g + 8 * h;
-    const float2 fin = row_finish<ACT>(rows, h);
-    if (query < p.q_len) {
-      bf16* out_row = p.out + (head.q_base + query) * p.head_dim;
-#pragma unroll
-      for (int dt = 0; dt < KD; ++dt) {
-        store_pair(out_row, 8 * dt + 2 * t, o[dt][2 * h] * fin.x, o[dt][2 * h + 1] * fin.x, p.head_dim, p.vec);
-      }
-      if (t == 0) p.lse[head.q_base + query] = fin.y;
-    }
-  }
+  store_query_rows<ACT>(o, rows, p, head, q0 + 16 * warp);
 }
 
 // ---- backward ------------------------------------------------------------------------------------
@@ -334,9 +294,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
   float mask_add[2];  // of the lane's keys n0 + 16 warp + g (C elements 0, 1) and + 8 (2, 3)
 #pragma unroll
   for (int h = 0; h < 2; ++h) mask_add[h] = key_mask<ACT>(p, head, n0 + 16 * warp + g + 8 * h);
-  const int first_query = p.causal ? max(0, n0 - head.offset) : 0;
-  const int qt_end = (p.q_len + BM - 1) / BM;
-  const int qt_begin = first_query >= p.q_len ? qt_end : first_query / BM;
+  const int2 qt_range = query_tile_range<BM>(p, head, n0);
+  const int qt_begin = qt_range.x, qt_end = qt_range.y;
   const int dq_slab = warp % MT;
   const int dq_col0 = (warp / MT) * DQ_TILES;
 
@@ -348,10 +307,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
     load_tile<BN, DP>(vs, p.v + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec);
     load_tile<BM, DP>(qs, qg, qt_begin * BM, p.q_len, p.head_dim, p.vec);
     load_tile<BM, DP>(dos, dog, qt_begin * BM, p.q_len, p.head_dim, p.vec);
-    if constexpr (ACT == kSoftmax) {
-      load_vector(ls, p.lse + head.q_base, qt_begin * BM, BM, p.q_len);
-      load_vector(dis, p.di + head.q_base, qt_begin * BM, BM, p.q_len);
-    }
+    load_row_stats<ACT, BM>(ls, dis, p, head, qt_begin * BM);
     mt::cp_async_commit();
   }
   for (int qt = qt_begin; qt < qt_end; ++qt) {
@@ -364,21 +320,9 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
     add_product_nt<KS, QT / 2, LD>(st, ks, 16 * warp, qs);    // S^T = K Q^T
     add_product_nt<KS, QT / 2, LD>(dpt, vs, 16 * warp, dos);  // dP^T = V dO^T
 
-    // Element c of st[j]: key n0 + 16 warp + g + 8 (c / 2), query m0 + 8 j + 2 t + c % 2.
+    probs_and_dscores<ACT>(st, dpt, p, head, n0 + 16 * warp, m0, mask_add, ls, dis);
 #pragma unroll
     for (int j = 0; j < QT; ++j) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int key = n0 + 16 * warp + g + 8 * (c / 2);
-        const int col = 8 * j + 2 * t + c % 2;
-        const int query = m0 + col;
-        const bool kept = key < p.k_len && query < p.q_len && (!p.causal || key <= query + head.offset);
-        const float l = ACT == kSoftmax ? ls[col] : 0.f;
-        const float d = ACT == kSoftmax ? dis[col] : 0.f;
-        const float2 pd = prob_and_dscore<ACT>(st[j][c], dpt[j][c], mask_add[c / 2], kept, l, d, p.scale);
-        st[j][c] = pd.x;
-        dpt[j][c] = pd.y;
-      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         *reinterpret_cast<__nv_bfloat162*>(dst + (16 * warp + g + 8 * h) * LDT + 8 * j + 2 * t) =
@@ -392,10 +336,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
     if (qt + 1 < qt_end) {
       load_tile<BM, DP>(qs, qg, m0 + BM, p.q_len, p.head_dim, p.vec);
       load_tile<BM, DP>(dos, dog, m0 + BM, p.q_len, p.head_dim, p.vec);
-      if constexpr (ACT == kSoftmax) {
-        load_vector(ls, p.lse + head.q_base, m0 + BM, BM, p.q_len);
-        load_vector(dis, p.di + head.q_base, m0 + BM, BM, p.q_len);
-      }
+      load_row_stats<ACT, BM>(ls, dis, p, head, m0 + BM);
     }
     mt::cp_async_commit();
 
@@ -427,19 +368,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
     }
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = n0 + 16 * warp + g + 8 * h;
-    if (key < p.k_len) {
-      bf16* dk_row = p.dk + (head.k_base + key) * p.head_dim;
-      bf16* dv_row = p.dv + (head.k_base + key) * p.head_dim;
-#pragma unroll
-      for (int dt = 0; dt < KD; ++dt) {
-        store_pair(dk_row, 8 * dt + 2 * t, dk[dt][2 * h], dk[dt][2 * h + 1], p.head_dim, p.vec);
-        store_pair(dv_row, 8 * dt + 2 * t, dv[dt][2 * h], dv[dt][2 * h + 1], p.head_dim, p.vec);
-      }
-    }
-  }
+  store_key_rows(dk, dv, p, head, n0 + 16 * warp);
 }
 
 // dq[i] = bf16(acc[i]).

@@ -8,6 +8,7 @@
 // under "highest" (torch's float32 SDPA: ~2e-6; summing in the tensor core throughout: ~2e-5).
 // Only the loops whose fragments index register arrays are unrolled in full: the rest stay rolled so
 // that the code fits the instruction cache.
+// What this kernel shares with its bf16 twin (attention_bf16_kernel.cu): includes/attention_common.cuh.
 //
 // Shapes, all contiguous row-major fp32: q, out, dq [B, H, Tq, D]; k, v, dk, dv [B, H, Tk, D];
 // lse [B, H, Tq]; mask (optional, additive) [B, Tk]. For query i and key j of one (b, h):
@@ -159,25 +160,6 @@ __device__ __forceinline__ void load_tile(float* tile, const float* src, int row
   }
 }
 
-// Starts copying n = `count` floats (count <= kThreads) of src[start, start + count), zero past `limit`.
-__device__ __forceinline__ void load_vector(float* dst, const float* src, int start, int count, int limit) {
-  if (static_cast<int>(threadIdx.x) < count) {
-    const bool ok = start + static_cast<int>(threadIdx.x) < limit;
-    mt::cp_async_4(dst + threadIdx.x, ok ? src + start + threadIdx.x : src, ok);
-  }
-}
-
-// Writes columns col, col + 1 (col even) of one output row: one float2 when the head dim allows,
-// else element by element up to head_dim.
-__device__ __forceinline__ void store_pair(float* row_ptr, int col, float x, float y, int head_dim, bool vec4) {
-  if (vec4) {
-    if (col < head_dim) *reinterpret_cast<float2*>(row_ptr + col) = make_float2(x, y);
-  } else {
-    if (col < head_dim) row_ptr[col] = x;
-    if (col + 1 < head_dim) row_ptr[col + 1] = y;
-  }
-}
-
 // ---- forward -----------------------------------------------------------------------------------
 // acc[16 x 8 KD] = acc * row_scale + A B for A [16 x 8 NT] in C fragments `a` (rows g and g + 8 of
 // the lane scaled by row_scale[0] and [1]) and B = tile[8 NT][8 KD] (shared, permuted k order). The
@@ -267,19 +249,7 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
     mt::cp_async_commit();
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int query = q0 + 16 * warp + g + 8 * h;
-    const float2 fin = row_finish<ACT>(rows, h);
-    if (query < p.q_len) {
-      float* out_row = p.out + (head.q_base + query) * p.head_dim;
-#pragma unroll
-      for (int dt = 0; dt < KD; ++dt) {
-        store_pair(out_row, 8 * dt + 2 * t, o[dt][2 * h] * fin.x, o[dt][2 * h + 1] * fin.x, p.head_dim, p.vec);
-      }
-      if (t == 0) p.lse[head.q_base + query] = fin.y;
-    }
-  }
+  store_query_rows<ACT>(o, rows, p, head, q0 + 16 * warp);
 }
 
 // ---- backward ------------------------------------------------------------------------------------
@@ -314,10 +284,8 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
   float mask_add[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) mask_add[h] = key_mask<ACT>(p, head, n0 + 16 * warp + g + 8 * h);
-  // Query tiles that can see a key of this block: under causal, queries i >= n0 - head.offset.
-  const int first_query = p.causal ? max(0, n0 - head.offset) : 0;
-  const int qt_end = (p.q_len + BM - 1) / BM;
-  const int qt_begin = first_query >= p.q_len ? qt_end : first_query / BM;
+  const int2 qt_range = query_tile_range<BM>(p, head, n0);
+  const int qt_begin = qt_range.x, qt_end = qt_range.y;
   // dQ work of the warp: query slab dq_slab, column tiles dq_col0 .. dq_col0 + DQ_TILES - 1.
   const int dq_slab = warp % MT;
   const int dq_col0 = (warp / MT) * DQ_TILES;
@@ -330,10 +298,7 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
     load_tile<BN, DP>(vs, p.v + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec);
     load_tile<BM, DP>(qs, qg, qt_begin * BM, p.q_len, p.head_dim, p.vec);
     load_tile<BM, DP>(dos, dog, qt_begin * BM, p.q_len, p.head_dim, p.vec);
-    if constexpr (ACT == kSoftmax) {
-      load_vector(ls, p.lse + head.q_base, qt_begin * BM, BM, p.q_len);
-      load_vector(dis, p.di + head.q_base, qt_begin * BM, BM, p.q_len);
-    }
+    load_row_stats<ACT, BM>(ls, dis, p, head, qt_begin * BM);
     mt::cp_async_commit();
   }
   for (int qt = qt_begin; qt < qt_end; ++qt) {
@@ -354,22 +319,9 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
       }
     }
 
-    // Element c of st[j]: key n0 + 16 warp + g + 8 (c / 2), query m0 + 8 j + 2 t + c % 2.
+    probs_and_dscores<ACT>(st, dpt, p, head, n0 + 16 * warp, m0, mask_add, ls, dis);
 #pragma unroll
     for (int j = 0; j < QT; ++j) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int h = c / 2;
-        const int key = n0 + 16 * warp + g + 8 * h;
-        const int col = 8 * j + 2 * t + c % 2;
-        const int query = m0 + col;
-        const bool kept = key < p.k_len && query < p.q_len && (!p.causal || key <= query + head.offset);
-        const float l = ACT == kSoftmax ? ls[col] : 0.f;  // base-e lse; -inf for a row with no key
-        const float d = ACT == kSoftmax ? dis[col] : 0.f;
-        const float2 pd = prob_and_dscore<ACT>(st[j][c], dpt[j][c], mask_add[h], kept, l, d, p.scale);
-        st[j][c] = pd.x;
-        dpt[j][c] = pd.y;
-      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         *reinterpret_cast<float2*>(dst + (16 * warp + g + 8 * h) * LDT + 8 * j + 2 * t) =
@@ -384,10 +336,7 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
     if (qt + 1 < qt_end) {
       load_tile<BM, DP>(qs, qg, m0 + BM, p.q_len, p.head_dim, p.vec);
       load_tile<BM, DP>(dos, dog, m0 + BM, p.q_len, p.head_dim, p.vec);
-      if constexpr (ACT == kSoftmax) {
-        load_vector(ls, p.lse + head.q_base, m0 + BM, BM, p.q_len);
-        load_vector(dis, p.di + head.q_base, m0 + BM, BM, p.q_len);
-      }
+      load_row_stats<ACT, BM>(ls, dis, p, head, m0 + BM);
     }
     mt::cp_async_commit();
 
@@ -415,19 +364,7 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
     }
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = n0 + 16 * warp + g + 8 * h;
-    if (key < p.k_len) {
-      float* dk_row = p.dk + (head.k_base + key) * p.head_dim;
-      float* dv_row = p.dv + (head.k_base + key) * p.head_dim;
-#pragma unroll
-      for (int dt = 0; dt < KD; ++dt) {
-        store_pair(dk_row, 8 * dt + 2 * t, dk[dt][2 * h], dk[dt][2 * h + 1], p.head_dim, p.vec);
-        store_pair(dv_row, 8 * dt + 2 * t, dv[dt][2 * h], dv[dt][2 * h + 1], p.head_dim, p.vec);
-      }
-    }
-  }
+  store_key_rows(dk, dv, p, head, n0 + 16 * warp);
 }
 
 // ---- launchers ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 // c2c3 = C[g + 8][2t..] with g = lane / 4, t = lane % 4, which is what the score step works on.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -206,6 +207,121 @@ __device__ __forceinline__ void atomic_add_pair(float* row_ptr, int col, float x
 #endif
   if (col < head_dim) atomicAdd(row_ptr + col, x);
   if (col + 1 < head_dim) atomicAdd(row_ptr + col + 1, y);
+}
+
+// Starts copying `count` floats (count <= kThreads) of src[start, start + count), zero past `limit`.
+__device__ __forceinline__ void load_vector(float* dst, const float* src, int start, int count, int limit) {
+  if (static_cast<int>(threadIdx.x) < count) {
+    const bool ok = start + static_cast<int>(threadIdx.x) < limit;
+    mt::cp_async_4(dst + threadIdx.x, ok ? src + start + threadIdx.x : src, ok);
+  }
+}
+
+// Writes columns col, col + 1 (col even) of one output row: one 8-byte (float) or 4-byte (bf16)
+// store when `vec` (rows 16-byte aligned, so col + 1 < head_dim with col), else element by element.
+__device__ __forceinline__ void store_pair(float* row_ptr, int col, float x, float y, int head_dim, bool vec) {
+  if (vec) {
+    if (col < head_dim) *reinterpret_cast<float2*>(row_ptr + col) = make_float2(x, y);
+  } else {
+    if (col < head_dim) row_ptr[col] = x;
+    if (col + 1 < head_dim) row_ptr[col + 1] = y;
+  }
+}
+
+__device__ __forceinline__ void store_pair(__nv_bfloat16* row_ptr, int col, float x, float y, int head_dim, bool vec) {
+  if (vec) {
+    if (col < head_dim) *reinterpret_cast<__nv_bfloat162*>(row_ptr + col) = __floats2bfloat162_rn(x, y);
+  } else {
+    if (col < head_dim) row_ptr[col] = __float2bfloat16(x);
+    if (col + 1 < head_dim) row_ptr[col + 1] = __float2bfloat16(y);
+  }
+}
+
+// Forward epilogue: the lane's rows row0 + g and row0 + 8 + g of O (C fragments o[KD], unnormalized)
+// divided by their sums, and their lse.
+template <int ACT, int KD, class Params>
+__device__ __forceinline__ void store_query_rows(const float (&o)[KD][4], const RowState& rows, const Params& p,
+                                                 const Head& head, int row0) {
+  const int g = frag_g();
+  const int t = frag_t();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int query = row0 + g + 8 * h;
+    const float2 fin = row_finish<ACT>(rows, h);
+    if (query < p.q_len) {
+      auto* out_row = p.out + (head.q_base + query) * p.head_dim;
+#pragma unroll
+      for (int dt = 0; dt < KD; ++dt) {
+        store_pair(out_row, 8 * dt + 2 * t, o[dt][2 * h] * fin.x, o[dt][2 * h + 1] * fin.x, p.head_dim, p.vec);
+      }
+      if (t == 0) p.lse[head.q_base + query] = fin.y;
+    }
+  }
+}
+
+// Backward: the query tiles [first, end) of BM queries that can see a key of the block at n0 (under
+// causal, queries i >= n0 - offset).
+template <int BM, class Params>
+__device__ __forceinline__ int2 query_tile_range(const Params& p, const Head& head, int n0) {
+  const int first_query = p.causal ? max(0, n0 - head.offset) : 0;
+  const int end = (p.q_len + BM - 1) / BM;
+  return make_int2(first_query >= p.q_len ? end : first_query / BM, end);
+}
+
+// Backward: starts loading lse and D of the query tile at m0 (softmax only).
+template <int ACT, int BM, class Params>
+__device__ __forceinline__ void load_row_stats(float* ls, float* dis, const Params& p, const Head& head, int m0) {
+  if constexpr (ACT == kSoftmax) {
+    load_vector(ls, p.lse + head.q_base, m0, BM, p.q_len);
+    load_vector(dis, p.di + head.q_base, m0, BM, p.q_len);
+  }
+}
+
+// Backward: turns the products st (S^T) and dpt (dP^T) of a warp's 16 keys from key0 and the query
+// tile at m0 into P^T and dS^T in place. Element c of st[j]: key key0 + g + 8 (c / 2), query m0 + 8 j
+// + 2 t + c % 2; ls and dis hold the tile's lse and D.
+template <int ACT, int QT, class Params>
+__device__ __forceinline__ void probs_and_dscores(float (&st)[QT][4], float (&dpt)[QT][4], const Params& p,
+                                                  const Head& head, int key0, int m0, const float (&mask_add)[2],
+                                                  const float* ls, const float* dis) {
+  const int g = frag_g();
+  const int t = frag_t();
+#pragma unroll
+  for (int j = 0; j < QT; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int key = key0 + g + 8 * (c / 2);
+      const int col = 8 * j + 2 * t + c % 2;
+      const int query = m0 + col;
+      const bool kept = key < p.k_len && query < p.q_len && (!p.causal || key <= query + head.offset);
+      const float l = ACT == kSoftmax ? ls[col] : 0.f;  // base-e lse; -inf for a row with no key
+      const float d = ACT == kSoftmax ? dis[col] : 0.f;
+      const float2 pd = prob_and_dscore<ACT>(st[j][c], dpt[j][c], mask_add[c / 2], kept, l, d, p.scale);
+      st[j][c] = pd.x;
+      dpt[j][c] = pd.y;
+    }
+  }
+}
+
+// Backward epilogue: the lane's keys key0 + g and key0 + 8 + g of dK and dV (C fragments).
+template <int KD, class Params>
+__device__ __forceinline__ void store_key_rows(const float (&dk)[KD][4], const float (&dv)[KD][4], const Params& p,
+                                               const Head& head, int key0) {
+  const int g = frag_g();
+  const int t = frag_t();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key0 + g + 8 * h;
+    if (key < p.k_len) {
+      auto* dk_row = p.dk + (head.k_base + key) * p.head_dim;
+      auto* dv_row = p.dv + (head.k_base + key) * p.head_dim;
+#pragma unroll
+      for (int dt = 0; dt < KD; ++dt) {
+        store_pair(dk_row, 8 * dt + 2 * t, dk[dt][2 * h], dk[dt][2 * h + 1], p.head_dim, p.vec);
+        store_pair(dv_row, 8 * dt + 2 * t, dv[dt][2 * h], dv[dt][2 * h + 1], p.head_dim, p.vec);
+      }
+    }
+  }
 }
 
 // di[r] = sum_d dout[r, d] * out[r, d] in float32, one warp per row.
