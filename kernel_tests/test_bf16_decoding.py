@@ -56,7 +56,7 @@ def test_slot_attention_against_float64(rows: int, width: int, heads: int, D: in
     out = slot_attention(*(minitorch.from_torch(t) for t in (q, keys, values, slot, pads)), width, heads)
     assert out.dtype == minitorch.bfloat16
     ref = torch.from_numpy(slot_attention_reference(
-        *(t.double().cpu().numpy() for t in (q, keys, values)), float(s), pads.cpu().numpy()[:, 0], width, heads,
+        *(t.double().cpu().numpy() for t in (q, keys, values)), float(s), pads.cpu().numpy()[:, 0].astype(int), width, heads,
     )).cuda()  # fmt: skip
     keep = torch.zeros(rows, 1, 1, width, device="cuda", dtype=torch.bool)
     for r in range(rows):
