@@ -85,6 +85,7 @@ CONTENDERS = {  # name: (kind, binary or extra arguments)
     "minitorch all-fused tf32": ("minitorch", [*ALL_FUSED, "--matmul-precision", "high"]),
     "minitorch fused-kernels": ("minitorch", ["--use-fused-kernel", "true", "--attention", "naive", "--loss", "naive"]),
     "minitorch bf16": ("minitorch", [*ALL_FUSED, "--dtype", "bf16"]),
+    "minitorch bf16 eager": ("minitorch", [*ALL_FUSED, "--dtype", "bf16", "--cuda-graphs", "false"]),
 }
 LLMC_STEP = {
     "llmc_fp32": re.compile(r"step\s+(\d+)/\d+: train loss (\S+) \(([\d.]+) ms"),
