@@ -9,9 +9,10 @@ is loaded at import, so `import minitorch` works without a GPU; the first CUDA s
 kernels and names the fix when they are missing.
 
 Dtypes: casts and copies of every dtype run in convert_kernel.so; a product dispatches on its dtype
-in `matmul.matrix_multiply`; every other op has float32 kernels only and raises NoKernelError
-("minitorch: no bfloat16 CUDA kernel for 'exp' (cast with .float() first)") for a tensor stored in
-another format, before anything runs: nothing is computed in another precision than asked.
+in `matmul.matrix_multiply`; map/zip/reduce have float32 and bfloat16 kernels (float32 math); every
+other op has the kernels its entry below names and raises NoKernelError ("minitorch: no float16 CUDA
+kernel for 'exp' (cast with .float() first)") for a tensor stored in another format, before anything
+runs: nothing is computed in another precision than asked.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from .cuda.runtime import (
     CudaShapeError,
     count_transfer,
     cuda_memory_stats,
-    require_float32,
+    KERNEL_STORAGE,
+    require_storage,
     reset_transfer_stats,
     runtime,
     storage_dtype,
@@ -66,24 +68,39 @@ def _to_numpy(storage: Any) -> np.ndarray:
     return storage.detach().cpu().numpy()
 
 
-def _float32_only(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn, refusing with NoKernelError (naming op) tensors stored in a format its kernels do not read."""
+def _checked(op: str, fn: Callable[..., Any], formats: Any = ("float32",)) -> Callable[..., Any]:
+    """fn, refusing with NoKernelError (naming op) tensors stored in a format outside `formats`, the
+    ones its kernels read."""
 
     def checked(*args: Any, **kwargs: Any) -> Any:
-        require_float32(op, *args, *kwargs.values())
+        require_storage(op, formats, *args, *kwargs.values())
         return fn(*args, **kwargs)
 
     return checked
 
 
-def _float32_ops(factory: Callable[..., Any], names: Any = None) -> Any:
-    """A map/zip/reduce factory whose ops are _float32_only, named by their operators function
-    (names: other names for some, e.g. reduce(add) is 'sum')."""
-    return staticmethod(lambda fn, *args: _float32_only((names or {}).get(fn.__name__, fn.__name__), factory(fn, *args)))
+def _templated_ops(factory: Callable[..., Any], names: Any = None) -> Any:
+    """A map/zip/reduce factory whose ops refuse formats outside KERNEL_STORAGE, named by their
+    operators function (names: other names for some, e.g. reduce(add) is 'sum')."""
+    return staticmethod(
+        lambda fn, *args: _checked((names or {}).get(fn.__name__, fn.__name__), factory(fn, *args), KERNEL_STORAGE)
+    )
 
 
 def _hook(name: str, fn: Callable[..., Any]) -> Any:
-    return staticmethod(_float32_only(name, fn))
+    return staticmethod(_checked(name, fn))
+
+
+def _activation_hook(name: str, fn: Callable[..., Any], activations: int) -> Any:
+    """A hook whose first `activations` arguments may be stored in any of KERNEL_STORAGE (its
+    kernels are templated on their format) and the others (weights, statistics) as float32 only."""
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        require_storage(name, KERNEL_STORAGE, *args[:activations])
+        require_storage(name, ("float32",), *args[activations:], *kwargs.values())
+        return fn(*args, **kwargs)
+
+    return staticmethod(checked)
 
 
 class CudaKernelOps(TensorOps):
@@ -101,27 +118,27 @@ class CudaKernelOps(TensorOps):
     fill = _hook("fill", combine.fill)
     arange = _hook("arange", combine.arange)
     uniform = _hook("uniform", random.uniform)
-    map = _float32_ops(combine.map_op)
-    map_scalar = _float32_ops(combine.map_scalar_op)
-    zip = _float32_ops(combine.zip_op)
-    reduce = _float32_ops(combine.reduce_op, {"add": "sum", "mul": "prod"})
+    map = _templated_ops(combine.map_op)
+    map_scalar = _templated_ops(combine.map_scalar_op)
+    zip = _templated_ops(combine.zip_op)
+    reduce = _templated_ops(combine.reduce_op, {"add": "sum", "mul": "prod"})
 
     # kernel hooks of the fused ops
     linear_fw = _hook("linear_fw", matmul.linear_fw)
-    embedding_fw = _hook("embedding_fw", embedding.embedding_fw)
-    embedding_bw = _hook("embedding_bw", embedding.embedding_bw)
-    attn_softmax_fw = _hook("attn_softmax_fw", softmax.attn_softmax_fw)
-    attn_softmax_bw = _hook("attn_softmax_bw", softmax.attn_softmax_bw)
-    layernorm_fw = _hook("layernorm_fw", layernorm.layernorm_fw)
-    layernorm_bw = _hook("layernorm_bw", layernorm.layernorm_bw)
+    embedding_fw = _activation_hook("embedding_fw", embedding.embedding_fw, 1)
+    embedding_bw = _activation_hook("embedding_bw", embedding.embedding_bw, 1)
+    attn_softmax_fw = _activation_hook("attn_softmax_fw", softmax.attn_softmax_fw, 2)
+    attn_softmax_bw = _activation_hook("attn_softmax_bw", softmax.attn_softmax_bw, 2)
+    layernorm_fw = _activation_hook("layernorm_fw", layernorm.layernorm_fw, 1)
+    layernorm_bw = _activation_hook("layernorm_bw", layernorm.layernorm_bw, 2)
     attention_fw = _hook("attention_fw", attention.attention_fw)
     attention_bw = _hook("attention_bw", attention.attention_bw)
     linear_cross_entropy_fw = _hook("linear_cross_entropy_fw", classifier.linear_cross_entropy_fw)
     adamw_step = _hook("adamw_step", optimizer.adamw_step)
-    adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update refuses other dtypes
+    adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update checks the dtypes itself
     gradient_pack = _hook("gradient_pack", optimizer.gradient_pack)
     slot_write = _hook("slot_write", kv_cache.slot_write)
     slot_attention = _hook("slot_attention", kv_cache.slot_attention)
-    gather_rows = _hook("gather_rows", embedding.gather_rows)
+    gather_rows = _activation_hook("gather_rows", embedding.gather_rows, 2)
     top_k = _hook("top_k", topk.top_k)
     beam_search_step = _hook("beam_search_step", beam_search.beam_search_step)

@@ -26,6 +26,7 @@
 #include "includes/cuda_check.cuh"
 #include "includes/launch_utils.cuh"
 #include "includes/layout.cuh"
+#include "includes/storage.cuh"
 #include "includes/vec.cuh"
 
 namespace {
@@ -38,24 +39,8 @@ struct alignas(16) Pack {
   T v[kPack];
 };
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
+using mt::from_float;
+using mt::to_float;
 
 // Through float32, which holds every value of the three formats exactly.
 template <class Src, class Dst>

@@ -74,13 +74,13 @@ def test_program_writes_model_metrics_plot_and_resumes_exactly(shards, tmp_path,
     assert read_checkpoint(init / "model.bin")[0] == config
 
 
-def test_two_processes_under_torchrun_equal_one_process_on_twice_the_batch(shards, tmp_path):
-    """torchrun --nproc_per_node 2 with batch 1 each (gloo, averaged gradients, averaged losses)
-    trains the model that one process trains with batch 2 (the two slices tile its batch); the
-    2-process checkpoint resumes in one process."""
+def test_two_processes_under_torchrun_equal_one_process_on_the_same_global_batch(shards, tmp_path):
+    """torchrun --nproc_per_node 2 with the same global --batch-size 2 (gloo: a row each, weighted
+    losses, summed gradients) trains the model that one process trains (the two slices tile its
+    batch); the 2-process checkpoint resumes in one process."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     two = tmp_path / "two"
-    args = tiny_args(shards, two, *FRESH, "--vocab-size", str(shards.vocab_size), "--batch-size", "1")
+    args = tiny_args(shards, two, *FRESH, "--vocab-size", str(shards.vocab_size))
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "project" / "train_gpt2.py"), *args]  # fmt: skip
     workers = subprocess.run(run, env=env, capture_output=True, text=True, timeout=600)

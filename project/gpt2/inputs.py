@@ -98,8 +98,9 @@ def fresh_config(args: argparse.Namespace, tokenizer: Optional[Tokenizer]) -> GP
     )  # fmt: skip
 
 
-def open_inputs(args: argparse.Namespace, rank: int = 0, world_size: int = 1) -> Inputs:
-    """Every input of a run, checked; the loaders serve process `rank` of world_size."""
+def open_inputs(args: argparse.Namespace, rows: int, rank: int = 0, world_size: int = 1) -> Inputs:
+    """Every input of a run, checked; the loaders serve process `rank` of world_size its `rows`
+    sequences of every step."""
     train_paths = shard_paths("--train-shards", args.train_shards)
     val_pattern = validation_pattern(args)
     val_paths = shard_paths("--val-shards", val_pattern) if val_pattern else None
@@ -108,9 +109,12 @@ def open_inputs(args: argparse.Namespace, rank: int = 0, world_size: int = 1) ->
     config = checkpoint_config(start) if start else fresh_config(args, tokenizer)
     if args.seq_len > config.max_seq_len:
         raise InputError(f"--seq-len {args.seq_len} exceeds the model's max_seq_len {config.max_seq_len}")
+    if args.sample_every and tokenizer is None and args.eot_id >= config.vocab_size:
+        raise InputError(f"--eot-id {args.eot_id}, where samples start without a tokenizer, is outside the model's "
+                         f"vocabulary of {config.vocab_size}: give --eot-id, --tokenizer or --sample-every 0")  # fmt: skip
 
     def loader(paths: List[Path]) -> ShardLoader:
-        return ShardLoader(paths, args.batch_size, args.seq_len, rank, world_size, vocab_size=config.vocab_size)
+        return ShardLoader(paths, rows, args.seq_len, rank, world_size, vocab_size=config.vocab_size)
 
     return Inputs(config, start, loader(train_paths), loader(val_paths) if val_paths else None, tokenizer)
 

@@ -35,7 +35,7 @@ from project.common.eta import Estimate, Pace, first_line, format_duration, spee
 from project.common.lock import first_process, locked_out_dir
 from project.common.metrics import MetricsLog
 from project.common.options import InputError, backend_from_option
-from project.common.parallel import DataParallel
+from project.common.parallel import DataParallel, check_divisible
 from project.common.schedule import learning_rate
 from project.gpt2.data import EOT_TOKEN
 from project.gpt2.inputs import Inputs, open_inputs
@@ -85,8 +85,9 @@ def due_points(first: int, last: int, every: int, from_one: bool = False) -> int
 
 
 def plan(args: argparse.Namespace, inputs: Inputs, backend: minitorch.TensorBackend, step: int, total: int) -> Estimate:
-    """The planned time of steps step..total: training steps, validations and samples."""
-    speed, params, tokens = speed_of(backend), num_parameters(inputs.config), args.batch_size * args.seq_len
+    """The planned time of steps step..total: training steps, validations and samples (a process's
+    rows of a step: its loaders' batch)."""
+    speed, params, tokens = speed_of(backend), num_parameters(inputs.config), inputs.train.batch_size * args.seq_len
     validation = args.val_batches * speed.forward(params, tokens) if inputs.val else 0.0
     one_sample = args.sample_tokens * speed.forward(params, min(args.sample_tokens, inputs.config.max_seq_len))
     other = due_points(step, total, args.val_every) * validation + due_points(step, total, args.sample_every, True) * one_sample
@@ -98,22 +99,25 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     "stopped" (the signal that stopped it, or None)} and the peak memory. Bad input exits with a
     one-line error (status 1).
 
-    Under `torchrun --nproc_per_node N` process r trains on the r-th B x T slice of every N x B x T
-    sample of the shards (llm.c's multi-process DataLoader), the gradients are averaged during
-    backward (minitorch.distributed), validation losses are averaged over the processes, and rank 0
-    prints and writes every file; a checkpoint resumes with any N."""
+    Under `torchrun --nproc_per_node N` --batch-size B stays the step's global batch: process r
+    trains on the r-th B/N x T slice of every B x T sample of the shards (llm.c's multi-process
+    DataLoader), in micro-batches of --micro-batch-size rows where given, each loss weighted by its
+    part of the step; the gradients are summed during backward (minitorch.distributed; --zero 1
+    shards AdamW's state), so the run trains as on one process. Validation losses are averaged over
+    the processes, rank 0 prints and writes every file, a checkpoint resumes with any N, and a lost
+    process ends the others with a message instead of a hang."""
     return run_program(lambda: run(argv), INPUT_ERRORS)
 
 
 def run(argv: Optional[Sequence[str]]) -> dict[str, Any]:
     """main() without turning bad input into SystemExit."""
     args = parse_args(argv)
+    hint = (f"The last checkpoint in {args.out_dir} (checkpoint_NNNNNN/, --checkpoint-every) is intact: continue "
+            f"with --resume-from on any number of processes")  # fmt: skip
     with locked_out_dir(args.out_dir, hold=first_process()):
-        parallel = DataParallel(args.backend)  # under torchrun: joins the group, picks this process's GPU
-        try:
+        # Under torchrun: joins the group, picks this process's GPU, starts the watchdog.
+        with DataParallel(args.backend, vars(args), resume_hint=hint) as parallel:
             return train(args, parallel, argv)
-        finally:
-            parallel.close()
 
 
 def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Sequence[str]]) -> dict[str, Any]:
@@ -124,32 +128,40 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
     backend = choice.backend
     minitorch.set_float32_matmul_precision(args.matmul_precision)
     minitorch.manual_seed(args.seed)
-    B, T, N = args.batch_size, args.seq_len, parallel.world_size
-    inputs = open_inputs(args, parallel.rank, N)
+    N, T = parallel.world_size, args.seq_len
+    B = parallel.global_batch(args.batch_size)
+    check_divisible(B, N)
+    b = B // N  # this process's rows of a step
+    inputs = open_inputs(args, b, parallel.rank, N)
     train, val = inputs.train, inputs.val
     total_steps = args.steps or train.batches_per_epoch
     start = f"{'resuming' if args.resume_from else 'new run'} in {out_dir}"
     step = 0
     model = build_model(args, inputs, backend)
-    parallel.wrap(model)
-    optimizer = minitorch.AdamW(
-        model.parameters(), lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
+    micro = parallel.micro_slices(b)
+    parallel.wrap(model, micro_batches=len(micro) > 1)
+    optimizer = parallel.optimizer(
+        model, lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
     )
+    peak_lr = parallel.peak_lr(args.lr)
     if args.resume_from:
         step = load_training_state(args.resume_from, optimizer, train)["step"]
     estimate = plan(args, inputs, backend, step, total_steps)
-    steps = f"{total_steps:,} steps of {N}x{B}x{T} tokens" + (f", {step:,} done" if step else "")
+    steps = f"{total_steps:,} steps of {B}x{T} tokens" + (f", {step:,} done" if step else "")
     parallel.print(first_line(choice, start, args.preset, args.auto_preset, num_parameters(inputs.config), steps,
                               estimate.total_s, resumed=bool(step)), flush=True)  # fmt: skip
-    train_step = GPT2Step(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda)
+    train_step = GPT2Step(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda,
+                          micro_slices=micro, weight=b / B)  # fmt: skip
+    parallel.before_close(train_step.release_graphs)  # a graph may hold the step's all-reduces
     metrics = MetricsLog(out_dir / METRICS_NAME, write=parallel.is_main)
     records = metrics.restart((lambda r: r["step"] <= step) if args.resume_from else None)
     val_batches = min(args.val_batches, val.batches_per_epoch) if val else 0
+    split = f", {N} processes x {b} (data parallel{', ZeRO-1' if args.zero else ''})" if N > 1 else ""
+    split += f", micro-batches of up to {args.micro_batch_size}" if len(micro) > 1 else ""
     parallel.print(
-        f"GPT-2 {model.config}" + (f", {N} processes (data parallel)" if N > 1 else "")
-        + f": {model.attention_config}, loss {args.loss}, recompute layers {args.recompute_layers}, "
-        f"matmul precision {args.matmul_precision}; {train.num_tokens:,} training tokens in {len(train.paths)} shard(s) "
-        f"({train.batches_per_epoch} steps of {N}x{B}x{T}), validation: "
+        f"GPT-2 {model.config}{split}: {model.attention_config}, loss {args.loss}, recompute layers "
+        f"{args.recompute_layers}, matmul precision {args.matmul_precision}; {train.num_tokens:,} training tokens in "
+        f"{len(train.paths)} shard(s) ({train.batches_per_epoch} steps of {B}x{T}), validation: "
         + (f"{val_batches} batches every {args.val_every} steps" if val and args.val_every else "none"),
         flush=True,
     )
@@ -162,14 +174,14 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
 
     def save() -> Path:
         directory = checkpoint_directory(out_dir, step)
+        optimizer_state = parallel.optimizer_state(optimizer)  # under --zero 1 every process gathers
         if parallel.is_main:
-            save_training_state(directory, model, optimizer, step, train, vars(args))
+            save_training_state(directory, model, optimizer_state, step, train, vars(args))
             prune_checkpoints(out_dir, args.keep_checkpoints)
         schedule.saved()
         return directory
 
     def result(stopped: Optional[str]) -> dict[str, Any]:
-        train_step.release_graphs()
         memory = minitorch.peak_memory_mb(backend)
         if stopped is None:
             log({"step": step, **memory})
@@ -196,13 +208,13 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
                 parallel.print(f"step {step:5d} | saved {directory}", flush=True)
             started = time.perf_counter()
             ids, targets = train.next_batch()
-            lr = learning_rate(step, args.lr, args.warmup_steps, total_steps, args.final_lr_frac)
+            lr = learning_rate(step, peak_lr, args.warmup_steps, total_steps, args.final_lr_frac)
             loss, norm = train_step(ids, targets, lr)
             seconds = time.perf_counter() - started
-            loss = parallel.sum(loss)[0] / N  # the step's loss over all N x B x T tokens
+            loss = parallel.sum(loss)[0]  # the step's loss over all B x T tokens (each process's is weighted)
             step += 1
             pace.step()
-            tokens_per_s = N * B * T / seconds
+            tokens_per_s = B * T / seconds
             record = {"step": step, "loss": loss, "lr": lr, "ms": seconds * 1e3, "tokens_per_s": tokens_per_s}
             if norm is not None:
                 record["grad_norm"] = norm

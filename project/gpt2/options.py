@@ -14,6 +14,7 @@ from project.common.console import command_line
 from project.common.options import (
     NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, UNIT_INTERVAL, add_compute_options, given_options, option,
 )  # fmt: skip
+from project.common.parallel import add_parallel_options
 from project.common.presets import AUTO, apply_preset, program_parser
 
 FRESH_MODEL = ("depth", "channels", "heads", "max_seq_len", "vocab_size")
@@ -25,7 +26,7 @@ PRESETS = {
     "full": {},
     "tiny": {
         "depth": 4, "channels": 128, "heads": 4, "max_seq_len": 128, "seq_len": 128, "batch_size": 8, "steps": 200,
-        "lr": 1e-3, "warmup_steps": 20, "final_lr_frac": 0.1, "val_every": 50, "val_batches": 4, "sample_every": 100,
+        "lr": 1e-3, "warmup_steps": 20, "final_lr_frac": 0.1, "val_every": 50, "val_batches": 4,
     },
 }  # fmt: skip
 
@@ -52,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--val-shards", default=None, metavar="GLOB",
                       help="llm.c token shards for validation (None: with the default --train-shards, the *_val_* "
                       "shards beside them if there are any; else no validation)")
-    data.add_argument("--batch-size", type=POSITIVE_INT, default=4, help="sequences per step (per process)")
+    data.add_argument("--batch-size", type=POSITIVE_INT, default=4,
+                      help="sequences of --seq-len tokens per step, over all processes under torchrun (see "
+                      "--micro-batch-size, --scale-batch-with-world)")
     data.add_argument("--seq-len", type=POSITIVE_INT, default=1024, help="tokens per sequence")
     opt = p.add_argument_group("optimization")
     opt.add_argument("--steps", type=POSITIVE_INT, default=None,
@@ -87,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "SIGTERM saves one too and stops")
     run.add_argument("--keep-checkpoints", type=NON_NEGATIVE_INT, default=2,
                      help="checkpoint directories kept in --out-dir, the newest (0: all)")
+    add_parallel_options(p, rows="sequences")
     add_compute_options(p, attention="fused", loss="fused")
     p.add_argument("--out-dir", default="runs/gpt2", help="metrics, plot, checkpoints and the final model.bin")
     p.add_argument("--seed", type=int, default=0, help="initialisation of a fresh model and sampling")

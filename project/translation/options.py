@@ -23,6 +23,7 @@ from project.common.options import (
     lenient,
     option,
 )
+from project.common.parallel import add_parallel_options
 from project.common.presets import apply_preset, program_parser
 from project.translation.corpus import DATA_DIR_ENV, DEFAULT_BASE_URL, DEFAULT_DATA_DIR
 from project.translation.tokenizer import MIN_VOCAB_SIZE
@@ -37,10 +38,11 @@ RUN_CONTROL = {
     "epochs", "backend", "use_fused_kernel", "data_dir", "download", "eval_batch_size", "valid_samples",
     "test_samples", "out_dir", "resume", "loss", "recompute_layers", "attention", "save_every_steps",
     "save_every_minutes", "cuda_graphs", "log_every", "matmul_precision", "beam_size", "final_beam_size",
-    "length_penalty", "average_last",
+    "length_penalty", "average_last", "micro_batch_size", "zero", "dist_timeout", "lost_rank_timeout",
 }  # fmt: skip
-# Options newer than some checkpoints that change the training, with the value those checkpoints trained with.
-TRAINED_BEFORE = {"label_smoothing": 0.0, "lr_scaling": "none"}
+# Options newer than some checkpoints that change the training, with the value those checkpoints trained with
+# (--batch-size was per process before --scale-batch-with-world).
+TRAINED_BEFORE = {"label_smoothing": 0.0, "lr_scaling": "none", "scale_batch_with_world": True}
 # --preset NAME: defaults of a run (explicit options still win). full: the parser's defaults, the real
 # run for a GPU; tiny: minutes on a 2-core CPU; auto (the default): full on CUDA, tiny on a CPU.
 PRESETS = {
@@ -79,19 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--seed", type=int, default=0, help="seed of initialization, dropout and batch order")
     opt.add_argument("--epochs", type=POSITIVE_INT, default=10, help="epochs to train in all")
     opt.add_argument("--batch-size", type=POSITIVE_INT, default=128,
-                     help="training pairs per step (under torchrun: per process, N batches a step)")
+                     help="training pairs per step, over all processes under torchrun (see --micro-batch-size, "
+                     "--scale-batch-with-world)")
     opt.add_argument("--samples-per-epoch", type=POSITIVE_INT, default=None,
                      help="training pairs drawn per epoch (None: all)")
     opt.add_argument("--lr", type=POSITIVE, default=1e-3, help="peak learning rate of AdamW")
-    opt.add_argument("--lr-scaling", choices=("none", "sqrt", "linear"), default="linear",
-                     help="under torchrun with N processes (a global batch of N x --batch-size) the peak lr is "
-                     "--lr x 1, sqrt(N) or N")
     opt.add_argument("--warmup-steps", type=NON_NEGATIVE_INT, default=200,
-                     help="linear warmup, then cosine decay to 0 (counted in batches: a step of N processes counts N)")
+                     help="linear warmup, then cosine decay to 0 (counted in batches of --batch-size: under "
+                     "--scale-batch-with-world a step of N processes counts N)")
     opt.add_argument("--weight-decay", type=NON_NEGATIVE, default=0.01, help="decoupled (AdamW) weight decay")
     opt.add_argument("--grad-clip", type=NON_NEGATIVE, default=1.0, help="global gradient-norm clip (0: off)")
     opt.add_argument("--label-smoothing", type=FRACTION, default=0.0,
                      help="train against (1 - e) * onehot + e / vocab (the validation loss stays unsmoothed)")
+    add_parallel_options(p, rows="pairs")
     how = add_compute_options(p, attention="naive", loss="naive")
     how.add_argument("--checkpoint", action=RenamedOption, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     run = p.add_argument_group("data, outputs, checkpoints")

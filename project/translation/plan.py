@@ -33,10 +33,11 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def steps_per_epoch(config: Mapping[str, Any], n_train: int, world_size: int) -> int:
-    """Steps of an epoch: the batches of --samples-per-epoch pairs (all n_train by default), N a step."""
+def steps_per_epoch(config: Mapping[str, Any], n_train: int, batches_per_step: int = 1) -> int:
+    """Steps of an epoch: the batches of --samples-per-epoch pairs (all n_train by default), each step
+    batches_per_step of them (N under --scale-batch-with-world, else 1)."""
     samples = min(config["samples_per_epoch"] or n_train, n_train)
-    return _ceil_div(_ceil_div(samples, config["batch_size"]), world_size)
+    return _ceil_div(_ceil_div(samples, config["batch_size"]), batches_per_step)
 
 
 def evaluation_seconds(config: Mapping[str, Any], speed: Speed, params: int, n_valid: int, n_test: int,
@@ -74,18 +75,19 @@ class RunPlan:
 
 
 def plan_run(
-    config: Mapping[str, Any], speed: Speed, world_size: int, sizes: Mapping[str, int], params: int,
+    config: Mapping[str, Any], speed: Speed, batches_per_step: int, rows: int, sizes: Mapping[str, int], params: int,
     state: Optional[Mapping[str, Any]] = None,
 ) -> RunPlan:  # fmt: skip
     """The plan of a run of config with `sizes` pairs per split ({"train", "valid", "test"}) and
-    `params` parameters, from the start or, with a checkpoint's state, from where it stands."""
-    per_epoch = steps_per_epoch(config, sizes["train"], world_size)
+    `params` parameters, whose steps take batches_per_step batches and `rows` pairs in this process,
+    from the start or, with a checkpoint's state, from where it stands."""
+    per_epoch = steps_per_epoch(config, sizes["train"], batches_per_step)
     done, epochs_left = 0, config["epochs"]
     if state is not None:
-        epoch, in_epoch, trained = resume_point(state, world_size, per_epoch)
+        epoch, in_epoch, trained = resume_point(state, batches_per_step, per_epoch)
         done = min((epoch - 1) * per_epoch + in_epoch, config["epochs"] * per_epoch)
         epochs_left = config["epochs"] - epoch + 1 - int(trained)
-    step_s = speed.train_step(params, config["batch_size"] * min(config["max_len"], TYPICAL_PAIR_TOKENS))
+    step_s = speed.train_step(params, rows * min(config["max_len"], TYPICAL_PAIR_TOKENS))
     evaluation = evaluation_seconds(config, speed, params, sizes["valid"], sizes["test"], config["beam_size"])
     final = evaluation_seconds(config, speed, params, sizes["valid"], sizes["test"], 1) + evaluation_seconds(
         config, speed, params, 0, sizes["test"], config["final_beam_size"])  # fmt: skip
@@ -95,7 +97,7 @@ def plan_run(
 
 def announce(
     choice: minitorch.BackendChoice, config: Dict[str, Any], checkpoint: Optional[Checkpoint], speed: Speed,
-    world_size: int, auto_preset: bool,
+    batches_per_step: int, rows: int, auto_preset: bool,
 ) -> str:  # fmt: skip
     """The run's first line, before the corpus is read: backend, where, preset, parameters, steps
     and estimated time (of the whole run, or of what a resumed one has left, and where it stands)."""
@@ -104,29 +106,30 @@ def announce(
     else:
         params = sum(int(value.size) for value in checkpoint.state["model"].values())
     start = f"{'resuming' if checkpoint else 'new run'} in {config['out_dir']}"
+    preset = config.get("preset", "full")
     sizes = split_sizes(config["data_dir"])
     if sizes is None:
-        return first_line(choice, start, config["preset"], auto_preset, params, "steps and time known once the corpus is read")
+        return first_line(choice, start, preset, auto_preset, params, "steps and time known once the corpus is read")
     state = None if checkpoint is None else checkpoint.state
-    plan = plan_run(config, speed, world_size, sizes, params, state)
+    plan = plan_run(config, speed, batches_per_step, rows, sizes, params, state)
     steps = f"{plan.total:,} steps ({config['epochs']} epochs of {plan.per_epoch})"
     if state is not None:
-        epoch, in_epoch, _ = resume_point(state, world_size, plan.per_epoch)
+        epoch, in_epoch, _ = resume_point(state, batches_per_step, plan.per_epoch)
         steps += f", {plan.done:,} done ({position(epoch, config['epochs'], in_epoch, plan.per_epoch)})"
-    return first_line(choice, start, config["preset"], auto_preset, params, steps, plan.estimate.total_s,
+    return first_line(choice, start, preset, auto_preset, params, steps, plan.estimate.total_s,
                       resumed=state is not None)  # fmt: skip
 
 
-def resume_point(state: Mapping[str, Any], world_size: int, per_epoch: int) -> Tuple[int, int, bool]:
+def resume_point(state: Mapping[str, Any], batches_per_step: int, per_epoch: int) -> Tuple[int, int, bool]:
     """(epoch, its steps done, whether its training part is done) of a checkpoint's state, in the
-    numbering of the progress bar: the epoch resumed (1-based) and its steps of world_size batches."""
+    numbering of the progress bar: the epoch resumed (1-based) and its steps of batches_per_step batches."""
     progress = state["progress"]
     partial = progress["partial"]
     if partial is None:
         return progress["epoch"] + 1, 0, False
     if partial["trained"]:
         return partial["epoch"], per_epoch, True
-    return partial["epoch"], int(state["batcher"]["batches_done"]) // world_size, False
+    return partial["epoch"], int(state["batcher"]["batches_done"]) // batches_per_step, False
 
 
 def position(epoch: int, epochs: int, step: int, per_epoch: int) -> str:
