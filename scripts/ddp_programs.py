@@ -121,6 +121,7 @@ def translation(args: argparse.Namespace) -> None:
     with TranslationParallel(args.backend, config, resume_hint=f"resume from {out / mt_options.CHECKPOINT_NAME}") as parallel:
         minitorch.manual_seed(config["seed"])
         np.random.seed(config["seed"])
+        # No validation or test sentences: the run's plan counts them, the epochs here never evaluate.
         data = {"tokenizer": _Vocabulary(), "train": EncodedPairs(sequences(args.pairs), 0), "valid": EncodedPairs([], 0),
                 "prompts": []}  # fmt: skip
         job = TranslationRun(config, backend_of(args), data, parallel)

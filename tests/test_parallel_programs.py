@@ -122,7 +122,9 @@ def shards(tmp_path_factory):
 def gpt2(shards: Path, out: Path, processes: int, *options: str) -> str:
     model = [] if "--resume-from" in options else ["--depth", "1", "--channels", "8", "--heads", "2",
                                                     "--max-seq-len", "8", "--vocab-size", "16"]  # fmt: skip
-    program = ["--train-shards", str(shards / "t_train_*.bin"), "--val-shards", str(shards / "t_val_*.bin"),
+    # --preset full: the parser's defaults (auto would pick tiny on a CPU, whose samples start at GPT-2's <|endoftext|>).
+    program = ["--preset", "full", "--train-shards", str(shards / "t_train_*.bin"),
+               "--val-shards", str(shards / "t_val_*.bin"),
                "--batch-size", "4", "--seq-len", "8", "--steps", "4", "--val-every", "2", "--val-batches", "1",
                "--checkpoint-every", "2", "--grad-clip", "1", "--lr", "1e-2", "--out-dir", str(out), *model, *options]
     return launch(["gpt2", "--simple", "--", *program], processes)  # fmt: skip

@@ -47,7 +47,7 @@ def add_parallel_options(parser: argparse.ArgumentParser, rows: str) -> Any:
     group = parser.add_argument_group("data parallel (torchrun --nproc_per_node N [--nnodes M])")
     group.add_argument("--micro-batch-size", type=POSITIVE_INT, default=DEFAULTS["micro_batch_size"],
                        help=f"most {rows} per forward/backward pass: a process's share of the step larger than this "
-                       "is run as several passes whose gradients are summed (default: the whole share in one)")
+                       "is run as several passes whose gradients are summed (None: the whole share in one)")
     group.add_argument("--zero", type=int, choices=(0, 1), default=DEFAULTS["zero"],
                        help="1: ZeRO stage 1, gradients reduce-scattered and each process updating its 1/N shard of "
                        "the float32 weights and AdamW moments (optimizer memory / N); the same training")

@@ -98,9 +98,9 @@ def fresh_config(args: argparse.Namespace, tokenizer: Optional[Tokenizer]) -> GP
     )  # fmt: skip
 
 
-def open_inputs(args: argparse.Namespace, rows: int, rank: int = 0, world_size: int = 1) -> Inputs:
-    """Every input of a run, checked; the loaders serve process `rank` of world_size its `rows`
-    sequences of every step."""
+def open_inputs(args: argparse.Namespace, rank: int = 0, world_size: int = 1, rows: Optional[int] = None) -> Inputs:
+    """Every input of a run, checked; the loaders serve process `rank` of world_size `rows` sequences
+    of each step (default: --batch-size)."""
     train_paths = shard_paths("--train-shards", args.train_shards)
     val_pattern = validation_pattern(args)
     val_paths = shard_paths("--val-shards", val_pattern) if val_pattern else None
@@ -114,7 +114,7 @@ def open_inputs(args: argparse.Namespace, rows: int, rank: int = 0, world_size: 
                          f"vocabulary of {config.vocab_size}: give --eot-id, --tokenizer or --sample-every 0")  # fmt: skip
 
     def loader(paths: List[Path]) -> ShardLoader:
-        return ShardLoader(paths, rows, args.seq_len, rank, world_size, vocab_size=config.vocab_size)
+        return ShardLoader(paths, rows or args.batch_size, args.seq_len, rank, world_size, vocab_size=config.vocab_size)
 
     return Inputs(config, start, loader(train_paths), loader(val_paths) if val_paths else None, tokenizer)
 

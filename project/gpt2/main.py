@@ -12,6 +12,7 @@ The run holds a lock on --out-dir; ``<out-dir>/checkpoint_NNNNNN/`` is saved eve
 --checkpoint-every steps and --checkpoint-every-minutes minutes (the newest --keep-checkpoints
 kept); Ctrl-C or SIGTERM finishes the step, saves one and exits with status 0 and the command that
 continues the run. Every input is checked before training (inputs.py), each problem one ``error:`` line.
+--batch-size is the step's global batch, the same training on any number of processes (torchrun).
 
     python project/gpt2_data.py && python project/train_gpt2.py        # shards from Multi30k, then train
     python project/train_gpt2.py --init-from gpt2_124M.bin --train-shards 'fineweb_train_*.bin'
@@ -84,10 +85,12 @@ def due_points(first: int, last: int, every: int, from_one: bool = False) -> int
     return (last // every - (first - 1) // every) + (last % every != 0) if first <= last else 0
 
 
-def plan(args: argparse.Namespace, inputs: Inputs, backend: minitorch.TensorBackend, step: int, total: int) -> Estimate:
-    """The planned time of steps step..total: training steps, validations and samples (a process's
-    rows of a step: its loaders' batch)."""
-    speed, params, tokens = speed_of(backend), num_parameters(inputs.config), inputs.train.batch_size * args.seq_len
+def plan(
+    args: argparse.Namespace, inputs: Inputs, backend: minitorch.TensorBackend, rows: int, step: int, total: int
+) -> Estimate:
+    """The planned time of steps step..total on one process that runs `rows` sequences of a step
+    (and of a validation batch): training steps, validations and samples."""
+    speed, params, tokens = speed_of(backend), num_parameters(inputs.config), rows * args.seq_len
     validation = args.val_batches * speed.forward(params, tokens) if inputs.val else 0.0
     one_sample = args.sample_tokens * speed.forward(params, min(args.sample_tokens, inputs.config.max_seq_len))
     other = due_points(step, total, args.val_every) * validation + due_points(step, total, args.sample_every, True) * one_sample
@@ -104,16 +107,17 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     DataLoader), in micro-batches of --micro-batch-size rows where given, each loss weighted by its
     part of the step; the gradients are summed during backward (minitorch.distributed; --zero 1
     shards AdamW's state), so the run trains as on one process. Validation losses are averaged over
-    the processes, rank 0 prints and writes every file, a checkpoint resumes with any N, and a lost
-    process ends the others with a message instead of a hang."""
+    the processes, rank 0 prints and writes every file, a stop signal or a due checkpoint is acted
+    on by every process at the same step, a checkpoint resumes with any N, and a lost process ends
+    the others with a message instead of a hang."""
     return run_program(lambda: run(argv), INPUT_ERRORS)
 
 
 def run(argv: Optional[Sequence[str]]) -> dict[str, Any]:
     """main() without turning bad input into SystemExit."""
     args = parse_args(argv)
-    hint = (f"The last checkpoint in {args.out_dir} (checkpoint_NNNNNN/, --checkpoint-every) is intact: continue "
-            f"with --resume-from on any number of processes")  # fmt: skip
+    hint = (f"The last checkpoint in {args.out_dir} (checkpoint_NNNNNN/) is intact: continue with --resume-from "
+            f"on any number of processes")  # fmt: skip
     with locked_out_dir(args.out_dir, hold=first_process()):
         # Under torchrun: joins the group, picks this process's GPU, starts the watchdog.
         with DataParallel(args.backend, vars(args), resume_hint=hint) as parallel:
@@ -132,7 +136,7 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
     B = parallel.global_batch(args.batch_size)
     check_divisible(B, N)
     b = B // N  # this process's rows of a step
-    inputs = open_inputs(args, b, parallel.rank, N)
+    inputs = open_inputs(args, parallel.rank, N, rows=b)
     train, val = inputs.train, inputs.val
     total_steps = args.steps or train.batches_per_epoch
     start = f"{'resuming' if args.resume_from else 'new run'} in {out_dir}"
@@ -143,16 +147,16 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
     optimizer = parallel.optimizer(
         model, lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
     )
-    peak_lr = parallel.peak_lr(args.lr)
     if args.resume_from:
         step = load_training_state(args.resume_from, optimizer, train)["step"]
-    estimate = plan(args, inputs, backend, step, total_steps)
+    estimate = plan(args, inputs, backend, b, step, total_steps)
     steps = f"{total_steps:,} steps of {B}x{T} tokens" + (f", {step:,} done" if step else "")
     parallel.print(first_line(choice, start, args.preset, args.auto_preset, num_parameters(inputs.config), steps,
                               estimate.total_s, resumed=bool(step)), flush=True)  # fmt: skip
     train_step = GPT2Step(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda,
                           micro_slices=micro, weight=b / B)  # fmt: skip
     parallel.before_close(train_step.release_graphs)  # a graph may hold the step's all-reduces
+    peak_lr = parallel.peak_lr(args.lr)
     metrics = MetricsLog(out_dir / METRICS_NAME, write=parallel.is_main)
     records = metrics.restart((lambda r: r["step"] <= step) if args.resume_from else None)
     val_batches = min(args.val_batches, val.batches_per_epoch) if val else 0
@@ -219,7 +223,7 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
             if norm is not None:
                 record["grad_norm"] = norm
             log(record)
-            left = estimate.remaining(total_steps - step, plan(args, inputs, backend, step + 1, total_steps).other_s,
+            left = estimate.remaining(total_steps - step, plan(args, inputs, backend, b, step + 1, total_steps).other_s,
                                       pace.seconds_per_step)  # fmt: skip
             parallel.print(
                 f"step {step:5d}/{total_steps} | loss {loss:.6f} | lr {lr:.3e} | {seconds * 1e3:8.1f} ms | "

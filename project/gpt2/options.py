@@ -26,7 +26,7 @@ PRESETS = {
     "full": {},
     "tiny": {
         "depth": 4, "channels": 128, "heads": 4, "max_seq_len": 128, "seq_len": 128, "batch_size": 8, "steps": 200,
-        "lr": 1e-3, "warmup_steps": 20, "final_lr_frac": 0.1, "val_every": 50, "val_batches": 4,
+        "lr": 1e-3, "warmup_steps": 20, "final_lr_frac": 0.1, "val_every": 50, "val_batches": 4, "sample_every": 100,
     },
 }  # fmt: skip
 

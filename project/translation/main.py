@@ -79,14 +79,13 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
 def train(
     config: Dict[str, Any], checkpoint: Optional[Checkpoint], parallel: TranslationParallel, auto_preset: bool
 ) -> Dict[str, Any]:
-    """run() in the process group, with the configuration resolved and checked: the first line,
-    data, model, the epochs, the final evaluation."""
+    """run() in the process group, on a configuration resolved and checked: data, model, the
+    epochs, the final evaluation."""
     out_dir = Path(config["out_dir"])
     say = parallel.print
     choice = backend_from_option(config["backend"])
     backend = choice.backend
-    rows = parallel.process_rows(config["batch_size"])
-    say(announce(choice, config, checkpoint, speed_of(backend), parallel.batches_per_step, rows, auto_preset), flush=True)
+    say(announce(choice, config, checkpoint, speed_of(backend), parallel, auto_preset), flush=True)
     minitorch.set_float32_matmul_precision(config["matmul_precision"])
     minitorch.manual_seed(config["seed"])
     np.random.seed(config["seed"])

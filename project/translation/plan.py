@@ -12,6 +12,7 @@ import minitorch
 from project.common.checkpoint import Checkpoint
 from project.common.eta import Estimate, Speed, first_line
 from project.translation.corpus import split_sizes
+from project.translation.parallel import TranslationParallel
 
 # Tokens of a typical Multi30k pair "de <eos_de> en <eos_en>" (BPE of 1,000 to 8,000 tokens), and the
 # decoding steps of a batch of test sentences (until its longest reply ends): what the time estimate
@@ -33,9 +34,9 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def steps_per_epoch(config: Mapping[str, Any], n_train: int, batches_per_step: int = 1) -> int:
-    """Steps of an epoch: the batches of --samples-per-epoch pairs (all n_train by default), each step
-    batches_per_step of them (N under --scale-batch-with-world, else 1)."""
+def steps_per_epoch(config: Mapping[str, Any], n_train: int, batches_per_step: int) -> int:
+    """Steps of an epoch: the batches of --samples-per-epoch pairs (all n_train by default),
+    batches_per_step a step (TranslationParallel.batches_per_step)."""
     samples = min(config["samples_per_epoch"] or n_train, n_train)
     return _ceil_div(_ceil_div(samples, config["batch_size"]), batches_per_step)
 
@@ -75,18 +76,19 @@ class RunPlan:
 
 
 def plan_run(
-    config: Mapping[str, Any], speed: Speed, batches_per_step: int, rows: int, sizes: Mapping[str, int], params: int,
+    config: Mapping[str, Any], speed: Speed, parallel: TranslationParallel, sizes: Mapping[str, int], params: int,
     state: Optional[Mapping[str, Any]] = None,
 ) -> RunPlan:  # fmt: skip
     """The plan of a run of config with `sizes` pairs per split ({"train", "valid", "test"}) and
-    `params` parameters, whose steps take batches_per_step batches and `rows` pairs in this process,
+    `params` parameters on the processes of `parallel` (a step's time: this process's rows of it),
     from the start or, with a checkpoint's state, from where it stands."""
-    per_epoch = steps_per_epoch(config, sizes["train"], batches_per_step)
+    per_epoch = steps_per_epoch(config, sizes["train"], parallel.batches_per_step)
     done, epochs_left = 0, config["epochs"]
     if state is not None:
-        epoch, in_epoch, trained = resume_point(state, batches_per_step, per_epoch)
+        epoch, in_epoch, trained = resume_point(state, parallel.batches_per_step, per_epoch)
         done = min((epoch - 1) * per_epoch + in_epoch, config["epochs"] * per_epoch)
         epochs_left = config["epochs"] - epoch + 1 - int(trained)
+    rows = parallel.process_rows(config["batch_size"])
     step_s = speed.train_step(params, rows * min(config["max_len"], TYPICAL_PAIR_TOKENS))
     evaluation = evaluation_seconds(config, speed, params, sizes["valid"], sizes["test"], config["beam_size"])
     final = evaluation_seconds(config, speed, params, sizes["valid"], sizes["test"], 1) + evaluation_seconds(
@@ -97,7 +99,7 @@ def plan_run(
 
 def announce(
     choice: minitorch.BackendChoice, config: Dict[str, Any], checkpoint: Optional[Checkpoint], speed: Speed,
-    batches_per_step: int, rows: int, auto_preset: bool,
+    parallel: TranslationParallel, auto_preset: bool,
 ) -> str:  # fmt: skip
     """The run's first line, before the corpus is read: backend, where, preset, parameters, steps
     and estimated time (of the whole run, or of what a resumed one has left, and where it stands)."""
@@ -106,17 +108,16 @@ def announce(
     else:
         params = sum(int(value.size) for value in checkpoint.state["model"].values())
     start = f"{'resuming' if checkpoint else 'new run'} in {config['out_dir']}"
-    preset = config.get("preset", "full")
     sizes = split_sizes(config["data_dir"])
     if sizes is None:
-        return first_line(choice, start, preset, auto_preset, params, "steps and time known once the corpus is read")
+        return first_line(choice, start, config["preset"], auto_preset, params, "steps and time known once the corpus is read")
     state = None if checkpoint is None else checkpoint.state
-    plan = plan_run(config, speed, batches_per_step, rows, sizes, params, state)
+    plan = plan_run(config, speed, parallel, sizes, params, state)
     steps = f"{plan.total:,} steps ({config['epochs']} epochs of {plan.per_epoch})"
     if state is not None:
-        epoch, in_epoch, _ = resume_point(state, batches_per_step, plan.per_epoch)
+        epoch, in_epoch, _ = resume_point(state, parallel.batches_per_step, plan.per_epoch)
         steps += f", {plan.done:,} done ({position(epoch, config['epochs'], in_epoch, plan.per_epoch)})"
-    return first_line(choice, start, preset, auto_preset, params, steps, plan.estimate.total_s,
+    return first_line(choice, start, config["preset"], auto_preset, params, steps, plan.estimate.total_s,
                       resumed=state is not None)  # fmt: skip
 
 

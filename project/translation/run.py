@@ -98,8 +98,7 @@ class TranslationRun:
                  "test": len(self.data["prompts"])}  # fmt: skip
         params = sum(p.value.size for p in self.model.parameters())
         state = {"progress": self.progress, "batcher": self.batcher.state_dict()}
-        rows = self.parallel.process_rows(self.config["batch_size"])
-        return plan_run(self.config, speed_of(self.backend), self.parallel.batches_per_step, rows, sizes, params, state)
+        return plan_run(self.config, speed_of(self.backend), self.parallel, sizes, params, state)
 
     def position(self) -> str:
         """Where the run stands, as the progress bar counts ("epoch 2/10, step 17/227")."""
