@@ -2,16 +2,23 @@
 
 On CUDA the bias and the activation (GELU, tanh approximation, or ReLU) run in the matmul's
 epilogue, which also keeps x @ weight + bias for the backward; elsewhere the composed reference
-below.  The backward turns the incoming gradient into the pre-activation gradient with the
+below.  The backward turns the incoming gradient into the pre-activation gradient d with the
 activation's derivative, then dx = d @ weight^T, dweight = x^T @ d, dbias = column sums of d.
+
+16-bit inputs (bfloat16 under minitorch.autocast) compute as the kernels do: products of the 16-bit
+values summed in float32, the bias and the activation in float32, the output and the kept
+pre-activation rounded once to the 16-bit dtype; dx is 16-bit, while dweight and dbias are float32
+(weight gradients accumulate in float32: a float32 master weight read through its 16-bit copy gets
+them as they are).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Tuple
 
-from ..autocast import autocast_inputs
+from ..autocast import autocast, autocast_inputs
 from ..autodiff import Context
+from ..dtypes import arithmetic, result_type
 from ..tensor_data import IndexingError
 from ..tensor_functions import Function
 from ..tensor_ops import hook
@@ -24,7 +31,7 @@ ACTIVATIONS = (None, "gelu", "relu")
 
 def linear(x: "Tensor", weight: "Tensor", bias: Optional["Tensor"] = None, activation: Optional[str] = None) -> "Tensor":
     """act(x @ weight + bias) over the last dim of x [..., in] with weight [in, out], bias [out]
-    (in the autocast dtype inside minitorch.autocast)."""
+    (in the autocast dtype inside minitorch.autocast; otherwise in the inputs' promoted dtype)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
     weight = x._ensure(weight)
@@ -35,10 +42,42 @@ def linear(x: "Tensor", weight: "Tensor", bias: Optional["Tensor"] = None, activ
         if bias.shape != (weight.shape[1],):
             raise IndexingError(f"linear: bias of shape {bias.shape} for weight {weight.shape}")
     x, weight, bias = autocast_inputs("linear", x, weight, bias)
+    operands = [t for t in (x, weight, bias) if t is not None]
+    dtype = arithmetic(result_type(*operands))
+    x, weight, bias = (t if t is None or t.dtype is dtype else t.to(dtype) for t in (x, weight, bias))
     lead = x.shape[:-1]
     rows = x.contiguous().view(-1, weight.shape[0])
     out = Linear.apply(rows, weight, bias, activation)
     return out.view(*lead, weight.shape[1])
+
+
+def linear_reference(
+    x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str]
+) -> Tuple["Tensor", Optional["Tensor"]]:
+    """(act(x @ weight + bias), x @ weight + bias when there is an activation) composed from Tensor
+    operations; for 16-bit inputs in float32, each output rounded once (see the module notes)."""
+    low = x.dtype
+    with autocast(enabled=False):
+        if low.rounds:
+            x, weight, bias = (None if t is None else t.float() for t in (x, weight, bias))
+        pre = x @ weight
+        if bias is not None:
+            pre = pre + bias
+        if activation is None:
+            return (pre.to(low) if low.rounds else pre), None
+        out = pre.gelu() if activation == "gelu" else pre.relu()
+        return (out.to(low), pre.to(low)) if low.rounds else (out, pre)
+
+
+def linear_backward_reference(
+    d: "Tensor", x: "Tensor", weight: "Tensor", has_bias: bool
+) -> Tuple["Tensor", "Tensor", Optional["Tensor"]]:
+    """(dx, dweight, dbias or None) from d [rows, out], the pre-activation gradient, composed:
+    dx = d @ weight^T in d's dtype; dweight = x^T @ d and dbias = column sums of d in float32."""
+    dx = d @ weight.transpose(0, 1)
+    d32 = d.float()
+    dweight = x.float().transpose(0, 1) @ d32
+    return dx, dweight, (d32.sum(0).view(weight.shape[1]) if has_bias else None)
 
 
 def _activation_backward(grad: "Tensor", pre: "Tensor", activation: Optional[str]) -> "Tensor":
@@ -50,7 +89,11 @@ def _activation_backward(grad: "Tensor", pre: "Tensor", activation: Optional[str
 
 
 class Linear(Function):
-    """Saves x, weight and the pre-activation (when there is an activation)."""
+    """Saves x, weight and the pre-activation (when there is an activation).
+
+    Kernel hooks: linear_fw(x, weight, bias, activation) -> (out, pre or None) as linear_reference;
+    linear_bw(d, x, weight, has_bias) -> (dx, dweight, dbias or None) as linear_backward_reference,
+    or None where the backend composes them (e.g. float32 on CUDA)."""
 
     @staticmethod
     def forward(
@@ -58,10 +101,7 @@ class Linear(Function):
     ) -> "Tensor":
         kernel = hook(x.backend.ops, "linear_fw")
         if kernel is None:
-            pre = x @ weight
-            if bias is not None:
-                pre = pre + bias
-            out = pre if activation is None else (pre.gelu() if activation == "gelu" else pre.relu())
+            out, pre = linear_reference(x, weight, bias, activation)
         else:
             out_td, pre_td = kernel(x._tensor, weight._tensor, None if bias is None else bias._tensor, activation)
             out = x._new(out_td)
@@ -73,8 +113,10 @@ class Linear(Function):
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
         x, weight, pre, activation, has_bias = ctx.saved_values
         d = _activation_backward(grad_output.contiguous(), pre, activation)
-        dx = d @ weight.transpose(0, 1)
-        dweight = x.transpose(0, 1) @ d
-        if not has_bias:
-            return dx, dweight
-        return dx, dweight, d.sum(0).view(weight.shape[1])
+        kernel = hook(x.backend.ops, "linear_bw")
+        tds = None if kernel is None else kernel(d._tensor, x._tensor, weight._tensor, has_bias)
+        if tds is None:
+            dx, dweight, dbias = linear_backward_reference(d, x, weight, has_bias)
+        else:
+            dx, dweight, dbias = (None if t is None else x._new(t) for t in tds)
+        return (dx, dweight, dbias) if has_bias else (dx, dweight)

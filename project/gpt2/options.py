@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The program's options; a value out of its bound is a one-line usage error naming the option."""
     p = program_parser("Train GPT-2 with minitorch on llm.c token shards; reads and writes llm.c checkpoints.", PRESETS)
     model = p.add_argument_group("model (a fresh one with GPT-2's initialisation unless --init-from/--resume-from)")
-    model.add_argument("--init-from", default=None, metavar="FILE.bin", help="llm.c float32 checkpoint to start from")
+    model.add_argument("--init-from", default=None, metavar="FILE.bin", help="llm.c checkpoint to start from (float32, version 3, or bfloat16, version 5)")
     model.add_argument("--resume-from", default=None, metavar="DIR",
                        help="checkpoint directory of an earlier run (<out-dir>/checkpoint_NNNNNN): model, AdamW moments, "
                        "step and data position; the other options come from this command line")
