@@ -59,4 +59,6 @@ def test_the_readme_command_announces_the_tiny_run_and_logs_a_step_within_3_cpu_
     assert re.match(r"stopped by SIGINT in epoch 1/2, step \d+/40; saved runs/mt/checkpoint\.npz; continue with: "
                     r"python .*run_machine_translation\.py --resume --out-dir runs/mt$", lines[-2]), lines[-2]  # fmt: skip
     assert "Traceback" not in log.read_text()
+    assert any(line.startswith("warning: 4 of 100 sources exceed 46 tokens") for line in lines), "one line a warning"
+    assert not any("encode_prompts(" in line for line in lines), "no source line under a warning"
     assert cpu < CPU_LIMIT_S, f"{cpu:.0f} s of CPU time before the first logged step"

@@ -181,6 +181,9 @@ BAD_GPT2_INPUTS = {
     "a value out of its bound": ([*SMALL, "--final-lr-frac", "2"], r"argument --final-lr-frac: 2\.0 is outside \[0, 1\]"),
     "an unknown option": ([*SMALL, "--learning-rate", "1"], r"unrecognized arguments: --learning-rate 1"),
     "--seq-len beyond the model": ([*SMALL, "--max-seq-len", "8"], "--seq-len 16 exceeds the model's max_seq_len 8"),
+    "samples from a token beyond the vocabulary": ([*SMALL, "--vocab-size", "300", "--train-shards", "{tmp}/plain_*.bin"],
+                                                   r"--eot-id 50256, where samples start without a tokenizer, is outside "
+                                                   r"the model's vocabulary of 300"),
 }  # fmt: skip
 
 
@@ -190,6 +193,7 @@ def test_every_bad_input_is_one_error_line_and_exit_1(shards, tmp_path, case):
     data = shards.train_shards[0][0].read_bytes()
     (tmp_path / "truncated_0.bin").write_bytes(data[:-10])
     (tmp_path / "magic_0.bin").write_bytes(np.int32(7).tobytes() + data[4:])
+    (tmp_path / "plain_0.bin").write_bytes(data)  # no tokenizer beside it
     argv = tiny_args(shards, tmp_path / "out", *(word.replace("{tmp}", str(tmp_path)) for word in options))
     done = subprocess.run([sys.executable, str(ROOT / "project" / "train_gpt2.py"), *argv], capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)  # fmt: skip

@@ -51,15 +51,18 @@ def one_line_warning(
 
 
 def run_program(body: Callable[[], T], input_errors: Tuple[Type[BaseException], ...]) -> T:
-    """Run a program's body with warnings formatted as one line each; an exception of input_errors
-    becomes SystemExit("error: ...") (status 1), a KeyboardInterrupt one line and status 130."""
-    warnings.formatwarning = one_line_warning
+    """Run a program's body with warnings formatted as one line each (as they were afterwards); an
+    exception of input_errors becomes SystemExit("error: ...") (status 1), a KeyboardInterrupt one
+    line and status 130."""
+    previous, warnings.formatwarning = warnings.formatwarning, one_line_warning
     try:
         return body()
     except input_errors as err:
         raise SystemExit(error_line(err)) from None
     except KeyboardInterrupt as err:
         interrupted(str(err))
+    finally:
+        warnings.formatwarning = previous
 
 
 def interrupted(why: str) -> NoReturn:

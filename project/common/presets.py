@@ -3,7 +3,7 @@ still override. Every program has "full" (its own defaults: the real run, for a 
 (minutes on a 2-core CPU); "auto", the default, picks "full" where the run will train on CUDA and
 "tiny" where it will train on the CPU, so the same command suits either machine.
 
-    add_preset_option(parser, PRESETS)
+    parser = program_parser("What the program does.", PRESETS)   # or add_preset_option(parser, PRESETS)
     name = apply_preset(parser, PRESETS, argv)      # "full" or "tiny"; the parser's defaults now follow it
 """
 
@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import minitorch
+from project.common.console import OneLineParser
 
 AUTO = "auto"
 Presets = Mapping[str, Mapping[str, Any]]
@@ -29,6 +30,14 @@ def add_preset_option(parser: argparse.ArgumentParser, presets: Presets) -> None
     parser.add_argument("--preset", choices=(AUTO, *presets), default=AUTO,
                         help=f"defaults for the run, explicit options still win; auto: full where the run trains on "
                         f"CUDA, tiny on a CPU; {described}")  # fmt: skip
+
+
+def program_parser(description: str, presets: Presets) -> argparse.ArgumentParser:
+    """A training program's parser: one-line usage errors (OneLineParser), every default shown by
+    --help, and --preset as its first option."""
+    parser = OneLineParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_preset_option(parser, presets)
+    return parser
 
 
 def preset_for(backend: str) -> str:

@@ -49,6 +49,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
 from minitorch.serialization import atomic_write
+from project.common.console import OneLineParser
 from project.common.options import FRACTION, POSITIVE_INT
 from project.gpt2.llmc import MAX_TOKEN_ID, write_shard
 
@@ -296,7 +297,7 @@ def prepare_shards(
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface of ``main``."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         description="Write llm.c token shards (train/val) and a tokenizer JSON from a text file.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

@@ -109,6 +109,9 @@ def open_inputs(args: argparse.Namespace, rank: int = 0, world_size: int = 1, ro
     config = checkpoint_config(start) if start else fresh_config(args, tokenizer)
     if args.seq_len > config.max_seq_len:
         raise InputError(f"--seq-len {args.seq_len} exceeds the model's max_seq_len {config.max_seq_len}")
+    if args.sample_every and tokenizer is None and args.eot_id >= config.vocab_size:
+        raise InputError(f"--eot-id {args.eot_id}, where samples start without a tokenizer, is outside the model's "
+                         f"vocabulary of {config.vocab_size}: give --eot-id, --tokenizer or --sample-every 0")  # fmt: skip
 
     def loader(paths: List[Path]) -> ShardLoader:
         return ShardLoader(paths, rows or args.batch_size, args.seq_len, rank, world_size, vocab_size=config.vocab_size)

@@ -211,9 +211,10 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
             if stopping or saving:
                 directory = save()
                 if stopping and not last:
-                    parallel.print(f"stopped by {stop.requested or 'another process signal'} at step {step}/{total_steps}; "
-                                   f"saved {directory}; continue with: {resume_command(argv, directory)}", flush=True)  # fmt: skip
-                    return result(stop.requested or "signal")
+                    signal_name = stop.requested or "another process's signal"
+                    parallel.print(f"stopped by {signal_name} at step {step}/{total_steps}; saved {directory}; "
+                                   f"continue with: {resume_command(argv, directory)}", flush=True)  # fmt: skip
+                    return result(signal_name)
                 parallel.print(f"step {step:5d} | saved {directory}", flush=True)
             if last:
                 break

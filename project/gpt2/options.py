@@ -10,12 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
-from project.common.console import OneLineParser, command_line
+from project.common.console import command_line
 from project.common.options import (
     NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, UNIT_INTERVAL, add_compute_options, given_options, option,
 )  # fmt: skip
 from project.common.parallel import add_parallel_options
-from project.common.presets import AUTO, add_preset_option, apply_preset
+from project.common.presets import AUTO, apply_preset, program_parser
 
 FRESH_MODEL = ("depth", "channels", "heads", "max_seq_len", "vocab_size")
 STARTING_MODEL = ("init_from", "resume_from")
@@ -33,11 +33,7 @@ PRESETS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The program's options; a value out of its bound is a one-line usage error naming the option."""
-    p = OneLineParser(
-        description="Train GPT-2 with minitorch on llm.c token shards; reads and writes llm.c checkpoints.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_preset_option(p, PRESETS)
+    p = program_parser("Train GPT-2 with minitorch on llm.c token shards; reads and writes llm.c checkpoints.", PRESETS)
     model = p.add_argument_group("model (a fresh one with GPT-2's initialisation unless --init-from/--resume-from)")
     model.add_argument("--init-from", default=None, metavar="FILE.bin", help="llm.c checkpoint to start from (float32, version 3, or bfloat16, version 5)")
     model.add_argument("--resume-from", default=None, metavar="DIR",

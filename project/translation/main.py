@@ -11,9 +11,10 @@ greedy and beam-search BLEU in ``<out-dir>/final.json``.
 one before is kept as checkpoint.prev.npz) is written at each epoch's end, every --save-every-steps steps and
 every --save-every-minutes minutes; Ctrl-C or SIGTERM finishes the step, saves and exits. ``--resume``
 continues from it exactly, mid-epoch included. Every input is checked before training starts
-(the options: options.py).
+(the options: options.py), each problem one ``error:`` line; the run holds a lock on --out-dir; its
+first line announces the backend, preset, model size, steps and estimated time (plan.py).
 
-    python project/run_machine_translation.py                      # CUDA when available, else CPU
+    python project/run_machine_translation.py                      # full on CUDA, --preset tiny on a CPU
     python project/run_machine_translation.py --preset tiny        # a few minutes on a laptop CPU
     python project/run_machine_translation.py --out-dir runs/mt --resume
     torchrun --nproc_per_node 2 project/run_machine_translation.py      # data parallel, 2 GPUs

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from project.common.checkpoint import Checkpoint, CheckpointError, check_config, describe, load_checkpoint, previous_path
-from project.common.console import OneLineParser
 from project.common.options import (
     FRACTION,
     NON_NEGATIVE,
@@ -25,7 +24,7 @@ from project.common.options import (
     option,
 )
 from project.common.parallel import add_parallel_options
-from project.common.presets import add_preset_option, apply_preset
+from project.common.presets import apply_preset, program_parser
 from project.translation.corpus import DATA_DIR_ENV, DEFAULT_BASE_URL, DEFAULT_DATA_DIR
 from project.translation.tokenizer import MIN_VOCAB_SIZE
 
@@ -69,11 +68,7 @@ class RenamedOption(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     """The program's options; a value out of its bound is a usage error naming the option."""
-    p = OneLineParser(
-        description="German->English translation with a minitorch decoder-only transformer (Multi30k).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_preset_option(p, PRESETS)
+    p = program_parser("German->English translation with a minitorch decoder-only transformer (Multi30k).", PRESETS)
     model = p.add_argument_group("model")
     model.add_argument("--n-embd", type=POSITIVE_INT, default=256, help="model width")
     model.add_argument("--n-head", type=POSITIVE_INT, default=8, help="attention heads")

@@ -27,6 +27,7 @@ from tokenizers import Tokenizer
 
 from minitorch import DecoderLM, TensorBackend
 from project.common.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from project.common.console import OneLineParser
 from project.common.options import InputError, backend_from_option
 from project.common.precision import DTYPES, compute_precision
 from project.translation.average import average_snapshots
@@ -40,7 +41,7 @@ MODEL_KEYS = ("n_embd", "n_head", "n_layers", "max_len", "vocab_size", "dropout"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         description="Translate German to English with a checkpoint of project/run_machine_translation.py.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
