@@ -116,13 +116,13 @@ def _lowered(t: Optional[Any], dtype: DType) -> Optional[Any]:
     """t in dtype; a parameter's copy comes from (and goes to) its cache, see the module notes."""
     if t is None or not t.dtype.is_floating or t.dtype is dtype:
         return t
-    if not t.is_leaf():
+    if not (t.is_leaf and t.requires_grad):
         return t.to(dtype)
     cached = getattr(t, "_autocast_copy", None)
     if cached is not None:
         version, copy = cached
         # A copy made under no_grad has no history: where a gradient is wanted it is made again.
-        if version == t._version and copy.dtype is dtype and (copy.requires_grad() or not is_grad_enabled()):
+        if version == t._version and copy.dtype is dtype and (copy.requires_grad or not is_grad_enabled()):
             return copy
     copy = t.to(dtype)
     t._autocast_copy = (t._version, copy)

@@ -141,9 +141,9 @@ def _encode(obj: Any, arrays: Dict[str, np.ndarray], where: str, wide: List[str]
         if obj.dtype.rounds:
             arrays[key] = obj.dtype.encode(obj.to_numpy())
             wide.append(obj.dtype.name)
-            return {"tensor": key, "requires_grad": obj.requires_grad(), "dtype": obj.dtype.name}
+            return {"tensor": key, "requires_grad": obj.requires_grad, "dtype": obj.dtype.name}
         arrays[key] = obj.numpy()
-        return {"tensor": key, "requires_grad": obj.requires_grad()}
+        return {"tensor": key, "requires_grad": obj.requires_grad}
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind == "O":
             raise TypeError(f"minitorch.save: {where} is a NumPy array of Python objects, which would need pickle")

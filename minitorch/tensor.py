@@ -126,19 +126,37 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         return out
 
     def requires_grad_(self, flag: bool = True) -> "Tensor":
-        """Make this tensor a leaf that collects .grad (flag=True) or a constant (False)."""
+        """Make this tensor a leaf that collects .grad (flag=True) or a constant (False); as in torch,
+        only a leaf's flag can be turned off (detach() gives a constant copy of any tensor)."""
+        if not isinstance(flag, bool):
+            raise TypeError(f"requires_grad must be a bool, got {type(flag).__name__} {flag!r}")
         if flag:
             if self.history is None:
                 self.history = History()
-        else:
+        elif self.history is not None:
+            if not self.is_leaf:
+                raise RuntimeError(
+                    f"requires_grad_(False) on a tensor of shape {self.shape} that an op made: only a leaf's "
+                    f"flag can be turned off; use .detach()"
+                )
             self.history = None
         return self
 
+    @property
     def requires_grad(self) -> bool:
+        """Whether autodiff tracks this tensor: a leaf made with requires_grad=True, or the result of
+        an op on one (outside no_grad()).  Setting it calls requires_grad_()."""
         return self.history is not None
 
+    @requires_grad.setter
+    def requires_grad(self, flag: bool) -> None:
+        self.requires_grad_(flag)
+
+    @property
     def is_leaf(self) -> bool:
-        return self.history is not None and self.history.last_fn is None
+        """True unless an op recording autodiff history made this tensor (torch's meaning: a constant
+        is a leaf too; a leaf that requires grad collects .grad in backward)."""
+        return self.history is None or self.history.last_fn is None
 
     def is_constant(self) -> bool:
         return self.history is None
@@ -177,7 +195,7 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         into this tensor's storage, in place; for tensors without history (buffers, optimizer state,
         parameters' data).  From numpy to a CUDA tensor the copy is queued without waiting for the
         GPU (through pinned staging buffers)."""
-        if self.history is not None and not self.is_leaf():
+        if self.history is not None and not self.is_leaf:
             raise RuntimeError(f"copy_ into a tensor of shape {self.shape} that has autodiff history")
         self._version += 1
         if isinstance(src, (int, float)):
@@ -380,7 +398,7 @@ class Tensor(Conversions, Views, Indexing, Reductions):
 
     def accumulate_derivative(self, x: "Tensor") -> None:
         """Add x to .grad of this leaf (kept contiguous)."""
-        if not self.is_leaf():
+        if not self.is_leaf:
             raise RuntimeError("only leaf tensors accumulate derivatives")
         x = x.contiguous()
         self.grad = x if self.grad is None else x._new(self.backend.add_zip(self.grad._tensor, x._tensor))
@@ -409,8 +427,10 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         """Call hook(self) in each backward pass, right after this leaf's .grad has received its
         whole derivative of that pass (every use of it has contributed), while backward goes on
         with the rest of the graph.  Data-parallel training starts gradient communication here."""
-        if not self.is_leaf():
-            raise RuntimeError(f"grad-ready hooks belong on leaf tensors; this one (shape {self.shape}) is not a leaf")
+        if not (self.is_leaf and self.requires_grad):
+            raise RuntimeError(
+                f"grad-ready hooks belong on leaf tensors that require grad; this one (shape {self.shape}) is not one"
+            )
         self.grad_ready_hooks = (*self.grad_ready_hooks, hook)
 
     def remove_grad_ready_hook(self, hook: Callable[["Tensor"], None]) -> None:

@@ -90,7 +90,7 @@ class Conversions:
         if backend is not None and backend.ops is not self.backend.ops:
             data = TensorData(backend.ops.storage_from_numpy(self.to_numpy()), self.shape)
             out = type(self)(data, backend=backend)._with_dtype(self.dtype if dtype is None else dtype)
-            return out.requires_grad_(self.requires_grad())
+            return out.requires_grad_(self.requires_grad)
         if dtype is None or dtype is self.dtype:
             return out
         return F.Cast.apply(self, dtype)
@@ -125,6 +125,6 @@ class Conversions:
         extra = f", backend={self.backend.ops.__name__}"
         if self.dtype is not float32:
             extra += f", dtype={self.dtype!r}"
-        if self.requires_grad():
+        if self.requires_grad:
             extra += ", requires_grad=True"
         return f"tensor({text}{extra})"

@@ -52,7 +52,7 @@ class Function:
         raw: List[Any] = []
         for v in vals:
             if isinstance(v, Tensor):
-                if v.requires_grad():
+                if v.requires_grad:
                     need_grad = True
                 raw.append(v.detach())
             else:
@@ -60,7 +60,7 @@ class Function:
         need_grad = need_grad and is_grad_enabled()
         ctx = Context(not need_grad)
         if need_grad:
-            ctx.needs_input_grad = tuple(v.requires_grad() for v in vals if isinstance(v, Tensor))
+            ctx.needs_input_grad = tuple(v.requires_grad for v in vals if isinstance(v, Tensor))
         out = cls.forward(ctx, *raw)  # type: ignore[attr-defined]
         if not need_grad:
             return out

@@ -263,8 +263,8 @@ class Indexing:
         return self._keep_dtype(out)
 
     def __setitem__(self: "Tensor", key: Any, value: Any) -> None:
-        if self.history is not None and (not self.is_leaf() or is_grad_enabled()):
-            what = "has autodiff history" if not self.is_leaf() else "requires grad (write inside minitorch.no_grad())"
+        if self.history is not None and (not self.is_leaf or is_grad_enabled()):
+            what = "has autodiff history" if not self.is_leaf else "requires grad (write inside minitorch.no_grad())"
             raise RuntimeError(f"x[{_show(key)}] = ... writes in place into a tensor of shape {self.shape} that {what}")
         plan = parse_key(key, self.shape)
         self._version += 1

@@ -104,7 +104,7 @@ def test_a_parameters_copy_is_cached_until_it_changes(backend) -> None:
     param = minitorch.Parameter(w)
     with minitorch.autocast():
         first = autocast_inputs("matmul", w)[0]
-        assert autocast_inputs("linear", w)[0] is first and first.dtype is bfloat16 and first.requires_grad()
+        assert autocast_inputs("linear", w)[0] is first and first.dtype is bfloat16 and first.requires_grad
         h = x * 1.0  # an activation (not a leaf): cast at each use
         assert autocast_inputs("matmul", h)[0] is not autocast_inputs("matmul", h)[0]
         with minitorch.no_grad():
@@ -125,9 +125,9 @@ def test_a_copy_made_under_no_grad_is_remade_for_grad(backend) -> None:
     with minitorch.autocast():
         with minitorch.no_grad():
             plain = autocast_inputs("matmul", w)[0]
-        assert not plain.requires_grad()
+        assert not plain.requires_grad
         tracked = autocast_inputs("matmul", w)[0]
-        assert tracked is not plain and tracked.requires_grad()
+        assert tracked is not plain and tracked.requires_grad
         (x @ w).sum().backward()
     assert w.grad is not None and w.grad.dtype is float32
 

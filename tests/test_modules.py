@@ -162,7 +162,7 @@ def test_registration_and_named_parameters() -> None:
     net = Net(FAST)
     assert [n for n, _ in net.named_parameters()] == NAMES
     assert len(net.parameters()) == len(NAMES)
-    assert all(p.value.requires_grad() and p.value.is_leaf() for p in net.parameters())
+    assert all(p.value.requires_grad and p.value.is_leaf for p in net.parameters())
     assert net.depth == 2 and "depth" not in dict(net.named_parameters())
     assert [type(m).__name__ for m in net.modules()] == ["ModuleList", "Linear"]
     assert len(net.blocks) == 2 and net.blocks[-1] is list(net.blocks)[1]
@@ -195,7 +195,7 @@ def test_state_dict_round_trip() -> None:
     assert list(state) == NAMES and all(isinstance(v, np.ndarray) for v in state.values())
     b.load_state_dict(state)
     np.testing.assert_array_equal(b(x).to_numpy(), a(x).to_numpy())
-    assert all(p.value.requires_grad() for p in b.parameters())
+    assert all(p.value.requires_grad for p in b.parameters())
     state["scale"][0] = 100.0
     assert a.scale.value.item() == 2.0, "state_dict holds copies"
 
@@ -215,7 +215,7 @@ def test_load_state_dict_errors() -> None:
 
 def test_parameter_update_keeps_the_value_trainable() -> None:
     p = Parameter(mt(np.zeros(2), FAST), name="w")
-    assert p.value.requires_grad() and p.value.name == "w"
+    assert p.value.requires_grad and p.value.name == "w"
     p.update(mt(np.ones(2), FAST))
-    assert p.value.requires_grad() and p.value.name == "w"
+    assert p.value.requires_grad and p.value.name == "w"
     np.testing.assert_array_equal(p.value.to_numpy(), [1.0, 1.0])

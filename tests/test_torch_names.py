@@ -164,7 +164,7 @@ def test_module_to_and_state_dict_round_trip() -> None:
     x = mt(X[0], FAST)
     before = net(x).to_numpy()
     weights = net.weights.value
-    assert net.to(SIMPLE) is net and net.weights.value.backend is SIMPLE and net.weights.value.requires_grad()
+    assert net.to(SIMPLE) is net and net.weights.value.backend is SIMPLE and net.weights.value.requires_grad
     assert_close(net(mt(X[0], SIMPLE)), before, "module moved to another backend")
     net.to("cpu")
     state = net.state_dict()
