@@ -2,27 +2,31 @@
 by our kernels (src/*.cu), bound in the `minitorch.cuda` package, one module per library.
 
 Storage is a 1-D `torch` tensor from PyTorch's caching allocator in the dtype's own format (float32,
-bfloat16, float16; bool as float32); ops take TensorData, pass raw device pointers and shapes/strides
-by value, and launch on PyTorch's current stream.  No op copies between host and device: data
+bfloat16, float16, int64; bool as float32); ops take TensorData, pass raw device pointers and
+shapes/strides by value, and launch on PyTorch's current stream.  No op copies between host and device: data
 crosses only in `storage_from_numpy` / `storage_to_numpy`, which `transfer_stats()` counts.  Nothing
 is loaded at import, so `import minitorch` works without a GPU; the first CUDA storage loads the
 kernels and names the fix when they are missing.
 
-Dtypes: casts and copies of every dtype run in convert_kernel.so; a product dispatches on its dtype
-in `matmul.matrix_multiply`; every other op has float32 kernels only and raises NoKernelError
-("minitorch: no bfloat16 CUDA kernel for 'exp' (cast with .float() first)") for a tensor stored in
-another format, before anything runs: nothing is computed in another precision than asked.
+Dtypes: casts and copies of the float dtypes run in convert_kernel.so, those involving int64 in
+int_kernel.so; a product dispatches on its dtype in `matmul.matrix_multiply`; an elementwise op or
+reduction runs combine.so's float32 kernels or int_kernel.so's int64 ones (`_by_storage`); the index
+ops (arg_reduce, cumsum, sort_indices) take float32 or int64; every other op has float32 kernels
+only.  Anything else raises NoKernelError ("minitorch: no bfloat16 CUDA kernel for 'exp' (cast with
+.float() first)") before anything runs: nothing is computed in another precision than asked.  The
+kernel hooks that take ids (embedding rows, targets, slots) read them as float32: int64 ids are
+converted on the device first, exactly, where the size they address is at most 2^24.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from .cuda import (
-    attention, beam_search, classifier, combine, convert, embedding, kv_cache, layernorm, matmul, optimizer, random,
-    softmax, staging, topk,
+    attention, beam_search, classifier, combine, convert, embedding, integer, kv_cache, layernorm, matmul, optimizer,
+    random, softmax, staging, topk,
 )  # fmt: skip
 from .cuda.runtime import (
     INT_LIMIT,
@@ -38,7 +42,11 @@ from .cuda.runtime import (
     transfer_stats,
     unavailable_reason,
 )
+from .dtypes import DType, float32, int64, no_kernel
+from .tensor_data import TensorData
 from .tensor_ops import TensorOps
+
+EXACT_IDS = 1 << 24  # float32 holds every integer up to here
 
 __all__ = [
     "CudaKernelOps", "CudaKernelError", "CudaShapeError", "cuda_memory_stats", "transfer_stats",
@@ -47,9 +55,10 @@ __all__ = [
 
 
 def _from_numpy(arr: np.ndarray) -> Any:
-    """Host->device copy of a 1-D float32 array (counted in transfer_stats)."""
+    """Host->device copy of a 1-D array, int64 for an integer array, float32 otherwise (counted in
+    transfer_stats)."""
     rt = runtime()
-    host = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
+    host = np.ascontiguousarray(arr, dtype=np.int64 if np.asarray(arr).dtype.kind in "iu" else np.float32).reshape(-1)
     if host.size >= INT_LIMIT:
         raise CudaShapeError(f"a CUDA tensor of {host.size} elements exceeds the limit of {INT_LIMIT - 1}")
     count_transfer("h2d", host.nbytes)
@@ -76,14 +85,94 @@ def _float32_only(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return checked
 
 
-def _float32_ops(factory: Callable[..., Any], names: Any = None) -> Any:
-    """A map/zip/reduce factory whose ops are _float32_only, named by their operators function
-    (names: other names for some, e.g. reduce(add) is 'sum')."""
-    return staticmethod(lambda fn, *args: _float32_only((names or {}).get(fn.__name__, fn.__name__), factory(fn, *args)))
+def _by_storage(float_factory: Callable[..., Any], int_factory: Callable[..., Any], int_names: Sequence[str],
+                names: Any = None) -> Any:  # fmt: skip
+    """A map/zip/reduce factory whose ops run combine.so's kernels on float32 storage and
+    int_kernel.so's on int64 storage (for the functions in int_names), NoKernelError naming the op
+    (names: other names for some, e.g. reduce(add) is 'sum') otherwise.  Ops are made when first used."""
+
+    def factory(fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+        name = (names or {}).get(fn.__name__, fn.__name__)
+        made: dict = {}
+
+        def run(a: TensorData, *rest: Any, **kwargs: Any) -> Any:
+            kind = "int64" if a.dtype.storage == "int64" else "float32"
+            if kind not in made:
+                made[kind] = _make(kind, fn, args)
+            if made[kind] is None:
+                raise no_kernel(name, a.dtype)
+            if kind == "float32":
+                require_float32(name, a, *rest, *kwargs.values())
+            return made[kind](a, *rest, **kwargs)
+
+        return run
+
+    def _make(kind: str, fn: Callable[..., Any], args: Any) -> Optional[Callable[..., Any]]:
+        if kind == "int64":
+            return int_factory(fn, *args) if integer.has_op(fn, tuple(int_names)) else None
+        try:
+            return float_factory(fn, *args)
+        except ValueError:  # combine.so has no kernel for fn
+            return None
+
+    return staticmethod(factory)
 
 
 def _hook(name: str, fn: Callable[..., Any]) -> Any:
     return staticmethod(_float32_only(name, fn))
+
+
+def _float_ids(t: TensorData, addressed: int, what: str) -> TensorData:
+    """Ids for a kernel that reads them as float32: int64 ids converted on the device (exact: the
+    size they address is checked to be at most 2^24); float32 ids as they are."""
+    if not t.dtype.is_integer:
+        return t
+    if addressed > EXACT_IDS:
+        raise CudaShapeError(f"{what}: int64 ids addressing {addressed} rows (more than {EXACT_IDS}) have no CUDA kernel")
+    return integer.cast(t, float32)
+
+
+def _by_dtype(float_fn: Callable[..., Any], int_fn: Callable[..., Any], op: str) -> Any:
+    """An op on one tensor (and Python values) by its storage: int64 -> int_fn, float32 -> float_fn."""
+
+    def run(a: TensorData, *rest: Any) -> Any:
+        if a.dtype.storage == "int64":
+            return int_fn(a, *rest)
+        require_float32(op, a)
+        return float_fn(a, *rest)
+
+    return staticmethod(run)
+
+
+def _embedding_fw(weight: TensorData, ids: TensorData) -> TensorData:
+    if weight.dtype.is_integer:
+        rows = ids if ids.dtype.is_integer else integer.cast(ids, int64)
+        return integer.gather_rows(integer.contiguous(weight), integer.contiguous(rows))
+    require_float32("embedding_fw", weight)
+    return embedding.embedding_fw(weight, _float_ids(ids, weight.shape[0], "embedding"))
+
+
+def _embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int) -> TensorData:
+    require_float32("embedding_bw", grad_out)
+    return embedding.embedding_bw(grad_out, _float_ids(ids, num_embeddings, "embedding backward"), num_embeddings)
+
+
+def _gather_rows(out: TensorData, source: TensorData, ids: TensorData) -> None:
+    require_float32("gather_rows", out, source)
+    embedding.gather_rows(out, source, _float_ids(ids, source.shape[0], "gather_rows"))
+
+
+def _linear_cross_entropy_fw(hidden: TensorData, weight: TensorData, bias: Any, targets: TensorData, *rest: Any) -> Any:
+    require_float32("linear_cross_entropy_fw", hidden, weight, bias, *rest)
+    targets = _float_ids(targets, weight.shape[1], "fused_linear_cross_entropy targets")
+    return classifier.linear_cross_entropy_fw(hidden, weight, bias, targets, *rest)
+
+
+def _cast(a: TensorData, dtype: DType, out: Optional[TensorData] = None) -> TensorData:
+    target = dtype if out is None else out.dtype
+    if "int64" in (a.dtype.storage, target.storage):
+        return integer.cast(a, target, out)
+    return convert.cast(a, dtype, out)
 
 
 class CudaKernelOps(TensorOps):
@@ -96,32 +185,35 @@ class CudaKernelOps(TensorOps):
     storage_from_numpy = staticmethod(_from_numpy)
     storage_to_numpy = staticmethod(_to_numpy)
     storage_upload = staticmethod(staging.upload_storage)
-    cast = staticmethod(convert.cast)
+    cast = staticmethod(_cast)
     matrix_multiply = staticmethod(matmul.matrix_multiply)  # dispatches on dtype itself
-    fill = _hook("fill", combine.fill)
-    arange = _hook("arange", combine.arange)
+    fill = _by_dtype(combine.fill, integer.fill, "fill")
+    arange = _by_dtype(combine.arange, integer.arange, "arange")
     uniform = _hook("uniform", random.uniform)
-    map = _float32_ops(combine.map_op)
-    map_scalar = _float32_ops(combine.map_scalar_op)
-    zip = _float32_ops(combine.zip_op)
-    reduce = _float32_ops(combine.reduce_op, {"add": "sum", "mul": "prod"})
+    map = _by_storage(combine.map_op, integer.map_op, integer.UNARY_OPS)
+    map_scalar = _by_storage(combine.map_scalar_op, integer.map_scalar_op, integer.BINARY_OPS)
+    zip = _by_storage(combine.zip_op, integer.zip_op, integer.BINARY_OPS)
+    reduce = _by_storage(combine.reduce_op, integer.reduce_op, integer.REDUCE_OPS, {"add": "sum", "mul": "prod"})
+    arg_reduce = staticmethod(integer.arg_reduce)
+    cumsum = staticmethod(integer.cumsum)
+    sort_indices = staticmethod(integer.sort_indices)
 
     # kernel hooks of the fused ops
     linear_fw = _hook("linear_fw", matmul.linear_fw)
-    embedding_fw = _hook("embedding_fw", embedding.embedding_fw)
-    embedding_bw = _hook("embedding_bw", embedding.embedding_bw)
+    embedding_fw = staticmethod(_embedding_fw)
+    embedding_bw = staticmethod(_embedding_bw)
     attn_softmax_fw = _hook("attn_softmax_fw", softmax.attn_softmax_fw)
     attn_softmax_bw = _hook("attn_softmax_bw", softmax.attn_softmax_bw)
     layernorm_fw = _hook("layernorm_fw", layernorm.layernorm_fw)
     layernorm_bw = _hook("layernorm_bw", layernorm.layernorm_bw)
     attention_fw = _hook("attention_fw", attention.attention_fw)
     attention_bw = _hook("attention_bw", attention.attention_bw)
-    linear_cross_entropy_fw = _hook("linear_cross_entropy_fw", classifier.linear_cross_entropy_fw)
+    linear_cross_entropy_fw = staticmethod(_linear_cross_entropy_fw)
     adamw_step = _hook("adamw_step", optimizer.adamw_step)
     adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update refuses other dtypes
     gradient_pack = _hook("gradient_pack", optimizer.gradient_pack)
     slot_write = _hook("slot_write", kv_cache.slot_write)
     slot_attention = _hook("slot_attention", kv_cache.slot_attention)
-    gather_rows = _hook("gather_rows", embedding.gather_rows)
+    gather_rows = staticmethod(_gather_rows)
     top_k = _hook("top_k", topk.top_k)
     beam_search_step = _hook("beam_search_step", beam_search.beam_search_step)

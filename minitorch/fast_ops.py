@@ -16,8 +16,10 @@ import numpy as np
 from numba import njit, prange
 
 from . import operators
+from .dtypes import float32, int64
+from .simple_ops import SimpleOps
 from .tensor_data import TensorData, broadcast_strides, coalesce, shape_broadcast
-from .tensor_ops import SimpleOps, TensorOps, as_array, emulated, empty
+from .tensor_ops import TensorOps, as_array, emulated, empty, host_argsort, new_output, typed_start
 
 _jit_cache: dict = {}
 
@@ -194,6 +196,43 @@ def _scatter_add_kernel(out, grad, ids, n, c):  # type: ignore[no-untyped-def]
             out[row * c + j] += grad[r * c + j]
 
 
+@njit(parallel=True)
+def _arg_reduce_kernel(out, a, bases, n, step, largest):  # type: ignore[no-untyped-def]
+    for rr in prange(bases.size):
+        r = np.int64(rr)
+        p = bases[r]
+        best = a[p]
+        at = 0
+        j = 1
+        while j < n and best == best:  # a NaN is the extreme: the first one ends the search
+            v = a[p + j * step]
+            if v != v or (v > best if largest else v < best):
+                best = v
+                at = j
+            j += 1
+        out[r] = at
+
+
+@njit(parallel=True)
+def _cumsum_kernel(out, out_bases, out_step, a, bases, n, step):  # type: ignore[no-untyped-def]
+    for rr in prange(bases.size):
+        r = np.int64(rr)
+        acc = a[bases[r]]
+        out[out_bases[r]] = acc
+        for j in range(1, n):
+            acc += a[bases[r] + j * step]
+            out[out_bases[r] + j * out_step] = acc
+
+
+def _row_bases(t: TensorData, dim: int) -> np.ndarray:
+    """Storage positions of t's elements whose index along dim is 0, in row-major order."""
+    bases = np.zeros((1,) * t.dims, dtype=np.int64)
+    for d, (size, stride) in enumerate(zip(t.shape, t.strides)):
+        if d != dim:
+            bases = bases + (np.arange(size, dtype=np.int64) * stride).reshape((1,) * d + (size,) + (1,) * (t.dims - d - 1))
+    return bases.reshape(-1)
+
+
 def _check_ids(ids: TensorData, num_embeddings: int) -> np.ndarray:
     flat = _contiguous(ids)._storage[: ids.size]
     if ids.size and (flat.min() < 0 or flat.max() >= num_embeddings or np.any(flat != np.floor(flat))):
@@ -228,7 +267,7 @@ class FastOps(TensorOps):
         kernel = _unary_kernel(fn)
 
         def ret(x: TensorData, out: Optional[TensorData] = None) -> TensorData:
-            o = empty(FastOps, x.shape) if out is None else out
+            o = new_output(FastOps, x.shape, fn, x) if out is None else out
             if o.size:
                 shape, so, sa = _plan(o.shape, ((o.shape, o.strides), (x.shape, x.strides)))
                 _launch(kernel, o.size, o._storage, so, x._storage, sa, shape)
@@ -239,14 +278,14 @@ class FastOps(TensorOps):
     @staticmethod
     def map_scalar(fn: Callable[[float, float], float]) -> Callable[..., TensorData]:
         op = FastOps.zip(fn)
-        return lambda x, s, out=None: op(x, TensorData(np.array([s], dtype=np.float32), ()), out)
+        return lambda x, s, out=None: op(x, TensorData(np.array([s], dtype=np.int64 if isinstance(s, int) else np.float32), ()), out)
 
     @staticmethod
     def zip(fn: Callable[[float, float], float]) -> Callable[[TensorData, TensorData], TensorData]:
         kernel = _binary_kernel(fn)
 
         def ret(x: TensorData, y: TensorData, out: Optional[TensorData] = None) -> TensorData:
-            o = empty(FastOps, shape_broadcast(x.shape, y.shape)) if out is None else out
+            o = new_output(FastOps, shape_broadcast(x.shape, y.shape), fn, x) if out is None else out
             if o.size:
                 shape, so, sa, sb = _plan(o.shape, ((o.shape, o.strides), (x.shape, x.strides), (y.shape, y.strides)))
                 _launch(kernel, o.size, o._storage, so, x._storage, sa, y._storage, sb, shape)
@@ -259,12 +298,13 @@ class FastOps(TensorOps):
         kernel = _reduce_kernel(fn)
 
         def ret(x: TensorData, dim: int) -> TensorData:
-            o = empty(FastOps, x.shape[:dim] + (1,) + x.shape[dim + 1 :])
+            o = new_output(FastOps, x.shape[:dim] + (1,) + x.shape[dim + 1 :], fn, x)
             if o.size:
                 outer = x.shape[:dim] + (1,) + x.shape[dim + 1 :]
                 shape, so, sa = _plan(outer, ((o.shape, o.strides), (outer, x.strides[:dim] + (0,) + x.strides[dim + 1 :])))
                 n = x.shape[dim]
-                _launch(kernel, x.size, o._storage, so, x._storage, sa, shape, n, x.strides[dim] if n > 1 else 1, float(start))
+                step = x.strides[dim] if n > 1 else 1
+                _launch(kernel, x.size, o._storage, so, x._storage, sa, shape, n, step, typed_start(start, x))
             return o
 
         return ret
@@ -274,10 +314,30 @@ class FastOps(TensorOps):
         """Batched, broadcasting x @ y by NumPy's matmul (BLAS gemm per matrix) on strided views of
         the storages, so transposed and permuted operands are read in place, without copies."""
         batch = shape_broadcast(x.shape[:-2], y.shape[:-2])
-        o = empty(FastOps, batch + (x.shape[-2], y.shape[-1]))
+        o = new_output(FastOps, batch + (x.shape[-2], y.shape[-1]), None, x)
         if o.size:
             np.matmul(as_array(x), as_array(y), out=as_array(o))
         return o
+
+    @staticmethod
+    def arg_reduce(x: TensorData, dim: int, largest: bool) -> TensorData:
+        """See TensorOps: the position of the first max/min along dim (NaN the extreme), int64."""
+        o = empty(FastOps, x.shape[:dim] + (1,) + x.shape[dim + 1 :], int64)
+        if o.size:
+            bases = _row_bases(x, dim)
+            _launch(_arg_reduce_kernel, x.size, o._storage, x._storage, bases, x.shape[dim], x.strides[dim], largest)
+        return o
+
+    @staticmethod
+    def cumsum(x: TensorData, dim: int) -> TensorData:
+        """Running sums along dim, in x's storage type (float32 sums in float32, in order)."""
+        o = empty(FastOps, x.shape, int64 if x.dtype.is_integer else float32)
+        if o.size:
+            args = (o._storage, _row_bases(o, dim), o.strides[dim], x._storage, _row_bases(x, dim), x.shape[dim], x.strides[dim])
+            _launch(_cumsum_kernel, x.size, *args)
+        return o
+
+    sort_indices = staticmethod(host_argsort)
 
     @staticmethod
     def embedding_fw(weight: TensorData, ids: TensorData) -> TensorData:

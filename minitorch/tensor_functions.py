@@ -62,7 +62,7 @@ class Function:
         if need_grad:
             ctx.needs_input_grad = tuple(v.requires_grad for v in vals if isinstance(v, Tensor))
         out = cls.forward(ctx, *raw)  # type: ignore[attr-defined]
-        if not need_grad:
+        if not need_grad or not out.dtype.is_floating:  # integer and bool results carry no gradient, as in torch
             return out
         inputs = tuple(v for v in vals if isinstance(v, Tensor))
         return Tensor(out._tensor, History(cls, ctx, inputs), backend=out.backend)
@@ -114,6 +114,77 @@ Log = _pointwise("Log", "log_back_zip")
 Exp = _pointwise("Exp", "mul_zip", saves_output=True)  # d/dx exp(x) = exp(x): the saved output times the gradient
 
 
+class _Composed(Function):
+    """y = f(x) elementwise by the backend's map `map_name`, whose backward `slope(backend, x, y)`
+    (the derivative, as a TensorData) is composed from other maps; multiplied by the gradient."""
+
+    map_name: str
+
+    @classmethod
+    def forward(cls, ctx: Context, t1: "Tensor") -> "Tensor":
+        out = t1._new(getattr(t1.backend, cls.map_name)(t1._tensor))
+        ctx.save_for_backward(t1, out)
+        return out
+
+    @classmethod
+    def backward(cls, ctx: Context, grad_output: "Tensor") -> "Tensor":
+        x, y = ctx.saved_values
+        b = grad_output.backend
+        return grad_output._new(b.mul_zip(cls.slope(b, x._tensor, y._tensor), grad_output._tensor))  # type: ignore[attr-defined]
+
+
+class Abs(_Composed):
+    """|x|; the gradient is sign(x) (0 at 0, as torch's)."""
+
+    map_name = "abs_map"
+
+    @staticmethod
+    def slope(b: Any, x: TensorData, y: TensorData) -> TensorData:
+        return b.add_zip(b.lt_scalar(b.neg_map(x), 0.0), b.neg_map(b.lt_scalar(x, 0.0)))
+
+
+class Sqrt(_Composed):
+    """sqrt(x); the gradient is 1 / (2 sqrt(x))."""
+
+    map_name = "sqrt_map"
+
+    @staticmethod
+    def slope(b: Any, x: TensorData, y: TensorData) -> TensorData:
+        return b.inv_map(b.mul_scalar(y, 2.0))
+
+
+class Sin(_Composed):
+    """sin(x); the gradient is cos(x)."""
+
+    map_name = "sin_map"
+
+    @staticmethod
+    def slope(b: Any, x: TensorData, y: TensorData) -> TensorData:
+        return b.cos_map(x)
+
+
+class Cos(_Composed):
+    """cos(x); the gradient is -sin(x)."""
+
+    map_name = "cos_map"
+
+    @staticmethod
+    def slope(b: Any, x: TensorData, y: TensorData) -> TensorData:
+        return b.neg_map(b.sin_map(x))
+
+
+class Floor(Function):
+    """floor(x); no gradient flows (its derivative is 0 almost everywhere), as in torch."""
+
+    @staticmethod
+    def forward(ctx: Context, t1: "Tensor") -> "Tensor":
+        return t1._new(t1.backend.floor_map(t1._tensor))
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
+        return grad_output._new(grad_output.backend.mul_scalar(grad_output._tensor, 0.0))
+
+
 class Add(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor", t2: "Tensor") -> "Tensor":
@@ -155,6 +226,51 @@ class Mul(_Product):
     op_name = "mul_zip"
 
 
+class Div(Function):
+    """a / b, IEEE division (int64 operands divide as float32, as torch's true division)."""
+
+    @staticmethod
+    def forward(ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
+        out = a._new(a.backend.div_zip(a._tensor, b._tensor))
+        ctx.save_for_backward(b, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> Tuple[Optional["Tensor"], Optional["Tensor"]]:
+        b, out = ctx.saved_values
+        backend = grad_output.backend
+        da = backend.div_zip(grad_output._tensor, b._tensor)
+        need_a, need_b = ctx.needs_input_grad
+        return (
+            grad_output._new(da) if need_a else None,
+            grad_output._new(backend.neg_map(backend.mul_zip(da, out._tensor))) if need_b else None,
+        )
+
+
+class Pow(Function):
+    """a ** b elementwise; the gradients are b * a ** (b - 1) and a ** b * log(a)."""
+
+    @staticmethod
+    def forward(ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
+        out = a._new(a.backend.pow_zip(a._tensor, b._tensor))
+        ctx.save_for_backward(a, b, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> Tuple[Optional["Tensor"], Optional["Tensor"]]:
+        a, b, out = ctx.saved_values
+        k = grad_output.backend
+        g = grad_output._tensor
+        need_a, need_b = ctx.needs_input_grad
+        da = db = None
+        if need_a:
+            slope = k.mul_zip(b._tensor, k.pow_zip(a._tensor, k.add_scalar(b._tensor, -1.0)))
+            da = grad_output._new(k.mul_zip(slope, g))
+        if need_b:
+            db = grad_output._new(k.mul_zip(k.mul_zip(out._tensor, k.log_map(a._tensor)), g))
+        return da, db
+
+
 class AddScalar(Function):
     @staticmethod
     def forward(ctx: Context, t1: "Tensor", s: float) -> "Tensor":
@@ -175,6 +291,20 @@ class MulScalar(Function):
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         (s,) = ctx.saved_values
         return grad_output._new(grad_output.backend.mul_scalar(grad_output._tensor, s))
+
+
+class DivScalar(Function):
+    """x / s for a Python number s (true division: an int64 x gives float32)."""
+
+    @staticmethod
+    def forward(ctx: Context, t1: "Tensor", s: float) -> "Tensor":
+        ctx.save_for_backward(s)
+        return t1._new(t1.backend.div_scalar(t1._tensor, s))
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
+        (s,) = ctx.saved_values
+        return grad_output._new(grad_output.backend.div_scalar(grad_output._tensor, s))
 
 
 class PowerScalar(Function):
@@ -259,20 +389,44 @@ class Sum(Function):
         return grad_output.expand(shape)
 
 
-class Max(Function):
-    """Max over one dim (kept with size 1); every element tied for the max receives the gradient."""
+class Extreme(Function):
+    """The max (largest=True) or min over one dim, kept with size 1, NaN when the slice holds one;
+    as torch's amax/amin, the gradient is split evenly among the elements equal to the result."""
 
     @staticmethod
-    def forward(ctx: Context, a: "Tensor", dim: int) -> "Tensor":
-        out = a._new(a.backend.max_reduce(a._tensor, dim))
-        ctx.save_for_backward(a, out)
+    def forward(ctx: Context, a: "Tensor", dim: int, largest: bool) -> "Tensor":
+        out = a._new((a.backend.max_reduce if largest else a.backend.min_reduce)(a._tensor, dim))
+        ctx.save_for_backward(a, out, dim)
         return out
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        a, out = ctx.saved_values
-        backend = grad_output.backend
-        return grad_output._new(backend.mul_zip(backend.eq_zip(a._tensor, out._tensor), grad_output._tensor))
+        a, out, dim = ctx.saved_values
+        b = grad_output.backend
+        nan = b.eq_scalar(b.eq_zip(a._tensor, a._tensor), 0.0)  # only a slice whose result is NaN has one
+        hit = b.add_zip(b.eq_zip(a._tensor, out._tensor), nan)
+        share = b.div_zip(grad_output._tensor, b.add_reduce(hit, dim))
+        return grad_output._new(b.mul_zip(hit, share))
+
+
+class Extremum(Function):
+    """The elementwise max (largest=True) or min of a and b, NaN where either is; the gradient goes
+    to the side chosen, half to each on ties (as torch.maximum / minimum)."""
+
+    @staticmethod
+    def forward(ctx: Context, a: "Tensor", b: "Tensor", largest: bool) -> "Tensor":
+        ctx.save_for_backward(a, b, largest)
+        return a._new((a.backend.max_zip if largest else a.backend.min_zip)(a._tensor, b._tensor))
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor"]:
+        a, b, largest = ctx.saved_values
+        k = grad_output.backend
+        g = grad_output._tensor
+        wins = k.lt_zip(b._tensor, a._tensor) if largest else k.lt_zip(a._tensor, b._tensor)
+        loses = k.lt_zip(a._tensor, b._tensor) if largest else k.lt_zip(b._tensor, a._tensor)
+        tie = k.mul_scalar(k.eq_zip(a._tensor, b._tensor), 0.5)
+        return grad_output._new(k.mul_zip(k.add_zip(wins, tie), g)), grad_output._new(k.mul_zip(k.add_zip(loses, tie), g))
 
 
 class Permute(Function):
@@ -381,6 +535,8 @@ class Where(Function):
         ctx.save_for_backward(true, false)
         dtype = arithmetic(result_type(a, b))
         a_td, b_td = (backend.cast(t._tensor, dtype) if t.dtype is not dtype else t._tensor for t in (a, b))
+        if dtype.is_integer:  # integers hold no NaN or inf: an exact select by 0/1 products
+            return a._new(backend.add_zip(backend.mul_zip(a_td, true), backend.mul_zip(b_td, false)))
         return a._new(backend.add_zip(backend.relu_back_zip(true, a_td), backend.relu_back_zip(false, b_td)))
 
     @staticmethod

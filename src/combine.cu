@@ -6,7 +6,7 @@
 //                 blocks, four 16-byte loads in flight per thread and operand); any other layout
 //                 decomposes the flat output index over the output shape once and applies each
 //                 operand's strides (stride 0 = broadcast).
-//   reduce        along one dim with a start value (sum, product, max).
+//   reduce        along one dim with a start value (sum, product, max, min; max and min propagate NaN).
 //                 "rows":    the reduced dim is contiguous (stride 1): one warp per output, lanes
 //                            stride over the row with float4 loads, then a shuffle reduction.
 //                 "columns": any other stride: a 32x8 block, x over 32 consecutive outputs (coalesced
@@ -73,6 +73,21 @@ struct OpGelu {
     return 0.5f * x * (1.f + tanhf(kGeluC * (x + kGeluA * x * x * x)));
   }
 };
+struct OpAbs {
+  __device__ __forceinline__ float operator()(float x) const { return fabsf(x); }
+};
+struct OpSqrt {
+  __device__ __forceinline__ float operator()(float x) const { return sqrtf(x); }
+};
+struct OpSin {
+  __device__ __forceinline__ float operator()(float x) const { return sinf(x); }
+};
+struct OpCos {
+  __device__ __forceinline__ float operator()(float x) const { return cosf(x); }
+};
+struct OpFloor {
+  __device__ __forceinline__ float operator()(float x) const { return floorf(x); }
+};
 
 struct OpAdd {
   __device__ __forceinline__ float operator()(float x, float y) const { return x + y; }
@@ -91,8 +106,15 @@ struct OpIsClose {
     return fabsf(x - y) < 1e-2f ? 1.f : 0.f;
   }
 };
+// operators.max / min: NaN when either operand is NaN (as torch.max), unlike fmaxf.
 struct OpMax {
-  __device__ __forceinline__ float operator()(float x, float y) const { return x > y ? x : y; }
+  __device__ __forceinline__ float operator()(float x, float y) const { return (x > y || x != x) ? x : y; }
+};
+struct OpMin {
+  __device__ __forceinline__ float operator()(float x, float y) const { return (x < y || x != x) ? x : y; }
+};
+struct OpDiv {
+  __device__ __forceinline__ float operator()(float x, float y) const { return x / y; }
 };
 struct OpPow {
   // operators.pow: nan for a negative base with a fractional exponent, +inf for 0 ** negative
@@ -135,7 +157,12 @@ struct OpGeluBack {
   X(5, exp, OpExp)      \
   X(6, inv, OpInv)      \
   X(7, tanh, OpTanh)    \
-  X(8, gelu, OpGelu)
+  X(8, gelu, OpGelu)    \
+  X(9, abs, OpAbs)      \
+  X(10, sqrt, OpSqrt)   \
+  X(11, sin, OpSin)     \
+  X(12, cos, OpCos)     \
+  X(13, floor, OpFloor)
 
 #define MT_BINARY_OPS(X)          \
   X(0, add, OpAdd)                \
@@ -150,7 +177,9 @@ struct OpGeluBack {
   X(9, inv_back, OpInvBack)       \
   X(10, sigmoid_back, OpSigmoidBack) \
   X(11, tanh_back, OpTanhBack)    \
-  X(12, gelu_back, OpGeluBack)
+  X(12, gelu_back, OpGeluBack)    \
+  X(13, min, OpMin)               \
+  X(14, div, OpDiv)
 
 #define MT_COUNT_OP(code, name, functor) +1
 constexpr int kNumUnaryOps = 0 MT_UNARY_OPS(MT_COUNT_OP);
@@ -160,6 +189,7 @@ constexpr int kNumBinaryOps = 0 MT_BINARY_OPS(MT_COUNT_OP);
 constexpr int kOpAdd = 0;
 constexpr int kOpMul = 1;
 constexpr int kOpMax = 5;
+constexpr int kOpMin = 13;
 
 // Calls launch(Functor{}) for the functor of a unary opcode; cudaErrorInvalidValue if unknown.
 template <class Launch>
@@ -571,7 +601,7 @@ long long reduce_workspace_floats(int n_out, int reduce_len, int reduce_stride) 
 }
 
 // out[o] = fold(op, start, a[outer(o) + r * reduce_stride] for r < reduce_len) for every output
-// ordinal o of out_l (outer has the same shape as out_l). op: add, mul or max (binary opcodes).
+// ordinal o of out_l (outer has the same shape as out_l). op: add, mul, max or min (binary opcodes).
 // workspace: device scratch of reduce_workspace_floats(...) floats (may be NULL when that is 0).
 int launch_reduce(int op, float* out, MtLayout out_l, const float* a, MtLayout outer, int reduce_len,
                   int reduce_stride, float start, float* workspace, long long workspace_len,
@@ -592,7 +622,10 @@ int launch_reduce(int op, float* out, MtLayout out_l, const float* a, MtLayout o
       return reduce_pass(mt::ProdOp{}, out, out_l, a, outer, n, reduce_len, reduce_stride, 1.f,
                          start, workspace, workspace_len, true, sms, stream);
     case kOpMax:
-      return reduce_pass(mt::MaxOp{}, out, out_l, a, outer, n, reduce_len, reduce_stride, -INFINITY,
+      return reduce_pass(OpMax{}, out, out_l, a, outer, n, reduce_len, reduce_stride, -INFINITY,
+                         start, workspace, workspace_len, true, sms, stream);
+    case kOpMin:
+      return reduce_pass(OpMin{}, out, out_l, a, outer, n, reduce_len, reduce_stride, INFINITY,
                          start, workspace, workspace_len, true, sms, stream);
     default:
       return static_cast<int>(cudaErrorInvalidValue);

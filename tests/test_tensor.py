@@ -42,8 +42,9 @@ def test_default_backend_is_fastops() -> None:
 
 def test_constructors(backend) -> None:
     t = minitorch.tensor([[1, 2, 3], [4, 5, 6]], backend=backend)
-    assert t.shape == (2, 3) and t.size == 6 and t.dims == 2 and len(t) == 2
-    assert t.to_numpy().dtype == np.float32
+    assert t.shape == (2, 3) and t.numel() == 6 and t.size() == (2, 3) and t.dims == 2 and len(t) == 2
+    assert t.dtype == minitorch.int64 and t.to_numpy().dtype == np.int64, "integer data is int64, as in torch"
+    assert minitorch.tensor([[1.0, 2, 3]], backend=backend).to_numpy().dtype == np.float32
     np.testing.assert_array_equal(t.to_numpy(), [[1, 2, 3], [4, 5, 6]])
     np.testing.assert_array_equal(minitorch.zeros((2, 2), backend=backend).to_numpy(), np.zeros((2, 2)))
     np.testing.assert_array_equal(minitorch.ones((3,), backend=backend).to_numpy(), np.ones(3))

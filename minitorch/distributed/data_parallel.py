@@ -153,7 +153,7 @@ class DistributedDataParallel:
         groups: List[List[int]] = [[]]
         filled = 0
         for index in reversed(range(len(self._params))):
-            size = self._params[index].value.size
+            size = self._params[index].value.numel()
             if groups[-1] and filled + size > cap_floats:
                 groups.append([])
                 filled = 0
@@ -161,16 +161,16 @@ class DistributedDataParallel:
             filled += size
         self._slots = [None] * len(self._params)  # type: ignore[list-item]
         for b, members in enumerate(groups):
-            total = sum(self._params[i].value.size for i in members)
+            total = sum(self._params[i].value.numel() for i in members)
             storage = self._backend.ops.storage_empty(total)
             comm = storage if self._cuda else self._torch.from_numpy(storage)
             self._buckets.append(_Bucket(storage, comm, members, missing=len(members)))
             offset = 0
             for index in members:
                 value = self._params[index].value
-                view = TensorData(storage[offset : offset + value.size], value.shape)
+                view = TensorData(storage[offset : offset + value.numel()], value.shape)
                 self._slots[index] = _Slot(b, view, Tensor(view, backend=self._backend))
-                offset += value.size
+                offset += value.numel()
 
     def _broadcast_parameters(self) -> None:
         for p in self._params:
@@ -199,7 +199,7 @@ class DistributedDataParallel:
     @property
     def bucket_sizes(self) -> List[int]:
         """Floats per bucket, in the order the buckets are reduced."""
-        return [sum(self._params[i].value.size for i in b.members) for b in self._buckets]
+        return [sum(self._params[i].value.numel() for i in b.members) for b in self._buckets]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)

@@ -34,7 +34,7 @@ def layernorm(x: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float = 1e-5) -
 def layernorm_reference(inp: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float) -> Tuple["Tensor", "Tensor", "Tensor"]:
     """(out, mean [rows], rstd [rows]) composed from Tensor operations."""
     C = inp.shape[-1]
-    rows = inp.size // C
+    rows = inp.numel() // C
     x = inp.contiguous().view(rows, C)
     mean = x.mean(1, keepdim=True)
     xc = x - mean
@@ -48,7 +48,7 @@ def layernorm_backward_reference(
 ) -> Tuple["Tensor", "Tensor", "Tensor"]:
     """(dinp, dgamma, dbeta) composed from Tensor operations."""
     C = inp.shape[-1]
-    rows = inp.size // C
+    rows = inp.numel() // C
     x = inp.contiguous().view(rows, C)
     dy = grad_out.contiguous().view(rows, C)
     r = rstd.view(rows, 1)

@@ -79,7 +79,7 @@ def fused_linear_cross_entropy(
             raise TypeError(
                 f"fused_linear_cross_entropy: {name} must be a tensor on {hidden.backend.ops.__name__} like hidden"
             )
-    if hidden.dims != 2 or weight.dims != 2 or hidden.shape[1] != weight.shape[0] or hidden.size == 0:
+    if hidden.dims != 2 or weight.dims != 2 or hidden.shape[1] != weight.shape[0] or hidden.numel() == 0:
         raise IndexingError(
             f"fused_linear_cross_entropy: hidden [N, C] and weight [C, V] with N, C >= 1, got {hidden.shape} "
             f"and {weight.shape}"
@@ -159,7 +159,7 @@ def linear_cross_entropy_reference(
         logits = h_rows @ weight
         if bias is not None:
             logits = logits + bias.view(1, V)
-        m = logits.max(1, keepdim=True)
+        m = logits.amax(1, keepdim=True)
         e = (logits - m).exp()
         s = e.sum(1, keepdim=True)
         one_hot = ids.narrow(0, n0, rows).view(rows, 1) == classes

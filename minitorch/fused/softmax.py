@@ -34,7 +34,7 @@ def attn_softmax(scores: "Tensor", mask: Optional["Tensor"] = None, causal: bool
 def softmax_reference(x: "Tensor", mask: Optional["Tensor"], causal: bool) -> "Tensor":
     """The composed softmax: shifted by the row max; a row without keys gives zeros, never NaN."""
     x, allowed = masked_scores(x, mask, causal)
-    m = x.max(3, keepdim=True)
+    m = x.amax(3, keepdim=True)
     m = m.clamp(min=-3.0e38)  # a row of -inf keeps a finite shift, so x - m is never nan
     e = (x - m).exp()
     if allowed is not None:
