@@ -120,7 +120,7 @@ def measure(trainer: Trainer, info: distributed.ProcessInfo, args: argparse.Name
     grads = [p.value.grad.to_torch() for p in trainer.model.parameters()]
     out["per-tensor all-reduce, no copy"] = timed(lambda: [dist.all_reduce(g) for g in grads], args.steps)
     out["buckets"] = float(len(buckets))
-    out["parameters"] = float(sum(p.value.size for p in trainer.model.parameters()))
+    out["parameters"] = float(sum(p.value.numel() for p in trainer.model.parameters()))
     del buckets, grads
     ddp = distributed.DistributedDataParallel(trainer.model, bucket_cap_mb=args.bucket_cap_mb, overlap=True)
     distributed.barrier()

@@ -193,7 +193,7 @@ def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
     records = metrics.restart((lambda r: r["step"] <= step) if args.resume_from else None)
     tokenizer = find_tokenizer(args, train)
     val_batches = min(args.val_batches, val.batches_per_epoch) if val else 0
-    n_params = sum(p.value.size for p in model.parameters())
+    n_params = sum(p.value.numel() for p in model.parameters())
     parallel.print(
         f"GPT-2 {model.config} ({n_params:,} parameters), {choice}"
         + (f", {N} processes (data parallel)" if N > 1 else "")
