@@ -70,7 +70,7 @@ class Trainer:
         B, T, C = hidden.shape
         head = self.model.lm_head
         bias = None if head.bias is None else head.bias.value
-        return minitorch.fused_linear_cross_entropy(hidden.view(B * T, C), head.weights.value, self.targets, self.weights, bias=bias)
+        return minitorch.fused_linear_cross_entropy(hidden.view(B * T, C), head.weight.value.T, self.targets, self.weights, bias=bias)
 
     def step(self, sync: Callable[[], None] = lambda: None) -> None:
         loss = self.loss()

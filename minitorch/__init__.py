@@ -14,8 +14,8 @@ from .cuda_kernel_ops import CudaKernelOps, cuda_memory_stats
 from .fast_ops import FastOps
 from .fused import adamw_step, fused_attention, fused_attention_qkv, fused_linear_cross_entropy
 from .kv_cache import KVCache
-from .module import LoadResult, Module, ModuleList, Parameter
-from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
+from .module import LoadResult, Module, ModuleList, Parameter, Sequential
+from .modules_basic import GELU, Dropout, Embedding, LayerNorm, LayerNorm1d, Linear, ReLU
 from .modules_transformer import DecoderLM, FeedForward, MultiHeadAttention, TransformerLayer
 from .optim import SGD, Adam, AdamW
 from . import precision
@@ -100,6 +100,10 @@ __all__ = [
     "Dropout",
     "Embedding",
     "LayerNorm1d",
+    "LayerNorm",
+    "GELU",
+    "ReLU",
+    "Sequential",
     "Linear",
     "DecoderLM",
     "FeedForward",

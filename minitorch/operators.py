@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 
 GELU_C = math.sqrt(2.0 / math.pi)
+SQRT1_2 = math.sqrt(0.5)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 EPS = 1e-6
 
 
@@ -152,6 +154,16 @@ def tanh(x: float) -> float:
 def gelu(x: float) -> float:
     """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     return 0.5 * x * (1.0 + math.tanh(GELU_C * (x + 0.044715 * x * x * x)))
+
+
+def gelu_erf(x: float) -> float:
+    """The exact GELU: 0.5 x (1 + erf(x / sqrt(2))) (torch's default; gelu is the tanh approximation)."""
+    return 0.5 * x * (1.0 + math.erf(x * SQRT1_2))
+
+
+def gelu_erf_back(x: float, d: float) -> float:
+    """d * d/dx gelu_erf(x) = d * (Phi(x) + x phi(x))."""
+    return d * (0.5 * (1.0 + math.erf(x * SQRT1_2)) + x * math.exp(-0.5 * x * x) * INV_SQRT_2PI)
 
 
 def log_back(x: float, d: float) -> float:

@@ -109,6 +109,7 @@ Inv = _pointwise("Inv", "inv_back_zip")
 Sigmoid = _pointwise("Sigmoid", "sigmoid_back_zip", saves_output=True)
 ReLU = _pointwise("ReLU", "relu_back_zip")
 GELU = _pointwise("GELU", "gelu_back_zip")
+GELUErf = _pointwise("GELU_Erf", "gelu_erf_back_zip")
 Tanh = _pointwise("Tanh", "tanh_back_zip", saves_output=True)
 Log = _pointwise("Log", "log_back_zip")
 Exp = _pointwise("Exp", "mul_zip", saves_output=True)  # d/dx exp(x) = exp(x): the saved output times the gradient

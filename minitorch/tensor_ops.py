@@ -154,10 +154,10 @@ class TensorBackend:
         o = operators
         self._copy = ops.map(o.id)
         self.id_map = lambda a, out=None: self.cast(a, a.dtype if out is None else out.dtype, out)
-        for fn in (o.neg, o.abs, o.sigmoid, o.relu, o.log, o.exp, o.inv, o.tanh, o.gelu, o.sqrt, o.sin, o.cos, o.floor):
+        for fn in (o.neg, o.abs, o.sigmoid, o.relu, o.log, o.exp, o.inv, o.tanh, o.gelu, o.gelu_erf, o.sqrt, o.sin, o.cos, o.floor):
             setattr(self, f"{fn.__name__}_map", self._map(fn))
         for fn in (o.add, o.mul, o.div, o.lt, o.eq, o.is_close, o.max, o.min, o.pow, o.floordiv, o.remainder, o.relu_back,
-                   o.log_back, o.inv_back, o.sigmoid_back, o.tanh_back, o.gelu_back):  # fmt: skip
+                   o.log_back, o.inv_back, o.sigmoid_back, o.tanh_back, o.gelu_back, o.gelu_erf_back):  # fmt: skip
             setattr(self, f"{fn.__name__}_zip", self._zip(fn))
         for fn in (o.add, o.mul, o.div, o.pow, o.lt, o.eq, o.max, o.min, o.floordiv, o.remainder):
             setattr(self, f"{fn.__name__}_scalar", self._scalar(fn))

@@ -79,7 +79,13 @@ def test_max_and_argmax(backend, data) -> None:
 
 def test_gelu_tanh_approximation(backend) -> None:
     x = np.linspace(-6.0, 6.0, 25, dtype=np.float32).reshape(5, 5)
-    check_against_torch(backend, x, nn.gelu, lambda r: F.gelu(r, approximate="tanh"), "gelu")
+    check_against_torch(backend, x, lambda t: nn.gelu(t, approximate="tanh"), lambda r: F.gelu(r, approximate="tanh"), "gelu")
+
+
+def test_gelu_exact_by_default_as_torch(backend) -> None:
+    x = np.linspace(-6.0, 6.0, 25, dtype=np.float32).reshape(5, 5)
+    check_against_torch(backend, x, nn.gelu, F.gelu, "gelu (exact)")
+    check_against_torch(backend, x, nn.GELU(), torch.nn.GELU(), "nn.GELU()")
 
 
 def test_one_hot(backend) -> None:

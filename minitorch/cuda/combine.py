@@ -14,10 +14,12 @@ from ..tensor_data import TensorData, coalesce, prod, shape_broadcast, strides_f
 from .layout import MtLayout, elementwise_plan, layout, remember
 from .runtime import BUILD_HINT, CudaShapeError, Runtime, check, empty, on_load, ptr, runtime
 
-UNARY_OPS = ("id", "neg", "sigmoid", "relu", "log", "exp", "inv", "tanh", "gelu", "abs", "sqrt", "sin", "cos", "floor")
+UNARY_OPS = (
+    "id", "neg", "sigmoid", "relu", "log", "exp", "inv", "tanh", "gelu", "abs", "sqrt", "sin", "cos", "floor", "gelu_erf",
+)  # fmt: skip
 BINARY_OPS = (
     "add", "mul", "lt", "eq", "is_close", "max", "pow",
-    "relu_back", "log_back", "inv_back", "sigmoid_back", "tanh_back", "gelu_back", "min", "div",
+    "relu_back", "log_back", "inv_back", "sigmoid_back", "tanh_back", "gelu_back", "min", "div", "gelu_erf_back",
 )  # fmt: skip
 REDUCE_OPS = ("add", "mul", "max", "min")
 UNARY_CODES: Dict[Callable, int] = {getattr(operators, n): i for i, n in enumerate(UNARY_OPS)}
