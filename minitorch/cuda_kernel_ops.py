@@ -89,31 +89,29 @@ def _by_storage(float_factory: Callable[..., Any], int_factory: Callable[..., An
                 names: Any = None) -> Any:  # fmt: skip
     """A map/zip/reduce factory whose ops run combine.so's kernels on float32 storage and
     int_kernel.so's on int64 storage (for the functions in int_names), NoKernelError naming the op
-    (names: other names for some, e.g. reduce(add) is 'sum') otherwise.  Ops are made when first used."""
+    (names: other names for some, e.g. reduce(add) is 'sum') otherwise; a function neither library
+    has is refused at once (combine.so's ValueError)."""
 
     def factory(fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
         name = (names or {}).get(fn.__name__, fn.__name__)
-        made: dict = {}
+        integral = integer.has_op(fn, tuple(int_names))
+        try:
+            float_op: Optional[Callable[..., Any]] = float_factory(fn, *args)
+        except ValueError:
+            if not integral:
+                raise
+            float_op = None
+        int_op = int_factory(fn, *args) if integral else None
 
         def run(a: TensorData, *rest: Any, **kwargs: Any) -> Any:
-            kind = "int64" if a.dtype.storage == "int64" else "float32"
-            if kind not in made:
-                made[kind] = _make(kind, fn, args)
-            if made[kind] is None:
+            op = int_op if a.dtype.storage == "int64" else float_op
+            if op is None:
                 raise no_kernel(name, a.dtype)
-            if kind == "float32":
+            if op is float_op:
                 require_float32(name, a, *rest, *kwargs.values())
-            return made[kind](a, *rest, **kwargs)
+            return op(a, *rest, **kwargs)
 
         return run
-
-    def _make(kind: str, fn: Callable[..., Any], args: Any) -> Optional[Callable[..., Any]]:
-        if kind == "int64":
-            return int_factory(fn, *args) if integer.has_op(fn, tuple(int_names)) else None
-        try:
-            return float_factory(fn, *args)
-        except ValueError:  # combine.so has no kernel for fn
-            return None
 
     return staticmethod(factory)
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple,
 import numpy as np
 
 from . import tensor_functions as F
-from .autocast import autocast, autocast_inputs
+from .autocast import autocast
 from .autodiff import Context, backpropagate, no_grad
 from .dtypes import DType, bool_, float32, int64
 from .fast_ops import FastOps

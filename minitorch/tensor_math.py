@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Type, Union
 
+from . import pointwise_functions as P
 from . import tensor_functions as F
 from .autocast import autocast_inputs
 from .autodiff import is_grad_enabled, no_grad
@@ -44,36 +45,36 @@ class Arithmetic:
     # ---- + - * / // % ----------------------------------------------------------------------
     def __add__(self: "Tensor", b: TensorLike) -> "Tensor":
         if isinstance(b, Number):
-            return F.AddScalar.apply(self, b)
-        return F.Add.apply(self, self._ensure(b))
+            return P.AddScalar.apply(self, b)
+        return P.Add.apply(self, self._ensure(b))
 
     def __radd__(self: "Tensor", b: TensorLike) -> "Tensor":
         return self + b
 
     def __sub__(self: "Tensor", b: TensorLike) -> "Tensor":
         if isinstance(b, Number):
-            return F.AddScalar.apply(self, -b)
-        return F.Add.apply(self, -self._ensure(b))
+            return P.AddScalar.apply(self, -b)
+        return P.Add.apply(self, -self._ensure(b))
 
     def __rsub__(self: "Tensor", b: TensorLike) -> "Tensor":
-        return F.AddScalar.apply(-self, b) if isinstance(b, Number) else self._ensure(b) - self
+        return P.AddScalar.apply(-self, b) if isinstance(b, Number) else self._ensure(b) - self
 
     def __mul__(self: "Tensor", b: TensorLike) -> "Tensor":
         if isinstance(b, Number):
-            return F.MulScalar.apply(self, b)
-        return F.Mul.apply(self, self._ensure(b))
+            return P.MulScalar.apply(self, b)
+        return P.Mul.apply(self, self._ensure(b))
 
     def __rmul__(self: "Tensor", b: TensorLike) -> "Tensor":
         return self * b
 
     def __truediv__(self: "Tensor", b: TensorLike) -> "Tensor":
         if isinstance(b, Number):
-            return F.DivScalar.apply(self, b)
-        return F.Div.apply(self, self._ensure(b))
+            return P.DivScalar.apply(self, b)
+        return P.Div.apply(self, self._ensure(b))
 
     def __rtruediv__(self: "Tensor", b: TensorLike) -> "Tensor":
         if isinstance(b, Number):
-            return F.MulScalar.apply(F.Inv.apply(self), b)
+            return P.MulScalar.apply(P.Inv.apply(self), b)
         return self._ensure(b) / self
 
     def __floordiv__(self: "Tensor", b: TensorLike) -> "Tensor":
@@ -114,7 +115,7 @@ class Arithmetic:
         """self ** p: an int64 tensor to a non-negative int stays int64 (exact products); a tensor
         exponent broadcasts, with gradients for both sides."""
         if not isinstance(p, Number):
-            return F.Pow.apply(self, self._ensure(p))
+            return P.Pow.apply(self, self._ensure(p))
         if self.dtype.is_integer and isinstance(p, int):
             if p < 0:
                 raise ValueError(f"int64 tensor ** {p}: integers to negative integer powers are not allowed (as in torch)")
@@ -122,11 +123,11 @@ class Arithmetic:
             while p:
                 out, base, p = (out * base if p & 1 else out), base * base, p >> 1
             return out
-        return F.PowerScalar.apply(self, float(p))
+        return P.PowerScalar.apply(self, float(p))
 
     def __rpow__(self: "Tensor", b: TensorLike) -> "Tensor":
         """b ** self for a number b (2 ** x), with the gradient b ** x * log(b)."""
-        return F.Pow.apply(self._ensure(float(b) if isinstance(b, Number) else b), self)
+        return P.Pow.apply(self._ensure(float(b) if isinstance(b, Number) else b), self)
 
     # ---- matrix products -------------------------------------------------------------------
     def __matmul__(self: "Tensor", b: "Tensor") -> "Tensor":
@@ -155,18 +156,18 @@ class Arithmetic:
     # ---- comparisons and logic -------------------------------------------------------------
     def __lt__(self: "Tensor", b: TensorLike) -> "Tensor":
         if isinstance(b, Number):
-            return F.LTScalar.apply(self, b)
-        return F.LT.apply(self, self._ensure(b))
+            return P.LTScalar.apply(self, b)
+        return P.LT.apply(self, self._ensure(b))
 
     def __gt__(self: "Tensor", b: TensorLike) -> "Tensor":
         if isinstance(b, Number):
-            return F.LTScalar.apply(-self, -b)
-        return F.LT.apply(self._ensure(b), self)
+            return P.LTScalar.apply(-self, -b)
+        return P.LT.apply(self._ensure(b), self)
 
     def __eq__(self: "Tensor", b: TensorLike) -> "Tensor":  # type: ignore[override]
         if isinstance(b, Number):
-            return F.EQScalar.apply(self, b)
-        return F.EQ.apply(self, self._ensure(b))
+            return P.EQScalar.apply(self, b)
+        return P.EQ.apply(self, self._ensure(b))
 
     def __le__(self: "Tensor", b: TensorLike) -> "Tensor":
         return (self < b) | (self == b)
@@ -202,7 +203,7 @@ class Arithmetic:
                 raise TypeError(f"{op} needs bool tensors (results of comparisons), got {getattr(t, 'dtype', type(t).__name__)}")
 
     def is_close(self: "Tensor", b: "Tensor") -> "Tensor":
-        return F.IsClose.apply(self, self._ensure(b))
+        return P.IsClose.apply(self, self._ensure(b))
 
     def isnan(self: "Tensor") -> "Tensor":
         """True where the value is NaN."""
@@ -210,28 +211,28 @@ class Arithmetic:
 
     # ---- pointwise functions ---------------------------------------------------------------
     def __neg__(self: "Tensor") -> "Tensor":
-        return F.Neg.apply(self)
+        return P.Neg.apply(self)
 
     def __abs__(self: "Tensor") -> "Tensor":
-        return F.Abs.apply(self)
+        return P.Abs.apply(self)
 
-    abs = _elementwise(F.Abs, "|x|, elementwise (the gradient is sign(x), 0 at 0).")
-    sqrt = _elementwise(F.Sqrt, "The square root, elementwise (nan below 0).")
-    sin = _elementwise(F.Sin, "The sine, elementwise.")
-    cos = _elementwise(F.Cos, "The cosine, elementwise.")
-    floor = _elementwise(F.Floor, "The largest integer <= x, elementwise (no gradient flows through it).")
-    sigmoid = _elementwise(F.Sigmoid, "1 / (1 + exp(-x)), elementwise.")
-    relu = _elementwise(F.ReLU, "max(x, 0), elementwise.")
-    gelu = _elementwise(F.GELU, "GELU with the tanh approximation, elementwise.")
-    log = _elementwise(F.Log, "The natural logarithm, elementwise.")
-    exp = _elementwise(F.Exp, "e ** x, elementwise.")
-    tanh = _elementwise(F.Tanh, "The hyperbolic tangent, elementwise.")
+    abs = _elementwise(P.Abs, "|x|, elementwise (the gradient is sign(x), 0 at 0).")
+    sqrt = _elementwise(P.Sqrt, "The square root, elementwise (nan below 0).")
+    sin = _elementwise(P.Sin, "The sine, elementwise.")
+    cos = _elementwise(P.Cos, "The cosine, elementwise.")
+    floor = _elementwise(P.Floor, "The largest integer <= x, elementwise (no gradient flows through it).")
+    sigmoid = _elementwise(P.Sigmoid, "1 / (1 + exp(-x)), elementwise.")
+    relu = _elementwise(P.ReLU, "max(x, 0), elementwise.")
+    gelu = _elementwise(P.GELU, "GELU with the tanh approximation, elementwise.")
+    log = _elementwise(P.Log, "The natural logarithm, elementwise.")
+    exp = _elementwise(P.Exp, "e ** x, elementwise.")
+    tanh = _elementwise(P.Tanh, "The hyperbolic tangent, elementwise.")
 
     # ---- selection -------------------------------------------------------------------------
     def where(self: "Tensor", condition: "Tensor", other: TensorLike) -> "Tensor":
         """This tensor where condition is non-zero, other elsewhere (broadcast; a NaN or inf in the
         branch not taken never leaks); the gradient goes to the branch taken."""
-        return F.Where.apply(self._ensure(condition).float(), self, self._ensure(other))
+        return P.Where.apply(self._ensure(condition).float(), self, self._ensure(other))
 
     def masked_fill(self: "Tensor", mask: "Tensor", value: float) -> "Tensor":
         """value where mask is non-zero, this tensor elsewhere."""
@@ -240,11 +241,11 @@ class Arithmetic:
     def maximum(self: "Tensor", other: "Tensor") -> "Tensor":
         """The elementwise larger of self and other, NaN where either is NaN; the gradient goes to
         the larger, split in half on ties (as torch.maximum)."""
-        return F.Extremum.apply(self, self._ensure(other), True)
+        return P.Extremum.apply(self, self._ensure(other), True)
 
     def minimum(self: "Tensor", other: "Tensor") -> "Tensor":
         """The elementwise smaller of self and other, as maximum."""
-        return F.Extremum.apply(self, self._ensure(other), False)
+        return P.Extremum.apply(self, self._ensure(other), False)
 
     # ---- in place --------------------------------------------------------------------------
     def add_(self: "Tensor", other: TensorLike, alpha: float = 1) -> "Tensor":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence, Tuple, Union
 
+from . import pointwise_functions as P
 from . import tensor_functions as F
 from .autocast import autocast_inputs
 from .autodiff import Context
@@ -239,7 +240,7 @@ class Reductions:
         """Values limited to [min, max] (either bound may be None); the gradient passes inside."""
         out = self
         if min is not None:
-            out = F.ClampMin.apply(out, float(min))
+            out = P.ClampMin.apply(out, float(min))
         if max is not None:
-            out = -F.ClampMin.apply(-out, -float(max))
+            out = -P.ClampMin.apply(-out, -float(max))
         return out

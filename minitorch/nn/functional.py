@@ -19,7 +19,7 @@ from ..fused.linear_cross_entropy import check_label_smoothing, check_targets, i
 from ..tensor import Tensor
 from ..tensor_create import rand
 from ..tensor_data import IndexingError
-from .. import tensor_functions as TF
+from ..pointwise_functions import GELUErf
 
 GELU_APPROXIMATIONS = ("none", "tanh")
 REDUCTIONS = ("mean", "sum", "none")
@@ -62,7 +62,7 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     """GELU: exact, 0.5 x (1 + erf(x / sqrt(2))) (approximate="none", torch's default), or the tanh
     approximation (approximate="tanh", what Tensor.gelu and the fused Linear epilogue compute)."""
     check_gelu_approximation(approximate)
-    return input.gelu() if approximate == "tanh" else TF.GELUErf.apply(input)
+    return input.gelu() if approximate == "tanh" else GELUErf.apply(input)
 
 
 def dropout(input: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
