@@ -27,7 +27,7 @@ from . import operators
 from .dtypes import float32, int64
 from .simple_ops import SimpleOps
 from .tensor_data import TensorData, broadcast_strides, coalesce, shape_broadcast
-from .tensor_ops import TensorOps, as_array, emulated, empty, host_argsort, new_output, typed_start
+from .tensor_ops import TensorOps, as_array, emulated, empty, host_argsort, host_ids, new_output, typed_start
 
 KERNEL_TEMPLATE = Path(__file__).with_name("fast_kernels.py")
 _modules: Dict[str, Any] = {}
@@ -199,15 +199,6 @@ def _row_bases(t: TensorData, dim: int) -> np.ndarray:
     return bases.reshape(-1)
 
 
-def _check_ids(ids: TensorData, num_embeddings: int) -> np.ndarray:
-    flat = _contiguous(ids)._storage[: ids.size]
-    if ids.size and (flat.min() < 0 or flat.max() >= num_embeddings or np.any(flat != np.floor(flat))):
-        raise IndexError(
-            f"embedding ids must be integers in [0, {num_embeddings}), got values in [{flat.min()}, {flat.max()}]"
-        )
-    return flat
-
-
 def _contiguous(t: TensorData) -> TensorData:
     return t if t.is_contiguous() else _copy_op()(t)
 
@@ -309,7 +300,7 @@ class FastOps(TensorOps):
     def embedding_fw(weight: TensorData, ids: TensorData) -> TensorData:
         """weight [V, C] rows picked by integral ids [...] -> [..., C]; ids outside [0, V) raise."""
         V, C = weight.shape
-        flat = _check_ids(ids, V)
+        flat = host_ids(ids, V)
         o = empty(FastOps, ids.shape + (C,), weight.dtype)
         _launch(_gather_kernel, o.size, o._storage, weight._storage, weight.np_strides, flat, ids.size, C, V)
         return o
@@ -318,7 +309,7 @@ class FastOps(TensorOps):
     def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int) -> TensorData:
         """Scatter-add of grad_out rows [..., C] into a zeroed [num_embeddings, C] gradient."""
         C = grad_out.shape[-1]
-        flat = _check_ids(ids, num_embeddings)
+        flat = host_ids(ids, num_embeddings)
         o = empty(FastOps, (num_embeddings, C))
         o._storage[:] = 0.0
         _scatter_add_kernel(o._storage, _contiguous(grad_out)._storage, flat, ids.size, C)

@@ -147,7 +147,7 @@ class LayerNorm(Module):
         return out.view(*x.shape)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}"
 
     def _upgrade_entries(self, state: Dict[str, Any], prefix: str) -> None:
         """The older name: `weights`."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from .dtypes import DType, float32, int64
 from .tensor_data import TensorData, broadcast_index, index_to_position, shape_broadcast, to_index
-from .tensor_ops import TensorBackend, TensorOps, as_array, empty, host_argsort, new_output, typed_start
+from .tensor_ops import TensorBackend, TensorOps, as_array, emulated, empty, host_argsort, host_ids, new_output, typed_start
 
 
 def _get(t: TensorData, index: np.ndarray) -> Any:
@@ -150,6 +150,30 @@ class SimpleOps(TensorOps):
         return o
 
     sort_indices = staticmethod(host_argsort)
+
+    @staticmethod
+    def embedding_fw(weight: TensorData, ids: TensorData) -> TensorData:
+        """Rows of weight [V, C] at the integer ids [...] -> [..., C] (IndexError outside [0, V)),
+        copied row by row (a one-hot product would spread a NaN or inf of one row to every row)."""
+        V, C = weight.shape
+        rows = host_ids(ids, V)
+        o = empty(SimpleOps, ids.shape + (C,), weight.dtype)
+        table = as_array(weight)
+        for r, row in enumerate(rows):
+            o._storage[r * C : (r + 1) * C] = table[int(row)]
+        return o
+
+    @staticmethod
+    def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int) -> TensorData:
+        """Each row of grad_out [..., C] added into row ids[r] of a zeroed [num_embeddings, C]."""
+        C = grad_out.shape[-1]
+        rows = host_ids(ids, num_embeddings)
+        o = empty(SimpleOps, (num_embeddings, C))
+        o._storage[:] = 0.0
+        grads = np.ascontiguousarray(as_array(grad_out)).reshape(-1, C)
+        for r, row in enumerate(rows):
+            o._storage[int(row) * C : (int(row) + 1) * C] += grads[r]
+        return emulated(o, grad_out.dtype)
 
     @staticmethod
     def matrix_multiply(x: TensorData, y: TensorData) -> TensorData:

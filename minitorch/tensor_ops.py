@@ -110,6 +110,17 @@ def typed_start(start: float, like: TensorData) -> Any:
     return int(start)
 
 
+def host_ids(ids: TensorData, num_embeddings: int) -> np.ndarray:
+    """The ids of a CPU storage as a flat array (any layout), checked to be integers in [0,
+    num_embeddings): IndexError naming the range of the values otherwise."""
+    flat = np.ascontiguousarray(as_array(ids)).reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() >= num_embeddings or np.any(flat != np.floor(flat))):
+        raise IndexError(
+            f"embedding ids must be integers in [0, {num_embeddings}), got values in [{flat.min()}, {flat.max()}]"
+        )
+    return flat
+
+
 def host_argsort(a: TensorData, dim: int, descending: bool) -> TensorData:
     """sort_indices of a CPU storage with NumPy: a stable sort along dim, ties in their order, NaN
     sorting as the largest value (first when descending)."""
