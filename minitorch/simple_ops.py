@@ -20,8 +20,15 @@ def _get(t: TensorData, index: np.ndarray) -> Any:
     return t._storage[index_to_position(index, t.np_strides)].item()
 
 
+def _store(storage: np.ndarray, position: int, value: Any) -> None:
+    """storage[position] = value; a Python int wraps around into int64, as int64 arithmetic does."""
+    if storage.dtype == np.int64:
+        value = (int(value) + 2**63) % 2**64 - 2**63
+    storage[position] = value
+
+
 def _set(t: TensorData, index: np.ndarray, value: Any) -> None:
-    t._storage[index_to_position(index, t.np_strides)] = value
+    _store(t._storage, index_to_position(index, t.np_strides), value)
 
 
 def _broadcast_indices(o: TensorData, *inputs: TensorData) -> Iterator[Tuple[np.ndarray, ...]]:
@@ -146,7 +153,7 @@ class SimpleOps(TensorOps):
             acc = typed_start(0.0, x)
             for j, p in enumerate(positions):
                 acc = acc + x._storage[p].item()
-                o._storage[index_to_position(oi, o.np_strides) + j * o.strides[dim]] = acc
+                _store(o._storage, index_to_position(oi, o.np_strides) + j * o.strides[dim], acc)
         return o
 
     sort_indices = staticmethod(host_argsort)
