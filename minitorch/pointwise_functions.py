@@ -203,30 +203,32 @@ class AddScalar(Function):
         return grad_output
 
 
-class MulScalar(Function):
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor", s: float) -> "Tensor":
+class _ScaledByScalar(Function):
+    """x op s for a Python number s, op (the backend's `op_name`) linear in x: its gradient is op(g, s)."""
+
+    op_name: str
+
+    @classmethod
+    def forward(cls, ctx: Context, t1: "Tensor", s: float) -> "Tensor":
         ctx.save_for_backward(s)
-        return t1._new(t1.backend.mul_scalar(t1._tensor, s))
+        return t1._new(getattr(t1.backend, cls.op_name)(t1._tensor, s))
 
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
+    @classmethod
+    def backward(cls, ctx: Context, grad_output: "Tensor") -> "Tensor":
         (s,) = ctx.saved_values
-        return grad_output._new(grad_output.backend.mul_scalar(grad_output._tensor, s))
+        return grad_output._new(getattr(grad_output.backend, cls.op_name)(grad_output._tensor, s))
 
 
-class DivScalar(Function):
+class MulScalar(_ScaledByScalar):
+    """x * s for a Python number s."""
+
+    op_name = "mul_scalar"
+
+
+class DivScalar(_ScaledByScalar):
     """x / s for a Python number s (true division: an int64 x gives float32)."""
 
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor", s: float) -> "Tensor":
-        ctx.save_for_backward(s)
-        return t1._new(t1.backend.div_scalar(t1._tensor, s))
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        (s,) = ctx.saved_values
-        return grad_output._new(grad_output.backend.div_scalar(grad_output._tensor, s))
+    op_name = "div_scalar"
 
 
 class PowerScalar(Function):

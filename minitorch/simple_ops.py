@@ -162,25 +162,16 @@ class SimpleOps(TensorOps):
     def embedding_fw(weight: TensorData, ids: TensorData) -> TensorData:
         """Rows of weight [V, C] at the integer ids [...] -> [..., C] (IndexError outside [0, V)),
         copied row by row (a one-hot product would spread a NaN or inf of one row to every row)."""
-        V, C = weight.shape
-        rows = host_ids(ids, V)
-        o = empty(SimpleOps, ids.shape + (C,), weight.dtype)
-        table = as_array(weight)
-        for r, row in enumerate(rows):
-            o._storage[r * C : (r + 1) * C] = table[int(row)]
-        return o
+        rows = host_ids(ids, weight.shape[0])
+        return TensorData(as_array(weight)[rows].reshape(-1), ids.shape + weight.shape[1:], dtype=weight.dtype)
 
     @staticmethod
     def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int) -> TensorData:
         """Each row of grad_out [..., C] added into row ids[r] of a zeroed [num_embeddings, C]."""
         C = grad_out.shape[-1]
-        rows = host_ids(ids, num_embeddings)
-        o = empty(SimpleOps, (num_embeddings, C))
-        o._storage[:] = 0.0
-        grads = np.ascontiguousarray(as_array(grad_out)).reshape(-1, C)
-        for r, row in enumerate(rows):
-            o._storage[int(row) * C : (int(row) + 1) * C] += grads[r]
-        return emulated(o, grad_out.dtype)
+        out = np.zeros((num_embeddings, C), np.float32)
+        np.add.at(out, host_ids(ids, num_embeddings), np.ascontiguousarray(as_array(grad_out)).reshape(-1, C))
+        return emulated(TensorData(out.reshape(-1), (num_embeddings, C)), grad_out.dtype)
 
     @staticmethod
     def matrix_multiply(x: TensorData, y: TensorData) -> TensorData:

@@ -111,14 +111,14 @@ def typed_start(start: float, like: TensorData) -> Any:
 
 
 def host_ids(ids: TensorData, num_embeddings: int) -> np.ndarray:
-    """The ids of a CPU storage as a flat array (any layout), checked to be integers in [0,
-    num_embeddings): IndexError naming the range of the values otherwise."""
+    """The ids of a CPU storage (int64, or floats holding integers; any layout) as a flat int64 array,
+    checked to be integers in [0, num_embeddings): IndexError naming the range of the values otherwise."""
     flat = np.ascontiguousarray(as_array(ids)).reshape(-1)
     if flat.size and (flat.min() < 0 or flat.max() >= num_embeddings or np.any(flat != np.floor(flat))):
         raise IndexError(
             f"embedding ids must be integers in [0, {num_embeddings}), got values in [{flat.min()}, {flat.max()}]"
         )
-    return flat
+    return flat.astype(np.int64, copy=False)
 
 
 def host_argsort(a: TensorData, dim: int, descending: bool) -> TensorData:

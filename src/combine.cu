@@ -28,6 +28,7 @@
 #include "includes/device_info.cuh"
 #include "includes/launch_utils.cuh"
 #include "includes/layout.cuh"
+#include "includes/opcodes.cuh"
 #include "includes/reduce.cuh"
 #include "includes/vec.cuh"
 
@@ -88,6 +89,11 @@ struct OpCos {
 struct OpFloor {
   __device__ __forceinline__ float operator()(float x) const { return floorf(x); }
 };
+constexpr float kSqrtHalf = 0.7071067811865476f;   // 1 / sqrt(2)
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1 / sqrt(2 pi)
+struct OpGeluErf {
+  __device__ __forceinline__ float operator()(float x) const { return 0.5f * x * (1.f + erff(x * kSqrtHalf)); }
+};
 
 struct OpAdd {
   __device__ __forceinline__ float operator()(float x, float y) const { return x + y; }
@@ -139,6 +145,11 @@ struct OpSigmoidBack {
 struct OpTanhBack {
   __device__ __forceinline__ float operator()(float y, float d) const { return d * (1.f - y * y); }
 };
+struct OpGeluErfBack {
+  __device__ __forceinline__ float operator()(float x, float d) const {
+    return d * (0.5f * (1.f + erff(x * kSqrtHalf)) + x * expf(-0.5f * x * x) * kInvSqrt2Pi);
+  }
+};
 struct OpGeluBack {
   __device__ __forceinline__ float operator()(float x, float d) const {
     const float t = tanhf(kGeluC * (x + kGeluA * x * x * x));
@@ -162,7 +173,8 @@ struct OpGeluBack {
   X(10, sqrt, OpSqrt)   \
   X(11, sin, OpSin)     \
   X(12, cos, OpCos)     \
-  X(13, floor, OpFloor)
+  X(13, floor, OpFloor) \
+  X(14, gelu_erf, OpGeluErf)
 
 #define MT_BINARY_OPS(X)          \
   X(0, add, OpAdd)                \
@@ -179,44 +191,19 @@ struct OpGeluBack {
   X(11, tanh_back, OpTanhBack)    \
   X(12, gelu_back, OpGeluBack)    \
   X(13, min, OpMin)               \
-  X(14, div, OpDiv)
+  X(14, div, OpDiv)               \
+  X(15, gelu_erf_back, OpGeluErfBack)
 
-#define MT_COUNT_OP(code, name, functor) +1
-constexpr int kNumUnaryOps = 0 MT_UNARY_OPS(MT_COUNT_OP);
-constexpr int kNumBinaryOps = 0 MT_BINARY_OPS(MT_COUNT_OP);
-#undef MT_COUNT_OP
+constexpr int kNumUnaryOps = MT_OPCODE_COUNT(MT_UNARY_OPS);
+constexpr int kNumBinaryOps = MT_OPCODE_COUNT(MT_BINARY_OPS);
 
 constexpr int kOpAdd = 0;
 constexpr int kOpMul = 1;
 constexpr int kOpMax = 5;
 constexpr int kOpMin = 13;
 
-// Calls launch(Functor{}) for the functor of a unary opcode; cudaErrorInvalidValue if unknown.
-template <class Launch>
-int dispatch_unary(int op, Launch&& launch) {
-  switch (op) {
-#define MT_CASE(code, name, functor) \
-  case code:                         \
-    return launch(functor{});
-    MT_UNARY_OPS(MT_CASE)
-#undef MT_CASE
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
-  }
-}
-
-template <class Launch>
-int dispatch_binary(int op, Launch&& launch) {
-  switch (op) {
-#define MT_CASE(code, name, functor) \
-  case code:                         \
-    return launch(functor{});
-    MT_BINARY_OPS(MT_CASE)
-#undef MT_CASE
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
-  }
-}
+MT_DEFINE_OPCODE_DISPATCH(dispatch_unary, MT_UNARY_OPS)
+MT_DEFINE_OPCODE_DISPATCH(dispatch_binary, MT_BINARY_OPS)
 
 // Adapters that give every elementwise operation the shape f(x, y) -> float.
 template <class Op>
@@ -531,29 +518,8 @@ int minitorch_unary_op_count(void) { return kNumUnaryOps; }
 int minitorch_binary_op_count(void) { return kNumBinaryOps; }
 
 // Name (as in minitorch.operators) of an opcode; NULL when out of range.
-const char* minitorch_unary_op_name(int op) {
-  switch (op) {
-#define MT_NAME(code, name, functor) \
-  case code:                         \
-    return #name;
-    MT_UNARY_OPS(MT_NAME)
-#undef MT_NAME
-    default:
-      return nullptr;
-  }
-}
-
-const char* minitorch_binary_op_name(int op) {
-  switch (op) {
-#define MT_NAME(code, name, functor) \
-  case code:                         \
-    return #name;
-    MT_BINARY_OPS(MT_NAME)
-#undef MT_NAME
-    default:
-      return nullptr;
-  }
-}
+MT_DEFINE_OPCODE_NAME(minitorch_unary_op_name, MT_UNARY_OPS)
+MT_DEFINE_OPCODE_NAME(minitorch_binary_op_name, MT_BINARY_OPS)
 
 // out = unary_op(a). out_l and a_l have the same shape (a broadcast: stride 0). op 0 (id) is the
 // strided copy behind contiguous().

@@ -4,9 +4,8 @@
 //
 // Dtype codes (exported by name, checked by minitorch/cuda/convert.py when it loads):
 //   0 float32, 1 bfloat16, 2 float16.
-// A conversion to a 16-bit float rounds to nearest, ties to even (__float2bfloat16_rn /
-// __float2half_rn: NaN stays NaN, infinities stay infinite, finite values beyond the range become
-// infinities); a widening conversion is exact; a copy of one dtype moves the bits unchanged.
+// A conversion to a 16-bit float rounds to nearest, ties to even (includes/float_formats.cuh); a
+// widening conversion is exact; a copy of one dtype moves the bits unchanged.
 //
 // Thread mapping, grid-stride over one wave of resident blocks (launch_utils.cuh):
 //   flat     both operands one contiguous run of the same length (the Python side merges dims),
@@ -24,6 +23,7 @@
 #include <type_traits>
 
 #include "includes/cuda_check.cuh"
+#include "includes/float_formats.cuh"
 #include "includes/launch_utils.cuh"
 #include "includes/layout.cuh"
 #include "includes/vec.cuh"
@@ -38,32 +38,13 @@ struct alignas(16) Pack {
   T v[kPack];
 };
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-
 // Through float32, which holds every value of the three formats exactly.
 template <class Src, class Dst>
 __device__ __forceinline__ Dst convert(Src x) {
   if constexpr (std::is_same_v<Src, Dst>) {
     return x;
   } else {
-    return from_float<Dst>(to_float(x));
+    return mt::from_float<Dst>(mt::to_float(x));
   }
 }
 
@@ -91,26 +72,6 @@ __global__ void convert_strided_kernel(const Src* __restrict__ src, const MtLayo
     int d = 0, s = 0, unused = 0;
     mt::layout_offsets<2>(dst_l, dst_l, src_l, src_l, static_cast<int>(i), &d, &s, &unused);
     dst[d] = convert<Src, Dst>(src[s]);
-  }
-}
-
-template <class T>
-struct Tag {
-  using type = T;
-};
-
-// f(Tag<T>{}) for the element type T of a dtype code.
-template <class F>
-int with_dtype(int code, F f) {
-  switch (code) {
-    case 0:
-      return f(Tag<float>{});
-    case 1:
-      return f(Tag<__nv_bfloat16>{});
-    case 2:
-      return f(Tag<__half>{});
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
   }
 }
 
@@ -157,8 +118,8 @@ int launch_convert(const void* src, int src_dtype, MtLayout src_l, void* dst, in
   const long long n = mt::layout_numel(dst_l);
   MT_RETURN_IF_INVALID(n > mt::kMaxInt);
   if (n == 0) return 0;
-  return with_dtype(src_dtype, [&](auto src_tag) {
-    return with_dtype(dst_dtype, [&](auto dst_tag) {
+  return mt::with_float_format(src_dtype, [&](auto src_tag) {
+    return mt::with_float_format(dst_dtype, [&](auto dst_tag) {
       using Src = typename decltype(src_tag)::type;
       using Dst = typename decltype(dst_tag)::type;
       return launch_typed<Src, Dst>(src, src_l, dst, dst_l, static_cast<int>(n), stream);

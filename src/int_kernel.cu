@@ -24,13 +24,15 @@
 //
 // Every extern "C" launcher takes device pointers, layouts/sizes by value and a cudaStream_t, and
 // returns an int cudaError_t (0 = success; cudaErrorInvalidValue for bad sizes or codes).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "includes/cuda_check.cuh"
+#include "includes/float_formats.cuh"
 #include "includes/launch_utils.cuh"
 #include "includes/layout.cuh"
+#include "includes/opcodes.cuh"
 
 namespace {
 
@@ -105,36 +107,11 @@ struct IntEq {
   X(6, lt, IntLt)                 \
   X(7, eq, IntEq)
 
-#define MT_COUNT_OP(code, name, functor) +1
-constexpr int kNumUnaryOps = 0 MT_INT_UNARY_OPS(MT_COUNT_OP);
-constexpr int kNumBinaryOps = 0 MT_INT_BINARY_OPS(MT_COUNT_OP);
-#undef MT_COUNT_OP
+constexpr int kNumUnaryOps = MT_OPCODE_COUNT(MT_INT_UNARY_OPS);
+constexpr int kNumBinaryOps = MT_OPCODE_COUNT(MT_INT_BINARY_OPS);
 
-template <class Launch>
-int dispatch_unary(int op, Launch&& launch) {
-  switch (op) {
-#define MT_CASE(code, name, functor) \
-  case code:                         \
-    return launch(functor{});
-    MT_INT_UNARY_OPS(MT_CASE)
-#undef MT_CASE
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
-  }
-}
-
-template <class Launch>
-int dispatch_binary(int op, Launch&& launch) {
-  switch (op) {
-#define MT_CASE(code, name, functor) \
-  case code:                         \
-    return launch(functor{});
-    MT_INT_BINARY_OPS(MT_CASE)
-#undef MT_CASE
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
-  }
-}
+MT_DEFINE_OPCODE_DISPATCH(dispatch_unary, MT_INT_UNARY_OPS)
+MT_DEFINE_OPCODE_DISPATCH(dispatch_binary, MT_INT_BINARY_OPS)
 
 // ------------------------------------------------------------------------------------------------
 // Elementwise: out[i] = f(a[i], b[i]) over the output's layout; NIN inputs (0: fill, 1: map with a
@@ -172,61 +149,24 @@ __global__ void int_arange_kernel(i64* out, int n) {
 // ------------------------------------------------------------------------------------------------
 // Conversions between int64 and the float formats.
 // ------------------------------------------------------------------------------------------------
-template <class T>
-struct Tag {
-  using type = T;
-};
-
-template <class F>
-int with_float_dtype(int code, F f) {
-  switch (code) {
-    case 0:
-      return f(Tag<float>{});
-    case 1:
-      return f(Tag<__nv_bfloat16>{});
-    case 2:
-      return f(Tag<__half>{});
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
+// One element converted: a float to int64 truncated toward zero, an int64 to the nearest float32
+// and then to the float format Dst.
+template <class Dst, class Src>
+__device__ __forceinline__ Dst convert(Src x) {
+  if constexpr (std::is_same_v<Dst, i64>) {
+    return __float2ll_rz(mt::to_float(x));
+  } else {
+    return mt::from_float<Dst>(__ll2float_rn(x));
   }
 }
 
-__device__ __forceinline__ float widen(float x) { return x; }
-__device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float widen(__half x) { return __half2float(x); }
-
-template <class T>
-__device__ __forceinline__ T narrow_from(float x);
-template <>
-__device__ __forceinline__ float narrow_from<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 narrow_from<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half narrow_from<__half>(float x) {
-  return __float2half_rn(x);
-}
-
-template <class T>
-__global__ void to_int64_kernel(i64* dst, const MtLayout dst_l, const T* src, const MtLayout src_l, int n) {
+template <class Src, class Dst>
+__global__ void int64_convert_kernel(Dst* dst, const MtLayout dst_l, const Src* src, const MtLayout src_l, int n) {
   const long long step = mt::grid_stride_step();
   for (long long i = mt::grid_stride_first(); i < n; i += step) {
     int d = 0, s = 0, unused = 0;
     mt::layout_offsets<2>(dst_l, dst_l, src_l, src_l, static_cast<int>(i), &d, &s, &unused);
-    dst[d] = __float2ll_rz(widen(src[s]));
-  }
-}
-
-template <class T>
-__global__ void from_int64_kernel(T* dst, const MtLayout dst_l, const i64* src, const MtLayout src_l, int n) {
-  const long long step = mt::grid_stride_step();
-  for (long long i = mt::grid_stride_first(); i < n; i += step) {
-    int d = 0, s = 0, unused = 0;
-    mt::layout_offsets<2>(dst_l, dst_l, src_l, src_l, static_cast<int>(i), &d, &s, &unused);
-    dst[d] = narrow_from<T>(__ll2float_rn(src[s]));
+    dst[d] = convert<Dst>(src[s]);
   }
 }
 
@@ -357,9 +297,9 @@ template <class F>
 int with_value_dtype(int code, F f) {
   switch (code) {
     case 0:
-      return f(Tag<float>{});
+      return f(mt::Tag<float>{});
     case 3:
-      return f(Tag<i64>{});
+      return f(mt::Tag<i64>{});
     default:
       return static_cast<int>(cudaErrorInvalidValue);
   }
@@ -382,29 +322,8 @@ int minitorch_int_unary_op_count(void) { return kNumUnaryOps; }
 int minitorch_int_binary_op_count(void) { return kNumBinaryOps; }
 int minitorch_int_max_sort_row(void) { return kMaxSortRow; }
 
-const char* minitorch_int_unary_op_name(int op) {
-  switch (op) {
-#define MT_NAME(code, name, functor) \
-  case code:                         \
-    return #name;
-    MT_INT_UNARY_OPS(MT_NAME)
-#undef MT_NAME
-    default:
-      return nullptr;
-  }
-}
-
-const char* minitorch_int_binary_op_name(int op) {
-  switch (op) {
-#define MT_NAME(code, name, functor) \
-  case code:                         \
-    return #name;
-    MT_INT_BINARY_OPS(MT_NAME)
-#undef MT_NAME
-    default:
-      return nullptr;
-  }
-}
+MT_DEFINE_OPCODE_NAME(minitorch_int_unary_op_name, MT_INT_UNARY_OPS)
+MT_DEFINE_OPCODE_NAME(minitorch_int_binary_op_name, MT_INT_BINARY_OPS)
 
 // out = unary_op(a); out_l and a_l have the same shape (a broadcast: stride 0).
 int launch_int_map(int op, i64* out, MtLayout out_l, const i64* a, MtLayout a_l, cudaStream_t stream) {
@@ -439,9 +358,9 @@ int launch_to_int64(i64* dst, MtLayout dst_l, const void* src, int src_dtype, Mt
   MT_RETURN_IF_INVALID(!valid_rows(dst_l, src_l));
   const int n = static_cast<int>(mt::layout_numel(dst_l));
   if (n == 0) return 0;
-  return with_float_dtype(src_dtype, [&](auto tag) {
+  return mt::with_float_format(src_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return mt::launch_grid_stride<to_int64_kernel<T>>(n, stream, dst, dst_l, static_cast<const T*>(src), src_l, n);
+    return mt::launch_grid_stride<int64_convert_kernel<T, i64>>(n, stream, dst, dst_l, static_cast<const T*>(src), src_l, n);
   });
 }
 
@@ -450,9 +369,9 @@ int launch_from_int64(void* dst, int dst_dtype, MtLayout dst_l, const i64* src, 
   MT_RETURN_IF_INVALID(!valid_rows(dst_l, src_l));
   const int n = static_cast<int>(mt::layout_numel(dst_l));
   if (n == 0) return 0;
-  return with_float_dtype(dst_dtype, [&](auto tag) {
+  return mt::with_float_format(dst_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return mt::launch_grid_stride<from_int64_kernel<T>>(n, stream, static_cast<T*>(dst), dst_l, src, src_l, n);
+    return mt::launch_grid_stride<int64_convert_kernel<i64, T>>(n, stream, static_cast<T*>(dst), dst_l, src, src_l, n);
   });
 }
 

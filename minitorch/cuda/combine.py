@@ -12,7 +12,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 from .. import operators
 from ..tensor_data import TensorData, coalesce, prod, shape_broadcast, strides_from_shape
 from .layout import MtLayout, elementwise_plan, layout, remember
-from .runtime import BUILD_HINT, CudaShapeError, Runtime, check, empty, on_load, ptr, runtime
+from .runtime import CudaShapeError, Runtime, check, check_names, empty, on_load, ptr, runtime
 
 UNARY_OPS = (
     "id", "neg", "sigmoid", "relu", "log", "exp", "inv", "tanh", "gelu", "abs", "sqrt", "sin", "cos", "floor", "gelu_erf",
@@ -48,13 +48,8 @@ def lib(rt: Runtime) -> ctypes.CDLL:
 @on_load
 def _check_opcode_tables(rt: Runtime) -> None:
     c = lib(rt)
-    for kind, names, count, name_of in (
-        ("unary", UNARY_OPS, c.minitorch_unary_op_count, c.minitorch_unary_op_name),
-        ("binary", BINARY_OPS, c.minitorch_binary_op_count, c.minitorch_binary_op_name),
-    ):
-        built = tuple(name_of(i).decode() for i in range(count()))
-        if built != names:
-            raise RuntimeError(f"combine.so's {kind} opcodes {built} differ from minitorch/cuda/combine.py's {names}; {BUILD_HINT}")
+    check_names("combine", "unary opcodes", c.minitorch_unary_op_count, c.minitorch_unary_op_name, UNARY_OPS, __name__)
+    check_names("combine", "binary opcodes", c.minitorch_binary_op_count, c.minitorch_binary_op_name, BINARY_OPS, __name__)
 
 
 def opcode(fn: Callable, table: Dict[Callable, int], kind: str, names: Sequence[str]) -> int:

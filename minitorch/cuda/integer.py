@@ -17,7 +17,7 @@ from ..dtypes import DType, float32, int64, no_kernel
 from ..tensor_data import TensorData, strides_from_shape
 from .combine import map_layouts, out_layout, rows_plan, zip_layouts
 from .layout import MtLayout
-from .runtime import BUILD_HINT, CudaShapeError, Runtime, check, empty, on_load, ptr, runtime
+from .runtime import BUILD_HINT, CudaShapeError, Runtime, check, check_names, empty, on_load, ptr, runtime
 
 UNARY_OPS = ("id", "neg", "abs")
 BINARY_OPS = ("add", "mul", "max", "min", "floordiv", "remainder", "lt", "eq")
@@ -56,15 +56,10 @@ def _lib(rt: Runtime) -> ctypes.CDLL:
 @on_load
 def _check_tables(rt: Runtime) -> None:
     c = _lib(rt)
-    for kind, names, count, name_of in (
-        ("unary", UNARY_OPS, c.minitorch_int_unary_op_count, c.minitorch_int_unary_op_name),
-        ("binary", BINARY_OPS, c.minitorch_int_binary_op_count, c.minitorch_int_binary_op_name),
-    ):
-        built = tuple(name_of(i).decode() for i in range(count()))
-        if built != names:
-            raise RuntimeError(f"int_kernel.so's {kind} opcodes {built} differ from minitorch/cuda/integer.py's {names}; {BUILD_HINT}")
+    check_names("int_kernel", "unary opcodes", c.minitorch_int_unary_op_count, c.minitorch_int_unary_op_name, UNARY_OPS, __name__)
+    check_names("int_kernel", "binary opcodes", c.minitorch_int_binary_op_count, c.minitorch_int_binary_op_name, BINARY_OPS, __name__)
     if c.minitorch_int_max_sort_row() != MAX_SORT_ROW:
-        raise RuntimeError(f"int_kernel.so sorts rows of up to {c.minitorch_int_max_sort_row()}, minitorch/cuda/integer.py expects {MAX_SORT_ROW}; {BUILD_HINT}")
+        raise RuntimeError(f"int_kernel.so sorts rows of up to {c.minitorch_int_max_sort_row()}, {__name__} expects {MAX_SORT_ROW}; {BUILD_HINT}")
 
 
 def has_op(fn: Callable, names: tuple) -> bool:
