@@ -86,15 +86,19 @@ class Conversions:
             raise RuntimeError(f"the truth value of a tensor of shape {self.shape} is ambiguous: use .all() or .any()")
         return bool(self.item() != 0)
 
-    def to(self: "Tensor", *args: Union[str, TensorBackend, DType], dtype: Optional[DType] = None) -> "Tensor":
+    def to(
+        self: "Tensor", *args: Union[str, TensorBackend, DType], dtype: Optional[DType] = None,
+        device: Optional[Union[str, TensorBackend]] = None,
+    ) -> "Tensor":  # fmt: skip
         """This tensor on another backend and/or in another dtype: to(backend), to(dtype),
-        to(backend, dtype); backend a TensorBackend or "cpu" / "cuda", dtype a minitorch dtype (or its
-        name, or its NumPy equivalent).  The same tensor where nothing changes.  A dtype change alone is an autodiff op (its gradient is cast back to this dtype); a
-        move to another backend is a copy that is a new leaf: it keeps the requires_grad flag but not
-        the history."""
+        to(backend, dtype), or the keywords device= and dtype=; backend a TensorBackend or "cpu" /
+        "cuda", dtype a minitorch dtype (or its name, or its NumPy equivalent).  The same tensor where
+        nothing changes.  A dtype change alone is an autodiff op (its gradient is cast back to this
+        dtype); a move to another backend is a copy that is a new leaf: it keeps the requires_grad flag
+        but not the history."""
         backend: Optional[TensorBackend] = None
         dtype = None if dtype is None else as_dtype(dtype)
-        for arg in args:
+        for arg in args + (() if device is None else (device,)):
             if isinstance(arg, DType):
                 dtype = arg
             elif isinstance(arg, TensorBackend) or (isinstance(arg, str) and arg.split(":")[0] in ("cpu", "cuda")):
@@ -105,7 +109,7 @@ class Conversions:
         if backend is not None and backend.ops is not self.backend.ops:
             data = TensorData(backend.ops.storage_from_numpy(self.to_numpy()), self.shape, dtype=int64 if self.dtype.is_integer else float32)
             out = type(self)(data, backend=backend)._with_dtype(self.dtype if dtype is None else dtype)
-            return out.requires_grad_(self.requires_grad)
+            return out.requires_grad_(self.requires_grad and out.dtype.is_floating)
         if dtype is None or dtype is self.dtype:
             return out
         return F.Cast.apply(self, dtype)

@@ -151,6 +151,7 @@ def _cases() -> List[Case]:
         c("int64 comparisons", lambda m, d, i: (i > 0, i == 3, i < -5), (I,)),
         # ---- conversions ---------------------------------------------------------------------
         c("long()", lambda m, d, x: x.long(), (X,), grad=False),
+        c("to(dtype=int64), to(device=)", lambda m, d, x: (x.to(dtype=m.int64), x.to(device=d) * 2), (X,)),
         c("int() (values; torch's dtype is int32)", lambda m, d, x: x.int(), (X,), grad=False, dtype=False),
         c("float() of int64", lambda m, d, i: i.float(), (I,)),
         c("item() of a bool", lambda m, d: m.tensor([True], device=d).item()),
