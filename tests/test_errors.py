@@ -125,7 +125,7 @@ def test_construction_errors() -> None:
 def test_module_input_errors() -> None:
     with raises(IndexingError, "Linear(3, 2) got input of shape (2, 4)"):
         minitorch.Linear(3, 2)(zeros((2, 4)))
-    with raises(IndexingError, "LayerNorm1d(3) got input of shape (2, 4)"):
+    with raises(IndexingError, "LayerNorm((3,)) got input of shape (2, 4)"):
         minitorch.LayerNorm1d(3)(zeros((2, 4)))
     with raises(IndexError, "embedding ids must be integers in [0, 3), got values in [-1.0, 1.0]"):
         minitorch.Embedding(3, 2)(mt(np.array([1.0, -1.0]), FAST))
