@@ -1,191 +1,205 @@
-"""Data-parallel training speed: a GPT-2 124M-shaped DecoderLM step on one GPU and on two.
+"""Data-parallel training speed: the GPT-2 124M step of the GPT-2 program on N GPUs against PyTorch DDP.
 
-Launched with `torchrun --nproc_per_node 2` (NCCL; set NCCL_NVLS_ENABLE=0 where the machine asks).
-Every rank builds the model (n_embd 768, 12 heads, 12 layers, vocab 50304, T 1024, B 4 per GPU,
-fused LayerNorm, fused attention, fused linear cross-entropy, AdamW with global-norm clipping) and
-times training steps (forward, backward, gradient synchronization, AdamW; a device sync after
-each step; median after warm-up) in these modes:
+Launched with `torchrun --nproc_per_node N` (NCCL; NCCL_NVLS_ENABLE=0), once per N; each launch
+writes DIR/world<N>.json, and `--report` prints the launches side by side (tokens/s and the
+speed-up over the same contender's 1-GPU run) and writes DIR/bench_distributed.json and .png.
+Every contender trains GPT-2 124M (fresh, n_embd 768, 12 layers, vocab 50257 padded to 50304) on
+B 4 x T 1024 random tokens per GPU (a global batch of 4N sequences), AdamW with global-norm
+clipping at 1.0; a step's time is the median over --steps steps after --warmup, the host waiting
+for each step's loss:
 
-  1 GPU         rank 0 alone, no communication (rank 1 waits): the baseline
-  2 GPUs local  both ranks step at once with no communication: the compute floor of a 2-GPU step
-  2 GPUs phase  DistributedDataParallel(overlap=False): backward, then sync_gradients()
-  2 GPUs overlap DistributedDataParallel(overlap=True): bucket all-reduces during backward
+  minitorch            the program's step (project/gpt2/training.py GPT2Step: fused kernels, fused
+                       attention and loss, one CUDA graph replay per step); with N > 1 through
+                       DistributedDataParallel: buckets all-reduced while backward runs, in the graph
+  minitorch ZeRO-1     the same with DistributedDataParallel(shard=True) + ShardedAdamW: buckets
+                       reduce-scattered, each GPU updating its 1/N of the weights and AdamW moments,
+                       weights all-gathered (its AdamW state per GPU is reported beside AdamW's)
+  minitorch profiled   the DDP step run eagerly (no graph) with DistributedDataParallel(profile=True):
+                       how long the all-reduces ran, how much of that came after backward had ended
+                       (exposed) and the hidden share 1 - exposed / all-reduce
+  torch DDP tf32/bf16  benchmarks/gpt2_torch_peer.py's TorchGPT2 (SDPA attention) under
+                       torch.nn.parallel.DistributedDataParallel with fused AdamW, TF32 matmuls or
+                       bf16 autocast: the peer (with N = 1 without the DDP wrapper)
 
-plus, on their own: the all-reduce of every bucket (comm), one sync_gradients() (the bucket copies
-and the all-reduces), per-tensor in-place all-reduces of the gradients (no copy, one collective
-each), and backward alone.  Reported: tokens/s (global batch: B x T x GPUs per step), the 2-GPU /
-1-GPU ratio, the exposed communication of each mode (its step minus the local step) and the share
-of communication the overlap hides, 1 - exposed(overlap) / exposed(phase).
+--precision sets minitorch's float32 matmuls: "high" (one TF32 product, against torch's TF32) or
+"highest" (3xTF32, float32 accuracy).
 
-Usage: torchrun --nproc_per_node 2 benchmarks/bench_distributed.py [--steps N] [--out DIR]
-Writes DIR/bench_distributed.json and DIR/bench_distributed.png (default DIR:
-benchmarks/results/bench_distributed).
+    torchrun --nproc_per_node 2 benchmarks/bench_distributed.py [--steps 20] [--precision high] [--out DIR]
+    python benchmarks/bench_distributed.py --report [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from common import Column, Panel, Table, out_option, wall_clock, write_results
+from common import Column, Panel, Table, out_option, write_json, write_results
 import minitorch
 from minitorch import distributed
 
-GPT2 = dict(n_vocab=50304, n_embd=768, n_head=12, n_layers=12, seq=1024, batch=4)
+B, T, LR = 4, 1024, 3e-4
+CONTENDERS = ("minitorch", "minitorch ZeRO-1", "torch DDP tf32", "torch DDP bf16")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=10, help="timed steps per mode (after 3 warm-up steps)")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--steps", type=int, default=20, help="timed steps per contender")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (graph capture, NCCL set-up)")
+    p.add_argument("--precision", choices=("high", "highest"), default="high", help="minitorch's float32 matmuls")
+    p.add_argument("--report", action="store_true", help="print and plot the world<N>.json of --out")
     out_option(p, "bench_distributed")
     return p
 
 
-class Trainer:
-    """One rank's model, optimizer and fixed random batch."""
-
-    def __init__(self, rank: int):
-        self.backend = minitorch.TensorBackend(minitorch.CudaKernelOps)
-        minitorch.manual_seed(0)
-        c = GPT2
-        self.model = minitorch.DecoderLM(
-            c["n_vocab"], c["n_embd"], c["n_head"], c["seq"], n_layers=c["n_layers"], p_dropout=0.0,
-            backend=self.backend, use_fused_kernel=True, attention="fused",
-        )  # fmt: skip
-        self.optimizer = minitorch.AdamW(self.model.parameters(), lr=6e-4, weight_decay=0.1, max_grad_norm=1.0)
-        rng = np.random.default_rng(rank)
-        B, T = c["batch"], c["seq"]
-        self.tokens = minitorch.tensor_from_numpy(rng.integers(0, c["n_vocab"], (B, T)).astype(np.float32), backend=self.backend)
-        self.targets = minitorch.tensor_from_numpy(rng.integers(0, c["n_vocab"], B * T).astype(np.float32), backend=self.backend)
-        self.weights = minitorch.ones((B * T,), backend=self.backend)
-
-    def loss(self) -> minitorch.Tensor:
-        hidden = self.model.hidden_states(self.tokens)
-        B, T, C = hidden.shape
-        head = self.model.lm_head
-        bias = None if head.bias is None else head.bias.value
-        return minitorch.fused_linear_cross_entropy(hidden.view(B * T, C), head.weight.value.T, self.targets, self.weights, bias=bias)
-
-    def step(self, sync: Callable[[], None] = lambda: None) -> None:
-        loss = self.loss()
-        self.optimizer.zero_grad()
-        loss.backward()
-        sync()
-        self.optimizer.step()
-
-
-def timed(fn: Callable[[], Any], steps: int, warmup: int = 3) -> float:
-    """Median seconds of fn() with a device sync around each call."""
-    import torch
-
-    return wall_clock(fn, steps, warmup, sync=torch.cuda.synchronize).median
-
-
-def measure(trainer: Trainer, info: distributed.ProcessInfo, args: argparse.Namespace) -> Dict[str, float]:
-    import torch
-    import torch.distributed as dist
-
-    out: Dict[str, float] = {}
-    distributed.barrier()
-    if info.rank == 0:
-        out["1 GPU"] = timed(trainer.step, args.steps)
-    distributed.barrier()
-    out["2 GPUs local"] = timed(trainer.step, args.steps)
-
-    def backward_only() -> None:
-        loss = trainer.loss()
-        torch.cuda.synchronize()
+def median_seconds(step: Callable[[], Any], args: argparse.Namespace) -> float:
+    """Median wall time of a step (each returns after reading its loss, so the device is done)."""
+    for _ in range(args.warmup):
+        step()
+    times = []
+    for _ in range(args.steps):
         start = time.perf_counter()
-        loss.backward()
-        torch.cuda.synchronize()
-        backward_times.append(time.perf_counter() - start)
-        trainer.optimizer.zero_grad()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
-    backward_times: List[float] = []
-    timed(backward_only, args.steps)
-    out["backward"] = statistics.median(backward_times[3:])
 
-    ddp = distributed.DistributedDataParallel(trainer.model, bucket_cap_mb=args.bucket_cap_mb, overlap=False)
-    distributed.barrier()
-    out["2 GPUs phase"] = timed(lambda: trainer.step(ddp.sync_gradients), args.steps)
-    out["sync_gradients alone"] = timed(ddp.sync_gradients, args.steps)
-    buckets = [torch.empty(n, device="cuda") for n in ddp.bucket_sizes]
-    out["all-reduce of the buckets"] = timed(lambda: [dist.all_reduce(b) for b in buckets], args.steps)
-    grads = [p.value.grad.to_torch() for p in trainer.model.parameters()]
-    out["per-tensor all-reduce, no copy"] = timed(lambda: [dist.all_reduce(g) for g in grads], args.steps)
-    out["buckets"] = float(len(buckets))
-    out["parameters"] = float(sum(p.value.numel() for p in trainer.model.parameters()))
-    del buckets, grads
-    ddp = distributed.DistributedDataParallel(trainer.model, bucket_cap_mb=args.bucket_cap_mb, overlap=True)
-    distributed.barrier()
-    out["2 GPUs overlap"] = timed(lambda: trainer.step(ddp.sync_gradients), args.steps)
-    ddp.close()
+def minitorch_step(info: distributed.ProcessInfo, mode: str, args: argparse.Namespace) -> Dict[str, Any]:
+    """mode "ddp", "zero" or "profiled" (see the module docstring)."""
+    from project.gpt2.llmc import GPT2_124M
+    from project.gpt2.model import GPT2
+    from project.gpt2.training import GPT2Step
+
+    backend = minitorch.TensorBackend(minitorch.CudaKernelOps)
+    minitorch.set_float32_matmul_precision(args.precision)
+    model = GPT2.fresh(GPT2_124M, seed=0, backend=backend, use_fused_kernel=True, attention="fused")
+    hyper = dict(lr=LR, weight_decay=0.0, eps=1e-8, max_grad_norm=1.0)
+    ddp = None
+    if info.world_size > 1:
+        ddp = distributed.DistributedDataParallel(model, shard=mode == "zero", profile=mode == "profiled")
+        ddp.gradient_weight = 1.0
+    optimizer = distributed.ShardedAdamW(ddp, **hyper) if mode == "zero" and ddp else minitorch.AdamW(model.parameters(), **hyper)
+    step = GPT2Step(model, optimizer, "fused", ddp, use_graphs=mode != "profiled", weight=1.0 / info.world_size)
+    rng = np.random.default_rng(info.rank)
+    tokens = rng.integers(0, GPT2_124M.vocab_size, (B, T + 1))
+    seconds = median_seconds(lambda: step(tokens[:, :-1], tokens[:, 1:], LR), args)
+    state = optimizer.state_floats if isinstance(optimizer, distributed.ShardedAdamW) else 2 * sum(
+        p.value.numel() for p in model.parameters())  # fmt: skip
+    out = {"ms": 1e3 * seconds, "optimizer_state_gib": 4 * state / 2**30}
+    if mode == "profiled" and ddp is not None:
+        out["overlap"] = ddp.overlap_summary(skip=args.warmup)
+        out["buckets"] = len(ddp.bucket_sizes)
+    step.release_graphs()
+    if ddp is not None:
+        ddp.close()
     return out
 
 
-def report(t: Dict[str, float], device: str, out_dir: Path) -> Dict[str, Any]:
-    tokens = GPT2["batch"] * GPT2["seq"]
-    rates = {
-        "1 GPU": tokens / t["1 GPU"],
-        "2 GPUs local": 2 * tokens / t["2 GPUs local"],
-        "2 GPUs phase": 2 * tokens / t["2 GPUs phase"],
-        "2 GPUs overlap": 2 * tokens / t["2 GPUs overlap"],
-    }
-    exposed_phase = t["2 GPUs phase"] - t["2 GPUs local"]
-    exposed_overlap = t["2 GPUs overlap"] - t["2 GPUs local"]
-    result = {
-        "device": device,
-        "config": GPT2,
-        "seconds": t,
-        "tokens_per_s": rates,
-        "speedup_2_vs_1": {k: v / rates["1 GPU"] for k, v in rates.items() if k != "1 GPU"},
-        "exposed_comm_s": {"phase": exposed_phase, "overlap": exposed_overlap},
-        "hidden_share_of_comm": 1.0 - exposed_overlap / exposed_phase if exposed_phase > 0 else None,
-        "comm_share_of_backward": t["all-reduce of the buckets"] / t["backward"],
-    }
-    print(f"GPT-2 124M shape, B {GPT2['batch']} x T {GPT2['seq']} per GPU, {int(t['parameters']):,} parameters, "
-          f"{int(t['buckets'])} buckets, {device}")  # fmt: skip
-    modes = Table(Column("mode", 17, "mode", left=True), Column("step ms", 10, "ms", ".1f"),
-                  Column("tokens/s", 11, "rate", ",.0f"), Column("vs 1 GPU", 9, "vs", ".2f"))  # fmt: skip
-    modes.header()
-    for mode, rate in rates.items():
-        modes.row({"mode": mode, "ms": 1e3 * t[mode], "rate": rate, "vs": rate / rates["1 GPU"]})
-    parts = Table(Column("part", 33, "part", left=True), Column("ms", 8, "ms", ".2f", " ms"))
-    for name in ("backward", "all-reduce of the buckets", "sync_gradients alone", "per-tensor all-reduce, no copy"):
-        parts.row({"part": name, "ms": 1e3 * t[name]})
-    hidden = result["hidden_share_of_comm"]
-    print(f"exposed communication: phase {1e3 * exposed_phase:.2f} ms, overlap {1e3 * exposed_overlap:.2f} ms; "
-          f"hidden share {'n/a' if hidden is None else f'{hidden:.0%}'}; all-reduce / backward "
-          f"{result['comm_share_of_backward']:.1%}")  # fmt: skip
-    write_results(out_dir, "bench_distributed", result, panels(rates), size=(7, 3.5))
+def torch_step(info: distributed.ProcessInfo, precision: str, args: argparse.Namespace) -> Dict[str, Any]:
+    import torch
+
+    from gpt2_torch_peer import TorchGPT2
+    from project.gpt2.llmc import GPT2_124M
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(0)
+    model = TorchGPT2(GPT2_124M).cuda()
+    if info.world_size > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[info.local_rank])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=1e-8, weight_decay=0.0, fused=True)
+    rng = np.random.default_rng(info.rank)
+    tokens = torch.from_numpy(rng.integers(0, GPT2_124M.vocab_size, (B, T + 1))).cuda()
+
+    def step() -> float:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = model(tokens[:, :-1], tokens[:, 1:])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return loss.item()
+
+    return {"ms": 1e3 * median_seconds(step, args)}
+
+
+def measure(info: distributed.ProcessInfo, args: argparse.Namespace) -> Dict[str, Any]:
+    import torch
+
+    runs: Dict[str, Dict[str, Any]] = {}
+    for name, run in (("minitorch", lambda: minitorch_step(info, "ddp", args)),
+                      ("minitorch ZeRO-1", lambda: minitorch_step(info, "zero", args)),
+                      ("minitorch profiled", lambda: minitorch_step(info, "profiled", args)),
+                      ("torch DDP tf32", lambda: torch_step(info, "tf32", args)),
+                      ("torch DDP bf16", lambda: torch_step(info, "bf16", args))):  # fmt: skip
+        distributed.barrier()
+        runs[name] = run()
+        gc.collect()
+        torch.cuda.empty_cache()
+        if info.is_main:
+            print(f"{name}: {runs[name]['ms']:.1f} ms/step", flush=True)
+    for result in runs.values():
+        result["tokens_per_s"] = info.world_size * B * T / (result["ms"] / 1e3)
+    return {"world": info.world_size, "device": torch.cuda.get_device_name(), "precision": args.precision,
+            "tokens_per_gpu_step": B * T, "contenders": runs}  # fmt: skip
+
+
+def gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n > 1 else ''}"
+
+
+def report(out: Path) -> Dict[str, Any]:
+    worlds = sorted((json.loads(p.read_text()) for p in out.glob("world*.json")), key=lambda w: w["world"])
+    if not worlds:
+        raise SystemExit(f"no world*.json in {out}: run the benchmark under torchrun first")
+    sizes = [w["world"] for w in worlds]
+    base = next((w for w in worlds if w["world"] == 1), None)
+    print(f"GPT-2 124M, B {B} x T {T} per GPU, {worlds[-1]['device']}, minitorch matmuls {worlds[-1]['precision']}")
+    table = Table(Column("contender", 20, "name", left=True),
+                  *(Column(f"{gpus(n)} tok/s", 16, f"rate{n}", ",.0f") for n in sizes),
+                  *(Column(f"x{n}", 6, f"speedup{n}", ".2f") for n in sizes if n > 1))  # fmt: skip
+    table.header()
+    series: Dict[str, List[Optional[float]]] = {}
+    for name in CONTENDERS:
+        row: Dict[str, Any] = {"name": name}
+        for w in worlds:
+            rate = w["contenders"].get(name, {}).get("tokens_per_s")
+            row[f"rate{w['world']}"] = rate
+            one = base and base["contenders"].get(name, {}).get("tokens_per_s")
+            row[f"speedup{w['world']}"] = rate / one if rate and one else None
+        table.row(row)
+        series[name] = [row[f"rate{n}"] for n in sizes]
+    for w in worlds:
+        profiled = w["contenders"]["minitorch profiled"]
+        overlap = profiled.get("overlap") or {}
+        if overlap.get("comm_ms") is not None:
+            print(f"{gpus(w['world'])}, eager minitorch step ({profiled['buckets']} buckets): all-reduce "
+                  f"{overlap['comm_ms']:.2f} ms, exposed after backward {overlap['exposed_ms']:.2f} ms, hidden "
+                  f"{overlap['hidden_share']:.0%}")  # fmt: skip
+        state = {k: w["contenders"][k]["optimizer_state_gib"] for k in ("minitorch", "minitorch ZeRO-1")}
+        print(f"{gpus(w['world'])}: AdamW state per GPU {state['minitorch']:.2f} GiB, ZeRO-1 {state['minitorch ZeRO-1']:.2f} GiB")
+    result = {"worlds": worlds}
+    write_results(out, "bench_distributed", result, [Panel([gpus(n) for n in sizes], series,
+                  ylabel="tokens/s", title="GPT-2 124M training, data parallel")], size=(8, 4))  # fmt: skip
     return result
-
-
-def panels(rates: Dict[str, float]) -> List[Panel]:
-    """Tokens/s of each mode, labelled with its ratio to one GPU."""
-    names = list(rates)
-    return [Panel(names, {"tokens/s": [rates[n] for n in names]}, colors=["gray", "silver", "tab:orange", "tab:blue"],
-                  notes=[f"{rates[n] / rates['1 GPU']:.2f}x" for n in names], ylabel="tokens/s",
-                  title="GPT-2 124M step, data parallel (minitorch + NCCL)")]
 
 
 def main() -> None:
     args = build_parser().parse_args()
+    if args.report:
+        report(args.out)
+        return
     info = distributed.init_from_torchrun("cuda")
-    if info.world_size != 2:
-        raise SystemExit(f"run with torchrun --nproc_per_node 2 (got {info.world_size} process(es))")
-    import torch
-
-    trainer = Trainer(info.rank)
-    t = measure(trainer, info, args)
+    result = measure(info, args)
     if info.is_main:
-        report(t, torch.cuda.get_device_name(), args.out)
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_json(args.out / f"world{info.world_size}.json", result)
+        print(f"wrote {args.out / f'world{info.world_size}.json'}")
     distributed.destroy_process_group()
 
 

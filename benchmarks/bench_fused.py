@@ -60,7 +60,7 @@ def softmax_cases(torch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str, A
 
             def kernel(i, mptr=mptr):
                 j = i % k
-                lib.launch_attn_softmax(ys[j].data_ptr(), xs[j].data_ptr(), mptr, B, H, Tq, Tk, 0, stream)
+                lib.launch_attn_softmax(0, ys[j].data_ptr(), xs[j].data_ptr(), mptr, B, H, Tq, Tk, 0, stream)
 
             def api(i, mmd=mmd):
                 minitorch.CudaKernelOps.attn_softmax_fw(xm[i % k]._tensor, mmd, False)
@@ -87,7 +87,7 @@ def softmax_cases(torch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str, A
 
         def kernel_bw(i):
             j = i % k
-            lib.launch_attn_softmax_bw(ys[j].data_ptr(), gs[j].data_ptr(), ss[j].data_ptr(), B * H * Tq, Tk, stream)
+            lib.launch_attn_softmax_bw(0, ys[j].data_ptr(), gs[j].data_ptr(), ss[j].data_ptr(), B * H * Tq, Tk, stream)
 
         def api_bw(i):
             minitorch.CudaKernelOps.attn_softmax_bw(gm[i % k]._tensor, sm[i % k]._tensor)
@@ -120,7 +120,7 @@ def layernorm_cases(torch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str,
         dgamma, dbeta = torch.empty(C, device="cuda"), torch.empty(C, device="cuda")
         ws = torch.empty(max(1, lib.layernorm_bw_workspace_floats(rows, C)), device="cuda")
         for j in range(k):
-            lib.launch_layernorm(outs[j].data_ptr(), means[j].data_ptr(), rstds[j].data_ptr(), xs[j].data_ptr(),
+            lib.launch_layernorm(0, outs[j].data_ptr(), means[j].data_ptr(), rstds[j].data_ptr(), xs[j].data_ptr(),
                                  gamma.data_ptr(), beta.data_ptr(), rows, C, EPS, stream)
         xm, dym = [minitorch.from_torch(x) for x in xs], [minitorch.from_torch(d) for d in dys]
         mm, rm = [minitorch.from_torch(m) for m in means], [minitorch.from_torch(r) for r in rstds]
@@ -129,7 +129,7 @@ def layernorm_cases(torch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str,
 
         def kernel(i):
             j = i % k
-            lib.launch_layernorm(outs[j].data_ptr(), means[j].data_ptr(), rstds[j].data_ptr(), xs[j].data_ptr(),
+            lib.launch_layernorm(0, outs[j].data_ptr(), means[j].data_ptr(), rstds[j].data_ptr(), xs[j].data_ptr(),
                                  gamma.data_ptr(), beta.data_ptr(), rows, C, EPS, stream)
 
         def api(i):
@@ -146,7 +146,7 @@ def layernorm_cases(torch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str,
 
         def kernel_bw(i):
             j = i % k
-            lib.launch_layernorm_bw(outs[j].data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), dys[j].data_ptr(),
+            lib.launch_layernorm_bw(0, outs[j].data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), dys[j].data_ptr(),
                                     xs[j].data_ptr(), gamma.data_ptr(), means[j].data_ptr(), rstds[j].data_ptr(),
                                     ws.data_ptr(), rows, C, stream)
 

@@ -1,8 +1,9 @@
 """How evenly a data-parallel translation step splits its work: padded tokens per process, on the CPU.
 
-Under torchrun with N processes a step hands each process one batch of a group of N length
-neighbours (Batcher.epoch_groups) and lasts as long as the slowest process, the one with the most
-padded tokens (batch size x width rounded up as the CUDA step pads it).  For each N this prints,
+Under torchrun with N processes and --scale-batch-with-world true a step hands each process one
+batch of a group of N length neighbours (Batcher.epoch_groups) and lasts as long as the slowest
+process, the one with the most padded tokens (batch size x width rounded up as the CUDA step pads
+it).  (By default a step is one global batch whose rows are dealt out to the processes in turn.)  For each N this prints,
 over the epochs of the real training split and its tokenizer:
 - longest / mean: the padded tokens of each step's largest batch over the step's mean (1.0 = even);
 - cap: one process's padded tokens per epoch over the sum of the steps' largest batches, the

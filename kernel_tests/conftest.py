@@ -75,6 +75,15 @@ SMALL_CASES: Dict[str, Dict[str, Dict[str, List[Any]]]] = {
     "test_adamw.py": {  # optimizer_kernel
         "test_adamw_matches_torch_in_place": {"lr": [1e-3]}, "test_launcher_scalar_path_on_misaligned_buffers": {},
     },
+    "test_convert.py": {  # convert_kernel: vector and strided casts, 16-bit copies, bad codes
+        "test_cast_from_float32_matches_torch_bit_for_bit": {"n": [7, 4099]}, "test_casts_and_copies_between_16bit_dtypes": {},
+        "test_strided_broadcast_and_misaligned_layouts": {}, "test_launcher_rejects_bad_codes_and_layouts": {},
+    },
+    "test_matmul_bf16.py": {  # matmul_bf16_kernel: mma.sync and TMA + wgmma paths, split-K, epilogues
+        "test_layouts": {}, "test_sizes": {"M": [2, 64, 131]}, "test_batch_broadcast": {},
+        "test_epilogues": {"M": [100, 37]}, "test_accumulate": {"K": [100, 20000]}, "test_strided_and_misaligned": {},
+        "test_bad_input_is_refused": {},
+    },
     "test_torch_habits_cuda.py": {  # int_kernel: elementwise, reduce, casts, arg_reduce, cumsum, sort rows, gathers
         "test_int64_elementwise_and_reductions_are_exact": {}, "test_int64_casts_fill_arange_and_gather_rows": {},
         "test_sort_rows_of_every_length_are_stable": {"length": [3, 1000]}, "test_nan_in_argmax_argmin_and_max": {},

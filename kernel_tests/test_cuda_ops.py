@@ -414,7 +414,7 @@ def test_unknown_function_is_rejected() -> None:
 def test_kernel_error_code_becomes_exception() -> None:
     lib = combine.lib(runtime())
     flat = layout((4,), (1,))
-    code = lib.launch_map(99, None, flat, None, flat, None)
+    code = lib.launch_map(99, 0, 0, None, flat, None, flat, None)
     assert code != 0, "an unknown opcode must be rejected by the launcher"
     with pytest.raises(cko.CudaKernelError, match="invalid argument"):
         check(code, lib, "map(99)")

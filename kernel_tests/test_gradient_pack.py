@@ -1,8 +1,8 @@
 """The gradient pack of data-parallel training (optimizer_kernel.cu's launch_gradient_pack through
-CudaKernelOps.gradient_pack): many gradients, each scaled into its slot of one flat bucket, against
-NumPy; more tensors than one launch's list holds, sizes around the float4 tail and chunk edges,
-slots 4 bytes off a 16-byte boundary (the scalar path), and a one-process DistributedDataParallel
-round on CUDA whose .grad views hold the weighted gradients."""
+CudaKernelOps.gradient_pack): many gradients, each scaled into its slot of one flat bucket (or added
+to it: the micro-batches of a step), against NumPy; more tensors than one launch's list holds, sizes
+around the float4 tail and chunk edges, slots 4 bytes off a 16-byte boundary (the scalar path), and
+a one-process DistributedDataParallel round on CUDA whose .grad views hold the weighted gradients."""
 
 import numpy as np
 import pytest
@@ -31,6 +31,10 @@ def test_pack_scales_every_gradient_into_its_slot(offset: int) -> None:
     minitorch.CudaKernelOps.gradient_pack(slots, sources, 0.375)
     out = minitorch.CudaKernelOps.storage_to_numpy(bucket)
     np.testing.assert_array_equal(out[offset:], np.concatenate(grads) * np.float32(0.375))
+    minitorch.CudaKernelOps.gradient_pack(slots, sources, 0.5, accumulate=True)  # a later micro-batch
+    out = minitorch.CudaKernelOps.storage_to_numpy(bucket)
+    flat = np.concatenate(grads)  # x 0.5 is exact, so a fused multiply-add rounds as NumPy does
+    np.testing.assert_array_equal(out[offset:], flat * np.float32(0.375) + flat * np.float32(0.5))
 
 
 def test_pack_rejects_a_slot_of_another_size() -> None:

@@ -141,7 +141,7 @@ def test_layernorm_fw_raw_poisoned(hidden: int, misaligned: bool) -> None:
     x, g, b = device_copy(x_np, off), device_copy(g_np, off), device_copy(b_np, off)
     out, mean, rstd = nan_buffer(rows * hidden, off), nan_buffer(rows, off), nan_buffer(rows, off)
     lib = kernel_library("layernorm_kernel")
-    code = lib.launch_layernorm(out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), x.data_ptr(), g.data_ptr(),
+    code = lib.launch_layernorm(0, out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), x.data_ptr(), g.data_ptr(),
                                 b.data_ptr(), rows, hidden, EPS, torch.cuda.current_stream().cuda_stream)
     assert code == 0, lib.minitorch_error_string(code).decode()
     torch.cuda.synchronize()
@@ -155,7 +155,7 @@ def test_layernorm_fw_raw_rejects_bad_sizes() -> None:
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
     for rows, hidden, eps in [(0, 4, EPS), (4, 0, EPS), (-2, 4, EPS), (4, 4, float("nan")), (4, 4, -1.0)]:
-        code = lib.launch_layernorm(p, p, p, p, p, p, rows, hidden, eps, stream)
+        code = lib.launch_layernorm(0, p, p, p, p, p, p, rows, hidden, eps, stream)
         assert code != 0, f"rows={rows} hidden={hidden} eps={eps} must be rejected"
 
 

@@ -9,8 +9,13 @@ atomics, the largest difference was 2.3e-7. The attention key bias is left out: 
 0 (a constant added to every score of a query), so its gradient, moments and AdamW updates are
 rounding noise, which any difference upstream changes completely: the middle third of the packed
 q/k/v projection's bias is left out of its comparison. The CPU version (bit for bit) is
-tests/test_mt_interrupt.py."""
+tests/test_mt_interrupt.py.
 
+The SIGINT always lands in training: the run has 30 steps (2 epochs of 15) and saves after each; once
+the resumed run has saved its first step, it is frozen (SIGSTOP) while the test checks that steps are
+left, and the SIGINT is pending when it continues (SIGCONT), so it stops after the step it is in."""
+
+import os
 import signal
 import sys
 from pathlib import Path
@@ -60,8 +65,9 @@ def test_kill_9_then_sigint_then_resume_matches_the_uninterrupted_run(tmp_path) 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     write_corpus(corpus)
-    common = CUDA_TINY + ["--epochs", "2", "--data-dir", str(corpus)]
+    common = CUDA_TINY + ["--epochs", "2", "--samples-per-epoch", "240", "--data-dir", str(corpus)]
     straight = run_mt.main(common + ["--out-dir", str(tmp_path / "straight")])
+    total = 2 * 15
 
     out = tmp_path / "run"
     rng = np.random.default_rng()
@@ -73,9 +79,13 @@ def test_kill_9_then_sigint_then_resume_matches_the_uninterrupted_run(tmp_path) 
     first.wait()
     killed_at = saved_step(out)
     log = tmp_path / "second.log"
-    second = start(["--resume", "--out-dir", str(out)], log)
-    wait_for_step(second, out, killed_at + int(rng.integers(2, 5)), log)
+    second = start(["--resume", "--out-dir", str(out), "--save-every-steps", "1"], log)
+    wait_for_step(second, out, killed_at + 1, log)
+    os.kill(second.pid, signal.SIGSTOP)
+    frozen_at = saved_step(out)
+    assert frozen_at < total - 1, f"the resumed run was frozen at step {frozen_at} of {total}: no step left to stop in"
     second.send_signal(signal.SIGINT)
+    os.kill(second.pid, signal.SIGCONT)
     assert second.wait(timeout=600) == 0, log.read_text()[-3000:]
     assert log.read_text().splitlines()[0].startswith("backend cuda")
     assert "stopped by SIGINT" in log.read_text().splitlines()[-1]
@@ -83,7 +93,7 @@ def test_kill_9_then_sigint_then_resume_matches_the_uninterrupted_run(tmp_path) 
     resumed = run_mt.main(["--resume", "--out-dir", str(out)])
 
     expected, got = load(tmp_path / "straight"), load(out)
-    assert got["progress"] == expected["progress"] == {"epoch": 2, "step": 16, "partial": None}
+    assert got["progress"] == expected["progress"] == {"epoch": 2, "step": total, "partial": None}
     differences = {}
     for i, (name, value) in enumerate(expected["model"].items()):  # optimizer index i is parameter i
         differences[name] = relative(without_key_bias(name, got["model"][name]), without_key_bias(name, value))

@@ -110,7 +110,7 @@ def test_softmax_bw_raw_poisoned(Tk: int, misaligned: bool) -> None:
     g, y = device_copy(g_np, off), device_copy(y_np, off)
     out = nan_buffer(rows * Tk, off)
     code = kernel_library("softmax_kernel").launch_attn_softmax_bw(
-        out.data_ptr(), g.data_ptr(), y.data_ptr(), rows, Tk, torch.cuda.current_stream().cuda_stream
+        0, out.data_ptr(), g.data_ptr(), y.data_ptr(), rows, Tk, torch.cuda.current_stream().cuda_stream
     )
     assert code == 0, kernel_library("softmax_kernel").minitorch_error_string(code).decode()
     torch.cuda.synchronize()
@@ -124,7 +124,7 @@ def test_softmax_bw_raw_rejects_bad_sizes() -> None:
     buf = torch.zeros(16, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     for rows, Tk in [(0, 4), (4, 0), (-1, 4)]:
-        code = lib.launch_attn_softmax_bw(buf.data_ptr(), buf.data_ptr(), buf.data_ptr(), rows, Tk, stream)
+        code = lib.launch_attn_softmax_bw(0, buf.data_ptr(), buf.data_ptr(), buf.data_ptr(), rows, Tk, stream)
         assert code != 0, f"rows={rows} Tk={Tk} must be rejected"
 
 

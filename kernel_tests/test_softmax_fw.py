@@ -147,7 +147,7 @@ def _raw_forward(out, x, mask, causal: bool) -> int:
     B, H, Tq, Tk = x.shape
     stream = torch.cuda.current_stream().cuda_stream
     mask_ptr = None if mask is None else mask.data_ptr()
-    return lib.launch_attn_softmax(out.data_ptr(), x.data_ptr(), mask_ptr, B, H, Tq, Tk, int(causal), stream)
+    return lib.launch_attn_softmax(0, out.data_ptr(), x.data_ptr(), mask_ptr, B, H, Tq, Tk, int(causal), stream)
 
 
 @pytest.mark.parametrize("Tk", [4, 40, 1024, 3000, 16385])
@@ -174,7 +174,7 @@ def test_softmax_fw_raw_rejects_bad_sizes() -> None:
     buf = torch.zeros(16, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     for B, H, Tq, Tk in [(0, 1, 1, 4), (1, 1, 1, 0), (1, -1, 1, 4)]:
-        code = lib.launch_attn_softmax(buf.data_ptr(), buf.data_ptr(), None, B, H, Tq, Tk, 0, stream)
+        code = lib.launch_attn_softmax(0, buf.data_ptr(), buf.data_ptr(), None, B, H, Tq, Tk, 0, stream)
         assert code != 0, f"sizes {(B, H, Tq, Tk)} must be rejected"
         assert "invalid" in lib.minitorch_error_string(code).decode().lower()
 

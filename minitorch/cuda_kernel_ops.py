@@ -9,13 +9,14 @@ is loaded at import, so `import minitorch` works without a GPU; the first CUDA s
 kernels and names the fix when they are missing.
 
 Dtypes: casts and copies of the float dtypes run in convert_kernel.so, those involving int64 in
-int_kernel.so; a product dispatches on its dtype in `matmul.matrix_multiply`; an elementwise op or
-reduction runs combine.so's float32 kernels or int_kernel.so's int64 ones (`_by_storage`); the index
-ops (arg_reduce, cumsum, sort_indices) take float32 or int64; every other op has float32 kernels
-only.  Anything else raises NoKernelError ("minitorch: no bfloat16 CUDA kernel for 'exp' (cast with
-.float() first)") before anything runs: nothing is computed in another precision than asked.  The
-kernel hooks that take ids (embedding rows, targets, slots) read them as float32: int64 ids are
-converted on the device first, exactly, where the size they address is at most 2^24.
+int_kernel.so; a product dispatches on its dtype in `matmul.matrix_multiply`; map/zip/reduce have
+float32 and bfloat16 kernels (float32 math) in combine.so and int64 ones in int_kernel.so
+(`_by_storage`); the index ops (arg_reduce, cumsum, sort_indices) take float32 or int64; every other
+op has the kernels its entry below names and raises NoKernelError ("minitorch: no float16 CUDA kernel
+for 'exp' (cast with .float() first)") for a tensor stored in another format, before anything runs:
+nothing is computed in another precision than asked.  The kernel hooks that take ids (embedding
+rows, targets, gathered rows) read them as float32: int64 ids are converted on the device first,
+exactly, where the size they address is at most 2^24.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from .cuda.runtime import (
     CudaShapeError,
     count_transfer,
     cuda_memory_stats,
-    require_float32,
+    KERNEL_STORAGE,
+    require_storage,
     reset_transfer_stats,
     runtime,
     storage_dtype,
@@ -75,11 +77,12 @@ def _to_numpy(storage: Any) -> np.ndarray:
     return storage.detach().cpu().numpy()
 
 
-def _float32_only(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn, refusing with NoKernelError (naming op) tensors stored in a format its kernels do not read."""
+def _checked(op: str, fn: Callable[..., Any], formats: Any = ("float32",)) -> Callable[..., Any]:
+    """fn, refusing with NoKernelError (naming op) tensors stored in a format outside `formats`, the
+    ones its kernels read."""
 
     def checked(*args: Any, **kwargs: Any) -> Any:
-        require_float32(op, *args, *kwargs.values())
+        require_storage(op, formats, *args, *kwargs.values())
         return fn(*args, **kwargs)
 
     return checked
@@ -87,7 +90,7 @@ def _float32_only(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _by_storage(float_factory: Callable[..., Any], int_factory: Callable[..., Any], int_names: Sequence[str],
                 names: Any = None) -> Any:  # fmt: skip
-    """A map/zip/reduce factory whose ops run combine.so's kernels on float32 storage and
+    """A map/zip/reduce factory whose ops run combine.so's kernels on KERNEL_STORAGE formats and
     int_kernel.so's on int64 storage (for the functions in int_names), NoKernelError naming the op
     (names: other names for some, e.g. reduce(add) is 'sum') otherwise; a function neither library
     has is refused at once (combine.so's ValueError)."""
@@ -96,7 +99,7 @@ def _by_storage(float_factory: Callable[..., Any], int_factory: Callable[..., An
         name = (names or {}).get(fn.__name__, fn.__name__)
         integral = integer.has_op(fn, tuple(int_names))
         try:
-            float_op: Optional[Callable[..., Any]] = float_factory(fn, *args)
+            float_op: Optional[Callable[..., Any]] = _checked(name, float_factory(fn, *args), KERNEL_STORAGE)
         except ValueError:
             if not integral:
                 raise
@@ -107,8 +110,6 @@ def _by_storage(float_factory: Callable[..., Any], int_factory: Callable[..., An
             op = int_op if a.dtype.storage == "int64" else float_op
             if op is None:
                 raise no_kernel(name, a.dtype)
-            if op is float_op:
-                require_float32(name, a, *rest, *kwargs.values())
             return op(a, *rest, **kwargs)
 
         return run
@@ -117,7 +118,19 @@ def _by_storage(float_factory: Callable[..., Any], int_factory: Callable[..., An
 
 
 def _hook(name: str, fn: Callable[..., Any]) -> Any:
-    return staticmethod(_float32_only(name, fn))
+    return staticmethod(_checked(name, fn))
+
+
+def _activation_hook(name: str, fn: Callable[..., Any], activations: int) -> Any:
+    """A hook whose first `activations` arguments may be stored in any of KERNEL_STORAGE (its
+    kernels are templated on their format) and the others (weights, statistics) as float32 only."""
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        require_storage(name, KERNEL_STORAGE, *args[:activations])
+        require_storage(name, ("float32",), *args[activations:], *kwargs.values())
+        return fn(*args, **kwargs)
+
+    return staticmethod(checked)
 
 
 def _float_ids(t: TensorData, addressed: int, what: str) -> TensorData:
@@ -136,32 +149,32 @@ def _by_dtype(float_fn: Callable[..., Any], int_fn: Callable[..., Any], op: str)
     def run(a: TensorData, *rest: Any) -> Any:
         if a.dtype.storage == "int64":
             return int_fn(a, *rest)
-        require_float32(op, a)
+        require_storage(op, ("float32",), a)
         return float_fn(a, *rest)
 
     return staticmethod(run)
 
 
-def _embedding_fw(weight: TensorData, ids: TensorData) -> TensorData:
+def _embedding_fw(weight: TensorData, ids: TensorData, dtype: Optional[DType] = None) -> TensorData:
     if weight.dtype.is_integer:
         rows = ids if ids.dtype.is_integer else integer.cast(ids, int64)
         return integer.gather_rows(integer.contiguous(weight), integer.contiguous(rows))
-    require_float32("embedding_fw", weight)
-    return embedding.embedding_fw(weight, _float_ids(ids, weight.shape[0], "embedding"))
+    require_storage("embedding_fw", KERNEL_STORAGE, weight)
+    return embedding.embedding_fw(weight, _float_ids(ids, weight.shape[0], "embedding"), dtype)
 
 
-def _embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int) -> TensorData:
-    require_float32("embedding_bw", grad_out)
-    return embedding.embedding_bw(grad_out, _float_ids(ids, num_embeddings, "embedding backward"), num_embeddings)
+def _embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None) -> TensorData:
+    require_storage("embedding_bw", KERNEL_STORAGE, grad_out)
+    return embedding.embedding_bw(grad_out, _float_ids(ids, num_embeddings, "embedding backward"), num_embeddings, dtype)
 
 
 def _gather_rows(out: TensorData, source: TensorData, ids: TensorData) -> None:
-    require_float32("gather_rows", out, source)
+    require_storage("gather_rows", KERNEL_STORAGE, out, source)
     embedding.gather_rows(out, source, _float_ids(ids, source.shape[0], "gather_rows"))
 
 
 def _linear_cross_entropy_fw(hidden: TensorData, weight: TensorData, bias: Any, targets: TensorData, *rest: Any) -> Any:
-    require_float32("linear_cross_entropy_fw", hidden, weight, bias, *rest)
+    require_storage("linear_cross_entropy_fw", ("float32",), hidden, weight, bias, *rest)
     targets = _float_ids(targets, weight.shape[1], "fused_linear_cross_entropy targets")
     return classifier.linear_cross_entropy_fw(hidden, weight, bias, targets, *rest)
 
@@ -200,15 +213,15 @@ class CudaKernelOps(TensorOps):
     linear_fw = _hook("linear_fw", matmul.linear_fw)
     embedding_fw = staticmethod(_embedding_fw)
     embedding_bw = staticmethod(_embedding_bw)
-    attn_softmax_fw = _hook("attn_softmax_fw", softmax.attn_softmax_fw)
-    attn_softmax_bw = _hook("attn_softmax_bw", softmax.attn_softmax_bw)
-    layernorm_fw = _hook("layernorm_fw", layernorm.layernorm_fw)
-    layernorm_bw = _hook("layernorm_bw", layernorm.layernorm_bw)
+    attn_softmax_fw = _activation_hook("attn_softmax_fw", softmax.attn_softmax_fw, 2)
+    attn_softmax_bw = _activation_hook("attn_softmax_bw", softmax.attn_softmax_bw, 2)
+    layernorm_fw = _activation_hook("layernorm_fw", layernorm.layernorm_fw, 1)
+    layernorm_bw = _activation_hook("layernorm_bw", layernorm.layernorm_bw, 2)
     attention_fw = _hook("attention_fw", attention.attention_fw)
     attention_bw = _hook("attention_bw", attention.attention_bw)
     linear_cross_entropy_fw = staticmethod(_linear_cross_entropy_fw)
     adamw_step = _hook("adamw_step", optimizer.adamw_step)
-    adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update refuses other dtypes
+    adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update checks the dtypes itself
     gradient_pack = _hook("gradient_pack", optimizer.gradient_pack)
     slot_write = _hook("slot_write", kv_cache.slot_write)
     slot_attention = _hook("slot_attention", kv_cache.slot_attention)

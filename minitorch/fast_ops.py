@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import operators
-from .dtypes import float32, int64
+from .dtypes import DType, float32, int64
 from .simple_ops import SimpleOps
 from .tensor_data import TensorData, broadcast_strides, coalesce, shape_broadcast
 from .tensor_ops import TensorOps, as_array, emulated, empty, host_argsort, host_ids, new_output, typed_start
@@ -297,20 +297,22 @@ class FastOps(TensorOps):
     sort_indices = staticmethod(host_argsort)
 
     @staticmethod
-    def embedding_fw(weight: TensorData, ids: TensorData) -> TensorData:
-        """weight [V, C] rows picked by integral ids [...] -> [..., C]; ids outside [0, V) raise."""
+    def embedding_fw(weight: TensorData, ids: TensorData, dtype: Optional[DType] = None) -> TensorData:
+        """weight [V, C] rows picked by integral ids [...] -> [..., C] of dtype (default weight's);
+        ids outside [0, V) raise."""
         V, C = weight.shape
         flat = host_ids(ids, V)
         o = empty(FastOps, ids.shape + (C,), weight.dtype)
         _launch(_gather_kernel, o.size, o._storage, weight._storage, weight.np_strides, flat, ids.size, C, V)
-        return o
+        return emulated(o, dtype or weight.dtype)
 
     @staticmethod
-    def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int) -> TensorData:
-        """Scatter-add of grad_out rows [..., C] into a zeroed [num_embeddings, C] gradient."""
+    def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None) -> TensorData:
+        """Scatter-add of grad_out rows [..., C] into a zeroed [num_embeddings, C] gradient of dtype
+        (default grad_out's), summed in float32."""
         C = grad_out.shape[-1]
         flat = host_ids(ids, num_embeddings)
         o = empty(FastOps, (num_embeddings, C))
         o._storage[:] = 0.0
         _scatter_add_kernel(o._storage, _contiguous(grad_out)._storage, flat, ids.size, C)
-        return emulated(o, grad_out.dtype)
+        return emulated(o, dtype or grad_out.dtype)

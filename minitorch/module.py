@@ -96,7 +96,7 @@ class Module:
             p.value.zero_grad_()
 
     def named_parameters(self) -> List[Tuple[str, Parameter]]:
-        """Every parameter of the tree with a dotted name ("layers.0.ln.weights")."""
+        """Every parameter of the tree with a dotted name ("layers.0.ln.weight")."""
         out = list(self.__dict__["_parameters"].items())
         for name, m in self.__dict__["_modules"].items():
             out.extend((f"{name}.{n}", p) for n, p in m.named_parameters())

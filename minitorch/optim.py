@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .autodiff import no_grad
+from .dtypes import DType, bfloat16
 from .fused.adamw import adamw_step
 from .module import Parameter
 from .tensor import Tensor
@@ -133,7 +134,19 @@ class AdamW(Adam):
     and replayed every step.  `step()` is both.  Elsewhere the update is `minitorch.fused.adamw_step`
     per parameter (composed tensor ops on the CPU backends), after a composed clip.
     state_dict / load_state_dict are Adam's (step count and moments).
+
+    working_dtype=minitorch.bfloat16 (mixed precision): every parameter also gets a bfloat16 working
+    copy, `working_copy(p)`, made at construction and rewritten by each update from the new float32
+    values (on CUDA in the update's own kernel pass: no separate cast).  The model's low-precision
+    products read the copy; the parameter stays the float32 master that gradients accumulate into.
+    A working copy keeps its tensor (and storage) for the optimizer's life and has no autodiff
+    history; after changing parameters outside the optimizer (loading weights), call
+    `refresh_working()`.
     """
+
+    # Sums the gradients' squares in place over processes that each update a shard of the
+    # parameters (minitorch.distributed.ShardedAdamW), so the norm and clip are global; None alone.
+    _sumsq_reduce: Optional[Callable[[Any], None]] = None
 
     def __init__(
         self,
@@ -144,13 +157,39 @@ class AdamW(Adam):
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
         max_grad_norm: Optional[float] = None,
+        working_dtype: Optional[DType] = None,
     ):
         if max_grad_norm is not None and not max_grad_norm > 0.0:
             raise ValueError(f"AdamW max_grad_norm must be positive or None, got {max_grad_norm}")
+        if working_dtype is not None and working_dtype is not bfloat16:
+            raise ValueError(f"AdamW working_dtype must be minitorch.bfloat16 or None, got {working_dtype}")
         super().__init__(parameters, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
         self.max_grad_norm = max_grad_norm
+        self.working_dtype = working_dtype
+        self.working: Dict[int, Tensor] = {}
         self._multi: Any = None
         self._norm: Optional[Tensor] = None
+        self.refresh_working()
+
+    def working_copy(self, p: Parameter) -> Tensor:
+        """The working copy (working_dtype) of parameter p; KeyError naming p when it has none."""
+        for i, q in enumerate(self.parameters):
+            if q is p and i in self.working:
+                return self.working[i]
+        raise KeyError(f"AdamW has no working copy of parameter {p!r} (working_dtype={self.working_dtype})")
+
+    def refresh_working(self) -> None:
+        """Rewrite every working copy from its parameter's current values (makes them the first time)."""
+        if self.working_dtype is None:
+            return
+        with no_grad():
+            for i, p in enumerate(self.parameters):
+                if p.value is None:
+                    continue
+                if i in self.working:
+                    self.working[i].copy_(p.value.detach())
+                else:
+                    self.working[i] = p.value.detach().to(self.working_dtype).contiguous()
 
     def step(self) -> None:
         """One update of every parameter that has a gradient."""
@@ -175,11 +214,15 @@ class AdamW(Adam):
                     self.v[i] = p.value.zeros()
             if self._multi is not None:
                 values = [p.value for _, p in params]
+                workings = [self.working[i]._tensor if i in self.working else None for i, _ in params]
                 self._multi.update(
                     [v._tensor for v in values], [v.grad._tensor for v in values], [self.m[i]._tensor for i, _ in params],
                     [self.v[i]._tensor for i, _ in params], self.max_grad_norm or 0.0, self.beta1, self.beta2, self.eps,
-                    self.weight_decay,
+                    self.weight_decay, self._sumsq_reduce, workings,
                 )  # fmt: skip
+                for i, _ in params:
+                    if i in self.working:
+                        self.working[i]._version += 1
                 for v in values:
                     v._version += 1  # written in place: autocast's cached copies of it are stale
                 return
@@ -189,6 +232,8 @@ class AdamW(Adam):
                     p.value, g, self.m[i], self.v[i], float(self.lr), self.beta1, self.beta2, self.eps,
                     self.weight_decay, self.t,
                 )  # fmt: skip
+                if i in self.working:
+                    self.working[i].copy_(p.value.detach())
 
     def grad_norm(self) -> Tensor:
         """Global L2 norm of the gradients of the last update, before clipping: a 0-dim tensor."""
@@ -209,6 +254,8 @@ class AdamW(Adam):
         total = (grads[0] * grads[0]).sum()
         for g in grads[1:]:
             total = total + (g * g).sum()
+        if self._sumsq_reduce is not None:
+            self._sumsq_reduce(total.to_torch())
         self._norm = total**0.5
         if self.max_grad_norm is None:
             return grads

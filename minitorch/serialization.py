@@ -230,7 +230,7 @@ def _read(path: PathLike) -> tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     if found not in ((FORMAT, VERSION), (FORMAT, VERSION_16BIT)):
         raise LoadError(
             f"{path}: format {found[0]!r} version {found[1]!r}; "
-            f"this minitorch reads {FORMAT!r} version {VERSION} or {VERSION_16BIT}"
+            f"this minitorch reads {FORMAT!r} versions {VERSION} and {VERSION_16BIT}"
         )
     return header["tree"], arrays
 

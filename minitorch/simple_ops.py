@@ -159,19 +159,22 @@ class SimpleOps(TensorOps):
     sort_indices = staticmethod(host_argsort)
 
     @staticmethod
-    def embedding_fw(weight: TensorData, ids: TensorData) -> TensorData:
-        """Rows of weight [V, C] at the integer ids [...] -> [..., C] (IndexError outside [0, V)),
-        copied row by row (a one-hot product would spread a NaN or inf of one row to every row)."""
+    def embedding_fw(weight: TensorData, ids: TensorData, dtype: Optional[DType] = None) -> TensorData:
+        """Rows of weight [V, C] at the integer ids [...] -> [..., C] of dtype (default weight's;
+        IndexError outside [0, V)), copied row by row (a one-hot product would spread a NaN or inf of
+        one row to every row)."""
         rows = host_ids(ids, weight.shape[0])
-        return TensorData(as_array(weight)[rows].reshape(-1), ids.shape + weight.shape[1:], dtype=weight.dtype)
+        out = TensorData(as_array(weight)[rows].reshape(-1), ids.shape + weight.shape[1:], dtype=weight.dtype)
+        return emulated(out, dtype or weight.dtype)
 
     @staticmethod
-    def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int) -> TensorData:
-        """Each row of grad_out [..., C] added into row ids[r] of a zeroed [num_embeddings, C]."""
+    def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None) -> TensorData:
+        """Each row of grad_out [..., C] added into row ids[r] of a zeroed [num_embeddings, C] of dtype
+        (default grad_out's), summed in float32."""
         C = grad_out.shape[-1]
         out = np.zeros((num_embeddings, C), np.float32)
         np.add.at(out, host_ids(ids, num_embeddings), np.ascontiguousarray(as_array(grad_out)).reshape(-1, C))
-        return emulated(TensorData(out.reshape(-1), (num_embeddings, C)), grad_out.dtype)
+        return emulated(TensorData(out.reshape(-1), (num_embeddings, C)), dtype or grad_out.dtype)
 
     @staticmethod
     def matrix_multiply(x: TensorData, y: TensorData) -> TensorData:

@@ -1,16 +1,23 @@
 """Check that data-parallel training equals one process training on the whole batch.
 
 Workers (one per rank, launched by torchrun) train a small DecoderLM for a few SGD steps with
-minitorch.distributed.DistributedDataParallel, once with communication overlapped with backward
-and once with sync_gradients() as a phase after it, and save their parameters after every step.
-Each rank starts from different random values (the wrapper broadcasts rank 0's), takes its rows
-of every global batch with a different number of target tokens (gradient_weight = its share), and
-in the last step only rank 0 has rows (the others run a copy with weight 0, as at the end of an
-epoch).  The comparison then trains one process on the concatenated batches from rank 0's start
-and requires every rank's parameters to equal rank 0's exactly and the single process's within
+minitorch.distributed.DistributedDataParallel in three modes: communication overlapped with backward
+(overlap), sync_gradients() as a phase after it (sync), and each rank's rows split into micro-batches
+whose gradients are accumulated in the buckets (accumulate: backward_round), saving their parameters
+after every step.  Each rank starts from different random values (the wrapper broadcasts rank 0's),
+takes its rows of every global batch with a different number of target tokens (gradient_weight =
+its share), and in the last step only rank 0 has rows (the others run a copy with weight 0, as at the
+end of an epoch).  The comparison then trains one process on the concatenated batches from rank 0's
+start and requires every rank's parameters to equal rank 0's exactly and the single process's within
 --tolerance, after every step.  (SGD, whose update is linear in the gradient: Adam would turn the
 rounding noise of gradients that are zero in exact arithmetic, such as the key bias's, into
 full-size steps.  SGD also replaces each parameter's tensor every step, which the hooks follow.)
+
+ZeRO-1: the workers also train with AdamW (global-norm clipping on) twice, plainly (all-reduce) and
+sharded (DistributedDataParallel(shard=True) + ShardedAdamW: reduce-scatter, each rank's shard of
+the moments, all-gather); the comparison requires equal parameters after every step and equal
+moments in the gathered state_dict, and a ShardedAdamW that loads the plain optimizer's state to
+give it back.
 
     torchrun --standalone --nproc_per_node 2 scripts/ddp_check.py --backend simple --out DIR
     python scripts/ddp_check.py --backend simple --out DIR --compare 2
@@ -42,7 +49,8 @@ SIZES = {
     "fast": dict(n_vocab=13, n_embd=8, n_head=2, n_layers=1, seq=5, rows=2, bucket_cap_mb=0.001),
     "cuda": dict(n_vocab=101, n_embd=64, n_head=4, n_layers=2, seq=16, rows=4, bucket_cap_mb=0.05),
 }
-MODES = ("overlap", "sync")
+MODES = ("overlap", "sync", "accumulate")
+ADAM_MODES = ("adamw", "zero")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +85,7 @@ def global_batches(backend_name: str, world_size: int, steps: int) -> Iterator[L
             tokens = rng.integers(0, size["n_vocab"], (size["rows"], size["seq"]))
             targets = rng.integers(0, size["n_vocab"], size["rows"] * size["seq"])
             weights = (rng.random(size["rows"] * size["seq"]) < 0.3 + 0.6 * rank / world_size).astype(np.float32)
-            weights[0] = 1.0
+            weights[:: size["seq"]] = 1.0  # every row has a target: a micro-batch of one row has a loss
             batches.append((tokens, targets, weights))
         yield batches
 
@@ -96,27 +104,80 @@ def snapshot(model: minitorch.DecoderLM, prefix: str, into: Dict[str, np.ndarray
         into[f"{prefix}/{name}"] = p.value.to_numpy()
 
 
+def sgd_mode(args: argparse.Namespace, info: distributed.ProcessInfo, mode: str, saved: Dict[str, np.ndarray]) -> None:
+    size = SIZES[args.backend]
+    model = make_model(args.backend, seed=100 + info.rank)
+    ddp = distributed.DistributedDataParallel(model, bucket_cap_mb=size["bucket_cap_mb"], overlap=mode != "sync")
+    optimizer = minitorch.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    snapshot(model, f"{mode}/start", saved)
+    for step, batches in enumerate(global_batches(args.backend, info.world_size, args.steps)):
+        total = sum(float(w.sum()) for _, _, w in batches)
+        mine = batches[info.rank] if info.rank < len(batches) else batches[0]
+        share = float(mine[2].sum()) / total if info.rank < len(batches) else 0.0
+        optimizer.zero_grad()
+        if mode == "accumulate":
+            ddp.gradient_weight = 1.0
+            micro = list(micro_batches(mine))
+            for i, (tokens, targets, weights) in enumerate(micro):
+                with ddp.backward_round(accumulate=i > 0, reduce=i == len(micro) - 1):
+                    (loss_of(model, tokens, targets, weights) * (share * float(weights.sum()) / float(mine[2].sum()))).backward()
+        else:
+            ddp.gradient_weight = share
+            loss_of(model, *mine).backward()
+            ddp.sync_gradients()
+        optimizer.step()
+        snapshot(model, f"{mode}/{step}", saved)
+    print(f"rank {info.rank}: {mode} mode, {len(ddp.bucket_sizes)} buckets {ddp.bucket_sizes}", flush=True)
+    ddp.close()
+
+
+def micro_batches(batch: Tuple[np.ndarray, ...]) -> Iterator[Tuple[np.ndarray, ...]]:
+    """A rank's rows one at a time."""
+    tokens, targets, weights = batch
+    seq = tokens.shape[1]
+    for row in range(tokens.shape[0]):
+        yield tokens[row : row + 1], targets[row * seq : (row + 1) * seq], weights[row * seq : (row + 1) * seq]
+
+
+def adam_mode(args: argparse.Namespace, info: distributed.ProcessInfo, mode: str, saved: Dict[str, np.ndarray]) -> None:
+    size = SIZES[args.backend]
+    model = make_model(args.backend, seed=200 + info.rank)
+    ddp = distributed.DistributedDataParallel(model, bucket_cap_mb=size["bucket_cap_mb"], shard=mode == "zero")
+    hyper = dict(lr=3e-3, weight_decay=0.1, max_grad_norm=1.0)
+    optimizer = distributed.ShardedAdamW(ddp, **hyper) if mode == "zero" else minitorch.AdamW(model.parameters(), **hyper)
+    for step, batches in enumerate(global_batches(args.backend, info.world_size, args.steps)):
+        total = sum(float(w.sum()) for _, _, w in batches)
+        mine = batches[info.rank] if info.rank < len(batches) else batches[0]
+        ddp.gradient_weight = float(mine[2].sum()) / total if info.rank < len(batches) else 0.0
+        optimizer.zero_grad()
+        loss_of(model, *mine).backward()
+        ddp.sync_gradients()
+        optimizer.step()
+        snapshot(model, f"{mode}/{step}", saved)
+        saved[f"{mode}/norm/{step}"] = optimizer.grad_norm().to_numpy()
+    state = optimizer.state_dict()
+    for moment in ("m", "v"):
+        for i, value in state[moment].items():
+            saved[f"{mode}/state/{moment}/{i}"] = value
+    if mode == "zero":
+        plain = {moment: {int(k.split("/")[-1]): v for k, v in saved.items() if k.startswith(f"adamw/state/{moment}/")}
+                 for moment in ("m", "v")}  # fmt: skip
+        optimizer.load_state_dict({"t": optimizer.t, **plain})
+        again = optimizer.state_dict()
+        for moment in ("m", "v"):
+            for i, value in again[moment].items():
+                saved[f"zero/reloaded/{moment}/{i}"] = value
+        print(f"rank {info.rank}: zero mode, {optimizer.state_floats:,} floats of AdamW state on this rank", flush=True)
+    ddp.close()
+
+
 def worker(args: argparse.Namespace) -> None:
     info = distributed.init_from_torchrun("cuda" if args.backend == "cuda" else "cpu")
-    size = SIZES[args.backend]
     saved: Dict[str, np.ndarray] = {}
     for mode in MODES:
-        model = make_model(args.backend, seed=100 + info.rank)
-        ddp = distributed.DistributedDataParallel(model, bucket_cap_mb=size["bucket_cap_mb"], overlap=mode == "overlap")
-        optimizer = minitorch.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        snapshot(model, f"{mode}/start", saved)
-        for step, batches in enumerate(global_batches(args.backend, info.world_size, args.steps)):
-            total = sum(float(w.sum()) for _, _, w in batches)
-            mine = batches[info.rank] if info.rank < len(batches) else batches[0]
-            ddp.gradient_weight = float(mine[2].sum()) / total if info.rank < len(batches) else 0.0
-            loss = loss_of(model, *mine)
-            optimizer.zero_grad()
-            loss.backward()
-            ddp.sync_gradients()
-            optimizer.step()
-            snapshot(model, f"{mode}/{step}", saved)
-        print(f"rank {info.rank}: {mode} mode, {len(ddp.bucket_sizes)} buckets {ddp.bucket_sizes}", flush=True)
-        ddp.close()
+        sgd_mode(args, info, mode, saved)
+    for mode in ADAM_MODES:
+        adam_mode(args, info, mode, saved)
     np.savez(Path(args.out) / f"rank{info.rank}.npz", **saved)
     if args.capture_probe:
         capture_probe(args.backend, info)
@@ -150,16 +211,31 @@ def compare(args: argparse.Namespace) -> int:
             for r in range(1, args.compare):
                 if not np.array_equal(ranks[r][f"{mode}/{key}"], main):
                     failures.append(f"rank {r} differs from rank 0 at {mode}/{key}")
-            error = float(np.abs(main - want).max() / max(np.abs(want).max(), 1e-30))
+            error = relative(main, want)
             worst = max(worst, error)
             if error > args.tolerance:
                 failures.append(f"{mode}/{key}: ranks differ from the single process by {error:.2e} (relative)")
+    zero_worst = 0.0
+    for key in (k for k in ranks[0] if k.startswith("adamw/")):
+        for r in range(args.compare):
+            for other in (key.replace("adamw/", "zero/", 1), key.replace("adamw/state/", "zero/reloaded/", 1)):
+                if other not in ranks[r]:
+                    continue
+                error = relative(ranks[r][other], ranks[r][key])
+                zero_worst = max(zero_worst, error)
+                if error > args.tolerance:
+                    failures.append(f"rank {r}: {other} differs from {key} by {error:.2e} (relative)")
     print(f"compared {len(single)} parameter snapshots x {len(MODES)} modes on {args.compare} ranks: ranks "
           f"{'identical' if not any('rank 0' in f for f in failures) else 'DIFFER'}, largest difference to one "
-          f"process {worst:.2e} (tolerance {args.tolerance:.0e})")  # fmt: skip
+          f"process {worst:.2e}; ZeRO-1 against plain AdamW: largest difference {zero_worst:.2e} "
+          f"(tolerance {args.tolerance:.0e})")  # fmt: skip
     for failure in failures[:20]:
         print("FAIL:", failure)
     return 1 if failures else 0
+
+
+def relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def capture_probe(backend_name: str, info: distributed.ProcessInfo) -> None:

@@ -18,6 +18,47 @@ TOOLS="${SANITIZE_TOOLS:-memcheck racecheck initcheck}"
 JOBS="${SANITIZE_JOBS:-$(nproc)}"
 TIMEOUT="${SANITIZE_TIMEOUT:-900}"
 
+# The kernel tests that exercise each library (src/<library>.cu): test files (kernel_tests/) | pytest
+# -k expression ("" for all of them). Every src/*.cu needs an entry: the rows of the table are the
+# libraries found in src/, and a library without one (or an entry without a library) stops the run.
+declare -A TESTS_OF=(
+  [combine]="test_cuda_ops.py test_cuda_functions.py|not uniform and not embedding and not matmul"
+  [random_kernel]="test_cuda_ops.py|uniform"
+  [embedding_kernel]="test_cuda_ops.py test_cuda_functions.py test_decode_graphs.py|embedding or gather_rows"
+  [matmul_kernel]="test_matmul.py test_cuda_ops.py|matmul"
+  [matmul_bf16_kernel]="test_matmul_bf16.py|"
+  [softmax_kernel]="test_softmax_fw.py test_softmax_bw.py|"
+  [layernorm_kernel]="test_layernorm_fw.py test_layernorm_bw.py|"
+  [attention_kernel]="test_attention.py|"
+  [classifier_kernel]="test_fused_loss.py|"
+  [optimizer_kernel]="test_adamw.py|"
+  [kv_cache_kernel]="test_decode_graphs.py|slot_write or slot_attention"
+  [topk_kernel]="test_decode_graphs.py|top_k_kernel"
+  [beam_search_kernel]="test_decode_graphs.py|beam_search_step"
+  [convert_kernel]="test_convert.py|"
+)
+# Beyond the libraries, the translation program's few training steps, which drive them all.
+PROGRAM_ROW="mt_program_all_libs|test_mt_resume_cuda.py|"
+
+LIBRARY_TESTS=()
+shopt -s nullglob
+for src in "$ROOT"/src/*.cu; do
+  lib="$(basename "$src" .cu)"
+  if [[ -z "${TESTS_OF[$lib]+listed}" ]]; then
+    echo "sanitize.sh: src/$lib.cu has no entry in TESTS_OF (scripts/sanitize.sh):" \
+      "name the kernel tests that exercise it" >&2
+    exit 2
+  fi
+  LIBRARY_TESTS+=("$lib|${TESTS_OF[$lib]}")
+done
+for lib in "${!TESTS_OF[@]}"; do
+  if [[ ! -f "$ROOT/src/$lib.cu" ]]; then
+    echo "sanitize.sh: TESTS_OF names $lib, but there is no src/$lib.cu" >&2
+    exit 2
+  fi
+done
+LIBRARY_TESTS+=("$PROGRAM_ROW")
+
 SANITIZER="${COMPUTE_SANITIZER:-}"
 for candidate in "$(command -v compute-sanitizer 2>/dev/null)" "${CUDA_HOME:-/nonexistent}/bin/compute-sanitizer" \
     /usr/local/cuda/bin/compute-sanitizer; do
@@ -27,20 +68,6 @@ if [[ -z "$SANITIZER" ]]; then
   echo "sanitize.sh: compute-sanitizer not found (install the CUDA toolkit or set COMPUTE_SANITIZER)" >&2
   exit 2
 fi
-
-# library | test files (kernel_tests/) | pytest -k expression ("" for all)
-LIBRARY_TESTS=(
-  "combine|test_cuda_ops.py test_cuda_functions.py|not uniform and not embedding and not matmul"
-  "random_kernel|test_cuda_ops.py|uniform"
-  "embedding_kernel|test_cuda_ops.py test_cuda_functions.py|embedding"
-  "matmul_kernel|test_matmul.py test_cuda_ops.py|matmul"
-  "softmax_kernel|test_softmax_fw.py test_softmax_bw.py|"
-  "layernorm_kernel|test_layernorm_fw.py test_layernorm_bw.py|"
-  "attention_kernel|test_attention.py|"
-  "classifier_kernel|test_fused_loss.py|"
-  "optimizer_kernel|test_adamw.py|"
-  "mt_program_all_libs|test_mt_resume_cuda.py|"
-)
 
 run_one() {  # tool library files k-expression
   local tool="$1" lib="$2" files="$3" kexpr="$4" extra=() paths=()

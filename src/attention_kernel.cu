@@ -49,7 +49,6 @@
 // varies from run to run, so dq may differ in the last bits between runs.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <climits>
 #include <cmath>
 
@@ -76,36 +75,19 @@ constexpr int kMaxGridY = 65535;
 
 enum Activation { kSoftmax = 0, kRelu = 1 };
 
-// Tile sizes per head-dim bucket (see the top of the file). kMinBlocks: blocks per SM that
-// __launch_bounds__ asks the register allocation to allow (at most what the shared memory allows).
+// Tile sizes per head-dim bucket (see the top of the file): keys of a forward tile, queries of a
+// backward one. kMinBlocks: blocks per SM that __launch_bounds__ asks the register allocation to allow
+// (at most what the shared memory allows).
 template <int DP>
-struct FwConfig;
-template <>
-struct FwConfig<32> {
-  static constexpr int kKeys = 64, kMinBlocks = 3;
-};
-template <>
-struct FwConfig<64> {
-  static constexpr int kKeys = 64, kMinBlocks = 3;
-};
-template <>
-struct FwConfig<128> {
-  static constexpr int kKeys = 32, kMinBlocks = 2;
+struct FwConfig {
+  static_assert(DP == 32 || DP == 64 || DP == 128, "head-dim buckets are 32, 64 and 128");
+  static constexpr int kKeys = DP == 128 ? 32 : 64, kMinBlocks = DP == 128 ? 2 : 3;
 };
 
 template <int DP>
-struct BwConfig;
-template <>
-struct BwConfig<32> {
-  static constexpr int kQueries = 64, kMinBlocks = 2;
-};
-template <>
-struct BwConfig<64> {
-  static constexpr int kQueries = 64, kMinBlocks = 2;
-};
-template <>
-struct BwConfig<128> {
-  static constexpr int kQueries = 32, kMinBlocks = 2;
+struct BwConfig {
+  static_assert(DP == 32 || DP == 64 || DP == 128, "head-dim buckets are 32, 64 and 128");
+  static constexpr int kQueries = DP == 128 ? 32 : 64, kMinBlocks = 2;
 };
 
 template <int DP>
@@ -155,45 +137,53 @@ struct BwParams {
   int vec4;
 };
 
+// The (batch, head) of a block, bh = blockIdx.x = batch * heads + head, and where its rows start.
+struct Head {
+  int bh;
+  int offset;     // k_len - q_len: under causal, query i sees the keys j <= i + offset
+  size_t q_base;  // its first row of q, out, lse, dout, dq, di
+  size_t k_base;  // its first row of k, v, dk, dv
+
+  template <class Params>
+  __device__ explicit Head(const Params& p)
+      : bh(blockIdx.x),
+        offset(p.k_len - p.q_len),
+        q_base(static_cast<size_t>(bh) * p.q_len),
+        k_base(static_cast<size_t>(bh) * p.k_len) {}
+};
+
+// The lane's fragment coordinates (includes/mma_tf32.cuh): g = lane / 4 and t = lane % 4.
+__device__ __forceinline__ int frag_g() { return (threadIdx.x % 32) / 4; }
+__device__ __forceinline__ int frag_t() { return threadIdx.x % 4; }
+
+// The fragment (4 words: A, 2 words: B) of the shared-memory values p[at[0]], p[at[1]], ...
+template <int PREC, int N>
+__device__ __forceinline__ Tf32Frag<N> fragment(const float* p, const int (&at)[N]) {
+  Tf32Frag<N> f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) mt::set_operand<PREC>(f, i, p[at[i]]);
+  return f;
+}
+
 // A fragment of the 16 x 8 block at tile[row0 .. row0 + 15][col0 .. col0 + 7] of a shared tile with
 // row stride LD.
 template <int PREC, int LD>
 __device__ __forceinline__ Tf32Frag<4> load_a(const float* tile, int row0, int col0) {
-  const int g = (threadIdx.x % 32) / 4;
-  const int t = threadIdx.x % 4;
-  const float* p = tile + (row0 + g) * LD + col0 + t;
-  Tf32Frag<4> a;
-  mt::set_operand<PREC>(a, 0, p[0]);
-  mt::set_operand<PREC>(a, 1, p[8 * LD]);
-  mt::set_operand<PREC>(a, 2, p[4]);
-  mt::set_operand<PREC>(a, 3, p[8 * LD + 4]);
-  return a;
+  return fragment<PREC>(tile + (row0 + frag_g()) * LD + col0 + frag_t(), {0, 8 * LD, 4, 8 * LD + 4});
 }
 
 // B fragment of B = tile^T: B[k][n] = tile[row0 + n][col0 + k] (a row-major tile whose rows are the
 // n index, e.g. K in S = Q K^T).
 template <int PREC, int LD>
 __device__ __forceinline__ Tf32Frag<2> load_b_transposed(const float* tile, int row0, int col0) {
-  const int g = (threadIdx.x % 32) / 4;
-  const int t = threadIdx.x % 4;
-  const float* p = tile + (row0 + g) * LD + col0 + t;
-  Tf32Frag<2> b;
-  mt::set_operand<PREC>(b, 0, p[0]);
-  mt::set_operand<PREC>(b, 1, p[4]);
-  return b;
+  return fragment<PREC>(tile + (row0 + frag_g()) * LD + col0 + frag_t(), {0, 4});
 }
 
 // B fragment of B = tile with the permuted k order of mma_tf32.cuh: B[t][n] = tile[row0 + 2t][col0 + n],
 // B[t + 4][n] = tile[row0 + 2t + 1][col0 + n] (e.g. V in O = P V with P from a C fragment).
 template <int PREC, int LD>
 __device__ __forceinline__ Tf32Frag<2> load_b_permuted(const float* tile, int row0, int col0) {
-  const int g = (threadIdx.x % 32) / 4;
-  const int t = threadIdx.x % 4;
-  const float* p = tile + (row0 + 2 * t) * LD + col0 + g;
-  Tf32Frag<2> b;
-  mt::set_operand<PREC>(b, 0, p[0]);
-  mt::set_operand<PREC>(b, 1, p[LD]);
-  return b;
+  return fragment<PREC>(tile + (row0 + 2 * frag_t()) * LD + col0 + frag_g(), {0, LD});
 }
 
 // The A fragment of a C fragment's 16 x 8 values under the permuted k order.
@@ -275,12 +265,7 @@ __device__ __forceinline__ void atomic_add_pair(float* row_ptr, int col, float x
 template <int PREC, int NT, int KD, int LD>
 __device__ __forceinline__ void add_tile_product(float (&acc)[KD][4], const float (&a)[NT][4], const float* tile,
                                                  const float (&row_scale)[2]) {
-  float part[KD][4];
-#pragma unroll
-  for (int dt = 0; dt < KD; ++dt) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) part[dt][c] = 0.f;
-  }
+  float part[KD][4] = {};
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const Tf32Frag<4> frag = c_to_a<PREC>(a[j]);
@@ -306,42 +291,34 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
   float* ks = qs + BM * LD;
   float* vs = ks + BN * LD;
 
-  const int bh = blockIdx.x;
   const int q0 = (p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y) * BM;
   const int warp = threadIdx.x / 32;
-  const int g = (threadIdx.x % 32) / 4;
-  const int t = threadIdx.x % 4;
-  const int offset = p.k_len - p.q_len;
-  const size_t q_base = static_cast<size_t>(bh) * p.q_len;
-  const size_t k_base = static_cast<size_t>(bh) * p.k_len;
-  const float* kg = p.k + k_base * p.head_dim;
-  const float* vg = p.v + k_base * p.head_dim;
-  const float* mask_row = p.mask != nullptr ? p.mask + static_cast<size_t>(bh / p.heads) * p.k_len : nullptr;
+  const int g = frag_g();
+  const int t = frag_t();
+  const Head head(p);
+  const float* kg = p.k + head.k_base * p.head_dim;
+  const float* vg = p.v + head.k_base * p.head_dim;
+  const float* mask_row = p.mask != nullptr ? p.mask + static_cast<size_t>(head.bh / p.heads) * p.k_len : nullptr;
 
   // The lane's rows: query q0 + 16 warp + g (C elements 0, 1) and + 8 (elements 2, 3).
   int limit[2];  // keys [0, limit) are kept for the row
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int query = q0 + 16 * warp + g + 8 * h;
-    limit[h] = query >= p.q_len ? 0 : (p.causal ? min(p.k_len, query + offset + 1) : p.k_len);
+    limit[h] = query >= p.q_len ? 0 : (p.causal ? min(p.k_len, query + head.offset + 1) : p.k_len);
   }
-  const int key_end = p.causal ? max(0, min(p.k_len, min(q0 + BM, p.q_len) + offset)) : p.k_len;
+  const int key_end = p.causal ? max(0, min(p.k_len, min(q0 + BM, p.q_len) + head.offset)) : p.k_len;
   const int num_tiles = (key_end + BN - 1) / BN;
   // Softmax works in base 2: x * log2(e) is formed by one FFMA from the raw score and mask value.
   const float score_scale = ACT == kSoftmax ? p.scale * kLog2e : p.scale;
   const float mask_scale = ACT == kSoftmax ? kLog2e : 1.f;
 
-  float o[KD][4];
+  float o[KD][4] = {};
   float run_max[2] = {-INFINITY, -INFINITY};
   float run_sum[2] = {0.f, 0.f};
-#pragma unroll
-  for (int dt = 0; dt < KD; ++dt) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) o[dt][c] = 0.f;
-  }
 
   if (num_tiles > 0) {
-    load_tile<BM, DP>(qs, p.q + q_base * p.head_dim, q0, p.q_len, p.head_dim, p.vec4);
+    load_tile<BM, DP>(qs, p.q + head.q_base * p.head_dim, q0, p.q_len, p.head_dim, p.vec4);
     load_tile<BN, DP>(ks, kg, 0, p.k_len, p.head_dim, p.vec4);
     mt::cp_async_commit();
     load_tile<BN, DP>(vs, vg, 0, p.k_len, p.head_dim, p.vec4);
@@ -352,12 +329,7 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
     mt::cp_async_wait<1>();  // Q and this K tile (this V tile may still be in flight)
     __syncthreads();
 
-    float s[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) s[j][c] = 0.f;
-    }
+    float s[NT][4] = {};
 #pragma unroll 1
     for (int kd = 0; kd < KD; ++kd) {
       const Tf32Frag<4> a = load_a<PREC, LD>(qs, 16 * warp, 8 * kd);
@@ -443,12 +415,12 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
       lse = total > 0.f ? (run_max[h] + log2f(total)) * kLn2 : -INFINITY;
     }
     if (query < p.q_len) {
-      float* out_row = p.out + (q_base + query) * p.head_dim;
+      float* out_row = p.out + (head.q_base + query) * p.head_dim;
 #pragma unroll
       for (int dt = 0; dt < KD; ++dt) {
         store_pair(out_row, 8 * dt + 2 * t, o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv, p.head_dim, p.vec4);
       }
-      if (t == 0) p.lse[q_base + query] = lse;
+      if (t == 0) p.lse[head.q_base + query] = lse;
     }
   }
 }
@@ -463,8 +435,7 @@ __global__ void __launch_bounds__(kDotWarps * 32)
   const size_t base = static_cast<size_t>(row) * head_dim;
   float acc = 0.f;
   for (int d = lane; d < head_dim; d += 32) acc = fmaf(dout[base + d], out[base + d], acc);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  acc = mt::warp_allreduce(acc, mt::SumOp{});
   if (lane == 0) di[row] = acc;
 }
 
@@ -488,16 +459,13 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
   float* ls = dst + BN * LDT;  // lse of the query tile
   float* dis = ls + BM;        // D of the query tile
 
-  const int bh = blockIdx.x;
   const int n0 = blockIdx.y * BN;
   const int warp = threadIdx.x / 32;
-  const int g = (threadIdx.x % 32) / 4;
-  const int t = threadIdx.x % 4;
-  const int offset = p.k_len - p.q_len;
-  const size_t q_base = static_cast<size_t>(bh) * p.q_len;
-  const size_t k_base = static_cast<size_t>(bh) * p.k_len;
-  const float* qg = p.q + q_base * p.head_dim;
-  const float* dog = p.dout + q_base * p.head_dim;
+  const int g = frag_g();
+  const int t = frag_t();
+  const Head head(p);
+  const float* qg = p.q + head.q_base * p.head_dim;
+  const float* dog = p.dout + head.q_base * p.head_dim;
   const float score_scale = ACT == kSoftmax ? p.scale * kLog2e : p.scale;
   const float mask_scale = ACT == kSoftmax ? kLog2e : 1.f;
 
@@ -507,33 +475,28 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
   for (int h = 0; h < 2; ++h) {
     const int key = n0 + 16 * warp + g + 8 * h;
     mask_add[h] = p.mask != nullptr && key < p.k_len
-                      ? __ldg(p.mask + static_cast<size_t>(bh / p.heads) * p.k_len + key) * mask_scale
+                      ? __ldg(p.mask + static_cast<size_t>(head.bh / p.heads) * p.k_len + key) * mask_scale
                       : 0.f;
   }
-  // Query tiles that can see a key of this block: under causal, queries i >= n0 - offset.
-  const int first_query = p.causal ? max(0, n0 - offset) : 0;
+  // Query tiles that can see a key of this block: under causal, queries i >= n0 - head.offset.
+  const int first_query = p.causal ? max(0, n0 - head.offset) : 0;
   const int qt_end = (p.q_len + BM - 1) / BM;
   const int qt_begin = first_query >= p.q_len ? qt_end : first_query / BM;
   // dQ work of the warp: query slab dq_slab, column tiles dq_col0 .. dq_col0 + DQ_TILES - 1.
   const int dq_slab = warp % MT;
   const int dq_col0 = (warp / MT) * DQ_TILES;
 
-  float dk[KD][4];
-  float dv[KD][4];
-#pragma unroll
-  for (int dt = 0; dt < KD; ++dt) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) dk[dt][c] = dv[dt][c] = 0.f;
-  }
+  float dk[KD][4] = {};
+  float dv[KD][4] = {};
 
   if (qt_begin < qt_end) {
-    load_tile<BN, DP>(ks, p.k + k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec4);
-    load_tile<BN, DP>(vs, p.v + k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec4);
+    load_tile<BN, DP>(ks, p.k + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec4);
+    load_tile<BN, DP>(vs, p.v + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec4);
     load_tile<BM, DP>(qs, qg, qt_begin * BM, p.q_len, p.head_dim, p.vec4);
     load_tile<BM, DP>(dos, dog, qt_begin * BM, p.q_len, p.head_dim, p.vec4);
     if constexpr (ACT == kSoftmax) {
-      load_vector(ls, p.lse + q_base, qt_begin * BM, BM, p.q_len);
-      load_vector(dis, p.di + q_base, qt_begin * BM, BM, p.q_len);
+      load_vector(ls, p.lse + head.q_base, qt_begin * BM, BM, p.q_len);
+      load_vector(dis, p.di + head.q_base, qt_begin * BM, BM, p.q_len);
     }
     mt::cp_async_commit();
   }
@@ -542,13 +505,8 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
     mt::cp_async_wait<0>();
     __syncthreads();
 
-    float st[QT][4];
-    float dpt[QT][4];
-#pragma unroll
-    for (int j = 0; j < QT; ++j) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) st[j][c] = dpt[j][c] = 0.f;
-    }
+    float st[QT][4] = {};
+    float dpt[QT][4] = {};
 #pragma unroll 1
     for (int kd = 0; kd < KD; ++kd) {
       const Tf32Frag<4> ka = load_a<PREC, LD>(ks, 16 * warp, 8 * kd);
@@ -569,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
         const int key = n0 + 16 * warp + g + 8 * h;
         const int col = 8 * j + 2 * t + c % 2;
         const int query = m0 + col;
-        const bool kept = key < p.k_len && query < p.q_len && (!p.causal || key <= query + offset);
+        const bool kept = key < p.k_len && query < p.q_len && (!p.causal || key <= query + head.offset);
         const float x = fmaf(st[j][c], score_scale, mask_add[h]);
         float prob;
         float dscore;
@@ -600,28 +558,18 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
       load_tile<BM, DP>(qs, qg, m0 + BM, p.q_len, p.head_dim, p.vec4);
       load_tile<BM, DP>(dos, dog, m0 + BM, p.q_len, p.head_dim, p.vec4);
       if constexpr (ACT == kSoftmax) {
-        load_vector(ls, p.lse + q_base, m0 + BM, BM, p.q_len);
-        load_vector(dis, p.di + q_base, m0 + BM, BM, p.q_len);
+        load_vector(ls, p.lse + head.q_base, m0 + BM, BM, p.q_len);
+        load_vector(dis, p.di + head.q_base, m0 + BM, BM, p.q_len);
       }
     }
     mt::cp_async_commit();
 
     // dQ[16 dq_slab + r][8 dt + c] of this tile: A = dS (rows of dS^T's columns), B = K.
-    float acc[DQ_TILES][4];
-#pragma unroll
-    for (int n = 0; n < DQ_TILES; ++n) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[n][c] = 0.f;
-    }
+    float acc[DQ_TILES][4] = {};
 #pragma unroll 1
     for (int kk = 0; kk < BN / 8; ++kk) {
       // A[r][k] = dS[16 dq_slab + r][key 8 kk + perm(k)] = dst[8 kk + perm(k)][16 dq_slab + r].
-      const float* sp = dst + (8 * kk + 2 * t) * LDT + 16 * dq_slab + g;
-      Tf32Frag<4> a;
-      mt::set_operand<PREC>(a, 0, sp[0]);
-      mt::set_operand<PREC>(a, 1, sp[8]);
-      mt::set_operand<PREC>(a, 2, sp[LDT]);
-      mt::set_operand<PREC>(a, 3, sp[LDT + 8]);
+      const Tf32Frag<4> a = fragment<PREC>(dst + (8 * kk + 2 * t) * LDT + 16 * dq_slab + g, {0, 8, LDT, LDT + 8});
 #pragma unroll
       for (int n = 0; n < DQ_TILES; ++n) {
         mt::mma_prec<PREC>(acc[n], a, load_b_permuted<PREC, LD>(ks, 8 * kk, 8 * (dq_col0 + n)));
@@ -631,7 +579,7 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
     for (int h = 0; h < 2; ++h) {
       const int query = m0 + 16 * dq_slab + g + 8 * h;
       if (query < p.q_len) {
-        float* dq_row = p.dq + (q_base + query) * p.head_dim;
+        float* dq_row = p.dq + (head.q_base + query) * p.head_dim;
 #pragma unroll
         for (int n = 0; n < DQ_TILES; ++n) {
           atomic_add_pair(dq_row, 8 * (dq_col0 + n) + 2 * t, acc[n][2 * h], acc[n][2 * h + 1], p.head_dim, p.vec4);
@@ -644,8 +592,8 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
   for (int h = 0; h < 2; ++h) {
     const int key = n0 + 16 * warp + g + 8 * h;
     if (key < p.k_len) {
-      float* dk_row = p.dk + (k_base + key) * p.head_dim;
-      float* dv_row = p.dv + (k_base + key) * p.head_dim;
+      float* dk_row = p.dk + (head.k_base + key) * p.head_dim;
+      float* dv_row = p.dv + (head.k_base + key) * p.head_dim;
 #pragma unroll
       for (int dt = 0; dt < KD; ++dt) {
         store_pair(dk_row, 8 * dt + 2 * t, dk[dt][2 * h], dk[dt][2 * h + 1], p.head_dim, p.vec4);
@@ -656,64 +604,39 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
 }
 
 // ---- launchers ---------------------------------------------------------------------------------
+// The forward (FwParams) or backward (BwParams) instance of head-dim bucket DP: blocks of query rows
+// or of keys for every (batch, head).
 template <int DP, int ACT, int PREC>
-int launch_fw_bucket(const FwParams& p, int batch_heads, cudaStream_t stream) {
-  static std::atomic<unsigned long long> configured{0};
-  constexpr int bytes = fw_smem_floats<DP>() * static_cast<int>(sizeof(float));
-  MT_RETURN_IF_ERROR(mt::allow_shared_memory(attention_fw<DP, ACT, PREC>, bytes, &configured));
+int launch_bucket(const FwParams& p, int batch_heads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.q_len + kFwRows - 1) / kFwRows));
-  attention_fw<DP, ACT, PREC><<<grid, kThreads, bytes, stream>>>(p);
-  return mt_launch_status();
+  constexpr int kBytes = fw_smem_floats<DP>() * static_cast<int>(sizeof(float));
+  return mt::launch_with_shared_memory<attention_fw<DP, ACT, PREC>>(grid, kThreads, kBytes, stream, p);
 }
 
 template <int DP, int ACT, int PREC>
-int launch_bw_bucket(const BwParams& p, int batch_heads, cudaStream_t stream) {
-  static std::atomic<unsigned long long> configured{0};
-  constexpr int bytes = bw_smem_floats<DP>() * static_cast<int>(sizeof(float));
-  MT_RETURN_IF_ERROR(mt::allow_shared_memory(attention_bw<DP, ACT, PREC>, bytes, &configured));
+int launch_bucket(const BwParams& p, int batch_heads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.k_len + kBwKeys - 1) / kBwKeys));
-  attention_bw<DP, ACT, PREC><<<grid, kThreads, bytes, stream>>>(p);
-  return mt_launch_status();
+  constexpr int kBytes = bw_smem_floats<DP>() * static_cast<int>(sizeof(float));
+  return mt::launch_with_shared_memory<attention_bw<DP, ACT, PREC>>(grid, kThreads, kBytes, stream, p);
 }
 
-template <int ACT, int PREC>
-int launch_fw_activation(const FwParams& p, int batch_heads, cudaStream_t stream) {
-  if (p.head_dim <= 32) return launch_fw_bucket<32, ACT, PREC>(p, batch_heads, stream);
-  if (p.head_dim <= 64) return launch_fw_bucket<64, ACT, PREC>(p, batch_heads, stream);
-  return launch_fw_bucket<128, ACT, PREC>(p, batch_heads, stream);
-}
-
-template <int ACT, int PREC>
-int launch_bw_activation(const BwParams& p, int batch_heads, cudaStream_t stream) {
-  if (p.head_dim <= 32) return launch_bw_bucket<32, ACT, PREC>(p, batch_heads, stream);
-  if (p.head_dim <= 64) return launch_bw_bucket<64, ACT, PREC>(p, batch_heads, stream);
-  return launch_bw_bucket<128, ACT, PREC>(p, batch_heads, stream);
+template <int ACT, int PREC, class Params>
+int launch_head_dim(const Params& p, int batch_heads, cudaStream_t stream) {
+  if (p.head_dim <= 32) return launch_bucket<32, ACT, PREC>(p, batch_heads, stream);
+  if (p.head_dim <= 64) return launch_bucket<64, ACT, PREC>(p, batch_heads, stream);
+  return launch_bucket<128, ACT, PREC>(p, batch_heads, stream);
 }
 
 // The kernels of one activation and precision (runtime values: kSoftmax/kRelu, kHighest/kHigh).
-template <class Params, class Launch>
+template <class Params>
 int launch_variant(const Params& p, int activation, int precision, int batch_heads, cudaStream_t stream) {
   if (precision == mt::kHighest) {
-    return activation == kSoftmax ? Launch::template run<kSoftmax, mt::kHighest>(p, batch_heads, stream)
-                                  : Launch::template run<kRelu, mt::kHighest>(p, batch_heads, stream);
+    return activation == kSoftmax ? launch_head_dim<kSoftmax, mt::kHighest>(p, batch_heads, stream)
+                                  : launch_head_dim<kRelu, mt::kHighest>(p, batch_heads, stream);
   }
-  return activation == kSoftmax ? Launch::template run<kSoftmax, mt::kHigh>(p, batch_heads, stream)
-                                : Launch::template run<kRelu, mt::kHigh>(p, batch_heads, stream);
+  return activation == kSoftmax ? launch_head_dim<kSoftmax, mt::kHigh>(p, batch_heads, stream)
+                                : launch_head_dim<kRelu, mt::kHigh>(p, batch_heads, stream);
 }
-
-struct ForwardLaunch {
-  template <int ACT, int PREC>
-  static int run(const FwParams& p, int batch_heads, cudaStream_t stream) {
-    return launch_fw_activation<ACT, PREC>(p, batch_heads, stream);
-  }
-};
-
-struct BackwardLaunch {
-  template <int ACT, int PREC>
-  static int run(const BwParams& p, int batch_heads, cudaStream_t stream) {
-    return launch_bw_activation<ACT, PREC>(p, batch_heads, stream);
-  }
-};
 
 // Sizes every launcher accepts: positive, D <= 128, B * H * T * D within 32-bit element counts
 // per operand and the grid's y limit for the query / key blocks.
@@ -739,7 +662,7 @@ extern "C" int launch_attention_fw(float* out, float* lse, const float* q, const
                     mt::is_aligned16(v);
   const FwParams p = {out, lse, q, k, v, mask, heads, q_len, k_len, head_dim, causal != 0, scale, vec4};
   const int batch_heads = batch * heads;
-  return launch_variant<FwParams, ForwardLaunch>(p, activation, precision, batch_heads, stream);
+  return launch_variant(p, activation, precision, batch_heads, stream);
 }
 
 // Floats of scratch that launch_attention_bw needs: D_i for every query row.
@@ -770,5 +693,5 @@ extern "C" int launch_attention_bw(float* dq, float* dk, float* dv, const float*
   }
   const BwParams p = {dq,   dk,      dv,     grad_out, q,        k,      v,     lse, workspace,
                       mask, heads, q_len, k_len,    head_dim, causal != 0, scale, vec4};
-  return launch_variant<BwParams, BackwardLaunch>(p, activation, precision, batch_heads, stream);
+  return launch_variant(p, activation, precision, batch_heads, stream);
 }

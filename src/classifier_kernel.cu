@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "includes/cuda_check.cuh"
+#include "includes/launch_utils.cuh"
 #include "includes/reduce.cuh"
 #include "includes/vec.cuh"
 
@@ -36,11 +37,6 @@ constexpr int kElemsPerThread = 8;  // fewer threads than V / 8 only when V is s
 struct RowStats {
   float max, sum_exp, total;
 };
-
-__device__ __forceinline__ RowStats shfl_xor(RowStats v, int lane_mask, int width) {
-  return {mt::shfl_xor(v.max, lane_mask, width), mt::shfl_xor(v.sum_exp, lane_mask, width),
-          mt::shfl_xor(v.total, lane_mask, width)};
-}
 
 struct RowStatsOp {
   __device__ __forceinline__ RowStats operator()(RowStats a, RowStats b) const {
@@ -64,6 +60,17 @@ __device__ __forceinline__ void fold1(RowStats& r, float a) {
   r.total += a;
 }
 
+// Elements 4q .. 4q + 3 of the row, plus the bias when HAS_BIAS (both 16-byte aligned).
+template <bool HAS_BIAS>
+__device__ __forceinline__ float4 load4(const float* x, const float* bias, int q) {
+  float4 v = mt::load_float4(x + 4 * q);
+  if (HAS_BIAS) {
+    const float4 b = mt::load_float4(bias + 4 * q);
+    v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
+  }
+  return v;
+}
+
 // The row's elements a thread owns: VEC: float4 groups q = tid, tid + T, ... (elements 4q..4q+3);
 // scalar: elements j = tid, tid + T, ... taken four at a time (j, j+T, j+2T, j+3T) for ILP.
 template <bool VEC, bool HAS_BIAS>
@@ -73,11 +80,7 @@ __device__ __forceinline__ RowStats row_stats(const float* x, const float* bias,
   if (VEC) {
     const int V4 = V >> 2;
     for (int q = threadIdx.x; q < V4; q += T) {
-      float4 v = mt::load_float4(x + 4 * q);
-      if (HAS_BIAS) {
-        const float4 b = mt::load_float4(bias + 4 * q);
-        v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
-      }
+      const float4 v = load4<HAS_BIAS>(x, bias, q);
       fold4(r, v.x, v.y, v.z, v.w);
     }
   } else {
@@ -106,11 +109,7 @@ __device__ __forceinline__ void row_dlogits(float* x, const float* bias, int V, 
   if (VEC) {
     const int V4 = V >> 2;
     for (int q = threadIdx.x; q < V4; q += T) {
-      float4 v = mt::load_float4(x + 4 * q);
-      if (HAS_BIAS) {
-        const float4 b = mt::load_float4(bias + 4 * q);
-        v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
-      }
+      const float4 v = load4<HAS_BIAS>(x, bias, q);
       const int j = 4 * q;
       mt::store_float4(
           x + j, make_float4((expf(v.x - max) * inv_sum - (j == target ? on_target : 0.f) - off_target) * scale,
@@ -197,8 +196,6 @@ void launch_classifier_variant(bool write_grad, int rows, int threads, const Cla
   }
 }
 
-long long ceil_div(long long x, long long y) { return (x + y - 1) / y; }
-
 }  // namespace
 
 // ================================================================================================
@@ -224,7 +221,7 @@ int launch_fused_classifier(float* logits, int ld, float* losses, const float* b
                        token_weights == nullptr || weight_sum == nullptr);
   if (rows == 0) return 0;
   // Enough threads for kElemsPerThread elements each, in whole warps, at most kMaxThreads.
-  long long threads = ceil_div(ceil_div(vocab, kElemsPerThread), 32) * 32;
+  long long threads = mt::ceil_div(mt::ceil_div(vocab, kElemsPerThread), 32) * 32;
   if (threads > kMaxThreads) threads = kMaxThreads;
   const bool vec = vocab % 4 == 0 && ld % 4 == 0 && mt::is_aligned16(logits) && (bias == nullptr || mt::is_aligned16(bias));
   const bool wg = write_grad != 0;

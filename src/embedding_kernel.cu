@@ -13,6 +13,10 @@
 //              of kBwThreads ids: the tile's matches are compacted in order into shared memory
 //              (warp ballots, then a prefix over the warps), then summed column by column.
 //
+// Storage: rows are float32 or bfloat16 (storage codes of mt::with_storage), gathered from either into
+// either (a bfloat16 row of a float32 master is rounded once); the backward reads float32 or bfloat16
+// gradient rows and sums them in float32 into a float32 grad_weight. Ids are integral float32.
+//
 // The launchers follow cuda_check.cuh's contract: device pointers, sizes by value and a
 // cudaStream_t in, an int cudaError_t out (cudaErrorInvalidValue for bad sizes).
 #include <cmath>
@@ -20,7 +24,10 @@
 
 #include "includes/cuda_check.cuh"
 #include "includes/launch_utils.cuh"
+#include "includes/storage.cuh"
 #include "includes/vec.cuh"
+
+#include <type_traits>
 
 namespace {
 
@@ -31,9 +38,10 @@ __device__ __forceinline__ int embedding_row(float id, int num_embeddings) {
   return row < num_embeddings ? row : -1;
 }
 
-// One thread per float4 (vec) or float of the output; consecutive threads cover a row. Row r of out
-// starts at out + r * out_stride, row v of weight at weight + v * weight_stride (floats).
-__global__ void embedding_fw_kernel(float* out, long long out_stride, const float* weight, long long weight_stride,
+// One thread per 4 elements (vec) or element of the output; consecutive threads cover a row. Row r of
+// out starts at out + r * out_stride, row v of weight at weight + v * weight_stride (elements).
+template <class TO, class TI>
+__global__ void embedding_fw_kernel(TO* out, long long out_stride, const TI* weight, long long weight_stride,
                                     const float* ids, int rows, int num_embeddings, int dim, bool vec) {
   const int per_row = vec ? dim / 4 : dim;
   const long long total = static_cast<long long>(rows) * per_row;
@@ -43,31 +51,45 @@ __global__ void embedding_fw_kernel(float* out, long long out_stride, const floa
     const int c = static_cast<int>(i - r * per_row);
     const int row = embedding_row(ids[r], num_embeddings);
     if (vec) {
-      reinterpret_cast<float4*>(out + r * out_stride)[c] =
-          row >= 0 ? reinterpret_cast<const float4*>(weight + row * weight_stride)[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+      mt::store4(out + r * out_stride + 4 * c,
+                 row >= 0 ? mt::load4(weight + row * weight_stride + 4 * c) : make_float4(0.f, 0.f, 0.f, 0.f));
     } else {
-      out[r * out_stride + c] = row >= 0 ? weight[row * weight_stride + c] : 0.f;
+      out[r * out_stride + c] = mt::from_float<TO>(row >= 0 ? mt::to_float(weight[row * weight_stride + c]) : 0.f);
     }
   }
 }
 
-int launch_gather(float* out, long long out_stride, const float* weight, long long weight_stride, const float* ids,
+template <class TO, class TI>
+int launch_gather(TO* out, long long out_stride, const TI* weight, long long weight_stride, const float* ids,
                   int rows, int num_embeddings, int dim, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(rows < 0 || num_embeddings < 0 || dim < 0 || out_stride < dim || weight_stride < 0);
   const long long total = static_cast<long long>(rows) * dim;
   if (total == 0) return 0;
-  const bool vec = dim % 4 == 0 && out_stride % 4 == 0 && weight_stride % 4 == 0 && mt::is_aligned16(out) &&
-                   mt::is_aligned16(weight);
-  return mt::launch_grid_stride<embedding_fw_kernel>(vec ? total / 4 : total, stream, out, out_stride, weight,
-                                                     weight_stride, ids, rows, num_embeddings, dim, vec);
+  const bool vec = dim % 4 == 0 && out_stride % 4 == 0 && weight_stride % 4 == 0 && mt::is_aligned4(out) &&
+                   mt::is_aligned4(weight);
+  return mt::launch_grid_stride<embedding_fw_kernel<TO, TI>>(vec ? total / 4 : total, stream, out, out_stride, weight,
+                                                             weight_stride, ids, rows, num_embeddings, dim, vec);
+}
+
+// launch_gather for the storage codes of out and of the rows read.
+int gather_formats(int out_format, int in_format, void* out, long long out_stride, const void* in,
+                   long long in_stride, const float* ids, int rows, int in_rows, int n, cudaStream_t stream) {
+  return mt::with_storage(out_format, [&](auto* o) {
+    return mt::with_storage(in_format, [&](auto* i) {
+      using TI = std::remove_pointer_t<decltype(i)>;
+      return launch_gather(static_cast<decltype(o)>(out), out_stride, static_cast<const TI*>(in), in_stride, ids, rows,
+                           in_rows, n, stream);
+    });
+  });
 }
 
 constexpr int kBwThreads = 128;
 constexpr int kBwColsPerThread = 4;
 constexpr int kColsPerBlock = kBwThreads * kBwColsPerThread;
 
+template <class TG>
 __global__ void __launch_bounds__(kBwThreads)
-embedding_bw_kernel(float* grad_weight, const float* grad_out, const float* ids, int rows, int num_embeddings,
+embedding_bw_kernel(float* grad_weight, const TG* grad_out, const float* ids, int rows, int num_embeddings,
                     int dim) {
   constexpr int kWarps = kBwThreads / 32;
   __shared__ int matches[kBwThreads];
@@ -96,11 +118,11 @@ embedding_bw_kernel(float* grad_weight, const float* grad_out, const float* ids,
     if (match) matches[offset + __popc(ballot & ((1u << lane) - 1u))] = q;
     __syncthreads();
     for (int m = 0; m < total; ++m) {
-      const float* g = grad_out + static_cast<long long>(matches[m]) * dim;
+      const TG* g = grad_out + static_cast<long long>(matches[m]) * dim;
 #pragma unroll
       for (int j = 0; j < kBwColsPerThread; ++j) {
         const int c = col0 + j * kBwThreads;
-        if (c < dim) acc[j] += g[c];
+        if (c < dim) acc[j] += mt::to_float(g[c]);
       }
     }
     __syncthreads();
@@ -119,32 +141,38 @@ extern "C" {
 
 MT_DEFINE_ERROR_STRING()
 
-// out[r, :] = weight[ids[r], :] for r < rows; weight [num_embeddings, dim] and out contiguous.
-// ids hold integral floats; a row whose id is not an integer in [0, num_embeddings) is written as
-// zeros (the device cannot raise, and checking on the host would need a copy).
-int launch_embedding_fw(float* out, const float* weight, const float* ids, int rows,
+// out[r, :] = weight[ids[r], :] for r < rows; weight [num_embeddings, dim] and out contiguous, stored
+// as out_format and weight_format say. ids hold integral floats; a row whose id is not an integer in
+// [0, num_embeddings) is written as zeros (the device cannot raise, and checking on the host would
+// need a copy).
+int launch_embedding_fw(int out_format, int weight_format, void* out, const void* weight, const float* ids, int rows,
                         int num_embeddings, int dim, cudaStream_t stream) {
-  return launch_gather(out, dim, weight, dim, ids, rows, num_embeddings, dim, stream);
+  return gather_formats(out_format, weight_format, out, dim, weight, dim, ids, rows, num_embeddings, dim, stream);
 }
 
 // out[r * out_stride + c] = in[ids[r] * in_stride + c] for r < rows, c < n, ids as in
 // launch_embedding_fw (an id outside [0, in_rows) gives zeros); out must not overlap in.
-int launch_gather_rows(float* out, long long out_stride, const float* in, long long in_stride, const float* ids,
-                       int rows, int in_rows, int n, cudaStream_t stream) {
-  return launch_gather(out, out_stride, in, in_stride, ids, rows, in_rows, n, stream);
+int launch_gather_rows(int out_format, int in_format, void* out, long long out_stride, const void* in,
+                       long long in_stride, const float* ids, int rows, int in_rows, int n, cudaStream_t stream) {
+  return gather_formats(out_format, in_format, out, out_stride, in, in_stride, ids, rows, in_rows, n, stream);
 }
 
 // grad_weight[v, :] = sum of grad_out[r, :] over the positions r with ids[r] == v, in position order
 // (deterministic), for every id v that occurs; the caller zero-fills grad_weight for the others.
-// Positions with an invalid id (see launch_embedding_fw) are skipped.
-int launch_embedding_bw(float* grad_weight, const float* grad_out, const float* ids, int rows,
+// Positions with an invalid id (see launch_embedding_fw) are skipped. grad_out is stored as
+// grad_format says; grad_weight is float32 (the sums are float32).
+int launch_embedding_bw(int grad_format, float* grad_weight, const void* grad_out, const float* ids, int rows,
                         int num_embeddings, int dim, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(rows < 0 || num_embeddings < 0 || dim < 0);
   if (rows == 0 || dim == 0) return 0;
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(mt::ceil_div(dim, kColsPerBlock)));
   MT_RETURN_IF_INVALID(grid.y > 65535);
-  embedding_bw_kernel<<<grid, kBwThreads, 0, stream>>>(grad_weight, grad_out, ids, rows, num_embeddings, dim);
-  return mt_launch_status();
+  return mt::with_storage(grad_format, [&](auto* t) {
+    using TG = std::remove_pointer_t<decltype(t)>;
+    embedding_bw_kernel<<<grid, kBwThreads, 0, stream>>>(grad_weight, static_cast<const TG*>(grad_out), ids, rows,
+                                                         num_embeddings, dim);
+    return mt_launch_status();
+  });
 }
 
 }  // extern "C"

@@ -29,10 +29,10 @@
 #include <type_traits>
 
 #include "includes/cuda_check.cuh"
-#include "includes/float_formats.cuh"
+#include "includes/storage.cuh"
 #include "includes/launch_utils.cuh"
 #include "includes/layout.cuh"
-#include "includes/opcodes.cuh"
+#include "includes/op_table.cuh"
 
 namespace {
 
@@ -45,31 +45,39 @@ using u64 = unsigned long long;
 __device__ __forceinline__ i64 wrap_neg(i64 x) { return static_cast<i64>(0ull - static_cast<u64>(x)); }
 
 struct IntId {
+  static constexpr const char* kName = "id";
   __device__ __forceinline__ i64 operator()(i64 x, i64) const { return x; }
 };
 struct IntNeg {
+  static constexpr const char* kName = "neg";
   __device__ __forceinline__ i64 operator()(i64 x, i64) const { return wrap_neg(x); }
 };
 struct IntAbs {
+  static constexpr const char* kName = "abs";
   __device__ __forceinline__ i64 operator()(i64 x, i64) const { return x < 0 ? wrap_neg(x) : x; }
 };
 struct IntAdd {
+  static constexpr const char* kName = "add";
   __device__ __forceinline__ i64 operator()(i64 x, i64 y) const {
     return static_cast<i64>(static_cast<u64>(x) + static_cast<u64>(y));
   }
 };
 struct IntMul {
+  static constexpr const char* kName = "mul";
   __device__ __forceinline__ i64 operator()(i64 x, i64 y) const {
     return static_cast<i64>(static_cast<u64>(x) * static_cast<u64>(y));
   }
 };
 struct IntMax {
+  static constexpr const char* kName = "max";
   __device__ __forceinline__ i64 operator()(i64 x, i64 y) const { return x > y ? x : y; }
 };
 struct IntMin {
+  static constexpr const char* kName = "min";
   __device__ __forceinline__ i64 operator()(i64 x, i64 y) const { return x < y ? x : y; }
 };
 struct IntFloorDiv {
+  static constexpr const char* kName = "floordiv";
   __device__ __forceinline__ i64 operator()(i64 x, i64 y) const {
     if (y == 0) return 0;
     if (y == -1) return wrap_neg(x);  // INT64_MIN / -1 overflows in C++
@@ -78,6 +86,7 @@ struct IntFloorDiv {
   }
 };
 struct IntRemainder {
+  static constexpr const char* kName = "remainder";
   __device__ __forceinline__ i64 operator()(i64 x, i64 y) const {
     if (y == 0 || y == -1) return 0;
     const i64 r = x % y;
@@ -85,33 +94,17 @@ struct IntRemainder {
   }
 };
 struct IntLt {
+  static constexpr const char* kName = "lt";
   __device__ __forceinline__ float operator()(i64 x, i64 y) const { return x < y ? 1.f : 0.f; }
 };
 struct IntEq {
+  static constexpr const char* kName = "eq";
   __device__ __forceinline__ float operator()(i64 x, i64 y) const { return x == y ? 1.f : 0.f; }
 };
 
-// The opcode tables: X(code, name, functor). The names are those of minitorch.operators.
-#define MT_INT_UNARY_OPS(X) \
-  X(0, id, IntId)           \
-  X(1, neg, IntNeg)         \
-  X(2, abs, IntAbs)
-
-#define MT_INT_BINARY_OPS(X)      \
-  X(0, add, IntAdd)               \
-  X(1, mul, IntMul)               \
-  X(2, max, IntMax)               \
-  X(3, min, IntMin)               \
-  X(4, floordiv, IntFloorDiv)     \
-  X(5, remainder, IntRemainder)   \
-  X(6, lt, IntLt)                 \
-  X(7, eq, IntEq)
-
-constexpr int kNumUnaryOps = MT_OPCODE_COUNT(MT_INT_UNARY_OPS);
-constexpr int kNumBinaryOps = MT_OPCODE_COUNT(MT_INT_BINARY_OPS);
-
-MT_DEFINE_OPCODE_DISPATCH(dispatch_unary, MT_INT_UNARY_OPS)
-MT_DEFINE_OPCODE_DISPATCH(dispatch_binary, MT_INT_BINARY_OPS)
+// The opcode tables (an opcode is an operation's position), names checked by the binding.
+using IntUnaryOps = mt::OpTable<IntId, IntNeg, IntAbs>;
+using IntBinaryOps = mt::OpTable<IntAdd, IntMul, IntMax, IntMin, IntFloorDiv, IntRemainder, IntLt, IntEq>;
 
 // ------------------------------------------------------------------------------------------------
 // Elementwise: out[i] = f(a[i], b[i]) over the output's layout; NIN inputs (0: fill, 1: map with a
@@ -318,27 +311,27 @@ extern "C" {
 
 MT_DEFINE_ERROR_STRING()
 
-int minitorch_int_unary_op_count(void) { return kNumUnaryOps; }
-int minitorch_int_binary_op_count(void) { return kNumBinaryOps; }
+int minitorch_int_unary_op_count(void) { return IntUnaryOps::kCount; }
+int minitorch_int_binary_op_count(void) { return IntBinaryOps::kCount; }
 int minitorch_int_max_sort_row(void) { return kMaxSortRow; }
 
-MT_DEFINE_OPCODE_NAME(minitorch_int_unary_op_name, MT_INT_UNARY_OPS)
-MT_DEFINE_OPCODE_NAME(minitorch_int_binary_op_name, MT_INT_BINARY_OPS)
+const char* minitorch_int_unary_op_name(int op) { return IntUnaryOps::name(op); }
+const char* minitorch_int_binary_op_name(int op) { return IntBinaryOps::name(op); }
 
 // out = unary_op(a); out_l and a_l have the same shape (a broadcast: stride 0).
 int launch_int_map(int op, i64* out, MtLayout out_l, const i64* a, MtLayout a_l, cudaStream_t stream) {
-  return dispatch_unary(op, [&](auto f) { return launch_int_elementwise<1>(out, out_l, a, a_l, a, a_l, 0, f, stream); });
+  return IntUnaryOps::dispatch(op, [&](auto f) { return launch_int_elementwise<1>(out, out_l, a, a_l, a, a_l, 0, f, stream); });
 }
 
 // out = binary_op(a, s) for an int64 scalar s; out is float32 for lt and eq, else int64.
 int launch_int_map_scalar(int op, void* out, MtLayout out_l, const i64* a, MtLayout a_l, i64 s, cudaStream_t stream) {
-  return dispatch_binary(op, [&](auto f) { return launch_int_elementwise<1>(out, out_l, a, a_l, a, a_l, s, f, stream); });
+  return IntBinaryOps::dispatch(op, [&](auto f) { return launch_int_elementwise<1>(out, out_l, a, a_l, a, a_l, s, f, stream); });
 }
 
 // out = binary_op(a, b); all three layouts have the output's shape (broadcast dims: stride 0).
 int launch_int_zip(int op, void* out, MtLayout out_l, const i64* a, MtLayout a_l, const i64* b, MtLayout b_l,
                    cudaStream_t stream) {
-  return dispatch_binary(op, [&](auto f) { return launch_int_elementwise<2>(out, out_l, a, a_l, b, b_l, 0, f, stream); });
+  return IntBinaryOps::dispatch(op, [&](auto f) { return launch_int_elementwise<2>(out, out_l, a, a_l, b, b_l, 0, f, stream); });
 }
 
 // Every element of the layout set to value.
@@ -386,13 +379,13 @@ int launch_int_reduce(int op, i64* out, MtLayout out_l, const i64* a, MtLayout o
                                                                   stride, start, f);
   };
   switch (op) {
-    case 0:
+    case IntBinaryOps::code<IntAdd>():
       return launch(IntAdd{});
-    case 1:
+    case IntBinaryOps::code<IntMul>():
       return launch(IntMul{});
-    case 2:
+    case IntBinaryOps::code<IntMax>():
       return launch(IntMax{});
-    case 3:
+    case IntBinaryOps::code<IntMin>():
       return launch(IntMin{});
     default:
       return static_cast<int>(cudaErrorInvalidValue);

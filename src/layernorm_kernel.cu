@@ -1,8 +1,11 @@
 // LayerNorm over the last dim, forward and backward (LightSeq2-style fused row kernels).
 //
 // Shapes: inp, out, dout, dinp [rows, hidden]; gamma, beta, dgamma, dbeta [hidden]; mean, rstd
-// [rows]. VEC = 4 (float4 accesses) when hidden % 4 == 0 and every pointer is 16-byte aligned,
-// else 1 (scalar accesses, any hidden size).
+// [rows]. VEC = 4 (4-element vector accesses) when hidden % 4 == 0 and every pointer is aligned to
+// them, else 1 (scalar accesses, any hidden size).
+// Storage: inp, out, dout and dinp are T, float or bfloat16 (the activations); gamma and beta are
+// float32 (the master weights themselves: two rows read once per block from cache, so a bfloat16
+// copy would save nothing), and so are mean, rstd, dgamma, dbeta and all the math.
 //
 // Forward: y = (x - mean) * rstd * gamma + beta, rstd = 1 / sqrt(var + eps), var biased.
 //   Accuracy: statistics are taken of z = x - x[row, 0] (exact when x is near x[row, 0]), so a row
@@ -51,21 +54,24 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "includes/cuda_check.cuh"
 #include "includes/device_info.cuh"
 #include "includes/fused_utils.cuh"
+#include "includes/launch_by_length.cuh"
 #include "includes/reduce.cuh"
+#include "includes/storage.cuh"
 #include "includes/vec.cuh"
 
 namespace {
 
-constexpr int kStreamThreads = 512;
-constexpr int kStreamChunk = 4;          // vectors per thread in flight per step of a streaming kernel
-constexpr int kMaxRegisterRowFw = 16384;
-constexpr int kMaxRegisterRowBw = 8192;  // the backward also keeps dgamma/dbeta partials per thread
-constexpr int kRowsPerPartMin = 16;      // rows a backward block sums before writing its partial
-constexpr int kTile = 32;                // columns per block of the dgamma/dbeta column kernels
+constexpr int kRowsPerPartMin = 16;  // rows a backward block sums before writing its partial
+constexpr int kTile = 32;            // columns per block of the dgamma/dbeta column kernels
+
+using fused::kStreamChunk;
+using fused::kStreamThreads;
+using fused::Team;
 
 // Count, mean and sum of squared deviations of a set of values. The merge is symmetric bit for bit
 // (explicitly rounded products, no contraction across the two sides), so every lane of a butterfly
@@ -75,12 +81,6 @@ struct Stats {
   float mean;
   float m2;
 };
-
-__device__ __forceinline__ Stats shfl_xor(Stats v, int lane_mask, int width) {
-  return {__shfl_xor_sync(mt::kFullWarpMask, v.n, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.mean, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.m2, lane_mask, width)};
-}
 
 struct StatsMerge {
   __device__ __forceinline__ Stats operator()(Stats a, Stats b) const {
@@ -117,18 +117,34 @@ __device__ __forceinline__ Stats local_stats(const float (&v)[K][VEC], const boo
   return {count, mean, m2};
 }
 
-// The three row sums of the backward: x - mean, g = dout * gamma, g * (x - mean).
+// The backward's terms of one vector of a row, from dout, x and gamma as loaded: dy = dout,
+// z = x - mean and g = dy * gamma, all zero where the vector is dead (past the row's end).
+template <int VEC>
+__device__ __forceinline__ void bw_terms(float (&dy)[VEC], float (&z)[VEC], float (&g)[VEC], bool live, float mu) {
+#pragma unroll
+  for (int c = 0; c < VEC; ++c) {
+    dy[c] = live ? dy[c] : 0.f;
+    z[c] = live ? z[c] - mu : 0.f;
+    g[c] = live ? dy[c] * g[c] : 0.f;
+  }
+}
+
+// The three row sums of the backward: z = x - mean, g = dout * gamma, g * z.
 struct Sum3 {
   float z;
   float g;
   float gz;
-};
 
-__device__ __forceinline__ Sum3 shfl_xor(Sum3 v, int lane_mask, int width) {
-  return {__shfl_xor_sync(mt::kFullWarpMask, v.z, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.g, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.gz, lane_mask, width)};
-}
+  template <int VEC>
+  __device__ __forceinline__ void add(const float (&zv)[VEC], const float (&gv)[VEC]) {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) {
+      z += zv[c];
+      g += gv[c];
+      gz = fmaf(gv[c], zv[c], gz);
+    }
+  }
+};
 
 struct Sum3Op {
   __device__ __forceinline__ Sum3 operator()(Sum3 a, Sum3 b) const {
@@ -136,11 +152,26 @@ struct Sum3Op {
   }
 };
 
+// A row's backward from its reduced sums: d = mean(z), the residual of the float32 mean (see the top
+// of the file), mean(g) and mean(g * xhat); then per element xhat = (z - d) * rstd and dinp.
+struct BwRow {
+  float rs;
+  float d;
+  float mean_g;
+  float mean_gxhat;
+
+  __device__ __forceinline__ BwRow(Sum3 s, float rstd, float inv_hidden)
+      : rs(rstd), d(s.z * inv_hidden), mean_g(s.g * inv_hidden), mean_gxhat(rstd * fmaf(-d, s.g, s.gz) * inv_hidden) {}
+  __device__ __forceinline__ float xhat(float z) const { return (z - d) * rs; }
+  __device__ __forceinline__ float dinp(float xhat, float g) const { return rs * fmaf(-xhat, mean_gxhat, g - mean_g); }
+};
+
+template <class T>
 struct FwArgs {
-  float* out;
+  T* out;
   float* mean;
   float* rstd;
-  const float* inp;
+  const T* inp;
   const float* gamma;
   const float* beta;
   int rows;
@@ -149,12 +180,13 @@ struct FwArgs {
   float eps;
 };
 
+template <class T>
 struct BwArgs {
-  float* dinp;
+  T* dinp;
   float* partial;  // workspace [parts][2 * hidden]
   float* resid;    // workspace [rows] (streaming path only)
-  const float* dout;
-  const float* inp;
+  const T* dout;
+  const T* inp;
   const float* gamma;
   const float* mean;
   const float* rstd;
@@ -164,18 +196,14 @@ struct BwArgs {
 };
 
 // ---- forward, row in registers ---------------------------------------------------------------
-template <int VEC, int LANES, int ITERS>
+template <class T, int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
-    layernorm_fw_rows(const FwArgs a) {
-  constexpr int kTeams = fused::kTeamBlockThreads<LANES> / LANES;
+    layernorm_fw_rows(const FwArgs<T> a) {
   __shared__ Stats scratch[32];
-  const int lane = threadIdx.x % LANES;
-  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
-  const bool active = row < static_cast<unsigned>(a.rows);
+  const auto [lane, row, active, offset] = fused::team_row<LANES>(a.rows, a.hidden);
   const int n = active ? a.hidden : 0;
-  const size_t offset = static_cast<size_t>(active ? row : 0) * a.hidden;
-  const float* x = a.inp + offset;
-  const float pivot = *x;
+  const T* x = a.inp + offset;
+  const float pivot = mt::to_float(*x);
 
   // Loads are not predicated (a dead vector re-reads the row's first one) so that all of them
   // issue before the first use instead of waiting on scarce predicate registers.
@@ -214,9 +242,9 @@ __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
 }
 
 // ---- forward, streaming (any hidden size) ----------------------------------------------------
-template <int VEC>
+template <int VEC, class T>
 __device__ __forceinline__ void load_shifted_chunk(float (&z)[kStreamChunk][VEC],
-                                                   bool (&live)[kStreamChunk], const float* x,
+                                                   bool (&live)[kStreamChunk], const T* x,
                                                    long long v0, long long vecs, float pivot) {
 #pragma unroll
   for (int k = 0; k < kStreamChunk; ++k) {
@@ -231,13 +259,13 @@ __device__ __forceinline__ void load_shifted_chunk(float (&z)[kStreamChunk][VEC]
   }
 }
 
-template <int VEC>
-__global__ void __launch_bounds__(kStreamThreads) layernorm_fw_stream(const FwArgs a) {
+template <class T, int VEC>
+__global__ void __launch_bounds__(kStreamThreads) layernorm_fw_stream(const FwArgs<T> a) {
   __shared__ Stats scratch[32];
   const unsigned row = blockIdx.x;
   const size_t offset = static_cast<size_t>(row) * a.hidden;
-  const float* x = a.inp + offset;
-  const float pivot = *x;
+  const T* x = a.inp + offset;
+  const float pivot = mt::to_float(*x);
   const long long vecs = a.hidden / VEC;
   constexpr long long kStep = static_cast<long long>(kStreamChunk) * kStreamThreads;
 
@@ -283,9 +311,9 @@ constexpr int kBwBlockThreads = LANES > 32 ? LANES : 256;
 template <int LANES>
 constexpr int kBwBlocksPerSm = 1024 / kBwBlockThreads<LANES> > 0 ? 1024 / kBwBlockThreads<LANES> : 1;
 
-template <int VEC, int LANES, int ITERS>
+template <class T, int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES>)
-    layernorm_bw_rows(const BwArgs a) {
+    layernorm_bw_rows(const BwArgs<T> a) {
   constexpr int kThreads = kBwBlockThreads<LANES>;
   constexpr int kTeams = kThreads / LANES;
   __shared__ Sum3 scratch[32];
@@ -325,28 +353,18 @@ __global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES>)
     Sum3 s = {0.f, 0.f, 0.f};
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) {
-        dy[it][c] = live[it] ? dy[it][c] : 0.f;
-        z[it][c] = live[it] ? z[it][c] - mu : 0.f;
-        g[it][c] = live[it] ? dy[it][c] * g[it][c] : 0.f;
-        s.z += z[it][c];
-        s.g += g[it][c];
-        s.gz = fmaf(g[it][c], z[it][c], s.gz);
-      }
+      bw_terms<VEC>(dy[it], z[it], g[it], live[it], mu);
+      s.add<VEC>(z[it], g[it]);
     }
-    s = fused::team_allreduce<LANES>(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch);
-    const float d = s.z * a.inv_hidden;
-    const float mean_g = s.g * a.inv_hidden;
-    const float mean_gxhat = rs * fmaf(-d, s.g, s.gz) * a.inv_hidden;
+    const BwRow r(fused::team_allreduce<LANES>(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch), rs, a.inv_hidden);
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
 #pragma unroll
       for (int c = 0; c < VEC; ++c) {
-        const float xhat = (z[it][c] - d) * rs;
+        const float xhat = r.xhat(z[it][c]);
         acc_g[it][c] = fmaf(dy[it][c], xhat, acc_g[it][c]);
         acc_b[it][c] += dy[it][c];
-        g[it][c] = rs * fmaf(-xhat, mean_gxhat, g[it][c] - mean_g);
+        g[it][c] = r.dinp(xhat, g[it][c]);
       }
       if (live[it]) {
         fused::store_vec<VEC>(a.dinp + offset + (it * LANES + lane) * VEC, g[it]);
@@ -409,11 +427,11 @@ __global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES>)
 }
 
 // ---- backward, streaming (any hidden size) ---------------------------------------------------
-template <int VEC>
+template <int VEC, class T>
 __device__ __forceinline__ void load_bw_chunk(float (&dy)[kStreamChunk][VEC],
                                               float (&z)[kStreamChunk][VEC],
                                               float (&g)[kStreamChunk][VEC],
-                                              bool (&live)[kStreamChunk], const BwArgs& a,
+                                              bool (&live)[kStreamChunk], const BwArgs<T>& a,
                                               size_t offset, long long v0, long long vecs,
                                               float mu) {
 #pragma unroll
@@ -427,18 +445,11 @@ __device__ __forceinline__ void load_bw_chunk(float (&dy)[kStreamChunk][VEC],
     }
   }
 #pragma unroll
-  for (int k = 0; k < kStreamChunk; ++k) {
-#pragma unroll
-    for (int c = 0; c < VEC; ++c) {
-      dy[k][c] = live[k] ? dy[k][c] : 0.f;
-      z[k][c] = live[k] ? z[k][c] - mu : 0.f;
-      g[k][c] = live[k] ? dy[k][c] * g[k][c] : 0.f;
-    }
-  }
+  for (int k = 0; k < kStreamChunk; ++k) bw_terms<VEC>(dy[k], z[k], g[k], live[k], mu);
 }
 
-template <int VEC>
-__global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const BwArgs a) {
+template <class T, int VEC>
+__global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const BwArgs<T> a) {
   __shared__ Sum3 scratch[32];
   const unsigned row = blockIdx.x;
   const size_t offset = static_cast<size_t>(row) * a.hidden;
@@ -453,20 +464,10 @@ __global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const
     bool live[kStreamChunk];
     load_bw_chunk<VEC>(dy, z, g, live, a, offset, v0, vecs, mu);
 #pragma unroll
-    for (int k = 0; k < kStreamChunk; ++k) {
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) {
-        s.z += z[k][c];
-        s.g += g[k][c];
-        s.gz = fmaf(g[k][c], z[k][c], s.gz);
-      }
-    }
+    for (int k = 0; k < kStreamChunk; ++k) s.add<VEC>(z[k], g[k]);
   }
-  s = mt::block_allreduce(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch);
-  const float d = s.z * a.inv_hidden;
-  const float mean_g = s.g * a.inv_hidden;
-  const float mean_gxhat = rs * fmaf(-d, s.g, s.gz) * a.inv_hidden;
-  if (threadIdx.x == 0) a.resid[row] = d;
+  const BwRow r(mt::block_allreduce(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch), rs, a.inv_hidden);
+  if (threadIdx.x == 0) a.resid[row] = r.d;
 
   for (long long v0 = 0; v0 < vecs; v0 += kStep) {
     float dy[kStreamChunk][VEC], z[kStreamChunk][VEC], g[kStreamChunk][VEC];
@@ -476,10 +477,7 @@ __global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const
     for (int k = 0; k < kStreamChunk; ++k) {
       if (live[k]) {
 #pragma unroll
-        for (int c = 0; c < VEC; ++c) {
-          const float xhat = (z[k][c] - d) * rs;
-          g[k][c] = rs * fmaf(-xhat, mean_gxhat, g[k][c] - mean_g);
-        }
+        for (int c = 0; c < VEC; ++c) g[k][c] = r.dinp(r.xhat(z[k][c]), g[k][c]);
         fused::store_vec<VEC>(a.dinp + offset + (v0 + k * kStreamThreads + threadIdx.x) * VEC, g[k]);
       }
     }
@@ -497,7 +495,8 @@ __device__ __forceinline__ float tile_column_sum(float v, float (&tile)[kTile][k
 }
 
 // grid (ceil(hidden / 32), slabs), block (32, 32): partial[slab] = sums over the slab's rows.
-__global__ void __launch_bounds__(kTile * kTile) layernorm_bw_params_stream(const BwArgs a,
+template <class T>
+__global__ void __launch_bounds__(kTile * kTile) layernorm_bw_params_stream(const BwArgs<T> a,
                                                                             int rows_per_slab) {
   __shared__ float tile[kTile][kTile + 1];
   const long long col = static_cast<long long>(blockIdx.x) * kTile + threadIdx.x;
@@ -508,8 +507,8 @@ __global__ void __launch_bounds__(kTile * kTile) layernorm_bw_params_stream(cons
 #pragma unroll 4
     for (long long r = r0 + threadIdx.y; r < r1; r += kTile) {
       const size_t i = static_cast<size_t>(r) * a.hidden + col;
-      const float dy = a.dout[i];
-      const float xhat = (a.inp[i] - a.mean[r] - a.resid[r]) * a.rstd[r];
+      const float dy = mt::to_float(a.dout[i]);
+      const float xhat = (mt::to_float(a.inp[i]) - a.mean[r] - a.resid[r]) * a.rstd[r];
       sg = fmaf(dy, xhat, sg);
       sb += dy;
     }
@@ -548,130 +547,79 @@ __global__ void __launch_bounds__(kTile * kTile)
 }
 
 // ---- launchers -------------------------------------------------------------------------------
-template <int VEC, int LANES, int ITERS>
-struct FwRows {
-  static int launch(const FwArgs& a, cudaStream_t stream) {
-    constexpr int kThreads = fused::kTeamBlockThreads<LANES>;
-    constexpr int kTeams = kThreads / LANES;
-    const unsigned blocks = static_cast<unsigned>((static_cast<long long>(a.rows) + kTeams - 1) / kTeams);
-    layernorm_fw_rows<VEC, LANES, ITERS><<<blocks, kThreads, 0, stream>>>(a);
-    return mt_launch_status();
-  }
+// The size buckets (see the top of the file). The backward's rows stop at 8192 floats: it also keeps
+// dgamma/dbeta partials per thread.
+using FwVec4Buckets = fused::Buckets<4, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                     Team<32, 2>, Team<32, 4>, Team<32, 6>, Team<32, 8>, Team<128, 4>, Team<256, 4>,
+                                     Team<512, 4>, Team<768, 4>, Team<1024, 4>>;
+using FwScalarBuckets = fused::Buckets<1, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                       Team<32, 2>, Team<32, 4>, Team<32, 8>, Team<32, 16>, Team<128, 8>,
+                                       Team<256, 8>, Team<512, 8>, Team<1024, 8>, Team<1024, 16>>;
+using BwVec4Buckets = fused::Buckets<4, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                     Team<32, 2>, Team<64, 2>, Team<96, 2>, Team<128, 2>, Team<256, 2>, Team<512, 2>,
+                                     Team<1024, 2>>;
+using BwScalarBuckets = fused::Buckets<1, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                       Team<32, 2>, Team<32, 4>, Team<64, 4>, Team<128, 4>, Team<128, 8>,
+                                       Team<256, 8>, Team<512, 8>, Team<1024, 8>>;
+
+// The forward kernels fused::LaunchRows launches.
+template <class T>
+struct FwKernels {
+  template <int VEC, int LANES, int ITERS> static auto rows() { return layernorm_fw_rows<T, VEC, LANES, ITERS>; }
+  template <int VEC> static auto stream() { return layernorm_fw_stream<T, VEC>; }
 };
-
-template <int VEC>
-int launch_fw_stream(const FwArgs& a, cudaStream_t stream) {
-  layernorm_fw_stream<VEC><<<static_cast<unsigned>(a.rows), kStreamThreads, 0, stream>>>(a);
-  return mt_launch_status();
-}
-
-int launch_fw_vec4(const FwArgs& a, cudaStream_t s) {
-  const int n = a.hidden;
-  if (n <= 4) return FwRows<4, 1, 1>::launch(a, s);
-  if (n <= 8) return FwRows<4, 2, 1>::launch(a, s);
-  if (n <= 16) return FwRows<4, 4, 1>::launch(a, s);
-  if (n <= 32) return FwRows<4, 8, 1>::launch(a, s);
-  if (n <= 64) return FwRows<4, 16, 1>::launch(a, s);
-  if (n <= 128) return FwRows<4, 32, 1>::launch(a, s);
-  if (n <= 256) return FwRows<4, 32, 2>::launch(a, s);
-  if (n <= 512) return FwRows<4, 32, 4>::launch(a, s);
-  if (n <= 768) return FwRows<4, 32, 6>::launch(a, s);
-  if (n <= 1024) return FwRows<4, 32, 8>::launch(a, s);
-  if (n <= 2048) return FwRows<4, 128, 4>::launch(a, s);
-  if (n <= 4096) return FwRows<4, 256, 4>::launch(a, s);
-  if (n <= 8192) return FwRows<4, 512, 4>::launch(a, s);
-  if (n <= 12288) return FwRows<4, 768, 4>::launch(a, s);
-  if (n <= kMaxRegisterRowFw) return FwRows<4, 1024, 4>::launch(a, s);
-  return launch_fw_stream<4>(a, s);
-}
-
-int launch_fw_scalar(const FwArgs& a, cudaStream_t s) {
-  const int n = a.hidden;
-  if (n <= 1) return FwRows<1, 1, 1>::launch(a, s);
-  if (n <= 2) return FwRows<1, 2, 1>::launch(a, s);
-  if (n <= 4) return FwRows<1, 4, 1>::launch(a, s);
-  if (n <= 8) return FwRows<1, 8, 1>::launch(a, s);
-  if (n <= 16) return FwRows<1, 16, 1>::launch(a, s);
-  if (n <= 32) return FwRows<1, 32, 1>::launch(a, s);
-  if (n <= 64) return FwRows<1, 32, 2>::launch(a, s);
-  if (n <= 128) return FwRows<1, 32, 4>::launch(a, s);
-  if (n <= 256) return FwRows<1, 32, 8>::launch(a, s);
-  if (n <= 512) return FwRows<1, 32, 16>::launch(a, s);
-  if (n <= 1024) return FwRows<1, 128, 8>::launch(a, s);
-  if (n <= 2048) return FwRows<1, 256, 8>::launch(a, s);
-  if (n <= 4096) return FwRows<1, 512, 8>::launch(a, s);
-  if (n <= 8192) return FwRows<1, 1024, 8>::launch(a, s);
-  if (n <= kMaxRegisterRowFw) return FwRows<1, 1024, 16>::launch(a, s);
-  return launch_fw_stream<1>(a, s);
-}
 
 // A backward row kernel: how many rows a block takes per step, how many blocks fit an SM, and
 // its launch (grid = parts).
+template <class T>
 struct BwRowsKernel {
   int teams;
   int blocks_per_sm;
-  int (*launch)(const BwArgs&, unsigned parts, cudaStream_t);
+  int (*launch)(const BwArgs<T>&, unsigned parts, cudaStream_t);
 };
 
-template <int VEC, int LANES, int ITERS>
-int launch_bw_rows(const BwArgs& a, unsigned parts, cudaStream_t stream) {
-  layernorm_bw_rows<VEC, LANES, ITERS><<<parts, kBwBlockThreads<LANES>, 0, stream>>>(a);
+template <class T, int VEC, int LANES, int ITERS>
+int launch_bw_rows(const BwArgs<T>& a, unsigned parts, cudaStream_t stream) {
+  layernorm_bw_rows<T, VEC, LANES, ITERS><<<parts, kBwBlockThreads<LANES>, 0, stream>>>(a);
   return mt_launch_status();
 }
 
-template <int VEC, int LANES, int ITERS>
-constexpr BwRowsKernel bw_rows() {
-  return {kBwBlockThreads<LANES> / LANES, kBwBlocksPerSm<LANES>, &launch_bw_rows<VEC, LANES, ITERS>};
-}
-
-// The bucket for a row of `n` floats; launch == nullptr: too long for registers (streaming path).
-BwRowsKernel select_bw_rows(int n, bool vec4) {
-  if (vec4) {
-    if (n <= 4) return bw_rows<4, 1, 1>();
-    if (n <= 8) return bw_rows<4, 2, 1>();
-    if (n <= 16) return bw_rows<4, 4, 1>();
-    if (n <= 32) return bw_rows<4, 8, 1>();
-    if (n <= 64) return bw_rows<4, 16, 1>();
-    if (n <= 128) return bw_rows<4, 32, 1>();
-    if (n <= 256) return bw_rows<4, 32, 2>();
-    if (n <= 512) return bw_rows<4, 64, 2>();
-    if (n <= 768) return bw_rows<4, 96, 2>();
-    if (n <= 1024) return bw_rows<4, 128, 2>();
-    if (n <= 2048) return bw_rows<4, 256, 2>();
-    if (n <= 4096) return bw_rows<4, 512, 2>();
-    if (n <= kMaxRegisterRowBw) return bw_rows<4, 1024, 2>();
-  } else {
-    if (n <= 1) return bw_rows<1, 1, 1>();
-    if (n <= 2) return bw_rows<1, 2, 1>();
-    if (n <= 4) return bw_rows<1, 4, 1>();
-    if (n <= 8) return bw_rows<1, 8, 1>();
-    if (n <= 16) return bw_rows<1, 16, 1>();
-    if (n <= 32) return bw_rows<1, 32, 1>();
-    if (n <= 64) return bw_rows<1, 32, 2>();
-    if (n <= 128) return bw_rows<1, 32, 4>();
-    if (n <= 256) return bw_rows<1, 64, 4>();
-    if (n <= 512) return bw_rows<1, 128, 4>();
-    if (n <= 1024) return bw_rows<1, 128, 8>();
-    if (n <= 2048) return bw_rows<1, 256, 8>();
-    if (n <= 4096) return bw_rows<1, 512, 8>();
-    if (n <= kMaxRegisterRowBw) return bw_rows<1, 1024, 8>();
+// The pick of fused::walk_buckets that names a backward bucket's kernel; none (launch == nullptr) for
+// rows too long for registers (the streaming path).
+template <class T>
+struct BwSelect {
+  template <int VEC, int LANES, int ITERS>
+  BwRowsKernel<T> bucket() const {
+    return {kBwBlockThreads<LANES> / LANES, kBwBlocksPerSm<LANES>, &launch_bw_rows<T, VEC, LANES, ITERS>};
   }
-  return {0, 0, nullptr};
+  template <int VEC>
+  BwRowsKernel<T> beyond() const {
+    return {0, 0, nullptr};
+  }
+};
+
+// The bucket for a row of `n` elements.
+template <class T>
+BwRowsKernel<T> select_bw_rows(int n, bool vec4) {
+  return vec4 ? fused::walk_buckets(n, BwSelect<T>{}, BwVec4Buckets{})
+              : fused::walk_buckets(n, BwSelect<T>{}, BwScalarBuckets{});
 }
 
 // How the backward splits its work: `parts` partial rows of dgamma/dbeta (blocks of the row kernel,
 // or row slabs of the streaming column kernel) and the workspace that needs.
+template <class T>
 struct BwPlan {
-  BwRowsKernel rows_kernel;
+  BwRowsKernel<T> rows_kernel;
   int parts;
   int rows_per_slab;  // streaming path
   long long workspace_floats;
 };
 
-int plan_bw(int rows, int hidden, bool vec4, BwPlan* plan) {
+template <class T>
+int plan_bw(int rows, int hidden, bool vec4, BwPlan<T>* plan) {
   int sms = 0;
   MT_RETURN_IF_ERROR(mt::sm_count(&sms));
-  plan->rows_kernel = select_bw_rows(hidden, vec4);
+  plan->rows_kernel = select_bw_rows<T>(hidden, vec4);
   if (plan->rows_kernel.launch != nullptr) {
     // Parts: as many blocks as stay resident, each summing at least kRowsPerPartMin rows so the
     // partials stay small next to the rows; but at least two per SM (rows permitting, two rows per
@@ -695,34 +643,75 @@ int plan_bw(int rows, int hidden, bool vec4, BwPlan* plan) {
   return static_cast<int>(cudaSuccess);
 }
 
-// The workspace must fit whichever path the launcher takes: the float4 one, or the scalar one
-// when a pointer turns out not to be 16-byte aligned.
+// The workspace must fit whichever path the launcher takes: the vector one, or the scalar one
+// when a pointer turns out not to be aligned. The plan does not depend on the storage type.
 int workspace_floats(int rows, int hidden, long long* floats) {
-  BwPlan scalar_plan;
+  BwPlan<float> scalar_plan;
   MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, false, &scalar_plan)));
   *floats = scalar_plan.workspace_floats;
   if (hidden % 4 == 0) {
-    BwPlan vec_plan;
+    BwPlan<float> vec_plan;
     MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, true, &vec_plan)));
     if (vec_plan.workspace_floats > *floats) *floats = vec_plan.workspace_floats;
   }
   return static_cast<int>(cudaSuccess);
 }
 
+template <class T>
+int layernorm_fw(T* out, float* mean, float* rstd, const T* inp, const float* gamma, const float* beta, int rows,
+                 int hidden, float eps, cudaStream_t stream) {
+  const FwArgs<T> a = {out, mean, rstd, inp, gamma, beta, rows, hidden, 1.f / static_cast<float>(hidden), eps};
+  const bool vec4 = hidden % 4 == 0 && mt::is_aligned4(out) && mt::is_aligned4(inp) && mt::is_aligned16(gamma) &&
+                    mt::is_aligned16(beta);
+  const fused::LaunchRows<FwKernels<T>, FwArgs<T>> launch{a, rows, stream};
+  return vec4 ? fused::walk_buckets(hidden, launch, FwVec4Buckets{})
+              : fused::walk_buckets(hidden, launch, FwScalarBuckets{});
+}
+
+template <class T>
+int layernorm_bw(T* dinp, float* dgamma, float* dbeta, const T* dout, const T* inp, const float* gamma,
+                 const float* mean, const float* rstd, float* workspace, int rows, int hidden, cudaStream_t stream) {
+  const bool vec4 = hidden % 4 == 0 && mt::is_aligned4(dinp) && mt::is_aligned4(dout) && mt::is_aligned4(inp) &&
+                    mt::is_aligned16(gamma) && mt::is_aligned16(workspace);
+  BwPlan<T> plan;
+  MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, vec4, &plan)));
+  BwArgs<T> a = {dinp, workspace, nullptr, dout, inp, gamma, mean, rstd, rows, hidden, 1.f / static_cast<float>(hidden)};
+  if (plan.rows_kernel.launch != nullptr) {
+    MT_RETURN_IF_ERROR(static_cast<cudaError_t>(
+        plan.rows_kernel.launch(a, static_cast<unsigned>(plan.parts), stream)));
+  } else {
+    a.resid = workspace + static_cast<size_t>(plan.parts) * 2 * hidden;
+    if (vec4) {
+      layernorm_bw_dinp_stream<T, 4><<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(a);
+    } else {
+      layernorm_bw_dinp_stream<T, 1><<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(a);
+    }
+    MT_RETURN_IF_ERROR(cudaGetLastError());
+    const dim3 grid(static_cast<unsigned>((hidden + kTile - 1) / kTile), static_cast<unsigned>(plan.parts));
+    layernorm_bw_params_stream<T><<<grid, dim3(kTile, kTile), 0, stream>>>(a, plan.rows_per_slab);
+    MT_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  const unsigned reduce_blocks = static_cast<unsigned>((2ll * hidden + kTile - 1) / kTile);
+  layernorm_bw_params_reduce<<<reduce_blocks, dim3(kTile, kTile), 0, stream>>>(
+      dgamma, dbeta, workspace, plan.parts, hidden);
+  return mt_launch_status();
+}
+
 }  // namespace
 
 MT_DEFINE_ERROR_STRING()
 
-extern "C" int launch_layernorm(float* out, float* mean, float* rstd, const float* inp,
-                                const float* gamma, const float* beta, int rows, int hidden,
-                                float eps, cudaStream_t stream) {
+// format: the storage code (mt::with_storage: 0 float32, 1 bfloat16) of out and inp.
+extern "C" int launch_layernorm(int format, void* out, float* mean, float* rstd, const void* inp, const float* gamma,
+                                const float* beta, int rows, int hidden, float eps, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(out == nullptr || mean == nullptr || rstd == nullptr || inp == nullptr ||
                        gamma == nullptr || beta == nullptr);
-  MT_RETURN_IF_INVALID(rows <= 0 || hidden <= 0 || !(eps >= 0.f));
-  const FwArgs a = {out, mean, rstd, inp, gamma, beta, rows, hidden, 1.f / static_cast<float>(hidden), eps};
-  const bool vec4 = hidden % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(inp) &&
-                    mt::is_aligned16(gamma) && mt::is_aligned16(beta);
-  return vec4 ? launch_fw_vec4(a, stream) : launch_fw_scalar(a, stream);
+  MT_RETURN_IF_INVALID(rows <= 0 || hidden <= 0 || !(eps > 0.f));  // eps > 0 as minitorch.fused.layernorm
+  return mt::with_storage(format, [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    return layernorm_fw(static_cast<T*>(out), mean, rstd, static_cast<const T*>(inp), gamma, beta, rows, hidden, eps,
+                        stream);
+  });
 }
 
 // Floats of scratch launch_layernorm_bw needs for these sizes on the current device, or minus a
@@ -734,38 +723,17 @@ extern "C" long long layernorm_bw_workspace_floats(int rows, int hidden) {
   return status != 0 ? -static_cast<long long>(status) : floats;
 }
 
-extern "C" int launch_layernorm_bw(float* dinp, float* dgamma, float* dbeta, const float* dout,
-                                   const float* inp, const float* gamma, const float* mean,
-                                   const float* rstd, float* workspace, int rows, int hidden,
-                                   cudaStream_t stream) {
+// format: the storage code of dinp, dout and inp (as launch_layernorm's).
+extern "C" int launch_layernorm_bw(int format, void* dinp, float* dgamma, float* dbeta, const void* dout,
+                                   const void* inp, const float* gamma, const float* mean, const float* rstd,
+                                   float* workspace, int rows, int hidden, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(dinp == nullptr || dgamma == nullptr || dbeta == nullptr ||
                        dout == nullptr || inp == nullptr || gamma == nullptr || mean == nullptr ||
                        rstd == nullptr || workspace == nullptr);
   MT_RETURN_IF_INVALID(rows <= 0 || hidden <= 0);
-  const bool vec4 = hidden % 4 == 0 && mt::is_aligned16(dinp) && mt::is_aligned16(dout) &&
-                    mt::is_aligned16(inp) && mt::is_aligned16(gamma) &&
-                    mt::is_aligned16(workspace);
-  BwPlan plan;
-  MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, vec4, &plan)));
-  BwArgs a = {dinp, workspace, nullptr, dout,  inp,    gamma,
-              mean, rstd,      rows,    hidden, 1.f / static_cast<float>(hidden)};
-  if (plan.rows_kernel.launch != nullptr) {
-    MT_RETURN_IF_ERROR(static_cast<cudaError_t>(
-        plan.rows_kernel.launch(a, static_cast<unsigned>(plan.parts), stream)));
-  } else {
-    a.resid = workspace + static_cast<size_t>(plan.parts) * 2 * hidden;
-    if (vec4) {
-      layernorm_bw_dinp_stream<4><<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(a);
-    } else {
-      layernorm_bw_dinp_stream<1><<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(a);
-    }
-    MT_RETURN_IF_ERROR(cudaGetLastError());
-    const dim3 grid(static_cast<unsigned>((hidden + kTile - 1) / kTile), static_cast<unsigned>(plan.parts));
-    layernorm_bw_params_stream<<<grid, dim3(kTile, kTile), 0, stream>>>(a, plan.rows_per_slab);
-    MT_RETURN_IF_ERROR(cudaGetLastError());
-  }
-  const unsigned reduce_blocks = static_cast<unsigned>((2ll * hidden + kTile - 1) / kTile);
-  layernorm_bw_params_reduce<<<reduce_blocks, dim3(kTile, kTile), 0, stream>>>(
-      dgamma, dbeta, workspace, plan.parts, hidden);
-  return mt_launch_status();
+  return mt::with_storage(format, [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    return layernorm_bw(static_cast<T*>(dinp), dgamma, dbeta, static_cast<const T*>(dout), static_cast<const T*>(inp),
+                        gamma, mean, rstd, workspace, rows, hidden, stream);
+  });
 }

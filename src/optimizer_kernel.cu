@@ -19,32 +19,42 @@
 //      fixed order: deterministic), the clip factor min(1, max_norm / norm), and the AdamW
 //      coefficients from the learning rate and step count that the host wrote to device memory;
 //   3. adamw_multi_kernel: per block, one chunk of one tensor, g scaled by the clip factor.
+// Mixed precision: a gradient may be float32 or bfloat16 (grad_format, read as float), and a
+// parameter may have a bfloat16 working copy (working, else null) that the model's products read:
+// the update writes it from the new float32 master value in the same pass (2 more bytes per element
+// instead of a separate cast pass of 6).
 // Tensors come in lists of up to kMaxTensors pointers passed by value (several launches of 1 and
 // 3 for longer lists; their partials go to consecutive ranges of one buffer).
 //
-// The gradient pack of data-parallel training uses the same lists: param[t] <- grad[t] * scale for
-// every tensor of a list in one launch (param[t] is the gradient's slot in a flat bucket that is
-// then all-reduced; the moments are unused), instead of one copy kernel per parameter.
+// The gradient pack of data-parallel training uses the same lists: param[t] <- grad[t] * scale, or
+// param[t] += grad[t] * scale when accumulating the micro-batches of a step, for every tensor of a
+// list in one launch (param[t] is the gradient's slot in a flat bucket that is then reduced over
+// the processes; the moments are unused), instead of one copy kernel per parameter.
 #include <cmath>
 #include <cuda_runtime.h>
 
 #include "includes/cuda_check.cuh"
 #include "includes/device_info.cuh"
 #include "includes/reduce.cuh"
+#include "includes/storage.cuh"
 #include "includes/vec.cuh"
 
 // Exported in the C ABI, so outside the anonymous namespace (a type with internal linkage would
 // give the launchers internal linkage too).
 constexpr int kMaxTensors = 40;
 
-// Up to kMaxTensors contiguous float32 tensors by value; block b of a launch works on chunk
-// b - block_start[t] of the tensor t with block_start[t] <= b < block_start[t + 1].
+// Up to kMaxTensors contiguous tensors by value; block b of a launch works on chunk
+// b - block_start[t] of the tensor t with block_start[t] <= b < block_start[t + 1]. param and the
+// moments are float32; grad[t] is stored as grad_format[t] says (mt::with_storage codes: 0 float32,
+// 1 bfloat16); working[t] is a bfloat16 copy of param[t] written by the update, or null.
 struct TensorList {
   float* param[kMaxTensors];
-  const float* grad[kMaxTensors];
+  const void* grad[kMaxTensors];
   float* exp_avg[kMaxTensors];
   float* exp_avg_sq[kMaxTensors];
+  __nv_bfloat16* working[kMaxTensors];
   long long numel[kMaxTensors];
+  int grad_format[kMaxTensors];
   int block_start[kMaxTensors + 1];
   int count;
 };
@@ -157,14 +167,23 @@ __device__ __forceinline__ int tensor_of_block(const TensorList& l, int block) {
   return t;
 }
 
+template <class TG>
+__device__ __forceinline__ float chunk_sumsq(const TG* g, long long begin, long long end) {
+  float s = 0.f;
+  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float x = mt::to_float(g[i]);
+    s = fmaf(x, x, s);
+  }
+  return s;
+}
+
 __global__ void __launch_bounds__(kThreads) grad_sumsq_kernel(const TensorList l, float* __restrict__ partials) {
   __shared__ float scratch[32];
   const int t = tensor_of_block(l, blockIdx.x);
   const long long begin = (blockIdx.x - l.block_start[t]) * kChunk;
   const long long end = min(begin + kChunk, l.numel[t]);
-  const float* g = l.grad[t];
-  float s = 0.f;
-  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) s = fmaf(g[i], g[i], s);
+  float s = l.grad_format[t] == 0 ? chunk_sumsq(static_cast<const float*>(l.grad[t]), begin, end)
+                                  : chunk_sumsq(static_cast<const __nv_bfloat16*>(l.grad[t]), begin, end);
   s = mt::block_allreduce(s, mt::SumOp(), 0.f, scratch);
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
@@ -194,6 +213,36 @@ adamw_prepare_kernel(const float* __restrict__ partials, int n_partials, const d
   *out = c;
 }
 
+// Elements [begin, end) of one tensor of the multi-tensor step: gradient type TG; WORKING: also
+// write the bfloat16 working copy.
+template <class TG, bool WORKING>
+__device__ __forceinline__ void adamw_chunk(float* p, const TG* g, float* m, float* v, __nv_bfloat16* w,
+                                            long long begin, long long end, const AdamWCoefficients& c) {
+  const bool vec = mt::is_aligned16(p) && mt::is_aligned4(g) && mt::is_aligned16(m) && mt::is_aligned16(v) &&
+                   (!WORKING || mt::is_aligned4(w));
+  if (!vec) {
+    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) {
+      adamw_element(p[j], mt::to_float(g[j]), m[j], v[j], c);
+      if constexpr (WORKING) w[j] = mt::from_float<__nv_bfloat16>(p[j]);
+    }
+    return;
+  }
+  long long i = begin + 4 * threadIdx.x;
+  for (; i + 3 < end; i += 4 * blockDim.x) {
+    float4 p4 = *reinterpret_cast<float4*>(p + i), m4 = *reinterpret_cast<float4*>(m + i);
+    float4 v4 = *reinterpret_cast<float4*>(v + i);
+    adamw_float4(p4, mt::load4(g + i), m4, v4, c);
+    *reinterpret_cast<float4*>(p + i) = p4;
+    *reinterpret_cast<float4*>(m + i) = m4;
+    *reinterpret_cast<float4*>(v + i) = v4;
+    if constexpr (WORKING) mt::store4(w + i, p4);
+  }
+  for (long long j = i; j < min(i + 4, end); ++j) {
+    adamw_element(p[j], mt::to_float(g[j]), m[j], v[j], c);
+    if constexpr (WORKING) w[j] = mt::from_float<__nv_bfloat16>(p[j]);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
 adamw_multi_kernel(const TensorList l, const AdamWCoefficients* __restrict__ coefficients) {
   const AdamWCoefficients c = *coefficients;
@@ -201,48 +250,56 @@ adamw_multi_kernel(const TensorList l, const AdamWCoefficients* __restrict__ coe
   const long long begin = (blockIdx.x - l.block_start[t]) * kChunk;
   const long long end = min(begin + kChunk, l.numel[t]);
   float* p = l.param[t];
-  const float* g = l.grad[t];
   float* m = l.exp_avg[t];
   float* v = l.exp_avg_sq[t];
-  const bool vec = mt::is_aligned16(p) && mt::is_aligned16(g) && mt::is_aligned16(m) && mt::is_aligned16(v);
-  long long i = begin + 4 * threadIdx.x;
-  if (vec) {
-    for (; i + 3 < end; i += 4 * blockDim.x) {
-      float4 p4 = *reinterpret_cast<float4*>(p + i), m4 = *reinterpret_cast<float4*>(m + i);
-      float4 v4 = *reinterpret_cast<float4*>(v + i);
-      adamw_float4(p4, *reinterpret_cast<const float4*>(g + i), m4, v4, c);
-      *reinterpret_cast<float4*>(p + i) = p4;
-      *reinterpret_cast<float4*>(m + i) = m4;
-      *reinterpret_cast<float4*>(v + i) = v4;
+  __nv_bfloat16* w = l.working[t];
+  if (l.grad_format[t] == 0) {
+    const float* g = static_cast<const float*>(l.grad[t]);
+    if (w != nullptr) {
+      adamw_chunk<float, true>(p, g, m, v, w, begin, end, c);
+    } else {
+      adamw_chunk<float, false>(p, g, m, v, w, begin, end, c);
     }
-    for (long long j = i; j < min(i + 4, end); ++j) adamw_element(p[j], g[j], m[j], v[j], c);
   } else {
-    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) adamw_element(p[j], g[j], m[j], v[j], c);
+    const __nv_bfloat16* g = static_cast<const __nv_bfloat16*>(l.grad[t]);
+    if (w != nullptr) {
+      adamw_chunk<__nv_bfloat16, true>(p, g, m, v, w, begin, end, c);
+    } else {
+      adamw_chunk<__nv_bfloat16, false>(p, g, m, v, w, begin, end, c);
+    }
   }
 }
 
+template <bool kAccumulate>
 __global__ void __launch_bounds__(kThreads) gradient_pack_kernel(const TensorList l, float scale) {
   const int t = tensor_of_block(l, blockIdx.x);
   const long long begin = (blockIdx.x - l.block_start[t]) * kChunk;
   const long long end = min(begin + kChunk, l.numel[t]);
   float* out = l.param[t];
-  const float* g = l.grad[t];
+  const float* g = static_cast<const float*>(l.grad[t]);
   if (mt::is_aligned16(out) && mt::is_aligned16(g)) {
     long long i = begin + 4 * threadIdx.x;
     for (; i + 3 < end; i += 4 * blockDim.x) {
       const float4 v = *reinterpret_cast<const float4*>(g + i);
-      *reinterpret_cast<float4*>(out + i) = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+      float4 o = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+      if (kAccumulate) {
+        const float4 before = *reinterpret_cast<const float4*>(out + i);
+        o = make_float4(before.x + o.x, before.y + o.y, before.z + o.z, before.w + o.w);
+      }
+      *reinterpret_cast<float4*>(out + i) = o;
     }
-    for (long long j = i; j < min(i + 4, end); ++j) out[j] = g[j] * scale;
+    for (long long j = i; j < min(i + 4, end); ++j) out[j] = (kAccumulate ? out[j] : 0.f) + g[j] * scale;
   } else {
-    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) out[j] = g[j] * scale;
+    for (long long j = begin + threadIdx.x; j < end; j += blockDim.x) {
+      out[j] = (kAccumulate ? out[j] : 0.f) + g[j] * scale;
+    }
   }
 }
 
 bool valid_list(const TensorList& l) {
   if (l.count < 1 || l.count > kMaxTensors || l.block_start[0] != 0) return false;
   for (int t = 0; t < l.count; ++t) {
-    if (l.numel[t] < 1 || l.grad[t] == nullptr) return false;
+    if (l.numel[t] < 1 || l.grad[t] == nullptr || l.grad_format[t] < 0 || l.grad_format[t] > 1) return false;
     if (l.block_start[t + 1] - l.block_start[t] != (l.numel[t] + kChunk - 1) / kChunk) return false;
   }
   return true;
@@ -296,7 +353,9 @@ int launch_grad_sumsq(TensorList list, float* partials, cudaStream_t stream) {
 int launch_adamw_prepare(const float* partials, int n_partials, const double* hyper, double max_norm, double beta1,
                          double beta2, double eps, double weight_decay, void* out, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(n_partials < 1 || partials == nullptr || hyper == nullptr || out == nullptr);
+  // The bounds of minitorch.optim.AdamW, which drives this launch.
   MT_RETURN_IF_INVALID(!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0));
+  MT_RETURN_IF_INVALID(eps < 0.0 || weight_decay < 0.0);
   adamw_prepare_kernel<<<1, kPrepareThreads, 0, stream>>>(partials, n_partials, hyper, max_norm, beta1, beta2, eps,
                                                           weight_decay, static_cast<AdamWCoefficients*>(out));
   return mt_launch_status();
@@ -313,11 +372,16 @@ int launch_adamw_multi(TensorList list, const void* coefficients, cudaStream_t s
   return mt_launch_status();
 }
 
-// The gradient pack: list.param[t] <- list.grad[t] * scale for every tensor of the list.
-int launch_gradient_pack(TensorList list, float scale, cudaStream_t stream) {
+// The gradient pack: list.param[t] <- list.grad[t] * scale for every tensor of the list (float32
+// gradients), or list.param[t] += list.grad[t] * scale when accumulate is non-zero.
+int launch_gradient_pack(TensorList list, float scale, int accumulate, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(!valid_list(list));
-  for (int t = 0; t < list.count; ++t) MT_RETURN_IF_INVALID(list.param[t] == nullptr);
-  gradient_pack_kernel<<<list.block_start[list.count], kThreads, 0, stream>>>(list, scale);
+  for (int t = 0; t < list.count; ++t) MT_RETURN_IF_INVALID(list.param[t] == nullptr || list.grad_format[t] != 0);
+  if (accumulate) {
+    gradient_pack_kernel<true><<<list.block_start[list.count], kThreads, 0, stream>>>(list, scale);
+  } else {
+    gradient_pack_kernel<false><<<list.block_start[list.count], kThreads, 0, stream>>>(list, scale);
+  }
   return mt_launch_status();
 }
 

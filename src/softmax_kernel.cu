@@ -5,9 +5,11 @@
 // or mask == -inf) contributes exp(-inf) = 0; a row with no key left is all zeros. Finite mask
 // values (-1e8) are plain additions, rounded in float32 exactly like torch's x + mask.
 // Backward: grad_inp[r, :] = y * (g - sum_j g_j * y_j) with y = the forward output.
+// Storage: scores, probabilities and their gradients are T, float or bfloat16; the mask is float32;
+// the row max, sum and dot product and all the math are float32.
 //
-// Kernels (rows = B * H * Tq, k_len = Tk, VEC = 4 when Tk % 4 == 0 and every pointer is 16-byte
-// aligned, else 1):
+// Kernels (rows = B * H * Tq, k_len = Tk, VEC = 4 when Tk % 4 == 0 and every pointer is aligned to
+// 4 elements, else 1):
 //   *_rows<VEC, LANES, ITERS>: a team of LANES threads per row (fused_utils.cuh). Lane l keeps
 //     vectors l, l + LANES, ... (ITERS of them, VEC floats each) in registers, so the row is read
 //     once and written once. LANES <= 32: 128-thread blocks of 128 / LANES rows, reduced with
@@ -27,19 +29,22 @@
 
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "includes/cuda_check.cuh"
 #include "includes/fused_utils.cuh"
+#include "includes/launch_by_length.cuh"
 #include "includes/ptx.cuh"
 #include "includes/reduce.cuh"
+#include "includes/storage.cuh"
 #include "includes/vec.cuh"
 
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kStreamThreads = 512;
-constexpr int kStreamChunk = 4;  // vectors per thread in flight per step of a streaming kernel
-constexpr int kMaxRegisterRow = 16384;
+using fused::kStreamChunk;
+using fused::kStreamThreads;
+using fused::Team;
 
 // n / d for n, d < 2^31 by a multiply-high and a shift (Granlund-Montgomery), precomputed on the
 // host: the per-row batch and query indices would otherwise cost a ~20-instruction division each.
@@ -68,11 +73,6 @@ struct MaxSum {
   float s;
 };
 
-__device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int lane_mask, int width) {
-  return {__shfl_xor_sync(mt::kFullWarpMask, v.m, lane_mask, width),
-          __shfl_xor_sync(mt::kFullWarpMask, v.s, lane_mask, width)};
-}
-
 __device__ __forceinline__ float rescaled_sum(MaxSum v, float m) {
   return v.m == -INFINITY ? 0.f : __fmul_rn(v.s, mt::fast_exp2((v.m - m) * kLog2e));
 }
@@ -85,9 +85,10 @@ struct MaxSumMerge {
 };
 
 // Where a row's inputs live.
+template <class T>
 struct FwArgs {
-  float* out;
-  const float* inp;
+  T* out;
+  const T* inp;
   const float* mask;       // [batch, k_len] or nullptr
   int rows;                // batch * heads * q_len
   int k_len;
@@ -97,38 +98,37 @@ struct FwArgs {
   FastDiv per_batch;       // row / (heads * q_len): the mask row
 };
 
+template <class T>
 struct BwArgs {
-  float* grad_inp;
-  const float* grad_out;
-  const float* soft_out;
+  T* grad_inp;
+  const T* grad_out;
+  const T* soft_out;
   int rows;
   int k_len;
 };
 
 // Keys [0, limit) of `row` take part: all of them, or with the causal mask those j with
 // j <= i + (Tk - Tq) for the row's query i.
-__device__ __forceinline__ int live_keys(const FwArgs& a, unsigned row) {
+template <class T>
+__device__ __forceinline__ int live_keys(const FwArgs<T>& a, unsigned row) {
   if (!a.causal) return a.k_len;
   const unsigned query = row - fast_div(row, a.per_query) * a.per_query.divisor;
   const long long limit = static_cast<long long>(query) + a.k_len - a.q_len + 1;
   return limit < 0 ? 0 : (limit > a.k_len ? a.k_len : static_cast<int>(limit));
 }
 
-__device__ __forceinline__ const float* mask_row(const FwArgs& a, unsigned row) {
+template <class T>
+__device__ __forceinline__ const float* mask_row(const FwArgs<T>& a, unsigned row) {
   return a.mask + static_cast<size_t>(fast_div(row, a.per_batch)) * a.k_len;
 }
 
 // ---- forward, row in registers ---------------------------------------------------------------
-template <int VEC, int LANES, int ITERS>
+template <class T, int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
-    attn_softmax_fw_rows(const FwArgs a) {
-  constexpr int kTeams = fused::kTeamBlockThreads<LANES> / LANES;
+    attn_softmax_fw_rows(const FwArgs<T> a) {
   __shared__ float scratch[32];
-  const int lane = threadIdx.x % LANES;
-  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
-  const bool active = row < static_cast<unsigned>(a.rows);
+  const auto [lane, row, active, offset] = fused::team_row<LANES>(a.rows, a.k_len);
   const int limit = active ? live_keys(a, row) : 0;
-  const size_t offset = static_cast<size_t>(active ? row : 0) * a.k_len;
 
   float v[ITERS][VEC];
 #pragma unroll
@@ -192,8 +192,8 @@ __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
 
 // ---- forward, streaming (rows of any length) -------------------------------------------------
 // Loads vectors [v0, v0 + kStreamChunk * kStreamThreads) of the row into x, -inf where removed.
-template <int VEC>
-__device__ __forceinline__ void load_scores_chunk(float (&x)[kStreamChunk][VEC], const FwArgs& a,
+template <int VEC, class T>
+__device__ __forceinline__ void load_scores_chunk(float (&x)[kStreamChunk][VEC], const FwArgs<T>& a,
                                                   size_t offset, const float* m, long long v0,
                                                   int limit) {
 #pragma unroll
@@ -215,8 +215,8 @@ __device__ __forceinline__ void load_scores_chunk(float (&x)[kStreamChunk][VEC],
   }
 }
 
-template <int VEC>
-__global__ void __launch_bounds__(kStreamThreads) attn_softmax_fw_stream(const FwArgs a) {
+template <class T, int VEC>
+__global__ void __launch_bounds__(kStreamThreads) attn_softmax_fw_stream(const FwArgs<T> a) {
   __shared__ MaxSum scratch[32];
   const unsigned row = blockIdx.x;
   const int limit = live_keys(a, row);
@@ -268,16 +268,12 @@ __global__ void __launch_bounds__(kStreamThreads) attn_softmax_fw_stream(const F
 }
 
 // ---- backward, row in registers --------------------------------------------------------------
-template <int VEC, int LANES, int ITERS>
+template <class T, int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
-    attn_softmax_bw_rows(const BwArgs a) {
-  constexpr int kTeams = fused::kTeamBlockThreads<LANES> / LANES;
+    attn_softmax_bw_rows(const BwArgs<T> a) {
   __shared__ float scratch[32];
-  const int lane = threadIdx.x % LANES;
-  const unsigned row = blockIdx.x * kTeams + threadIdx.x / LANES;
-  const bool active = row < static_cast<unsigned>(a.rows);
+  const auto [lane, row, active, offset] = fused::team_row<LANES>(a.rows, a.k_len);
   const int n = active ? a.k_len : 0;
-  const size_t offset = static_cast<size_t>(active ? row : 0) * a.k_len;
 
   float g[ITERS][VEC];
   float y[ITERS][VEC];
@@ -312,9 +308,9 @@ __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
 }
 
 // ---- backward, streaming (rows of any length) ------------------------------------------------
-template <int VEC>
+template <int VEC, class T>
 __device__ __forceinline__ void load_grad_chunk(float (&g)[kStreamChunk][VEC],
-                                                float (&y)[kStreamChunk][VEC], const BwArgs& a,
+                                                float (&y)[kStreamChunk][VEC], const BwArgs<T>& a,
                                                 size_t offset, long long v0) {
 #pragma unroll
   for (int k = 0; k < kStreamChunk; ++k) {
@@ -329,8 +325,8 @@ __device__ __forceinline__ void load_grad_chunk(float (&g)[kStreamChunk][VEC],
   }
 }
 
-template <int VEC>
-__global__ void __launch_bounds__(kStreamThreads) attn_softmax_bw_stream(const BwArgs a) {
+template <class T, int VEC>
+__global__ void __launch_bounds__(kStreamThreads) attn_softmax_bw_stream(const BwArgs<T> a) {
   __shared__ float scratch[32];
   const size_t offset = static_cast<size_t>(blockIdx.x) * a.k_len;
   constexpr long long kStep = static_cast<long long>(kStreamChunk) * kStreamThreads;
@@ -363,123 +359,88 @@ __global__ void __launch_bounds__(kStreamThreads) attn_softmax_bw_stream(const B
   }
 }
 
-// ---- launch helpers --------------------------------------------------------------------------
-template <int VEC, int LANES, int ITERS>
-struct FwRows {
-  static int launch(const FwArgs& a, cudaStream_t stream) {
-    constexpr int kThreads = fused::kTeamBlockThreads<LANES>;
-    constexpr int kTeams = kThreads / LANES;
-    const unsigned blocks = static_cast<unsigned>((static_cast<long long>(a.rows) + kTeams - 1) / kTeams);
-    attn_softmax_fw_rows<VEC, LANES, ITERS><<<blocks, kThreads, 0, stream>>>(a);
-    return mt_launch_status();
-  }
-};
-
-template <int VEC>
-struct FwStream {
-  static int launch(const FwArgs& a, cudaStream_t stream) {
-    attn_softmax_fw_stream<VEC><<<static_cast<unsigned>(a.rows), kStreamThreads, 0, stream>>>(a);
-    return mt_launch_status();
-  }
-};
-
-template <int VEC, int LANES, int ITERS>
-struct BwRows {
-  static int launch(const BwArgs& a, cudaStream_t stream) {
-    constexpr int kThreads = fused::kTeamBlockThreads<LANES>;
-    constexpr int kTeams = kThreads / LANES;
-    const unsigned blocks = static_cast<unsigned>((static_cast<long long>(a.rows) + kTeams - 1) / kTeams);
-    attn_softmax_bw_rows<VEC, LANES, ITERS><<<blocks, kThreads, 0, stream>>>(a);
-    return mt_launch_status();
-  }
-};
-
-template <int VEC>
-struct BwStream {
-  static int launch(const BwArgs& a, cudaStream_t stream) {
-    attn_softmax_bw_stream<VEC><<<static_cast<unsigned>(a.rows), kStreamThreads, 0, stream>>>(a);
-    return mt_launch_status();
-  }
-};
-
+// ---- launchers -------------------------------------------------------------------------------
 // The size buckets (see the top of the file), shared by the forward and the backward.
-template <template <int, int, int> class Rows, template <int> class Stream, class Args>
-int launch_by_length_vec4(const Args& a, int n, cudaStream_t s) {
-  if (n <= 4) return Rows<4, 1, 1>::launch(a, s);
-  if (n <= 8) return Rows<4, 2, 1>::launch(a, s);
-  if (n <= 16) return Rows<4, 4, 1>::launch(a, s);
-  if (n <= 32) return Rows<4, 8, 1>::launch(a, s);
-  if (n <= 64) return Rows<4, 8, 2>::launch(a, s);
-  if (n <= 128) return Rows<4, 16, 2>::launch(a, s);
-  if (n <= 256) return Rows<4, 32, 2>::launch(a, s);
-  if (n <= 384) return Rows<4, 32, 3>::launch(a, s);
-  if (n <= 512) return Rows<4, 32, 4>::launch(a, s);
-  if (n <= 768) return Rows<4, 32, 6>::launch(a, s);
-  if (n <= 1024) return Rows<4, 32, 8>::launch(a, s);
-  if (n <= 2048) return Rows<4, 128, 4>::launch(a, s);
-  if (n <= 4096) return Rows<4, 256, 4>::launch(a, s);
-  if (n <= 8192) return Rows<4, 512, 4>::launch(a, s);
-  if (n <= kMaxRegisterRow) return Rows<4, 1024, 4>::launch(a, s);
-  return Stream<4>::launch(a, s);
+using Vec4Buckets = fused::Buckets<4, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<8, 2>, Team<16, 2>,
+                                   Team<32, 2>, Team<32, 3>, Team<32, 4>, Team<32, 6>, Team<32, 8>, Team<128, 4>,
+                                   Team<256, 4>, Team<512, 4>, Team<1024, 4>>;
+using ScalarBuckets = fused::Buckets<1, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                     Team<32, 2>, Team<32, 4>, Team<32, 8>, Team<32, 12>, Team<32, 16>, Team<32, 24>,
+                                     Team<32, 32>, Team<256, 8>, Team<512, 8>, Team<1024, 8>, Team<1024, 16>>;
+
+// The kernels fused::LaunchRows launches, forward and backward.
+template <class T>
+struct FwKernels {
+  template <int VEC, int LANES, int ITERS> static auto rows() { return attn_softmax_fw_rows<T, VEC, LANES, ITERS>; }
+  template <int VEC> static auto stream() { return attn_softmax_fw_stream<T, VEC>; }
+};
+
+template <class T>
+struct BwKernels {
+  template <int VEC, int LANES, int ITERS> static auto rows() { return attn_softmax_bw_rows<T, VEC, LANES, ITERS>; }
+  template <int VEC> static auto stream() { return attn_softmax_bw_stream<T, VEC>; }
+};
+
+// Launches Kernels' instance for rows of k_len elements, 4-element accesses when vec4.
+template <class Kernels, class Args>
+int launch_rows(const Args& a, bool vec4, cudaStream_t stream) {
+  const fused::LaunchRows<Kernels, Args> launch{a, a.rows, stream};
+  return vec4 ? fused::walk_buckets(a.k_len, launch, Vec4Buckets{})
+              : fused::walk_buckets(a.k_len, launch, ScalarBuckets{});
 }
 
-template <template <int, int, int> class Rows, template <int> class Stream, class Args>
-int launch_by_length_scalar(const Args& a, int n, cudaStream_t s) {
-  if (n <= 1) return Rows<1, 1, 1>::launch(a, s);
-  if (n <= 2) return Rows<1, 2, 1>::launch(a, s);
-  if (n <= 4) return Rows<1, 4, 1>::launch(a, s);
-  if (n <= 8) return Rows<1, 8, 1>::launch(a, s);
-  if (n <= 16) return Rows<1, 16, 1>::launch(a, s);
-  if (n <= 32) return Rows<1, 32, 1>::launch(a, s);
-  if (n <= 64) return Rows<1, 32, 2>::launch(a, s);
-  if (n <= 128) return Rows<1, 32, 4>::launch(a, s);
-  if (n <= 256) return Rows<1, 32, 8>::launch(a, s);
-  if (n <= 384) return Rows<1, 32, 12>::launch(a, s);
-  if (n <= 512) return Rows<1, 32, 16>::launch(a, s);
-  if (n <= 768) return Rows<1, 32, 24>::launch(a, s);
-  if (n <= 1024) return Rows<1, 32, 32>::launch(a, s);
-  if (n <= 2048) return Rows<1, 256, 8>::launch(a, s);
-  if (n <= 4096) return Rows<1, 512, 8>::launch(a, s);
-  if (n <= 8192) return Rows<1, 1024, 8>::launch(a, s);
-  if (n <= kMaxRegisterRow) return Rows<1, 1024, 16>::launch(a, s);
-  return Stream<1>::launch(a, s);
+template <class T>
+int attn_softmax_fw(T* out, const T* inp, const float* mask, int batch, int heads, int q_len, int k_len, int causal,
+                    cudaStream_t stream) {
+  const long long rows_per_batch = static_cast<long long>(heads) * q_len;
+  const long long rows = rows_per_batch * batch;
+  MT_RETURN_IF_INVALID(rows > INT_MAX);
+  const FwArgs<T> a = {out,
+                       inp,
+                       mask,
+                       static_cast<int>(rows),
+                       k_len,
+                       q_len,
+                       causal != 0,
+                       make_fast_div(static_cast<unsigned>(q_len)),
+                       make_fast_div(static_cast<unsigned>(rows_per_batch))};
+  const bool vec4 = k_len % 4 == 0 && mt::is_aligned4(out) && mt::is_aligned4(inp) &&
+                    (mask == nullptr || mt::is_aligned16(mask));
+  return launch_rows<FwKernels<T>>(a, vec4, stream);
+}
+
+template <class T>
+int attn_softmax_bw(T* grad_inp, const T* grad_out, const T* soft_out, int rows, int k_len, cudaStream_t stream) {
+  const BwArgs<T> a = {grad_inp, grad_out, soft_out, rows, k_len};
+  const bool vec4 = k_len % 4 == 0 && mt::is_aligned4(grad_inp) && mt::is_aligned4(grad_out) &&
+                    mt::is_aligned4(soft_out);
+  return launch_rows<BwKernels<T>>(a, vec4, stream);
 }
 
 }  // namespace
 
 MT_DEFINE_ERROR_STRING()
 
-extern "C" int launch_attn_softmax(float* out, const float* inp, const float* mask, int batch,
-                                   int heads, int q_len, int k_len, int causal,
-                                   cudaStream_t stream) {
+// format: the storage code (mt::with_storage: 0 float32, 1 bfloat16) of out and inp; mask is float32.
+extern "C" int launch_attn_softmax(int format, void* out, const void* inp, const float* mask, int batch, int heads,
+                                   int q_len, int k_len, int causal, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(out == nullptr || inp == nullptr);
   MT_RETURN_IF_INVALID(batch <= 0 || heads <= 0 || q_len <= 0 || k_len <= 0);
-  const long long rows_per_batch = static_cast<long long>(heads) * q_len;
-  const long long rows = rows_per_batch * batch;
-  MT_RETURN_IF_INVALID(rows > INT_MAX);
-  const FwArgs a = {out,
-                    inp,
-                    mask,
-                    static_cast<int>(rows),
-                    k_len,
-                    q_len,
-                    causal != 0,
-                    make_fast_div(static_cast<unsigned>(q_len)),
-                    make_fast_div(static_cast<unsigned>(rows_per_batch))};
-  const bool vec4 = k_len % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(inp) &&
-                    (mask == nullptr || mt::is_aligned16(mask));
-  return vec4 ? launch_by_length_vec4<FwRows, FwStream>(a, k_len, stream)
-              : launch_by_length_scalar<FwRows, FwStream>(a, k_len, stream);
+  return mt::with_storage(format, [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    return attn_softmax_fw(static_cast<T*>(out), static_cast<const T*>(inp), mask, batch, heads, q_len, k_len, causal,
+                           stream);
+  });
 }
 
-extern "C" int launch_attn_softmax_bw(float* grad_inp, const float* grad_out,
-                                      const float* soft_out, int rows, int k_len,
-                                      cudaStream_t stream) {
+// format: the storage code of grad_inp, grad_out and soft_out.
+extern "C" int launch_attn_softmax_bw(int format, void* grad_inp, const void* grad_out, const void* soft_out, int rows,
+                                      int k_len, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(grad_inp == nullptr || grad_out == nullptr || soft_out == nullptr);
   MT_RETURN_IF_INVALID(rows <= 0 || k_len <= 0);
-  const BwArgs a = {grad_inp, grad_out, soft_out, rows, k_len};
-  const bool vec4 = k_len % 4 == 0 && mt::is_aligned16(grad_inp) && mt::is_aligned16(grad_out) &&
-                    mt::is_aligned16(soft_out);
-  return vec4 ? launch_by_length_vec4<BwRows, BwStream>(a, k_len, stream)
-              : launch_by_length_scalar<BwRows, BwStream>(a, k_len, stream);
+  return mt::with_storage(format, [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    return attn_softmax_bw(static_cast<T*>(grad_inp), static_cast<const T*>(grad_out), static_cast<const T*>(soft_out),
+                           rows, k_len, stream);
+  });
 }

@@ -24,7 +24,7 @@ from project.translation.options import CHECKPOINT_KIND
 REAL_DATA_DIR = Path(__file__).resolve().parent.parent / ".." / "shared" / "data" / "multi30k"
 SPLIT_SIZES = {"train": 240, "valid": 32, "test": 12}
 TINY = [
-    "--backend", "cpu", "--use-fused-kernel", "true", "--seed", "3",
+    "--backend", "cpu", "--preset", "full", "--use-fused-kernel", "true", "--seed", "3",
     "--n-embd", "32", "--n-head", "2", "--n-layers", "1", "--vocab-size", "300", "--max-len", "40",
     "--batch-size", "16", "--samples-per-epoch", "128", "--lr", "3e-3", "--warmup-steps", "3",
     "--eval-batch-size", "64",

@@ -1,11 +1,13 @@
 """Data-parallel training: grad-ready hooks in backward, the process group's setup errors, and
 DistributedDataParallel, in one process (a gloo group of one) and in two (torchrun, pure-Python
-backend, compared with one process training on the concatenated batches)."""
+backend, compared with one process training on the concatenated batches); gradient accumulation
+over micro-batches, ZeRO-1 (ShardedAdamW), the overlap profile and the watchdog."""
 
+import contextlib
 import os
-import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,9 @@ from minitorch import distributed
 from minitorch_testing import assert_close
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from ddp_programs import free_port  # noqa: E402 (a script's module)
+
 SIMPLE = minitorch.TensorBackend(minitorch.SimpleOps)
 
 
@@ -137,12 +142,6 @@ def test_without_torchrun_a_program_is_rank_0_of_1(torchrun_env) -> None:
 
 
 # ---- DistributedDataParallel in a group of one -------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def group_of_one(torchrun_env):
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
@@ -244,3 +243,87 @@ def test_two_processes_equal_one_process_on_the_concatenated_batches(tmp_path) -
                            env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr
     assert "ranks identical" in check.stdout
+
+
+# ---- micro-batches, ZeRO-1, the overlap profile, the watchdog (one process) -----------------------
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "phase"])
+def test_accumulator_sums_the_micro_batches_in_its_buckets(torchrun_env, overlap) -> None:
+    """Without a process group: rounds that keep their sums leave .grad None; the last hands out
+    the weighted sum of all (what a step of several micro-batches on one process needs)."""
+    plain = TwoLayers()
+    for seed in range(3):
+        loss_of(plain, seed).backward()
+    model = TwoLayers()
+    acc = distributed.GradientAccumulator(model, overlap=overlap)
+    assert acc.gradient_weight == 1.0 and not distributed.is_initialized()
+    for seed in range(3):
+        model.first.weight.value.grad = None
+        with acc.backward_round(accumulate=seed > 0, reduce=seed == 2):
+            loss_of(model, seed).backward()
+        if seed < 2:
+            assert all(p.value.grad is None for p in model.parameters())
+    for name, g in grads(model).items():
+        assert_close(g, grads(plain)[name], name)
+
+
+def test_sharded_adamw_equals_adamw_and_saves_the_same_state(group_of_one) -> None:
+    """A group of one (every bucket one shard): the weights move into the buckets, the update and its
+    global-norm clip equal AdamW's, and state_dict is AdamW's, per parameter.  (Shards of several
+    processes: scripts/ddp_check.py, tests/test_parallel_programs.py.)"""
+    hyper = dict(lr=0.05, weight_decay=0.1, max_grad_norm=0.5)
+    plain = TwoLayers()
+    reference = minitorch.AdamW(plain.parameters(), **hyper)
+    model = TwoLayers()
+    ddp = distributed.DistributedDataParallel(model, bucket_cap_mb=40 / 2**20, shard=True)
+    ddp.gradient_weight = 1.0
+    with pytest.raises(ValueError, match="shard=True"):
+        distributed.ShardedAdamW(distributed.DistributedDataParallel(TwoLayers()))
+    optimizer = distributed.ShardedAdamW(ddp, **hyper)
+    assert ddp.bucket_sizes == [2 + 8, 4, 12] and optimizer.state_floats == 2 * 26
+    buffers = [b.values for b in ddp._buckets]
+    for p in model.parameters():
+        assert any(np.shares_memory(p.value._tensor._storage, b) for b in buffers)
+    for seed in range(3):
+        for m, opt in ((plain, reference), (model, optimizer)):
+            opt.zero_grad()
+            loss_of(m, seed).backward()
+            opt.step()
+        assert_close(optimizer.grad_norm().to_numpy(), reference.grad_norm().to_numpy(), "norm")
+    for name, p in model.named_parameters():
+        assert_close(p.value.to_numpy(), dict(plain.named_parameters())[name].value.to_numpy(), name)
+    got, want = optimizer.state_dict(), reference.state_dict()
+    assert got["t"] == want["t"] == 3
+    for moment in ("m", "v"):
+        for i, value in want[moment].items():
+            assert_close(got[moment][i], value, f"{moment}[{i}]")
+    fresh = distributed.ShardedAdamW(ddp, **hyper)
+    fresh.load_state_dict({"t": 3, "m": {str(i): v for i, v in want["m"].items()}, "v": want["v"]})
+    assert_close(fresh.state_dict()["v"][0], want["v"][0], "reloaded")
+
+
+def test_overlap_profile_reports_each_reducing_round(group_of_one) -> None:
+    model = TwoLayers()
+    ddp = distributed.DistributedDataParallel(model, bucket_cap_mb=40 / 2**20, profile=True)
+    for seed in range(3):
+        with ddp.no_sync() if seed == 1 else contextlib.nullcontext():
+            loss_of(model, seed).backward()
+    time.sleep(0.05)  # gloo runs the completion callbacks on its own thread
+    summary = ddp.overlap_summary(skip=0)
+    assert summary["rounds"] == 2 and summary["comm_ms"] >= 0 and summary["exposed_ms"] >= 0
+    assert summary["hidden_share"] is None or summary["hidden_share"] <= 1.0
+    with pytest.raises(RuntimeError, match="profile=True"):
+        distributed.DistributedDataParallel(TwoLayers()).overlap_summary()
+
+
+def test_watchdog_barriers_and_its_bounds(group_of_one) -> None:
+    with pytest.raises(ValueError, match="timeout_s > interval_s > 0"):
+        distributed.Watchdog(0, 1, timeout_s=1.0, interval_s=1.0)
+    watchdog = distributed.start_watchdog(timeout_s=2.0, interval_s=0.1)
+    assert distributed.active_watchdog() is watchdog
+    with pytest.raises(RuntimeError, match="already running"):
+        distributed.start_watchdog(2.0)
+    time.sleep(0.3)  # a few heartbeats
+    distributed.barrier("twice")
+    distributed.barrier("twice")  # a barrier's generations: each call a new one
+    distributed.stop_watchdog()
+    assert distributed.active_watchdog() is None

@@ -4,13 +4,16 @@ default; --backend auto says what it chose; --preset tiny sets defaults that exp
 
 import argparse
 import gzip
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from mt_program import TINY
+from mt_program import ROOT, SCRIPT, TINY
 import minitorch
 from project.common.options import backend_from_option
 from project.translation import corpus as mt_corpus
@@ -159,4 +162,38 @@ def test_preset_sets_defaults_that_explicit_options_override() -> None:
     for key, value in mt_options.PRESETS["tiny"].items():
         assert args[key] == (3 if key == "n_layers" else value), key
     assert explicit == {"preset": "tiny", "n_layers": 3}
-    assert mt_options.parse([])[0]["n_embd"] == 256
+    assert mt_options.parse(["--preset", "full"])[0]["n_embd"] == 256
+
+
+def test_preset_auto_is_full_on_cuda_and_tiny_on_a_cpu() -> None:
+    assert mt_options.parse(["--backend", "cuda"])[0]["preset"] == "full"
+    args = mt_options.parse(["--backend", "cpu"])[0]
+    assert args["preset"] == "tiny" and args["n_embd"] == mt_options.PRESETS["tiny"]["n_embd"]
+    auto = "full" if minitorch.cuda_unavailable_reason() is None else "tiny"
+    assert mt_options.parse([])[0]["preset"] == auto
+
+
+BAD_INPUTS = {
+    "missing corpus": (["--data-dir", "{tmp}/nowhere"], r"nowhere does not exist.*--download"),
+    "options that do not fit": (["--n-embd", "30", "--n-head", "4", "--dropout", "1.5"],
+                                r"--n-embd 30 is not a multiple of --n-head 4; --dropout 1\.5 is outside \[0, 1\)"),
+    "a choice that does not exist": (["--backend", "tpu"], r"argument --backend: invalid choice: 'tpu'"),
+    "an unknown option": (["--learning-rate", "1"], r"unrecognized arguments: --learning-rate 1"),
+    "--resume without a checkpoint": (["--resume"], r"--resume: no checkpoint .*checkpoint\.npz; train without --resume"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_every_bad_input_is_one_error_line_and_exit_1(corpus_dir, tmp_path, case: str) -> None:
+    """The script itself: one line on stderr, status 1, no traceback (argparse's errors included)."""
+    options, expected = BAD_INPUTS[case]
+    argv = TINY + ["--data-dir", str(corpus_dir), "--out-dir", str(tmp_path / "out")]
+    argv += [word.replace("{tmp}", str(tmp_path)) for word in options]
+    if case == "--resume without a checkpoint":
+        argv = ["--resume", "--out-dir", str(tmp_path / "out")]
+    done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    errors = done.stderr.splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: ") and re.search(expected, errors[0]), done.stderr
+    assert "Traceback" not in done.stdout + done.stderr

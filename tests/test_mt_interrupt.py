@@ -50,6 +50,14 @@ def test_kill_9_then_sigint_then_resume_equals_the_uninterrupted_run(straight_ru
     assert killed_at >= kill_at, f"kill -9 after step {kill_at}"
     assert log.read_text().startswith("backend cpu (requested: numba FastOps); new run in ")
 
+    saved = load(out)
+    partial = saved["progress"]["partial"]
+    if partial is None:
+        epoch, step = saved["progress"]["epoch"] + 1, 0
+    else:
+        epoch, step = partial["epoch"], 8 if partial["trained"] else saved["batcher"]["batches_done"]
+    where = f"epoch {epoch}/2, step {step}/8"  # the resumed run's lines and its progress bar count alike
+
     stop_at = killed_at + int(rng.integers(2, 5))  # crosses epoch 1's evaluation for some draws
     done = threading.Event()
     watcher = interrupt_at(out, stop_at, done)
@@ -59,8 +67,11 @@ def test_kill_9_then_sigint_then_resume_equals_the_uninterrupted_run(straight_ru
         done.set()
         watcher.join()
     assert stopped["stopped"] == "SIGINT", "main() returns normally (the script exits 0) after a SIGINT"
-    lines = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
     assert lines[0].startswith("backend cpu (requested: numba FastOps); resuming in ")
+    assert f", {killed_at} done ({where}), estimated " in lines[0] and lines[1].startswith(f"resuming in {where} (")
+    assert f"epoch {epoch}/2:" in captured.err and f"| {step}/8 [" in captured.err
     assert lines[-1].startswith("stopped by SIGINT in epoch ") and lines[-1].endswith(
         f"continue with: python {os.path.relpath(run_mt.__file__)} --resume --out-dir {out}"
     )

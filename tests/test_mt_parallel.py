@@ -8,6 +8,8 @@ import pytest
 from test_mt_data import numbered_sequences
 
 import minitorch
+from project.common.options import InputError
+from project.common.parallel import check_divisible
 from project.translation import batches as mt_batches
 from project.translation import tokenizer as mt_tokenizer
 from project.translation.parallel import TranslationParallel, shard_steps
@@ -98,3 +100,37 @@ def test_one_process_acts_on_its_own_flags_every_step(monkeypatch) -> None:
     assert parallel.agree(False, "SIGTERM", False) == (True, False)
     assert parallel.agree(True, None, True) == (False, True)
     assert parallel.sum(2.5, 3) == [2.5, 3.0]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_a_global_batch_is_split_over_the_processes_row_by_row(world_size) -> None:
+    """The default: each step is one batch of the epoch, whatever the number of processes; process r
+    takes rows r, r + N, ... (so all get rows of about the same lengths), micro-batches cut those."""
+    sequences = numbered_sequences(103)  # batches of 8, the last of 7
+    plain = [identities(batch) for batch in mt_batches.Batcher(sequences, 8, seed=7).epoch()]
+    ranks = [list(shard_steps(mt_batches.Batcher(sequences, 8, seed=7), rank, world_size, split_batches=True))
+             for rank in range(world_size)]  # fmt: skip
+    assert [len(steps) for steps in ranks] == [len(plain)] * world_size
+    for batch, parts in zip(plain, zip(*ranks)):
+        assert sum(p.share for p in parts) == pytest.approx(1.0)
+        assert [p.full for p in parts] == [len(batch) == 8] * world_size  # the short batch: not worth a graph
+        assert tuple(sorted(i for p in parts for i in identities(p.batch))) == batch
+        widths = [p.batch.tokens.shape[1] for p in parts]
+        assert max(widths) - min(widths) <= 1  # neighbours in length
+        for p in parts:
+            rows = len(p.sequences)
+            micro = p.micro_batches([slice(0, 1), slice(1, rows)])
+            assert sum(m.n_targets for m in micro) == p.n_targets and [len(m.batch.tokens) for m in micro] == [1, rows - 1]
+            assert sum(m.share for m in micro) == pytest.approx(p.share)
+
+
+def test_the_options_of_a_step_split(monkeypatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    parallel = TranslationParallel("cpu", {"micro_batch_size": 3})
+    assert (parallel.process_rows(8), parallel.micro_slices(8), parallel.global_batch(8)) == (
+        8, [slice(0, 3), slice(3, 6), slice(6, 8)], 8)  # fmt: skip
+    scaled = TranslationParallel("cpu", {"scale_batch_with_world": True, "lr_scaling": "sqrt"})
+    assert (scaled.batches_per_step, scaled.peak_lr(0.1), scaled.micro_slices(5)) == (1, 0.1, [slice(0, 5)])
+    with pytest.raises(InputError, match="--batch-size 6 .* does not split evenly over 4 processes"):
+        check_divisible(6, 4)

@@ -3,6 +3,9 @@ exact resume from a checkpoint, the learning-rate schedule and refused options."
 
 import json
 import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +16,12 @@ import pytest
 from project.common.schedule import learning_rate
 from project.gpt2.data import prepare_shards
 from project.gpt2.llmc import GPT2Config, read_checkpoint
-from project.gpt2.main import build_parser, main
+import project.gpt2.main as gpt2_main
+from project.gpt2.main import main
+from project.gpt2.options import build_parser
 from project.gpt2.model import GPT2
 
+ROOT = Path(__file__).resolve().parent.parent
 WORDS = "a man with a red hat walks his dog along the beach while two children play in the sand".split()
 
 
@@ -30,7 +36,7 @@ def shards(tmp_path_factory):
 
 def tiny_args(shards, out_dir, *extra):
     return [
-        "--backend", "cpu", "--train-shards", shards.train_pattern, "--val-shards", shards.val_pattern,
+        "--backend", "cpu", "--preset", "full", "--train-shards", shards.train_pattern, "--val-shards", shards.val_pattern,
         "--batch-size", "2", "--seq-len", "16", "--steps", "4", "--lr", "1e-3", "--val-every", "2",
         "--val-batches", "1", "--sample-every", "4", "--sample-tokens", "3", "--checkpoint-every", "2", "--grad-clip", "1",
         "--out-dir", str(out_dir), "--seed", "1", *extra,
@@ -68,16 +74,15 @@ def test_program_writes_model_metrics_plot_and_resumes_exactly(shards, tmp_path,
     assert read_checkpoint(init / "model.bin")[0] == config
 
 
-def test_two_processes_under_torchrun_equal_one_process_on_twice_the_batch(shards, tmp_path):
-    """torchrun --nproc_per_node 2 with batch 1 each (gloo, averaged gradients, averaged losses)
-    trains the model that one process trains with batch 2 (the two slices tile its batch); the
-    2-process checkpoint resumes in one process."""
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+def test_two_processes_under_torchrun_equal_one_process_on_the_same_global_batch(shards, tmp_path):
+    """torchrun --nproc_per_node 2 with the same global --batch-size 2 (gloo: a row each, weighted
+    losses, summed gradients) trains the model that one process trains (the two slices tile its
+    batch); the 2-process checkpoint resumes in one process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     two = tmp_path / "two"
-    args = tiny_args(shards, two, *FRESH, "--vocab-size", str(shards.vocab_size), "--batch-size", "1")
+    args = tiny_args(shards, two, *FRESH, "--vocab-size", str(shards.vocab_size))
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(root / "project" / "train_gpt2.py"), *args]  # fmt: skip
+           str(ROOT / "project" / "train_gpt2.py"), *args]  # fmt: skip
     workers = subprocess.run(run, env=env, capture_output=True, text=True, timeout=600)
     assert workers.returncode == 0, workers.stdout + workers.stderr
     assert workers.stdout.count("step     4/4 | loss") == 1  # rank 0 prints
@@ -101,11 +106,11 @@ def test_program_refuses_conflicting_or_impossible_options(shards, tmp_path, cap
     assert "--depth describe a fresh model" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--seq-len 16 exceeds the model's max_seq_len 8"):
         main(tiny_args(shards, tmp_path / "b", *FRESH[:6], "--max-seq-len", "8", "--vocab-size", "300"))
-    with pytest.raises(FileNotFoundError, match="no token shards match"):
+    with pytest.raises(SystemExit, match="error: --train-shards '.*none_.*' matches no file"):
         main(["--backend", "cpu", "--train-shards", str(tmp_path / "none_*.bin")])
     with pytest.raises(SystemExit):
         main(tiny_args(shards, tmp_path / "c", "--final-lr-frac", "2"))
-    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+    with pytest.raises(SystemExit, match="error: --resume-from .* holds no checkpoint"):
         main(tiny_args(shards, tmp_path / "e", "--resume-from", str(tmp_path)))
 
 
@@ -121,5 +126,70 @@ def test_help_shows_defaults_and_schedule_is_llmc():
 def test_vocab_of_data_beyond_model_is_refused(shards, tmp_path):
     model_bin = tmp_path / "small.bin"
     GPT2.fresh(GPT2Config(16, 5, 8, 1, 1, 8)).save_checkpoint(model_bin)
-    with pytest.raises(ValueError, match=r"outside \[0, 5\)"):
+    with pytest.raises(SystemExit, match=r"error: .*train_000000\.bin: token id \d+ at position \d+ is outside \[0, 5\)"):
         main(tiny_args(shards, tmp_path / "d", "--init-from", str(model_bin)))
+
+
+def test_sigint_saves_and_the_printed_command_resumes_bit_exactly(shards, tmp_path, capsys, monkeypatch):
+    """SIGINT during step 3 of 6: the step finishes, a checkpoint is saved, main() returns (the script
+    exits 0) with the command that continues; that command ends with the uninterrupted run's model."""
+    fresh = [*FRESH, "--vocab-size", str(shards.vocab_size), "--steps", "6", "--checkpoint-every", "0"]
+    straight = tmp_path / "straight"
+    main(tiny_args(shards, straight, *fresh))
+    capsys.readouterr()
+
+    class InterruptedStep(gpt2_main.GPT2Step):
+        calls = 0
+
+        def __call__(self, *args, **kwargs):
+            InterruptedStep.calls += 1
+            if InterruptedStep.calls == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            return super().__call__(*args, **kwargs)
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(gpt2_main, "GPT2Step", InterruptedStep)
+        stopped = main(tiny_args(shards, run, *fresh))
+    assert stopped["stopped"] == "SIGINT"
+    last = capsys.readouterr().out.splitlines()[-1]
+    saved = run / "checkpoint_000003"
+    assert last.startswith(f"stopped by SIGINT at step 3/6; saved {saved}; continue with: python ")
+    assert sorted(p.name for p in saved.iterdir()) == ["model.bin", "state.npz"] and not (run / "model.bin").exists()
+    command = shlex.split(last.split("continue with: ")[1])
+    assert command[-2:] == ["--resume-from", str(saved)] and "--depth" not in command
+    main(command[2:])
+    assert (run / "model.bin").read_bytes() == (straight / "model.bin").read_bytes()
+    losses = [[r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+              for d in (run, straight)]  # fmt: skip
+    assert losses[0] == losses[1]
+
+
+SMALL = ["--depth", "1", "--channels", "16", "--heads", "4", "--max-seq-len", "16"]
+BAD_GPT2_INPUTS = {
+    "empty glob": ([*SMALL, "--train-shards", "{tmp}/none_*.bin"], r"--train-shards '.*none_\*\.bin' matches no file"),
+    "channels not divisible by heads": (["--channels", "100", "--heads", "12"], "--channels 100 is not a multiple of --heads 12"),
+    "missing --init-from": (["--init-from", "{tmp}/gpt2_124M.bin"], r"--init-from .*gpt2_124M\.bin does not exist"),
+    "truncated shard": ([*SMALL, "--train-shards", "{tmp}/truncated_*.bin"], r"truncated_0\.bin: truncated llm\.c token shard"),
+    "wrong magic": ([*SMALL, "--train-shards", "{tmp}/magic_*.bin"],
+                    r"magic_0\.bin: header\[0\] \(magic\) is 7, expected 20240520"),
+    "token id beyond the vocabulary": ([*SMALL, "--vocab-size", "100"], r"token id \d+ at position \d+ is outside \[0, 100\)"),
+    "a value out of its bound": ([*SMALL, "--final-lr-frac", "2"], r"argument --final-lr-frac: 2\.0 is outside \[0, 1\]"),
+    "an unknown option": ([*SMALL, "--learning-rate", "1"], r"unrecognized arguments: --learning-rate 1"),
+    "--seq-len beyond the model": ([*SMALL, "--max-seq-len", "8"], "--seq-len 16 exceeds the model's max_seq_len 8"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_GPT2_INPUTS))
+def test_every_bad_input_is_one_error_line_and_exit_1(shards, tmp_path, case):
+    options, expected = BAD_GPT2_INPUTS[case]
+    data = shards.train_shards[0][0].read_bytes()
+    (tmp_path / "truncated_0.bin").write_bytes(data[:-10])
+    (tmp_path / "magic_0.bin").write_bytes(np.int32(7).tobytes() + data[4:])
+    argv = tiny_args(shards, tmp_path / "out", *(word.replace("{tmp}", str(tmp_path)) for word in options))
+    done = subprocess.run([sys.executable, str(ROOT / "project" / "train_gpt2.py"), *argv], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    errors = done.stderr.splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: ") and re.search(expected, errors[0]), done.stderr
+    assert "Traceback" not in done.stdout + done.stderr

@@ -2,6 +2,13 @@
 
 The scalar function of `map`/`zip`/`reduce` is one of minitorch.operators; it becomes an opcode of
 the kernels (tables by position, checked against the names the library exports when it loads).
+
+Storage: float32 and bfloat16 (runtime.KERNEL_STORAGE), math in float32.  All inputs of a launch
+share one format: in a zip of a bfloat16 tensor with a float32 one the bfloat16 one is widened
+first, with a bool one (float32 storage) the bool is narrowed (both exact), so that the output is
+stored as the dtype the operands promote to.
+A new output has its inputs' format (a comparison's, bool, is float32 storage); a given `out` may
+have either.  Reductions accumulate in float32 and round once into a bfloat16 output.
 """
 
 from __future__ import annotations
@@ -10,9 +17,10 @@ import ctypes
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from .. import operators
+from ..dtypes import DType, bfloat16, bool_, float32
 from ..tensor_data import TensorData, coalesce, prod, shape_broadcast, strides_from_shape
 from .layout import MtLayout, elementwise_plan, layout, remember
-from .runtime import CudaShapeError, Runtime, check, check_names, empty, on_load, ptr, runtime
+from .runtime import CudaShapeError, Runtime, check, check_names, empty, on_load, ptr, runtime, storage_code
 
 UNARY_OPS = (
     "id", "neg", "sigmoid", "relu", "log", "exp", "inv", "tanh", "gelu", "abs", "sqrt", "sin", "cos", "floor", "gelu_erf",
@@ -22,6 +30,7 @@ BINARY_OPS = (
     "relu_back", "log_back", "inv_back", "sigmoid_back", "tanh_back", "gelu_back", "min", "div", "gelu_erf_back",
 )  # fmt: skip
 REDUCE_OPS = ("add", "mul", "max", "min")
+COMPARISONS = ("lt", "eq", "is_close")  # their results are bool: float32 storage
 UNARY_CODES: Dict[Callable, int] = {getattr(operators, n): i for i, n in enumerate(UNARY_OPS)}
 BINARY_CODES: Dict[Callable, int] = {getattr(operators, n): i for i, n in enumerate(BINARY_OPS)}
 
@@ -31,13 +40,13 @@ SIGNATURES = {
     "minitorch_unary_op_name": (ctypes.c_char_p, [_I]),
     "minitorch_binary_op_count": (_I, []),
     "minitorch_binary_op_name": (ctypes.c_char_p, [_I]),
-    "launch_map": (_I, [_I, _P, _L, _P, _L, _P]),
-    "launch_map_scalar": (_I, [_I, _P, _L, _P, _L, _F, _P]),
-    "launch_zip": (_I, [_I, _P, _L, _P, _L, _P, _L, _P]),
+    "launch_map": (_I, [_I, _I, _I, _P, _L, _P, _L, _P]),
+    "launch_map_scalar": (_I, [_I, _I, _I, _P, _L, _P, _L, _F, _P]),
+    "launch_zip": (_I, [_I, _I, _I, _P, _L, _P, _L, _P, _L, _P]),
     "launch_fill": (_I, [_P, _L, _F, _P]),
     "launch_arange": (_I, [_P, _I, _P]),
     "reduce_workspace_floats": (_LL, [_I, _I, _I]),
-    "launch_reduce": (_I, [_I, _P, _L, _P, _L, _I, _I, _F, _P, _LL, _P]),
+    "launch_reduce": (_I, [_I, _I, _I, _P, _L, _P, _L, _I, _I, _F, _P, _LL, _P]),
 }
 
 
@@ -93,18 +102,6 @@ def map_layouts(op: str, a: TensorData, out: Optional[TensorData]) -> Tuple[MtLa
     return plan  # type: ignore[return-value]
 
 
-def zip_layouts(a: TensorData, b: TensorData) -> Tuple[Tuple[int, ...], MtLayout, MtLayout, MtLayout]:
-    """(broadcast shape, out layout, a's layout, b's layout) of an elementwise op of a and b into a
-    new contiguous tensor."""
-    key = (a.shape, a.strides, b.shape, b.strides)
-    plan = _zip_plans.get(key)
-    if plan is None:
-        out_shape = shape_broadcast(a.shape, b.shape)
-        layouts = elementwise_plan(out_shape, strides_from_shape(out_shape), [(a.shape, a.strides), (b.shape, b.strides)])
-        plan = remember(_zip_plans, key, (out_shape,) + layouts)
-    return plan  # type: ignore[return-value]
-
-
 def fill(out: TensorData, value: float) -> None:
     """Set every element of out (any layout) to value."""
     if out.size:
@@ -122,6 +119,12 @@ def arange(out: TensorData) -> None:
     check(c.launch_arange(ptr(out), out.size, rt.stream()), c, "arange")
 
 
+def result_dtype(a: TensorData, compare: bool = False) -> DType:
+    """The storage dtype of a new output of an op whose inputs are stored like a: bfloat16 for
+    bfloat16 inputs, else float32 (and float32 for a comparison's bool)."""
+    return bfloat16 if not compare and a.dtype.storage == bfloat16.storage else float32
+
+
 def map_op(fn: Callable[[float], float]) -> Callable[..., TensorData]:
     """fn(a) elementwise; `out`, if given, is written in place (a broadcasts to its shape)."""
     op = opcode(fn, UNARY_CODES, "map", UNARY_OPS)
@@ -129,11 +132,12 @@ def map_op(fn: Callable[[float], float]) -> Callable[..., TensorData]:
 
     def ret(a: TensorData, out: Optional[TensorData] = None) -> TensorData:
         out_l, a_l = map_layouts(name, a, out)
-        o = empty(a.shape) if out is None else out
+        o = empty(a.shape, result_dtype(a)) if out is None else out
         if o.size:
             rt = runtime()
             c = lib(rt)
-            check(c.launch_map(op, ptr(o), out_l, ptr(a), a_l, rt.stream()), c, name)
+            code = c.launch_map(op, storage_code(o), storage_code(a), ptr(o), out_l, ptr(a), a_l, rt.stream())
+            check(code, c, name)
         return o
 
     return ret
@@ -144,14 +148,16 @@ def map_scalar_op(fn: Callable[[float, float], float]) -> Callable[..., TensorDa
     to its shape)."""
     op = opcode(fn, BINARY_CODES, "map_scalar", BINARY_OPS)
     name = f"map_scalar({BINARY_OPS[op]})"
+    compare = BINARY_OPS[op] in COMPARISONS
 
     def ret(a: TensorData, s: float, out: Optional[TensorData] = None) -> TensorData:
         out_l, a_l = map_layouts(name, a, out)
-        o = empty(a.shape) if out is None else out
+        o = empty(a.shape, result_dtype(a, compare)) if out is None else out
         if o.size:
             rt = runtime()
             c = lib(rt)
-            check(c.launch_map_scalar(op, ptr(o), out_l, ptr(a), a_l, s, rt.stream()), c, name)
+            code = c.launch_map_scalar(op, storage_code(o), storage_code(a), ptr(o), out_l, ptr(a), a_l, s, rt.stream())
+            check(code, c, name)
         return o
 
     return ret
@@ -161,21 +167,46 @@ def zip_op(fn: Callable[[float, float], float]) -> Callable[[TensorData, TensorD
     """fn(a, b) elementwise with numpy broadcasting; the result is a new contiguous tensor."""
     op = opcode(fn, BINARY_CODES, "zip", BINARY_OPS)
     name = f"zip({BINARY_OPS[op]})"
+    compare = BINARY_OPS[op] in COMPARISONS
 
     def ret(a: TensorData, b: TensorData) -> TensorData:
+        if a.dtype.storage != b.dtype.storage:
+            a, b = common_storage(a, b)
         out_shape, out_l, a_l, b_l = zip_layouts(a, b)
-        o = empty(out_shape)
+        o = empty(out_shape, result_dtype(a, compare))
         if o.size:
             rt = runtime()
             c = lib(rt)
-            check(c.launch_zip(op, ptr(o), out_l, ptr(a), a_l, ptr(b), b_l, rt.stream()), c, name)
+            code = c.launch_zip(op, storage_code(o), storage_code(a), ptr(o), out_l, ptr(a), a_l, ptr(b), b_l, rt.stream())
+            check(code, c, name)
         return o
 
     return ret
 
 
+def zip_layouts(a: TensorData, b: TensorData) -> Tuple[Tuple[int, ...], MtLayout, MtLayout, MtLayout]:
+    """(broadcast shape, out layout, a's layout, b's layout) of an elementwise op of a and b into a
+    new contiguous tensor."""
+    key = (a.shape, a.strides, b.shape, b.strides)
+    plan = _zip_plans.get(key)
+    if plan is None:
+        out_shape = shape_broadcast(a.shape, b.shape)
+        layouts = elementwise_plan(out_shape, strides_from_shape(out_shape), [(a.shape, a.strides), (b.shape, b.strides)])
+        plan = remember(_zip_plans, key, (out_shape,) + layouts)
+    return plan  # type: ignore[return-value]
+
+
+def common_storage(a: TensorData, b: TensorData) -> Tuple[TensorData, TensorData]:
+    """a and b (one bfloat16, one float32 storage) in one storage: a bool operand narrowed to
+    bfloat16 (a bool and a bfloat16 promote to bfloat16), else the bfloat16 one widened to float32."""
+    if bool_ in (a.dtype, b.dtype):
+        return tuple(copy(t, empty(t.shape, bfloat16)) if t.dtype is bool_ else t for t in (a, b))  # type: ignore[return-value]
+    return tuple(t if t.dtype.storage == float32.storage else copy(t, empty(t.shape)) for t in (a, b))  # type: ignore[return-value]
+
+
 def reduce_op(fn: Callable[[float, float], float], start: float = 0.0) -> Callable[[TensorData, int], TensorData]:
-    """fold(fn, start) along one dim, which is kept with size 1; fn is add, mul, max or min."""
+    """fold(fn, start) along one dim, which is kept with size 1; fn is add, mul, max or min.  A bfloat16
+    input gives a bfloat16 output (float32 accumulation, one rounding)."""
     op = opcode(fn, BINARY_CODES, "reduce", REDUCE_OPS)
     if BINARY_OPS[op] not in REDUCE_OPS:
         raise ValueError(f"CudaKernelOps.reduce supports {', '.join(REDUCE_OPS)}, not {BINARY_OPS[op]}")
@@ -190,11 +221,12 @@ def reduce_op(fn: Callable[[float, float], float], start: float = 0.0) -> Callab
         if plan is None:
             plan = remember(_reduce_plans, key, _reduce_plan(c, a.shape, a.strides, dim))
         out_shape, out_l, outer_l, n_out, reduce_len, reduce_stride, ws_len = plan
-        o = empty(out_shape)
+        o = empty(out_shape, result_dtype(a))
         if n_out:
             ws = rt.buffer(ws_len) if ws_len else None
+            fmt = storage_code(a)
             code = c.launch_reduce(
-                op, ptr(o), out_l, ptr(a), outer_l, reduce_len, reduce_stride, start,
+                op, fmt, fmt, ptr(o), out_l, ptr(a), outer_l, reduce_len, reduce_stride, start,
                 None if ws is None else ws.data_ptr(), ws_len, rt.stream(),
             )  # fmt: skip
             check(code, c, name)
@@ -235,7 +267,7 @@ def column_sums(out: int, a: int, n_out: int, n_rows: int, row_stride: int) -> N
     ws = rt.buffer(ws_len) if ws_len else None
     flat = layout((n_out,), (1,))
     code = c.launch_reduce(
-        BINARY_CODES[operators.add], out, flat, a, flat, n_rows, row_stride, 0.0,
+        BINARY_CODES[operators.add], 0, 0, out, flat, a, flat, n_rows, row_stride, 0.0,
         None if ws is None else ws.data_ptr(), ws_len, rt.stream(),
     )  # fmt: skip
     check(code, c, f"column sums of [{n_rows}, {n_out}]")
@@ -246,7 +278,8 @@ def add_into(dst: int, src: int, n: int) -> None:
     rt = runtime()
     c = lib(rt)
     flat = layout((n,), (1,))
-    check(c.launch_zip(BINARY_CODES[operators.add], dst, flat, dst, flat, src, flat, rt.stream()), c, f"accumulate {n} floats")
+    code = c.launch_zip(BINARY_CODES[operators.add], 0, 0, dst, flat, dst, flat, src, flat, rt.stream())
+    check(code, c, f"accumulate {n} floats")
 
 
 def contiguous(t: TensorData) -> TensorData:
@@ -254,4 +287,4 @@ def contiguous(t: TensorData) -> TensorData:
     return t if t.is_contiguous() else copy(t)
 
 
-copy = map_op(operators.id)  # a (float32 storage) into out, or into a new contiguous tensor of its dtype
+copy = map_op(operators.id)  # a into out (any storage of both), or into a new contiguous tensor of its storage

@@ -3,38 +3,49 @@ row gather over rows of their own strides (gather_rows: the KV cache's reorder b
 
 Ids live on the device, so they cannot be checked without a copy: an id that is not an integer in
 [0, num_embeddings) gives a row of zeros forward and is skipped backward.
+
+Rows are float32 or bfloat16 (runtime.KERNEL_STORAGE) on either side of a gather: bfloat16 rows of a
+float32 master are rounded once; the scatter-add sums in float32.
 """
 
 from __future__ import annotations
 
 import ctypes
+from typing import Optional
 
+from ..dtypes import DType, float32
 from ..tensor_data import TensorData
 from .combine import contiguous, fill
-from .runtime import CudaShapeError, check, empty, ptr, runtime
+from .convert import cast
+from .runtime import CudaShapeError, check, empty, ptr, runtime, storage_code
 
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 SIGNATURES = {
-    "launch_embedding_fw": (_I, [_P, _P, _P, _I, _I, _I, _P]),
-    "launch_embedding_bw": (_I, [_P, _P, _P, _I, _I, _I, _P]),
-    "launch_gather_rows": (_I, [_P, _L, _P, _L, _P, _I, _I, _I, _P]),
+    "launch_embedding_fw": (_I, [_I, _I, _P, _P, _P, _I, _I, _I, _P]),
+    "launch_embedding_bw": (_I, [_I, _P, _P, _P, _I, _I, _I, _P]),
+    "launch_gather_rows": (_I, [_I, _I, _P, _L, _P, _L, _P, _I, _I, _I, _P]),
 }
 
 
-def embedding_fw(weight: TensorData, ids: TensorData) -> TensorData:
-    """weight [V, C] rows picked by ids [...] -> [..., C], of weight's dtype (float32 or bool)."""
+def embedding_fw(weight: TensorData, ids: TensorData, dtype: Optional[DType] = None) -> TensorData:
+    """weight [V, C] rows picked by ids [...] -> [..., C] of dtype (default weight's: float32, bool
+    or bfloat16)."""
     V, C = weight.shape
-    out = empty(ids.shape + (C,), weight.dtype)
+    out = empty(ids.shape + (C,), dtype or weight.dtype)
     if out.size:
         rt = runtime()
         lib = rt.lib("embedding_kernel", SIGNATURES)
         w, i = contiguous(weight), contiguous(ids)
-        check(lib.launch_embedding_fw(ptr(out), ptr(w), ptr(i), ids.size, V, C, rt.stream()), lib, "embedding_fw")
+        code = lib.launch_embedding_fw(
+            storage_code(out), storage_code(w), ptr(out), ptr(w), ptr(i), ids.size, V, C, rt.stream()
+        )
+        check(code, lib, "embedding_fw")
     return out
 
 
-def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int) -> TensorData:
-    """Scatter-add of the rows of grad_out [..., C] into a zeroed [num_embeddings, C]."""
+def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None) -> TensorData:
+    """Scatter-add of the rows of grad_out [..., C] into a zeroed [num_embeddings, C] of dtype
+    (default grad_out's), summed in float32."""
     C = grad_out.shape[-1]
     out = empty((num_embeddings, C))
     fill(out, 0.0)
@@ -42,9 +53,10 @@ def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int) -> 
         rt = runtime()
         lib = rt.lib("embedding_kernel", SIGNATURES)
         g, i = contiguous(grad_out), contiguous(ids)
-        code = lib.launch_embedding_bw(ptr(out), ptr(g), ptr(i), ids.size, num_embeddings, C, rt.stream())
+        code = lib.launch_embedding_bw(storage_code(g), ptr(out), ptr(g), ptr(i), ids.size, num_embeddings, C, rt.stream())
         check(code, lib, "embedding_bw")
-    return out
+    dtype = dtype or grad_out.dtype
+    return out if dtype.storage == float32.storage else cast(out, dtype)
 
 
 def gather_rows(out: TensorData, source: TensorData, ids: TensorData) -> None:
@@ -58,7 +70,7 @@ def gather_rows(out: TensorData, source: TensorData, ids: TensorData) -> None:
         rt = runtime()
         lib = rt.lib("embedding_kernel", SIGNATURES)
         code = lib.launch_gather_rows(
-            ptr(out), out.strides[0], ptr(source), source.strides[0], ptr(contiguous(ids)), rows, source.shape[0], n,
-            rt.stream(),
+            storage_code(out), storage_code(source), ptr(out), out.strides[0], ptr(source), source.strides[0],
+            ptr(contiguous(ids)), rows, source.shape[0], n, rt.stream(),
         )  # fmt: skip
         check(code, lib, f"gather_rows {source.shape} -> {out.shape}")

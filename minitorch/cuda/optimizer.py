@@ -1,18 +1,25 @@
 """Bindings of optimizer_kernel.so (src/optimizer_kernel.cu): the fused AdamW update of one tensor,
 the multi-tensor step (global gradient norm, clip and AdamW for all parameters in a few
 launches, reading the learning rate and step count from device memory), and the gradient pack of
-data-parallel training (many gradients scaled into their bucket slots in one launch)."""
+data-parallel training (many gradients scaled into their bucket slots in one launch).
+
+Mixed precision: parameters and moments are float32; a gradient may be float32 or bfloat16, and a
+parameter may have a bfloat16 working copy that the multi-tensor update rewrites from the new
+float32 values in the same pass."""
 
 from __future__ import annotations
 
 import ctypes
-from typing import Any, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
 from ..tensor_data import TensorData
 from .combine import contiguous
-from .runtime import BUILD_HINT, Runtime, check, on_load, ptr, require_float32, runtime
+from ..dtypes import bfloat16
+from .runtime import (
+    BUILD_HINT, KERNEL_STORAGE, Runtime, check, on_load, ptr, require_float32, require_storage, runtime, storage_code,
+)  # fmt: skip
 from .staging import uploader
 
 MAX_TENSORS = 40  # kMaxTensors of optimizer_kernel.cu
@@ -28,7 +35,9 @@ class TensorList(ctypes.Structure):
         ("grad", ctypes.c_void_p * MAX_TENSORS),
         ("exp_avg", ctypes.c_void_p * MAX_TENSORS),
         ("exp_avg_sq", ctypes.c_void_p * MAX_TENSORS),
+        ("working", ctypes.c_void_p * MAX_TENSORS),
         ("numel", ctypes.c_longlong * MAX_TENSORS),
+        ("grad_format", ctypes.c_int * MAX_TENSORS),
         ("block_start", ctypes.c_int * (MAX_TENSORS + 1)),
         ("count", ctypes.c_int),
     ]
@@ -40,7 +49,7 @@ SIGNATURES = {
     "launch_grad_sumsq": (_I, [TensorList, _P, _P]),
     "launch_adamw_prepare": (_I, [_P, _I, _P, _D, _D, _D, _D, _D, _P, _P]),
     "launch_adamw_multi": (_I, [TensorList, _P, _P]),
-    "launch_gradient_pack": (_I, [TensorList, _F, _P]),
+    "launch_gradient_pack": (_I, [TensorList, _F, _I, _P]),
     "adamw_max_tensors": (_I, []),
     "adamw_chunk": (_LL, []),
     "adamw_coefficient_floats": (_I, []),
@@ -96,14 +105,27 @@ class MultiTensorAdamW:
     def update(
         self, params: Sequence[TensorData], grads: Sequence[TensorData], exp_avgs: Sequence[TensorData],
         exp_avg_sqs: Sequence[TensorData], max_norm: float, beta1: float, beta2: float, eps: float,
-        weight_decay: float,
+        weight_decay: float, reduce_partials: Optional[Callable[[Any], None]] = None,
+        workings: Optional[Sequence[Optional[TensorData]]] = None,
     ) -> None:  # fmt: skip
-        """Norm, clip (max_norm <= 0: off) and AdamW of every parameter; all contiguous and float32."""
-        require_float32("adamw_multi", params, grads, exp_avgs, exp_avg_sqs)
+        """Norm, clip (max_norm <= 0: off) and AdamW of every parameter; all contiguous; params and
+        moments float32, grads float32 or bfloat16.
+        reduce_partials(partials): called on the torch buffer of the norm's partial sums of squares
+        before they are added up, to sum them in place over the processes that each update a shard
+        of the parameters (equal shards give equal partial counts), so the norm and clip are global.
+        workings[i] (contiguous bfloat16 of params[i]'s size, or None) is overwritten with the updated
+        params[i] rounded to bfloat16."""
+        require_float32("adamw_multi", params, exp_avgs, exp_avg_sqs)
+        require_storage("adamw_multi", KERNEL_STORAGE, grads)
+        workings = list(workings) if workings is not None else [None] * len(params)
+        for p, w in zip(params, workings):
+            if w is not None and (w.dtype.storage != bfloat16.storage or w.size != p.size or not w.is_contiguous()):
+                raise ValueError(f"adamw_multi: working copy {w.dtype.name} {w.shape} for a parameter of shape {p.shape}; "
+                                 "it must be a contiguous bfloat16 tensor of the same size")
         rt = runtime()
         lib = _lib(rt)
         grads = [contiguous(g) for g in grads]
-        lists = _tensor_lists(params, grads, exp_avgs, exp_avg_sqs)
+        lists = _tensor_lists(params, grads, exp_avgs, exp_avg_sqs, workings)
         n_partials = sum(l.block_start[l.count] for l in lists)
         if self.partials is None or self.partials.numel() < n_partials:
             self.partials = rt.buffer(n_partials)
@@ -113,6 +135,8 @@ class MultiTensorAdamW:
             code = lib.launch_grad_sumsq(l, self.partials.data_ptr() + 4 * offset, stream)
             check(code, lib, "gradient norm")
             offset += l.block_start[l.count]
+        if reduce_partials is not None:
+            reduce_partials(self.partials[:n_partials])
         code = lib.launch_adamw_prepare(
             self.partials.data_ptr(), n_partials, self.hyper.data_ptr(), max_norm, beta1, beta2, eps, weight_decay,
             self.coefficients.data_ptr(), stream,
@@ -122,9 +146,12 @@ class MultiTensorAdamW:
             check(lib.launch_adamw_multi(l, self.coefficients.data_ptr(), stream), lib, "multi-tensor adamw")
 
 
-def gradient_pack(slots: Sequence[TensorData], grads: Sequence[TensorData], scale: float) -> None:
-    """slots[i] <- grads[i] * scale for every i (contiguous slots of equal sizes), in one launch per
-    MAX_TENSORS gradients: the copy of data-parallel gradients into their all-reduce bucket."""
+def gradient_pack(
+    slots: Sequence[TensorData], grads: Sequence[TensorData], scale: float, accumulate: bool = False
+) -> None:
+    """slots[i] <- grads[i] * scale (accumulate: slots[i] += grads[i] * scale) for every i (contiguous
+    slots of equal sizes), in one launch per MAX_TENSORS gradients: the copy of data-parallel
+    gradients into their bucket, or their sum over the micro-batches of a step."""
     rt = runtime()
     lib = _lib(rt)
     for slot, grad in zip(slots, grads):
@@ -132,20 +159,22 @@ def gradient_pack(slots: Sequence[TensorData], grads: Sequence[TensorData], scal
             raise ValueError(f"gradient_pack: gradient of shape {grad.shape} for a slot of shape {slot.shape}")
     grads = [contiguous(g) for g in grads]
     for l in _tensor_lists(slots, grads):
-        check(lib.launch_gradient_pack(l, scale, rt.stream()), lib, f"gradient pack of {l.count} tensors")
+        check(lib.launch_gradient_pack(l, scale, int(accumulate), rt.stream()), lib, f"gradient pack of {l.count} tensors")
 
 
-def _tensor_lists(*columns: Sequence[TensorData]) -> List[TensorList]:
-    """Lists of the rows (param, grad[, exp_avg, exp_avg_sq]); absent columns stay null."""
+def _tensor_lists(*columns: Sequence[Optional[TensorData]]) -> List[TensorList]:
+    """Lists of the rows (param, grad[, exp_avg, exp_avg_sq, working]); absent columns and None
+    working copies stay null."""
     lists = []
     rows = list(zip(*columns))
     for start in range(0, len(rows), MAX_TENSORS):
         l = TensorList()
         l.block_start[0] = 0
-        for t, (p, g, *moments) in enumerate(rows[start : start + MAX_TENSORS]):
-            l.param[t], l.grad[t] = ptr(p), ptr(g)
-            if moments:
-                l.exp_avg[t], l.exp_avg_sq[t] = ptr(moments[0]), ptr(moments[1])
+        for t, (p, g, *rest) in enumerate(rows[start : start + MAX_TENSORS]):
+            l.param[t], l.grad[t], l.grad_format[t] = ptr(p), ptr(g), storage_code(g)
+            if rest:
+                l.exp_avg[t], l.exp_avg_sq[t] = ptr(rest[0]), ptr(rest[1])
+                l.working[t] = None if rest[2] is None else ptr(rest[2])
             l.numel[t] = p.size
             l.block_start[t + 1] = l.block_start[t] + -(-p.size // CHUNK)
         l.count = min(MAX_TENSORS, len(rows) - start)

@@ -172,13 +172,29 @@ def storage_dtype(storage: Any) -> DType:
     return dtype_named(str(storage.dtype).replace("torch.", ""))
 
 
-def require_float32(op: str, *args: Any) -> None:
+# The storage formats of the kernels templated on their element type, by their code in the C ABI
+# (mt::with_storage of src/includes/storage.cuh).
+KERNEL_STORAGE = ("float32", "bfloat16")
+
+
+def require_storage(op: str, formats: Tuple[str, ...], *args: Any) -> None:
     """NoKernelError naming op when an argument (a TensorData, or a list or tuple of them) is stored
-    in another format than float32: op's kernels read and write float32 only."""
+    in a format outside `formats`, the ones op's kernels read and write."""
     for arg in args:
         for t in arg if isinstance(arg, (list, tuple)) else (arg,):
-            if isinstance(t, TensorData) and t.dtype.storage != float32.storage:
+            if isinstance(t, TensorData) and t.dtype.storage not in formats:
                 raise no_kernel(op, t.dtype)
+
+
+def require_float32(op: str, *args: Any) -> None:
+    """NoKernelError naming op when an argument is stored in another format than float32."""
+    require_storage(op, (float32.storage,), *args)
+
+
+def storage_code(t: TensorData) -> int:
+    """t's storage format as the code of the templated kernels (KERNEL_STORAGE); ValueError for
+    others (hooks check with require_storage first)."""
+    return KERNEL_STORAGE.index(t.dtype.storage)
 
 
 # ---- host<->device transfer accounting ------------------------------------------------------------

@@ -16,8 +16,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterator, List, Mapping, Optional, Sequence
 
+from .liveness import active_watchdog, stop_watchdog
+
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 DEVICES = {"cuda": "nccl", "cpu": "gloo"}
+# How long a collective may wait for the other processes before the job fails (NCCL's own default
+# is 30 minutes).  Waits on another process's long work go through the store (barrier()) instead.
+DEFAULT_TIMEOUT = timedelta(seconds=120)
 
 
 class DistributedSetupError(RuntimeError):
@@ -103,9 +108,11 @@ def _select_gpu(local_rank: int) -> None:
     torch.cuda.set_device(local_rank)
 
 
-def init_process_group(device: str, timeout: timedelta = timedelta(minutes=10)) -> ProcessInfo:
+def init_process_group(device: str, timeout: timedelta = DEFAULT_TIMEOUT) -> ProcessInfo:
     """Join the process group torchrun's environment describes; device "cuda" (NCCL, one GPU per
-    process: GPU LOCAL_RANK becomes current) or "cpu" (gloo).  Call it once, before making tensors."""
+    process: GPU LOCAL_RANK becomes current) or "cpu" (gloo).  Call it once, before making tensors.
+    A collective that waits longer than `timeout` fails the job; on NCCL the process is torn down
+    then (TORCH_NCCL_ASYNC_ERROR_HANDLING=3 unless set) rather than left hanging."""
     if device not in DEVICES:
         raise DistributedSetupError(f"device {device!r}: expected one of {sorted(DEVICES)}")
     rank, world_size, local_rank = _environment(os.environ)
@@ -114,6 +121,7 @@ def init_process_group(device: str, timeout: timedelta = timedelta(minutes=10)) 
         raise DistributedSetupError("the process group is already initialized; call destroy_process_group first")
     if device == "cuda":
         _select_gpu(local_rank)
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     backend = DEVICES[device]
     if not (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()):
         raise DistributedSetupError(f"this PyTorch build lacks the {backend} backend that device {device!r} needs")
@@ -122,14 +130,14 @@ def init_process_group(device: str, timeout: timedelta = timedelta(minutes=10)) 
     return ProcessInfo(rank, world_size, local_rank, device, backend)
 
 
-def init_from_torchrun(device: str) -> ProcessInfo:
+def init_from_torchrun(device: str, timeout: timedelta = DEFAULT_TIMEOUT) -> ProcessInfo:
     """What a training program calls first: join the group (init_process_group) when torchrun
     started it, else go on as rank 0 of 1 with no group.  The program then reads its shard of the
     data with info.rank / info.world_size, wraps its model in DistributedDataParallel when
     info.world_size > 1, writes files and prints on info.is_main only, and ends with
     destroy_process_group()."""
     if launched_by_torchrun():
-        return init_process_group(device)
+        return init_process_group(device, timeout)
     if device not in DEVICES:
         raise DistributedSetupError(f"device {device!r}: expected one of {sorted(DEVICES)}")
     return ProcessInfo(0, 1, 0, device, "none")
@@ -177,9 +185,14 @@ def _host_device() -> Any:
     return torch.device("cuda", torch.cuda.current_device()) if process_info().backend == "nccl" else torch.device("cpu")
 
 
-def barrier() -> None:
-    """Wait until every process gets here (nothing without a group)."""
-    if is_initialized():
+def barrier(name: str = "barrier") -> None:
+    """Wait until every process gets here (nothing without a group).  With the watchdog running
+    (liveness.py) the wait goes through the store, with no time limit (a lost process still ends
+    it): for waits on another process's long work; `name` tells such barriers apart."""
+    watchdog = active_watchdog()
+    if watchdog is not None:
+        watchdog.wait_for_all(name)
+    elif is_initialized():
         import torch.distributed as dist
 
         if process_info().backend == "nccl":
@@ -211,21 +224,42 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def reduce_scatter_into(shard: Any, full: Any, async_op: bool = True) -> Any:
+    """shard <- this process's part of the sum over the processes of `full` (torch tensors; shard may
+    be the view of full at rank x shard size: in place); the work when async_op."""
+    import torch.distributed as dist
+
+    op = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # the name before torch 2.13
+    return op(shard, full, async_op=async_op)
+
+
+def all_gather_into(full: Any, shard: Any, async_op: bool = True) -> Any:
+    """full <- every process's `shard` in rank order (torch tensors; shard may be the view of full at
+    rank x shard size: in place); the work when async_op."""
+    import torch.distributed as dist
+
+    op = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the name before torch 2.13
+    return op(full, shard, async_op=async_op)
+
+
 @contextlib.contextmanager
 def main_process_first() -> Iterator[None]:
     """Rank 0 runs the block first (e.g. trains and saves a tokenizer), the others after it is done
     (and load what it saved)."""
     if not is_main_process():
-        barrier()
+        barrier("main_process_first")
     yield
     if is_main_process():
-        barrier()
+        barrier("main_process_first")
 
 
 def destroy_process_group() -> None:
-    """Leave the group (after a barrier, so no process exits while another still communicates)."""
+    """Leave the group after every process got here (a store barrier without a time limit where the
+    watchdog runs, which then stops), so no process exits while another still communicates."""
     if is_initialized():
         import torch.distributed as dist
 
+        barrier("destroy_process_group")
+        stop_watchdog()
         barrier()
         dist.destroy_process_group()

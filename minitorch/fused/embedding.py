@@ -1,13 +1,16 @@
 """Embedding: rows of a weight [V, C] picked by integral ids; the gradient scatters back.
 
 The CPU backends and CUDA have gather/scatter kernels (hooks); the composed reference is a one-hot
-matrix product, which any backend can run."""
+matrix product, which any backend can run.  Mixed precision: `embedding(weight, ids, dtype=bfloat16)`
+gathers bfloat16 rows of a float32 master weight (rounded once), and its gradient scatter-adds the
+bfloat16 row gradients in float32 into a float32 weight gradient."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from ..autodiff import Context
+from ..dtypes import DType
 from ..tensor_data import IndexingError
 from ..tensor_functions import Function
 from ..tensor_ops import hook
@@ -16,15 +19,16 @@ if TYPE_CHECKING:
     from ..tensor import Tensor
 
 
-def embedding(weight: "Tensor", ids: "Tensor") -> "Tensor":
-    """weight[ids] -> [*ids.shape, C] for weight [V, C] and ids holding integers in [0, V).
+def embedding(weight: "Tensor", ids: "Tensor", dtype: Optional[DType] = None) -> "Tensor":
+    """weight[ids] -> [*ids.shape, C] for weight [V, C] and ids holding integers in [0, V), in dtype
+    (default weight's; the gradient is weight's dtype either way).
 
     The CPU backends raise IndexError for an id outside [0, V); on CUDA, where checking would need a
     device-to-host copy, such an id gives a row of zeros (and no gradient)."""
     ids = weight._ensure(ids)
     if weight.dims != 2:
         raise IndexingError(f"embedding weight must be [num_embeddings, dim], got shape {weight.shape}")
-    return Embedding.apply(weight, ids.detach())
+    return Embedding.apply(weight, ids.detach(), dtype or weight.dtype)
 
 
 def _one_hot(ids: "Tensor", classes: int) -> "Tensor":
@@ -33,27 +37,29 @@ def _one_hot(ids: "Tensor", classes: int) -> "Tensor":
 
 
 class Embedding(Function):
-    """Saves the ids and the vocabulary size."""
+    """Saves the ids, the vocabulary size and the weight's dtype."""
 
     @staticmethod
-    def forward(ctx: Context, weight: "Tensor", ids: "Tensor") -> "Tensor":
-        ctx.save_for_backward(ids, weight.shape[0])
+    def forward(ctx: Context, weight: "Tensor", ids: "Tensor", dtype: Optional[DType] = None) -> "Tensor":
+        dtype = dtype or weight.dtype
+        ctx.save_for_backward(ids, weight.shape[0], weight.dtype)
         kernel = hook(weight.backend.ops, "embedding_fw")
         if kernel is None:
             V, C = weight.shape
-            return (_one_hot(ids, V) @ weight).view(*ids.shape, C)
-        return weight._new(kernel(weight._tensor, ids._tensor))
+            return (_one_hot(ids, V) @ weight).view(*ids.shape, C).to(dtype)
+        return weight._new(kernel(weight._tensor, ids._tensor, dtype))
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
-        ids, num_embeddings = ctx.saved_values
-        return (scatter_rows(grad_output, ids, num_embeddings),)
+        ids, num_embeddings, dtype = ctx.saved_values
+        return (scatter_rows(grad_output, ids, num_embeddings, dtype),)
 
 
-def scatter_rows(rows: "Tensor", ids: "Tensor", num_embeddings: int) -> "Tensor":
-    """[num_embeddings, C] zeros with each row r of rows [..., C] added at row ids[r] (no autodiff)."""
+def scatter_rows(rows: "Tensor", ids: "Tensor", num_embeddings: int, dtype: Optional[DType] = None) -> "Tensor":
+    """[num_embeddings, C] zeros with each row r of rows [..., C] added at row ids[r] (no autodiff), in
+    dtype (default rows'); the sums are float32 where a kernel runs."""
     kernel = hook(rows.backend.ops, "embedding_bw")
     if kernel is None:
         C = rows.shape[-1]
-        return _one_hot(ids, num_embeddings).transpose(0, 1) @ rows.contiguous().view(ids.numel(), C)
-    return rows._new(kernel(rows._tensor, ids._tensor, num_embeddings))
+        return (_one_hot(ids, num_embeddings).transpose(0, 1) @ rows.contiguous().view(ids.numel(), C)).to(dtype or rows.dtype)
+    return rows._new(kernel(rows._tensor, ids._tensor, num_embeddings, dtype or rows.dtype))

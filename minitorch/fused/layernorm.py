@@ -1,5 +1,9 @@
 """LayerNorm over the last dim with learned gamma and beta (LightSeq2's fused kernels on CUDA,
-`layernorm_kernel.cu`; the composed reference elsewhere)."""
+`layernorm_kernel.cu`; the composed reference elsewhere).
+
+Dtypes: the output (and the input's gradient) has the input's dtype, float32 or bfloat16; gamma and
+beta are read as float32 (a 16-bit one is cast up), the saved mean and rstd, gamma's and beta's
+gradients and all the arithmetic are float32, on every backend."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import TYPE_CHECKING, Tuple
 
 from ..autocast import autocast_inputs
 from ..autodiff import Context
+from ..dtypes import float32
 from ..tensor_data import IndexingError
 from ..tensor_functions import Function
 from ..tensor_ops import hook
@@ -17,8 +22,9 @@ if TYPE_CHECKING:
 
 def layernorm(x: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float = 1e-5) -> "Tensor":
     """(x - mean) / sqrt(var + eps) * gamma + beta over the last dim (population variance); in float32
-    inside minitorch.autocast."""
+    inside minitorch.autocast.  The result has x's dtype; statistics and math are float32."""
     x, gamma, beta = autocast_inputs("layernorm", x, x._ensure(gamma), x._ensure(beta))
+    gamma, beta = (p if p.dtype is float32 else p.to(float32) for p in (gamma, beta))
     C = x.shape[-1] if x.dims else 0
     if C == 0:
         raise IndexingError(f"layernorm of input {x.shape} needs a non-empty last dim")
@@ -32,32 +38,32 @@ def layernorm(x: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float = 1e-5) -
 
 
 def layernorm_reference(inp: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float) -> Tuple["Tensor", "Tensor", "Tensor"]:
-    """(out, mean [rows], rstd [rows]) composed from Tensor operations."""
+    """(out [inp's dtype], mean [rows], rstd [rows]) composed from Tensor operations in float32."""
     C = inp.shape[-1]
     rows = inp.numel() // C
-    x = inp.contiguous().view(rows, C)
+    x = inp.contiguous().view(rows, C).to(float32)
     mean = x.mean(1, keepdim=True)
     xc = x - mean
     rstd = ((xc * xc).mean(1, keepdim=True) + eps) ** -0.5
     out = xc * rstd * gamma.view(1, C) + beta.view(1, C)
-    return out.view(*inp.shape), mean.view(rows), rstd.view(rows)
+    return out.view(*inp.shape).to(inp.dtype), mean.view(rows), rstd.view(rows)
 
 
 def layernorm_backward_reference(
     grad_out: "Tensor", inp: "Tensor", gamma: "Tensor", mean: "Tensor", rstd: "Tensor"
 ) -> Tuple["Tensor", "Tensor", "Tensor"]:
-    """(dinp, dgamma, dbeta) composed from Tensor operations."""
+    """(dinp [inp's dtype], dgamma, dbeta [float32]) composed from Tensor operations in float32."""
     C = inp.shape[-1]
     rows = inp.numel() // C
-    x = inp.contiguous().view(rows, C)
-    dy = grad_out.contiguous().view(rows, C)
+    x = inp.contiguous().view(rows, C).to(float32)
+    dy = grad_out.contiguous().view(rows, C).to(float32)
     r = rstd.view(rows, 1)
     xhat = (x - mean.view(rows, 1)) * r
     dbeta = dy.sum(0).view(C)
     dgamma = (dy * xhat).sum(0).view(C)
     g = dy * gamma.view(1, C)
     dx = (g - g.mean(1, keepdim=True) - xhat * (g * xhat).mean(1, keepdim=True)) * r
-    return dx.view(*inp.shape), dgamma, dbeta
+    return dx.view(*inp.shape).to(inp.dtype), dgamma, dbeta
 
 
 class LayerNorm(Function):

@@ -1,5 +1,8 @@
 """Attention softmax: softmax over the last dim of scores [B, H, Tq, Tk] with a padding mask and an
-optional causal mask (LightSeq2's fused kernel on CUDA, `softmax_kernel.cu`)."""
+optional causal mask (LightSeq2's fused kernel on CUDA, `softmax_kernel.cu`).
+
+Dtypes: the probabilities (and the scores' gradient) have the scores' dtype, float32 or bfloat16;
+the row max and sum and all the arithmetic are float32, on every backend."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 
 from ..autocast import autocast_inputs
 from ..autodiff import Context
+from ..dtypes import float32
 from ..tensor_data import IndexingError
 from ..tensor_functions import Function
 from ..tensor_ops import hook
@@ -32,8 +36,10 @@ def attn_softmax(scores: "Tensor", mask: Optional["Tensor"] = None, causal: bool
 
 
 def softmax_reference(x: "Tensor", mask: Optional["Tensor"], causal: bool) -> "Tensor":
-    """The composed softmax: shifted by the row max; a row without keys gives zeros, never NaN."""
-    x, allowed = masked_scores(x, mask, causal)
+    """The composed softmax in float32, in x's dtype: shifted by the row max; a row without keys
+    gives zeros, never NaN."""
+    dtype = x.dtype
+    x, allowed = masked_scores(x.to(float32), mask, causal)
     m = x.amax(3, keepdim=True)
     m = m.clamp(min=-3.0e38)  # a row of -inf keeps a finite shift, so x - m is never nan
     e = (x - m).exp()
@@ -42,12 +48,13 @@ def softmax_reference(x: "Tensor", mask: Optional["Tensor"], causal: bool) -> "T
     s = e.sum(3, keepdim=True)
     # A live row sums to >= 1 (its max contributes exp(0)); a dead row sums to 0 and must give 0.
     s = s.clamp(min=1.0) * (s > 0.0) + (s == 0.0)
-    return (e / s).contiguous()
+    return (e / s).to(dtype).contiguous()
 
 
 def softmax_backward_reference(grad_out: "Tensor", y: "Tensor") -> "Tensor":
-    """y * (g - sum(g * y)) over the last dim."""
-    return (y * (grad_out - (grad_out * y).sum(-1, keepdim=True))).contiguous()
+    """y * (g - sum(g * y)) over the last dim, in float32, in y's dtype."""
+    g, y32 = grad_out.to(float32), y.to(float32)
+    return (y32 * (g - (g * y32).sum(-1, keepdim=True))).to(y.dtype).contiguous()
 
 
 class Attn_Softmax(Function):

@@ -1,11 +1,13 @@
 """The training step of the programs, run so that the host never waits on the GPU, and its timer.
 
-`TrainStep.run(values, lr)` queues one update: forward and loss (the program's `loss` function of
-the step's inputs), backward, the gradients' synchronization (data parallel), global-norm clip and
+`TrainStep.run(micro, lr)` queues one update over the step's micro-batches (usually one): for each,
+forward and loss (the program's `loss` function of the micro-batch's inputs, weighted by its part
+of the step) and backward, whose gradients the synchronizer sums over the micro-batches and
+combines over the processes (data parallel: minitorch.distributed); then global-norm clip and
 AdamW, with the step's tally (e.g. the loss times its target tokens) summed into a device
 accumulator (`loss_sum`, read every N steps by the caller). A program supplies only its loss
 function and the values of its inputs: numpy arrays by name (token ids, targets, weights, scalars as
-shape-(1,) arrays), whose shapes are the step's key. The inputs go to the device as one queued copy
+shape-(1,) arrays), whose shapes, with the micro-batch's place in the step, are the graph's key. The inputs go to the device as one queued copy
 (minitorch.graphs.StepInputs); on CUDA with graphs on, the first step of each key runs eagerly and
 is then captured in a CUDA graph (minitorch.graphs.StepGraphs, all keys in one memory pool) that
 later steps of that key replay: one launch instead of a Python dispatch per kernel. The step's
@@ -16,13 +18,14 @@ an eager run and a graph run from the same seed compute the same updates.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 import minitorch
 from minitorch import Tensor, TensorBackend
+from minitorch.distributed import GradientAccumulator
 from minitorch.graphs import StepGraphs, StepInputs, StepSeed
 
 # The program's loss of one step's inputs: (what backward starts from, what the loss sum adds up).
@@ -33,36 +36,46 @@ class TrainStep:
     """One training update per run() (see the module docstring).
 
     loss: the program's LossFunction; use_graphs: capture and replay CUDA graphs (CUDA only);
-    gradient_sync: called between backward and the optimizer (data parallel: combines the gradients
-    over the processes)."""
+    gradient_sync: what backward runs through (minitorch.distributed's GradientAccumulator, or its
+    DistributedDataParallel: sums the micro-batches' gradients, combines them over the processes);
+    None runs one plain backward per step."""
 
     def __init__(
         self, optimizer: minitorch.AdamW, backend: TensorBackend, loss: LossFunction, use_graphs: bool = False,
-        gradient_sync: Optional[Callable[[], None]] = None,
+        gradient_sync: Optional[GradientAccumulator] = None,
     ):  # fmt: skip
         if use_graphs and not backend.cuda:
             raise ValueError("CUDA graphs need the CUDA backend (--backend cuda)")
         self.optimizer, self.backend, self.loss, self.gradient_sync = optimizer, backend, loss, gradient_sync
         self.use_graphs = use_graphs
         self.loss_sum = minitorch.zeros((1,), backend=backend)
-        self._inputs: Dict[Hashable, StepInputs] = {}
+        self._inputs: Dict[Tuple[Any, ...], StepInputs] = {}
         self._graphs = StepGraphs(use_graphs)
         self._seed = StepSeed(backend)
 
-    def run(self, values: Mapping[str, np.ndarray], lr: float, capture: bool = True) -> bool:
-        """Queue one update on the inputs `values` at learning rate lr; True when it ran as a graph
-        replay. capture=False: a key not seen before runs eagerly and stays uncaptured (a shape that
-        comes once, such as an epoch's short last batch)."""
-        parts = {name: tuple(np.shape(value)) for name, value in values.items()}
-        key = tuple(parts.items())
-        inputs = self._inputs.get(key)
-        if inputs is None:
-            inputs = self._inputs[key] = StepInputs(parts, self.backend)
-        inputs.upload(**values)
+    def run(self, micro: Sequence[Mapping[str, np.ndarray]], lr: float, capture: bool = True) -> bool:
+        """Queue one update over the micro-batches' inputs at learning rate lr; True when every
+        micro-batch ran as a graph replay. capture=False: keys not seen before run eagerly and stay
+        uncaptured (shapes that come once, such as an epoch's short last batch)."""
+        if not micro:
+            raise ValueError("a training step needs at least one micro-batch")
+        if len(micro) > 1 and self.gradient_sync is None:
+            raise ValueError(f"{len(micro)} micro-batches in a step need a gradient accumulator (gradient_sync)")
         self.optimizer.lr = lr
         self.optimizer.begin_step()
-        self._seed.advance()
-        return self._graphs.run(key, lambda: self._body(inputs), capture)
+        replayed = True
+        for i, values in enumerate(micro):
+            parts = {name: tuple(np.shape(value)) for name, value in values.items()}
+            shapes = tuple(parts.items())
+            inputs = self._inputs.get(shapes)
+            if inputs is None:
+                inputs = self._inputs[shapes] = StepInputs(parts, self.backend)
+            inputs.upload(**values)
+            self._seed.advance()
+            first, last = i == 0, i == len(micro) - 1
+            body = lambda: self._body(inputs, first, last)  # noqa: E731 (run now, inside graphs.run)
+            replayed = self._graphs.run((shapes, first, last), body, capture) and replayed
+        return replayed
 
     @property
     def captured(self) -> int:
@@ -83,15 +96,20 @@ class TrainStep:
         """Set the accumulated sum (a new epoch starts from 0, a resumed one from its saved sum)."""
         self.loss_sum.copy_(value)
 
-    def _body(self, inputs: StepInputs) -> None:
-        """The step's kernels: forward, backward, synchronization, clip + AdamW, loss accumulation."""
+    def _body(self, inputs: StepInputs, first: bool, last: bool) -> None:
+        """A micro-batch's kernels: forward, backward (its gradients summed into the earlier
+        micro-batches' and, for the last, combined over the processes), clip + AdamW after the last,
+        loss accumulation."""
         with self._seed.scope():
             objective, tally = self.loss(inputs)
             self.optimizer.zero_grad()
-            objective.backward()
-            if self.gradient_sync is not None:
-                self.gradient_sync()
-            self.optimizer.update()
+            if self.gradient_sync is None:
+                objective.backward()
+            else:
+                with self.gradient_sync.backward_round(accumulate=not first, reduce=last):
+                    objective.backward()
+            if last:
+                self.optimizer.update()
             with minitorch.no_grad():
                 self.loss_sum.copy_(self.loss_sum + tally.detach())
 

@@ -200,6 +200,33 @@ def _open_for_reading(path: str | os.PathLike, kind: str) -> BinaryIO:
 _CHECKPOINT = "llm.c GPT-2 float32 checkpoint"
 
 
+def _checkpoint_header(path: Path, f: BinaryIO) -> GPT2Config:
+    """The config in an open checkpoint's header, after checking the magic, version and size."""
+    header, size = _read_header(path, f, _CHECKPOINT, CHECKPOINT_MAGIC)
+    version = int(header[1])
+    if version != CHECKPOINT_VERSION:
+        what = _CHECKPOINT_VERSIONS.get(version, "an unknown version")
+        raise LlmcFormatError(
+            f"{path}: header[1] (version) is {version}, {what}; only version "
+            f"{CHECKPOINT_VERSION} (float32, padded vocabulary) is supported"
+        )
+    maxT, V, L, NH, C, Vp = (int(v) for v in header[2:8])
+    try:
+        config = GPT2Config(maxT, V, Vp, L, NH, C)
+    except ValueError as err:
+        raise LlmcFormatError(f"{path}: bad header (entries 2..7): {err}") from err
+    _check_size(path, _CHECKPOINT, size, num_parameters(config), "float32 parameter", 4)
+    return config
+
+
+def checkpoint_config(path: str | os.PathLike) -> GPT2Config:
+    """The config of an llm.c version-3 checkpoint, from its header alone (its size checked
+    against it); FileNotFoundError or LlmcFormatError as read_checkpoint."""
+    path = Path(path)
+    with _open_for_reading(path, _CHECKPOINT) as f:
+        return _checkpoint_header(path, f)
+
+
 def read_checkpoint(path: str | os.PathLike) -> tuple[GPT2Config, dict[str, np.ndarray]]:
     """The config and the float32 parameters (keyed by ``PARAMETER_NAMES``, shaped as
     ``parameter_shapes``) of an llm.c version-3 checkpoint. The arrays are views of one buffer.
@@ -208,21 +235,8 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[GPT2Config, dict[str, np.n
     """
     path = Path(path)
     with _open_for_reading(path, _CHECKPOINT) as f:
-        header, size = _read_header(path, f, _CHECKPOINT, CHECKPOINT_MAGIC)
-        version = int(header[1])
-        if version != CHECKPOINT_VERSION:
-            what = _CHECKPOINT_VERSIONS.get(version, "an unknown version")
-            raise LlmcFormatError(
-                f"{path}: header[1] (version) is {version}, {what}; only version "
-                f"{CHECKPOINT_VERSION} (float32, padded vocabulary) is supported"
-            )
-        maxT, V, L, NH, C, Vp = (int(v) for v in header[2:8])
-        try:
-            config = GPT2Config(maxT, V, Vp, L, NH, C)
-        except ValueError as err:
-            raise LlmcFormatError(f"{path}: bad header (entries 2..7): {err}") from err
+        config = _checkpoint_header(path, f)
         count = num_parameters(config)
-        _check_size(path, _CHECKPOINT, size, count, "float32 parameter", 4)
         flat = np.fromfile(f, dtype="<f4", count=count).astype(np.float32, copy=False)
     params, offset = {}, 0
     for name, shape in parameter_shapes(config).items():

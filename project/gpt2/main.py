@@ -3,14 +3,18 @@ GPT-2's initialisation, and leave the result as an llm.c checkpoint.
 
 The defaults follow llm.c's ``train_gpt2_fp32.cu``: AdamW (0.9, 0.999, eps 1e-8) at a constant
 3e-4 with no weight decay, batch 4 x 1024, training batches in shard order (llm.c's DataLoader
-without shuffling), validation from the start of the val shards. Per step one line (loss, ms,
-tokens/s) and a record in ``<out-dir>/metrics.jsonl`` (also the validation losses, and at the end
-the peak memory); at the end ``<out-dir>/loss.png`` and ``<out-dir>/model.bin``.
+without shuffling), validation from the start of the val shards; --preset auto keeps them on CUDA
+and trains a small model on a CPU (options.py). Per step one line (loss, ms, tokens/s, time left)
+and a record in ``<out-dir>/metrics.jsonl`` (also the validation losses, and at the end the peak
+memory); at the end ``<out-dir>/loss.png`` and ``<out-dir>/model.bin``.
 
-    python project/gpt2_data.py --out-dir runs/gpt2_data
-    python project/train_gpt2.py --depth 4 --channels 256 --heads 4 --max-seq-len 256 --vocab-size 8192 \\
-        --train-shards 'runs/gpt2_data/train_en_train_*.bin' --val-shards 'runs/gpt2_data/train_en_val_*.bin' \\
-        --seq-len 256 --batch-size 16 --steps 500 --lr 1e-3 --warmup-steps 50 --final-lr-frac 0.1
+The run holds a lock on --out-dir; ``<out-dir>/checkpoint_NNNNNN/`` is saved every
+--checkpoint-every steps and --checkpoint-every-minutes minutes (the newest --keep-checkpoints
+kept); Ctrl-C or SIGTERM finishes the step, saves one and exits with status 0 and the command that
+continues the run. Every input is checked before training (inputs.py), each problem one ``error:`` line.
+--batch-size is the step's global batch, the same training on any number of processes (torchrun).
+
+    python project/gpt2_data.py && python project/train_gpt2.py        # shards from Multi30k, then train
     python project/train_gpt2.py --init-from gpt2_124M.bin --train-shards 'fineweb_train_*.bin'
 """
 
@@ -25,100 +29,29 @@ import numpy as np
 from tokenizers import Tokenizer
 
 import minitorch
+from project.common.checkpoint import CheckpointError
+from project.common.console import run_program
+from project.common.control import GracefulStop, SaveSchedule
+from project.common.eta import Estimate, Pace, first_line, format_duration, speed_of
+from project.common.lock import first_process, locked_out_dir
 from project.common.metrics import MetricsLog
-from project.common.options import (
-    NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, UNIT_INTERVAL, InputError, add_compute_options, backend_from_option,
-    given_options, option,
-)  # fmt: skip
-from project.common.parallel import DataParallel
+from project.common.options import InputError, backend_from_option
+from project.common.parallel import DataParallel, check_divisible
 from project.common.schedule import learning_rate
 from project.gpt2.data import EOT_TOKEN
-from project.gpt2.llmc import GPT2Config
+from project.gpt2.inputs import Inputs, open_inputs
+from project.gpt2.llmc import LlmcFormatError, num_parameters
 from project.gpt2.model import GPT2
+from project.gpt2.options import parse_args, resume_command
 from project.gpt2.sample import generate
-from project.gpt2.shards import ShardLoader
-from project.gpt2.training import STATE_MODEL, GPT2Step, load_training_state, plot_losses, save_training_state, validation_loss
+from project.gpt2.training import (
+    STATE_MODEL, GPT2Step, checkpoint_directory, load_training_state, plot_losses, prune_checkpoints,
+    save_training_state, validation_loss,
+)  # fmt: skip
 
-FRESH_MODEL = ("depth", "channels", "heads", "max_seq_len", "vocab_size")
 METRICS_NAME = "metrics.jsonl"
 PLOT_NAME = "loss.png"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description="Train GPT-2 with minitorch on llm.c token shards; reads and writes llm.c checkpoints.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    model = p.add_argument_group("model (a fresh one with GPT-2's initialisation unless --init-from/--resume-from)")
-    model.add_argument("--init-from", default=None, metavar="FILE.bin", help="llm.c float32 checkpoint to start from")
-    model.add_argument("--resume-from", default=None, metavar="DIR",
-                       help="checkpoint directory of an earlier run (--checkpoint-every): model, AdamW moments, "
-                       "step and data position; the other options come from this command line")
-    model.add_argument("--depth", type=POSITIVE_INT, default=12, help="layers of a fresh model")
-    model.add_argument("--channels", type=POSITIVE_INT, default=768, help="width C of a fresh model")
-    model.add_argument("--heads", type=POSITIVE_INT, default=12, help="attention heads of a fresh model")
-    model.add_argument("--max-seq-len", type=POSITIVE_INT, default=1024, help="positions of a fresh model")
-    model.add_argument("--vocab-size", type=POSITIVE_INT, default=50257,
-                       help="vocabulary V of a fresh model (the table is padded to a multiple of 128)")
-    data = p.add_argument_group("data")
-    data.add_argument("--train-shards", required=True, metavar="GLOB", help="llm.c token shards to train on")
-    data.add_argument("--val-shards", default=None, metavar="GLOB", help="llm.c token shards for validation")
-    data.add_argument("--batch-size", type=POSITIVE_INT, default=4)
-    data.add_argument("--seq-len", type=POSITIVE_INT, default=1024)
-    opt = p.add_argument_group("optimization")
-    opt.add_argument("--steps", type=POSITIVE_INT, default=None,
-                     help="updates to run (default: one pass over the training shards, as llm.c)")
-    opt.add_argument("--lr", type=NON_NEGATIVE, default=3e-4, help="peak learning rate of AdamW")
-    opt.add_argument("--weight-decay", type=NON_NEGATIVE, default=0.0,
-                     help="AdamW's decoupled weight decay, on every parameter as in llm.c's fp32 trainer")
-    opt.add_argument("--warmup-steps", type=NON_NEGATIVE_INT, default=0, help="linear warm-up, then cosine decay")
-    opt.add_argument("--final-lr-frac", type=UNIT_INTERVAL, default=1.0,
-                     help="the cosine decays to lr * this at the last step (1: constant, llm.c's default)")
-    opt.add_argument("--grad-clip", type=NON_NEGATIVE, default=0.0, help="global gradient-norm clip (0: off, as llm.c fp32)")
-    run = p.add_argument_group("evaluation, samples, checkpoints")
-    run.add_argument("--val-every", type=NON_NEGATIVE_INT, default=20,
-                     help="validation loss every N steps and after the last (0: never)")
-    run.add_argument("--val-batches", type=POSITIVE_INT, default=20, help="batches per validation")
-    run.add_argument("--sample-every", type=NON_NEGATIVE_INT, default=0,
-                     help="print a sample every N steps and after the last (0: never)")
-    run.add_argument("--sample-tokens", type=POSITIVE_INT, default=64, help="tokens per sample")
-    run.add_argument("--prompt", default="", help="text the samples continue (after <|endoftext|>)")
-    run.add_argument("--top-k", type=POSITIVE_INT, default=None, help="sample among the k likeliest tokens")
-    run.add_argument("--temperature", type=NON_NEGATIVE, default=1.0, help="sampling temperature (0: greedy)")
-    run.add_argument("--tokenizer", default=None, metavar="FILE.json",
-                     help="tokenizers JSON for the prompt and samples (default: the one *_tokenizer.json beside "
-                     "the training shards if there is exactly one; without any, samples are token ids after "
-                     "--eot-id)")
-    run.add_argument("--eot-id", type=NON_NEGATIVE_INT, default=50256,
-                     help="token that starts samples when there is no tokenizer (GPT-2's <|endoftext|>)")
-    run.add_argument("--checkpoint-every", type=NON_NEGATIVE_INT, default=0,
-                     help="save <out-dir>/checkpoint_NNNNNN/ (model.bin, state.npz) every N steps")
-    add_compute_options(p, attention="fused", loss="fused")
-    p.add_argument("--out-dir", default="runs/gpt2", help="metrics, plot, checkpoints and the final model.bin")
-    p.add_argument("--seed", type=int, default=0, help="initialisation of a fresh model and sampling")
-    return p
-
-
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    """The options (each within the bound of its type), after refusing combinations that would
-    silently ignore one of them."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    given = given_options(build_parser(), argv)
-    if args.init_from and args.resume_from:
-        parser.error("--init-from and --resume-from both name the starting model; pass one")
-    fresh = [option(name) for name in FRESH_MODEL if name in given]
-    if fresh and (args.init_from or args.resume_from):
-        parser.error(f"{' '.join(fresh)} describe a fresh model; the model of --init-from/--resume-from has its own")
-    return args
-
-
-def find_tokenizer(args: argparse.Namespace, loader: ShardLoader) -> Optional[Tokenizer]:
-    """--tokenizer, or the single *_tokenizer.json that project/gpt2_data.py left beside the shards."""
-    if args.tokenizer:
-        return Tokenizer.from_file(args.tokenizer)
-    found = sorted({p for shard in loader.paths for p in shard.parent.glob("*_tokenizer.json")})
-    return Tokenizer.from_file(str(found[0])) if len(found) == 1 else None
+INPUT_ERRORS = (InputError, CheckpointError, LlmcFormatError)
 
 
 def sample(model: GPT2, args: argparse.Namespace, tokenizer: Optional[Tokenizer], seed: int) -> str:
@@ -128,132 +61,189 @@ def sample(model: GPT2, args: argparse.Namespace, tokenizer: Optional[Tokenizer]
     else:
         eot = tokenizer.token_to_id(EOT_TOKEN)
         prompt_ids = ([] if eot is None else [eot]) + tokenizer.encode(args.prompt, add_special_tokens=False).ids
-    if not prompt_ids:
-        raise ValueError(f"the tokenizer has no {EOT_TOKEN!r} token; give a non-empty --prompt")
     ids = generate(model, prompt_ids, args.sample_tokens, args.temperature, args.top_k, seed)
     new = ids[len(prompt_ids) :]
     return args.prompt + tokenizer.decode(new) if tokenizer else " ".join(map(str, new))
 
 
-def build_model(args: argparse.Namespace, backend: minitorch.TensorBackend) -> GPT2:
+def build_model(args: argparse.Namespace, inputs: Inputs, backend: minitorch.TensorBackend) -> GPT2:
     options = dict(
         backend=backend, use_fused_kernel=args.use_fused_kernel, attention=args.attention,
         activation=args.activation, recompute_layers=args.recompute_layers,
     )  # fmt: skip
-    start = args.init_from or (args.resume_from and str(Path(args.resume_from) / STATE_MODEL))
-    if start:
-        return GPT2.from_checkpoint(start, **options)
-    config = GPT2Config.with_padded_vocab(
-        max_seq_len=args.max_seq_len, vocab_size=args.vocab_size, num_layers=args.depth,
-        num_heads=args.heads, channels=args.channels,
-    )  # fmt: skip
-    return GPT2.fresh(config, seed=args.seed, **options)
+    if inputs.start is not None:
+        return GPT2.from_checkpoint(inputs.start, **options)
+    return GPT2.fresh(inputs.config, seed=args.seed, **options)
+
+
+def due_points(first: int, last: int, every: int, from_one: bool = False) -> int:
+    """How many of the steps first..last hold an evaluation done every `every` steps and after the
+    last (none when every is 0; from_one: never at step 0)."""
+    if not every:
+        return 0
+    first = max(first, 1) if from_one else first
+    return (last // every - (first - 1) // every) + (last % every != 0) if first <= last else 0
+
+
+def plan(
+    args: argparse.Namespace, inputs: Inputs, backend: minitorch.TensorBackend, rows: int, step: int, total: int
+) -> Estimate:
+    """The planned time of steps step..total on one process that runs `rows` sequences of a step
+    (and of a validation batch): training steps, validations and samples."""
+    speed, params, tokens = speed_of(backend), num_parameters(inputs.config), rows * args.seq_len
+    validation = args.val_batches * speed.forward(params, tokens) if inputs.val else 0.0
+    one_sample = args.sample_tokens * speed.forward(params, min(args.sample_tokens, inputs.config.max_seq_len))
+    other = due_points(step, total, args.val_every) * validation + due_points(step, total, args.sample_every, True) * one_sample
+    return Estimate(speed.startup_s, speed.train_step(params, tokens), total - step, other)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    """Run the program; returns {"args", "records" (the metric records), "model", "out_dir"}.
+    """Run the program; returns {"args", "records" (the metric records), "model", "out_dir",
+    "stopped" (the signal that stopped it, or None)} and the peak memory. Bad input exits with a
+    one-line error (status 1).
 
-    Under `torchrun --nproc_per_node N` process r trains on the r-th B x T slice of every N x B x T
-    sample of the shards (llm.c's multi-process DataLoader), the gradients are averaged during
-    backward (minitorch.distributed), validation losses are averaged over the processes, and rank 0
-    prints and writes every file; a checkpoint resumes with any N."""
+    Under `torchrun --nproc_per_node N` --batch-size B stays the step's global batch: process r
+    trains on the r-th B/N x T slice of every B x T sample of the shards (llm.c's multi-process
+    DataLoader), in micro-batches of --micro-batch-size rows where given, each loss weighted by its
+    part of the step; the gradients are summed during backward (minitorch.distributed; --zero 1
+    shards AdamW's state), so the run trains as on one process. Validation losses are averaged over
+    the processes, rank 0 prints and writes every file, a stop signal or a due checkpoint is acted
+    on by every process at the same step, a checkpoint resumes with any N, and a lost process ends
+    the others with a message instead of a hang."""
+    return run_program(lambda: run(argv), INPUT_ERRORS)
+
+
+def run(argv: Optional[Sequence[str]]) -> dict[str, Any]:
+    """main() without turning bad input into SystemExit."""
     args = parse_args(argv)
-    parallel = DataParallel(args.backend)  # under torchrun: joins the group, picks this process's GPU
-    try:
-        return _run(args, parallel)
-    finally:
-        parallel.close()
+    hint = (f"The last checkpoint in {args.out_dir} (checkpoint_NNNNNN/) is intact: continue with --resume-from "
+            f"on any number of processes")  # fmt: skip
+    with locked_out_dir(args.out_dir, hold=first_process()):
+        # Under torchrun: joins the group, picks this process's GPU, starts the watchdog.
+        with DataParallel(args.backend, vars(args), resume_hint=hint) as parallel:
+            return train(args, parallel, argv)
 
 
-def _run(args: argparse.Namespace, parallel: DataParallel) -> dict[str, Any]:
+def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Sequence[str]]) -> dict[str, Any]:
+    """Check the inputs, announce the run, train it (saving on schedule and on a stop signal) and
+    write its outputs."""
     out_dir = Path(args.out_dir)
-    if parallel.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        choice = backend_from_option(args.backend)
-    except InputError as err:
-        raise SystemExit(f"error: {err}") from None
+    choice = backend_from_option(args.backend)
     backend = choice.backend
     minitorch.set_float32_matmul_precision(args.matmul_precision)
     minitorch.manual_seed(args.seed)
-    B, T, N = args.batch_size, args.seq_len, parallel.world_size
-    train = ShardLoader(args.train_shards, B, T, parallel.rank, N)
-    val = ShardLoader(args.val_shards, B, T, parallel.rank, N) if args.val_shards else None
-    model = build_model(args, backend)
-    if T > model.config.max_seq_len:
-        raise SystemExit(f"error: --seq-len {T} exceeds the model's max_seq_len {model.config.max_seq_len}")
-    parallel.wrap(model)
-    optimizer = minitorch.AdamW(
-        model.parameters(), lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
-    )
-    train_step = GPT2Step(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda)
+    N, T = parallel.world_size, args.seq_len
+    B = parallel.global_batch(args.batch_size)
+    check_divisible(B, N)
+    b = B // N  # this process's rows of a step
+    inputs = open_inputs(args, parallel.rank, N, rows=b)
+    train, val = inputs.train, inputs.val
     total_steps = args.steps or train.batches_per_epoch
-    step = load_training_state(args.resume_from, optimizer, train)["step"] if args.resume_from else 0
+    start = f"{'resuming' if args.resume_from else 'new run'} in {out_dir}"
+    step = 0
+    model = build_model(args, inputs, backend)
+    micro = parallel.micro_slices(b)
+    parallel.wrap(model, micro_batches=len(micro) > 1)
+    optimizer = parallel.optimizer(
+        model, lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
+    )
+    if args.resume_from:
+        step = load_training_state(args.resume_from, optimizer, train)["step"]
+    estimate = plan(args, inputs, backend, b, step, total_steps)
+    steps = f"{total_steps:,} steps of {B}x{T} tokens" + (f", {step:,} done" if step else "")
+    parallel.print(first_line(choice, start, args.preset, args.auto_preset, num_parameters(inputs.config), steps,
+                              estimate.total_s, resumed=bool(step)), flush=True)  # fmt: skip
+    train_step = GPT2Step(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda,
+                          micro_slices=micro, weight=b / B)  # fmt: skip
+    parallel.before_close(train_step.release_graphs)  # a graph may hold the step's all-reduces
+    peak_lr = parallel.peak_lr(args.lr)
     metrics = MetricsLog(out_dir / METRICS_NAME, write=parallel.is_main)
     records = metrics.restart((lambda r: r["step"] <= step) if args.resume_from else None)
-    tokenizer = find_tokenizer(args, train)
     val_batches = min(args.val_batches, val.batches_per_epoch) if val else 0
-    n_params = sum(p.value.numel() for p in model.parameters())
+    split = f", {N} processes x {b} (data parallel{', ZeRO-1' if args.zero else ''})" if N > 1 else ""
+    split += f", micro-batches of up to {args.micro_batch_size}" if len(micro) > 1 else ""
     parallel.print(
-        f"GPT-2 {model.config} ({n_params:,} parameters), {choice}"
-        + (f", {N} processes (data parallel)" if N > 1 else "")
-        + f": {model.attention_config}, loss {args.loss}, recompute layers {args.recompute_layers}, "
-        f"matmul precision {args.matmul_precision}; "
-        f"{train.num_tokens:,} training tokens in {len(train.paths)} shard(s) ({train.batches_per_epoch} steps of "
-        f"{N}x{B}x{T}), {total_steps} steps" + (f" from step {step}" if step else ""),
+        f"GPT-2 {model.config}{split}: {model.attention_config}, loss {args.loss}, recompute layers "
+        f"{args.recompute_layers}, matmul precision {args.matmul_precision}; {train.num_tokens:,} training tokens in "
+        f"{len(train.paths)} shard(s) ({train.batches_per_epoch} steps of {B}x{T}), validation: "
+        + (f"{val_batches} batches every {args.val_every} steps" if val and args.val_every else "none"),
         flush=True,
     )
+    schedule = SaveSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
+    pace, first_step = Pace(), step
 
     def log(record: dict) -> None:
         records.append(record)
         metrics.append(record)
 
-    while True:
-        last = step == total_steps
-        if val and args.val_every and (step % args.val_every == 0 or last):
-            val_loss = parallel.sum(validation_loss(model, val, val_batches, args.loss))[0] / N
-            parallel.print(f"step {step:5d} | val loss {val_loss:.6f} ({N * val_batches} batches)", flush=True)
-            log({"step": step, "val_loss": val_loss})
-        if args.sample_every and step > 0 and (step % args.sample_every == 0 or last) and parallel.is_main:
-            print(f"step {step:5d} | sample: {sample(model, args, tokenizer, args.seed + step)!r}", flush=True)
-        if last:
-            break
-        start = time.perf_counter()
-        inputs, targets = train.next_batch()
-        lr = learning_rate(step, args.lr, args.warmup_steps, total_steps, args.final_lr_frac)
-        loss, norm = train_step(inputs, targets, lr)
-        seconds = time.perf_counter() - start
-        loss = parallel.sum(loss)[0] / N  # the step's loss over all N x B x T tokens
-        step += 1
-        tokens_per_s = N * B * T / seconds
-        record = {"step": step, "loss": loss, "lr": lr, "ms": seconds * 1e3, "tokens_per_s": tokens_per_s}
-        if norm is not None:
-            record["grad_norm"] = norm
-        log(record)
-        parallel.print(
-            f"step {step:5d}/{total_steps} | loss {loss:.6f} | lr {lr:.3e} | {seconds * 1e3:8.1f} ms | "
-            f"{tokens_per_s:10,.0f} tok/s" + (f" | grad norm {norm:.3f}" if norm is not None else ""),
+    def save() -> Path:
+        directory = checkpoint_directory(out_dir, step)
+        optimizer_state = parallel.optimizer_state(optimizer)  # under --zero 1 every process gathers
+        if parallel.is_main:
+            save_training_state(directory, model, optimizer_state, step, train, vars(args))
+            prune_checkpoints(out_dir, args.keep_checkpoints)
+        schedule.saved()
+        return directory
+
+    def result(stopped: Optional[str]) -> dict[str, Any]:
+        memory = minitorch.peak_memory_mb(backend)
+        if stopped is None:
+            log({"step": step, **memory})
+        return {"args": args, "records": records, "model": model, "out_dir": out_dir, "stopped": stopped, **memory}
+
+    with GracefulStop() as stop:
+        while True:
+            last = step == total_steps
+            if val and args.val_every and (step % args.val_every == 0 or last):
+                val_loss = parallel.sum(validation_loss(model, val, val_batches, args.loss))[0] / N
+                parallel.print(f"step {step:5d} | val loss {val_loss:.6f} ({N * val_batches} batches)", flush=True)
+                log({"step": step, "val_loss": val_loss})
+            if args.sample_every and step > 0 and (step % args.sample_every == 0 or last) and parallel.is_main:
+                print(f"step {step:5d} | sample: {sample(model, args, inputs.tokenizer, args.seed + step)!r}", flush=True)
+            if last:
+                break
+            stopping, saving = parallel.agree(True, stop.requested, step > first_step and schedule.due(step))
+            if stopping or saving:
+                directory = save()
+                if stopping:
+                    parallel.print(f"stopped by {stop.requested or 'another process signal'} at step {step}/{total_steps}; "
+                                   f"saved {directory}; continue with: {resume_command(argv, directory)}", flush=True)  # fmt: skip
+                    return result(stop.requested or "signal")
+                parallel.print(f"step {step:5d} | saved {directory}", flush=True)
+            started = time.perf_counter()
+            ids, targets = train.next_batch()
+            lr = learning_rate(step, peak_lr, args.warmup_steps, total_steps, args.final_lr_frac)
+            loss, norm = train_step(ids, targets, lr)
+            seconds = time.perf_counter() - started
+            loss = parallel.sum(loss)[0]  # the step's loss over all B x T tokens (each process's is weighted)
+            step += 1
+            pace.step()
+            tokens_per_s = B * T / seconds
+            record = {"step": step, "loss": loss, "lr": lr, "ms": seconds * 1e3, "tokens_per_s": tokens_per_s}
+            if norm is not None:
+                record["grad_norm"] = norm
+            log(record)
+            left = estimate.remaining(total_steps - step, plan(args, inputs, backend, b, step + 1, total_steps).other_s,
+                                      pace.seconds_per_step)  # fmt: skip
+            parallel.print(
+                f"step {step:5d}/{total_steps} | loss {loss:.6f} | lr {lr:.3e} | {seconds * 1e3:8.1f} ms | "
+                f"{tokens_per_s:10,.0f} tok/s" + (f" | grad norm {norm:.3f}" if norm is not None else "")
+                + f" | {format_duration(left)} left",
+                flush=True,
+            )
+
+    outcome = result(None)
+    if parallel.is_main:
+        model.save_checkpoint(out_dir / STATE_MODEL)
+        plot_losses(records, out_dir / PLOT_NAME, f"GPT-2 L{model.config.num_layers} C{model.config.channels}, {args.activation}")
+        steady = [r["ms"] for r in records if "ms" in r][1:]
+        print(
+            f"done: {step} steps, median {np.median(steady) if steady else float('nan'):.1f} ms/step after the first, "
+            f"peak memory {outcome['peak_memory_mb']:,.0f} MiB ({outcome['memory_kind']}); "
+            f"wrote {out_dir / STATE_MODEL}, {out_dir / METRICS_NAME}, {out_dir / PLOT_NAME}",
             flush=True,
         )
-        if args.checkpoint_every and step % args.checkpoint_every == 0 and parallel.is_main:
-            where = save_training_state(out_dir / f"checkpoint_{step:06d}", model, optimizer, step, train, vars(args))
-            print(f"step {step:5d} | saved {where}", flush=True)
-
-    train_step.release_graphs()
-    memory = minitorch.peak_memory_mb(backend)
-    log({"step": step, **memory})
-    if not parallel.is_main:
-        return {"args": args, "records": records, "model": model, "out_dir": out_dir, **memory}
-    model.save_checkpoint(out_dir / STATE_MODEL)
-    plot_losses(records, out_dir / PLOT_NAME, f"GPT-2 L{model.config.num_layers} C{model.config.channels}, {args.activation}")
-    steady = [r["ms"] for r in records if "ms" in r][1:]
-    print(
-        f"done: {step} steps, median {np.median(steady) if steady else float('nan'):.1f} ms/step after the first, "
-        f"peak memory {memory['peak_memory_mb']:,.0f} MiB ({memory['memory_kind']}); "
-        f"wrote {out_dir / STATE_MODEL}, {out_dir / METRICS_NAME}, {out_dir / PLOT_NAME}",
-        flush=True,
-    )
-    return {"args": args, "records": records, "model": model, "out_dir": out_dir, **memory}
+    return outcome
 
 
 if __name__ == "__main__":

@@ -31,9 +31,12 @@ class ShardLoader:
     sample. The tokens after a shard's last whole sample are skipped. After the last shard the
     loader starts over at the first (a new epoch).
 
-    ``shards`` is a glob pattern or a sequence of paths (taken in the given order). Every shard is
-    checked up front and must hold at least ``B*T*num_processes + 1`` tokens. The position is
-    ``shard_index``, ``sample_index``; ``paths``, ``shard_tokens``, ``shard_samples`` list the shards.
+    ``shards`` is a glob pattern or a sequence of paths (taken in the given order). Every shard's
+    header is checked up front and must hold at least ``B*T*num_processes + 1`` tokens; with a
+    ``vocab_size``, the tokens of a shard are checked to lie in ``[0, vocab_size)`` when the loader
+    opens it (the first one at once), so a shard of another tokenizer fails with its name and the
+    first token out of range. The position is ``shard_index``, ``sample_index``; ``paths``,
+    ``shard_tokens``, ``shard_samples`` list the shards.
     """
 
     def __init__(
@@ -43,6 +46,7 @@ class ShardLoader:
         seq_len: int,
         process_rank: int = 0,
         num_processes: int = 1,
+        vocab_size: int | None = None,
     ) -> None:
         if batch_size < 1 or seq_len < 1:
             raise ValueError(f"batch_size and seq_len must be positive, got {batch_size} and {seq_len}")
@@ -54,7 +58,8 @@ class ShardLoader:
             self.paths = [Path(p) for p in shards]
             if not self.paths:
                 raise ValueError("ShardLoader needs at least one shard")
-        self.batch_size, self.seq_len = batch_size, seq_len
+        self.batch_size, self.seq_len, self.vocab_size = batch_size, seq_len, vocab_size
+        self._in_vocab: set[int] = set()  # shards whose tokens were checked against vocab_size
         self.process_rank, self.num_processes = process_rank, num_processes
         self.sample_tokens = batch_size * seq_len * num_processes
         self.shard_tokens = [shard_num_tokens(p) for p in self.paths]
@@ -87,6 +92,17 @@ class ShardLoader:
         # Only the current shard stays mapped, like llm.c's single open file.
         self.shard_index, self.sample_index = shard_index, sample_index
         self._tokens = read_shard(self.paths[shard_index])
+        if self.vocab_size is not None and shard_index not in self._in_vocab:
+            self._check_vocab(shard_index)
+
+    def _check_vocab(self, shard_index: int) -> None:
+        if int(self._tokens.max()) >= self.vocab_size:
+            position = int(np.argmax(self._tokens >= self.vocab_size))
+            raise LlmcFormatError(
+                f"{self.paths[shard_index]}: token id {int(self._tokens[position])} at position {position} is outside "
+                f"[0, {self.vocab_size}) (the model's vocab_size): the shards were made with another tokenizer"
+            )
+        self._in_vocab.add(shard_index)
 
     def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
         """The next ``(inputs, targets)``, each ``[B, T]`` int64; targets are inputs shifted by one."""

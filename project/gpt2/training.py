@@ -10,7 +10,8 @@ one graph replay.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Tuple
 
@@ -18,8 +19,9 @@ import numpy as np
 
 import minitorch
 from minitorch import Tensor
+from minitorch.distributed import GradientAccumulator
 from minitorch.graphs import StepInputs
-from project.common.checkpoint import load_checkpoint, restore_optimizer, save_checkpoint
+from project.common.checkpoint import CheckpointError, load_checkpoint, restore_optimizer, save_checkpoint
 from project.common import evaluation
 from project.common.metrics import Panel, Series, plot_records
 from project.common.train_step import TrainStep
@@ -29,32 +31,47 @@ from project.gpt2.shards import ShardLoader
 STATE_MODEL = "model.bin"
 STATE_NAME = "state.npz"
 CHECKPOINT_KIND = "gpt2"
+CHECKPOINT_PREFIX = "checkpoint_"
 LOSS_PANEL = Panel("loss", "cross-entropy loss", (Series("loss", "train", "-"), Series("val_loss", "val")))
 
 
 class GPT2Step(TrainStep):
-    """One update per call on a [B, T] batch: loss, backward, gradient_sync (data parallel: the
-    gradients combined over the processes), AdamW at the call's lr (which clips the gradients' global
-    norm when it has a max_grad_norm). Returns (this process's loss, gradient norm before clipping, or
-    None when the optimizer does not clip). use_graphs (CUDA only): capture the step in a CUDA graph
-    per batch shape and replay it (project/common/train_step.py)."""
+    """One update per call on a [B, T] batch (this process's rows of the step): loss, backward through
+    gradient_sync (data parallel: the gradients combined over the processes), AdamW at the call's lr
+    (which clips the gradients' global norm when it has a max_grad_norm). Returns (this process's
+    part of the step's loss, gradient norm before clipping, or None when the optimizer does not
+    clip). use_graphs (CUDA only): capture the step in a CUDA graph per batch shape and replay it
+    (project/common/train_step.py).
+
+    micro_slices: the rows of each forward/backward pass (several: their gradients are summed through
+    gradient_sync; default: all rows at once); weight: this process's part of the step (its rows /
+    the global batch's), by which its loss is scaled, so that the sum over the processes of their
+    gradients and of their returned losses is the step's."""
 
     def __init__(
         self, model: GPT2, optimizer: minitorch.AdamW, loss_kind: str,
-        gradient_sync: Optional[Callable[[], None]] = None, use_graphs: bool = False,
+        gradient_sync: Optional[GradientAccumulator] = None, use_graphs: bool = False,
+        micro_slices: Optional[Sequence[slice]] = None, weight: float = 1.0,
     ):  # fmt: skip
         super().__init__(optimizer, model.backend, self._loss, use_graphs, gradient_sync)
         self.model, self.loss_kind = model, loss_kind
+        self.micro_slices, self.weight = micro_slices, weight
 
     def __call__(self, inputs: np.ndarray, targets: np.ndarray, lr: float) -> Tuple[float, Optional[float]]:
-        self.run({"ids": self.model.check_ids(inputs), "targets": self.model.check_ids(targets)}, lr)
+        rows = inputs.shape[0]
+        micro = []
+        for part in self.micro_slices or [slice(0, rows)]:
+            share = self.weight * (part.stop - part.start) / rows
+            micro.append({"ids": self.model.check_ids(inputs[part]), "targets": self.model.check_ids(targets[part]),
+                          "weight": np.array([share])})  # fmt: skip
+        self.run(micro, lr)
         loss = self.loss_total()
         self.reset_loss()
         norm = self.optimizer.grad_norm().item() if self.optimizer.max_grad_norm else None
         return loss, norm
 
     def _loss(self, inputs: StepInputs) -> Tuple[Tensor, Tensor]:
-        loss = self.model.loss(inputs["ids"], inputs["targets"], self.loss_kind)
+        loss = self.model.loss(inputs["ids"], inputs["targets"], self.loss_kind) * inputs["weight"]
         return loss, loss
 
 
@@ -72,27 +89,47 @@ def validation_loss(model: GPT2, loader: ShardLoader, batches: int, loss_kind: s
 
 
 def save_training_state(
-    directory: str | os.PathLike, model: GPT2, optimizer: minitorch.AdamW, step: int, loader: ShardLoader,
+    directory: str | os.PathLike, model: GPT2, optimizer_state: Mapping[str, Any], step: int, loader: ShardLoader,
     config: Mapping[str, Any],
 ) -> Path:  # fmt: skip
     """Write ``directory/model.bin`` (llm.c's checkpoint format), then ``directory/state.npz``
-    (a run checkpoint: the run's ``config``, steps done, AdamW's step count and moments, the
-    training loader's position); each atomically, state.npz last, so a directory with one is complete."""
+    (a run checkpoint: the run's ``config``, steps done, AdamW's step count and moments as its
+    state_dict gives them, the training loader's position); each atomically, state.npz last, so a
+    directory with one is complete."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_checkpoint(directory / STATE_MODEL)
-    state = {"step": step, "optimizer": optimizer.state_dict(), "train_loader": loader.state()}
+    state = {"step": step, "optimizer": dict(optimizer_state), "train_loader": loader.state()}
     save_checkpoint(directory / STATE_NAME, CHECKPOINT_KIND, config, state)
     return directory
 
 
 def load_training_state(directory: str | os.PathLike, optimizer: minitorch.AdamW, loader: ShardLoader) -> dict[str, Any]:
     """Restore the optimizer and the loader position that ``save_training_state`` wrote (the model
-    comes from ``directory/model.bin``); returns the saved state (``step`` among it)."""
+    comes from ``directory/model.bin``); returns the saved state (``step`` among it). A state that
+    does not fit them raises CheckpointError naming the file."""
     checkpoint = load_checkpoint(Path(directory) / STATE_NAME, CHECKPOINT_KIND)
     restore_optimizer(checkpoint.path, optimizer, checkpoint.state["optimizer"])
-    loader.load_state(checkpoint.state["train_loader"])
+    try:
+        loader.load_state(checkpoint.state["train_loader"])
+    except (KeyError, ValueError) as err:
+        raise CheckpointError(f"{checkpoint.path} does not fit these training shards: {err}") from None
     return checkpoint.state
+
+
+def checkpoint_directory(out_dir: str | os.PathLike, step: int) -> Path:
+    """Where a run saves its checkpoint of a step: ``<out_dir>/checkpoint_NNNNNN``."""
+    return Path(out_dir) / f"{CHECKPOINT_PREFIX}{step:06d}"
+
+
+def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> list[Path]:
+    """Remove all but the newest `keep` checkpoint directories of out_dir (keep 0: remove none);
+    returns those removed."""
+    found = sorted(p for p in Path(out_dir).glob(f"{CHECKPOINT_PREFIX}[0-9]*") if p.is_dir())
+    removed = found[:-keep] if keep else []
+    for directory in removed:
+        shutil.rmtree(directory)
+    return removed
 
 
 def plot_losses(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, title: str) -> Path:

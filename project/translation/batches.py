@@ -232,13 +232,14 @@ class Batcher:
 
     def state_dict(self) -> dict:
         """A JSON- and pickle-friendly snapshot: the RNG state at the start of the current
-        epoch (or now, between epochs), the batches already handed out, and the settings."""
+        epoch (or now, between epochs), the batches already handed out, and the settings. A
+        Batcher restored from a snapshot gives that snapshot back until its next epoch() starts."""
         in_epoch = self._epoch_start_state is not None
         rng_state = self._epoch_start_state if in_epoch else self._rng.bit_generator.state
         return {
             "rng_state": copy.deepcopy(rng_state),
-            "batches_done": self._batches_done if in_epoch else 0,
-            "group_size": self._epoch_group_size if in_epoch else 1,
+            "batches_done": self._batches_done if in_epoch else self._resume_skip,
+            "group_size": self._epoch_group_size if in_epoch else self._resume_group_size or 1,
             **self._config(),
         }
 

@@ -267,6 +267,28 @@ def _missing_message(data_dir: Path, cache: Path, base_url: str, reason: str) ->
     )
 
 
+def complete_directory(data_dir: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None) -> Path | None:
+    """Where load_corpus reads the corpus from: the data directory when it holds every file, else
+    the download cache when it does, else None (``data_dir`` and ``cache_dir`` default as there)."""
+    for directory in (resolve_data_dir(data_dir), resolve_cache_dir(cache_dir)):
+        if not missing_files(directory):
+            return directory
+    return None
+
+
+def split_sizes(data_dir: str | os.PathLike | None = None) -> dict[str, int] | None:
+    """Lines of each split's English file where load_corpus would find the corpus, None where it
+    finds none or cannot read one (load_corpus then says why): the sizes a run's plan needs before
+    the corpus is read and checked."""
+    directory = complete_directory(data_dir)
+    if directory is None:
+        return None
+    try:
+        return {split: _read_text_bytes(find_corpus_file(directory, f"{split}.en")).count(b"\n") for split in SPLITS}
+    except (OSError, EOFError, zlib.error):
+        return None
+
+
 def load_corpus(
     data_dir: str | os.PathLike | None = None,
     *,
@@ -286,12 +308,10 @@ def load_corpus(
     directory, the expected files and the fix, when the corpus cannot be found or fetched,
     and ChecksumError when a download does not match ``checksums``.
     """
-    directory = resolve_data_dir(data_dir)
-    if not missing_files(directory):
-        return read_corpus(directory)
-    cache = resolve_cache_dir(cache_dir)
-    if not missing_files(cache):
-        return read_corpus(cache)
+    found = complete_directory(data_dir, cache_dir)
+    if found is not None:
+        return read_corpus(found)
+    directory, cache = resolve_data_dir(data_dir), resolve_cache_dir(cache_dir)
     url_prefix = resolve_base_url(base_url)
     if not download:
         raise MissingDataError(

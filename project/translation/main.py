@@ -19,9 +19,11 @@ continues from it exactly, mid-epoch included. Every input is checked before tra
     torchrun --nproc_per_node 2 project/run_machine_translation.py      # data parallel, 2 GPUs
     python -m project.translation --preset tiny                    # the same program
 
-Under torchrun each process trains on its own batch of every step (parallel.py) and the
-gradients are combined by minitorch.distributed; rank 0 alone evaluates, prints and writes the
-outputs, and a checkpoint resumes with any number of processes.
+Under torchrun --batch-size stays the global batch: each process trains on its part of every step
+(parallel.py; --micro-batch-size splits a part that does not fit), the gradients are combined by
+minitorch.distributed (--zero 1 shards AdamW's state), so the run trains as on one process; rank 0
+alone evaluates, prints and writes the outputs, a checkpoint resumes with any number of processes,
+and a lost process ends the others with a message instead of a hang.
 """
 
 from __future__ import annotations
@@ -32,40 +34,57 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 import minitorch
-from project.common.checkpoint import CheckpointError
+from project.common.checkpoint import Checkpoint, CheckpointError
+from project.common.console import run_program
 from project.common.control import GracefulStop, StopRequested
+from project.common.eta import speed_of
+from project.common.lock import first_process, locked_out_dir
 from project.common.metrics import MetricsLog
 from project.common.options import InputError, backend_from_option
 from project.translation.average import save_snapshot
 from project.translation.corpus import CorpusError, MissingDataError
 from project.translation.evaluate import FINAL_NAME, final_evaluation
-from project.translation.options import CHECKPOINT_NAME, resolve_config
+from project.translation.options import CHECKPOINT_NAME, parse, resolve_config
 from project.translation.parallel import TranslationParallel
+from project.translation.plan import announce
 from project.translation.plot import plot_metrics
 from project.translation.run import TranslationRun, prepare_data, restore_run_state
 
 METRICS_NAME = "metrics.jsonl"
+INPUT_ERRORS = (InputError, CheckpointError, MissingDataError, CorpusError)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Run the program; returns {"config", "history" (one metrics record per epoch), "out_dir",
     "stopped" (the signal that stopped it, or None), "final" (the final evaluation's record, None
-    when stopped or when no epoch was trained)}. Bad input exits with a one-line error."""
-    try:
-        return run(argv)
-    except (InputError, CheckpointError, MissingDataError, CorpusError) as err:
-        raise SystemExit(f"error: {err}") from None
+    when stopped or when no epoch was trained)}. Bad input exits with a one-line error (status 1);
+    --out-dir is locked for the run (a second run into it is refused, naming this one's PID)."""
+    return run_program(lambda: run(argv), INPUT_ERRORS)
 
 
 def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
     """main() without turning bad input into SystemExit."""
-    config, checkpoint = resolve_config(argv)
-    parallel = TranslationParallel(config["backend"])  # under torchrun: joins the group, picks this process's GPU
+    args, explicit = parse(argv)
+    with locked_out_dir(args["out_dir"], hold=first_process()):
+        config, checkpoint = resolve_config(args, explicit)
+        out_dir = Path(config["out_dir"])
+        hint = (f"The last checkpoint, {out_dir / CHECKPOINT_NAME}, is intact: continue with --resume --out-dir "
+                f"{out_dir} on any number of processes")  # fmt: skip
+        # Under torchrun: joins the group, picks this process's GPU, starts the watchdog.
+        with TranslationParallel(config["backend"], config, resume_hint=hint) as parallel:
+            return train(config, checkpoint, parallel, auto_preset=explicit.get("preset", "auto") == "auto")
+
+
+def train(
+    config: Dict[str, Any], checkpoint: Optional[Checkpoint], parallel: TranslationParallel, auto_preset: bool
+) -> Dict[str, Any]:
+    """run() in the process group, on a configuration resolved and checked: data, model, the
+    epochs, the final evaluation."""
+    out_dir = Path(config["out_dir"])
     say = parallel.print
     choice = backend_from_option(config["backend"])
     backend = choice.backend
-    out_dir = Path(config["out_dir"])
-    say(f"{choice}; {'resuming' if checkpoint else 'new run'} in {out_dir}", flush=True)
+    say(announce(choice, config, checkpoint, speed_of(backend), parallel, auto_preset), flush=True)
     minitorch.set_float32_matmul_precision(config["matmul_precision"])
     minitorch.manual_seed(config["seed"])
     np.random.seed(config["seed"])
@@ -73,6 +92,7 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
     with parallel.main_first():  # rank 0 trains and saves the tokenizer, the others load it
         data = prepare_data(config, out_dir)
     job = TranslationRun(config, backend, data, parallel)
+    parallel.before_close(job.step.release_graphs)  # a graph may hold the step's all-reduces
     if checkpoint is not None:
         job.resumed(restore_run_state(checkpoint, job.model, job.optimizer, job.batcher))
     parallel.decorrelate_rng()
@@ -81,19 +101,17 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
 
     n_params = sum(p.value.numel() for p in job.model.parameters())
     say(
-        f"{'resuming at epoch ' + str(job.progress['epoch']) + ' step ' + str(job.progress['step']) if checkpoint else 'training'} "
+        f"{'resuming in ' + job.position() if checkpoint else 'training'} "
         f"({job.model.attention_config}, loss: {config['loss']}, recompute layers: {config['recompute_layers']}): "
         f"{n_params:,} parameters, "
         f"vocab {data['tokenizer'].get_vocab_size()}, {len(data['train'].sequences)} train pairs "
-        f"({data['train'].n_dropped} longer than {config['max_len']} dropped), {len(data['valid'].sequences)} valid, "
-        f"{len(data['prompts'])} test; {parallel.steps_per_epoch(job.batcher)} steps/epoch"
-        f"{f' on {parallel.world_size} processes' if parallel.world_size > 1 else ''}",
+        f"({data['train'].n_dropped} longer than {config['max_len']} dropped), {len(data['valid'].sequences)} valid "
+        f"({data['valid'].n_dropped} dropped), {len(data['prompts'])} test; {job.plan.per_epoch} steps/epoch of "
+        f"{parallel.global_batch(config['batch_size'])} pairs{_split(parallel, config)}",
         flush=True,
     )
 
     def finish(stopped: Optional[str], final: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        job.step.release_graphs()  # before leaving the group: a graph may hold its all-reduces
-        parallel.close()
         return {"config": config, "history": history, "out_dir": out_dir, "stopped": stopped, "final": final}
 
     with GracefulStop() as stop:
@@ -102,34 +120,39 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
                 job.progress["partial"] = {"epoch": epoch, "trained": False, "lr": None, "loss_sum": 0.0,
                                            "n_targets": 0, "n_tokens": 0, "train_seconds": 0.0}  # fmt: skip
             record = None
-            trained = job.progress["partial"]["trained"] or job.train_epoch(epoch, stop)
-            if trained and parallel.is_main:  # rank 0 alone evaluates, writes and prints
+            if not (job.progress["partial"]["trained"] or job.train_epoch(epoch, stop)):
+                say(job.stopped(stop.requested or "another process's signal"), flush=True)
+                return finish(stop.requested)
+            if parallel.is_main:  # rank 0 alone evaluates, writes and prints
                 try:
                     with stop.interruptible():
                         record = job.evaluate(epoch)
                 except StopRequested:
-                    job.save()
+                    pass
+            parallel.barrier("evaluated")  # the others wait for rank 0's evaluation, however long
             # Every process learns whether rank 0 was stopped while evaluating.
-            if not trained or parallel.sum(float(parallel.is_main and record is None))[0]:
+            if parallel.sum(float(parallel.is_main and record is None))[0]:
+                job.save()
                 say(job.stopped(stop.requested or "another process's signal"), flush=True)
                 return finish(stop.requested)
             job.progress = {"epoch": epoch, "step": job.progress["step"], "partial": None}
-            if not parallel.is_main:
-                continue
-            sample = record.pop("sample")
-            metrics.append(record)
-            plot_metrics(metrics.path)
-            history.append(record)
-            if config["average_last"] > 1:
-                save_snapshot(out_dir, epoch, job.model.state_dict(), keep=config["average_last"])
-            job.save()
-            print(
-                f"epoch {epoch}: train loss {record['train_loss']:.4f}, valid loss {record['valid_loss']:.4f}, "
-                f"BLEU {record['bleu']:.2f}, {record['tokens_per_s']:,.0f} tokens/s over the epoch (median step "
-                f"{_rate(record)}), {record['seconds']:.1f}s, peak memory {record['peak_memory_mb']:,.0f} MiB "
-                f"({record['memory_kind']}); sample: {sample!r}",
-                flush=True,
-            )
+            if parallel.is_main:
+                sample = record.pop("sample")
+                metrics.append(record)
+                plot_metrics(metrics.path)
+                history.append(record)
+                if config["average_last"] > 1:
+                    save_snapshot(out_dir, epoch, job.model.state_dict(), keep=config["average_last"])
+            parallel.barrier("recorded")
+            job.save()  # every process: under --zero 1 the optimizer's moments are gathered from all
+            if parallel.is_main:
+                print(
+                    f"epoch {epoch}: train loss {record['train_loss']:.4f}, valid loss {record['valid_loss']:.4f}, "
+                    f"BLEU {record['bleu']:.2f}, {record['tokens_per_s']:,.0f} tokens/s over the epoch (median step "
+                    f"{_rate(record)}), {record['seconds']:.1f}s, peak memory {record['peak_memory_mb']:,.0f} MiB "
+                    f"({record['memory_kind']}); sample: {sample!r}",
+                    flush=True,
+                )
     if not parallel.is_main:
         return finish(None)
     print_summary(history, out_dir)
@@ -137,6 +160,17 @@ def run(argv: Optional[Sequence[str]]) -> Dict[str, Any]:
     if history:
         final = final_evaluation(job.model, config, data, backend, history[-1]["epoch"], job.decoders)
     return finish(None, final)
+
+
+def _split(parallel: TranslationParallel, config: Dict[str, Any]) -> str:
+    """How a step's pairs are split: over processes (and ZeRO-1), into micro-batches."""
+    rows = parallel.process_rows(config["batch_size"])
+    parts = [f" on {parallel.world_size} processes ({rows} pairs each{', ZeRO-1' if config['zero'] else ''})"
+             if parallel.world_size > 1 else ""]  # fmt: skip
+    micro = len(parallel.micro_slices(rows))
+    if micro > 1:
+        parts.append(f", {micro} micro-batches of up to {config['micro_batch_size']}")
+    return "".join(parts)
 
 
 def _rate(record: Dict[str, Any]) -> str:

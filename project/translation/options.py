@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from project.common.checkpoint import Checkpoint, CheckpointError, check_config, describe, load_checkpoint, previous_path
+from project.common.console import OneLineParser
 from project.common.options import (
     FRACTION,
     NON_NEGATIVE,
@@ -23,6 +24,8 @@ from project.common.options import (
     lenient,
     option,
 )
+from project.common.parallel import add_parallel_options
+from project.common.presets import add_preset_option, apply_preset
 from project.translation.corpus import DATA_DIR_ENV, DEFAULT_BASE_URL, DEFAULT_DATA_DIR
 from project.translation.tokenizer import MIN_VOCAB_SIZE
 
@@ -36,12 +39,15 @@ RUN_CONTROL = {
     "epochs", "backend", "use_fused_kernel", "data_dir", "download", "eval_batch_size", "valid_samples",
     "test_samples", "out_dir", "resume", "loss", "recompute_layers", "attention", "save_every_steps",
     "save_every_minutes", "cuda_graphs", "log_every", "matmul_precision", "beam_size", "final_beam_size",
-    "length_penalty", "average_last",
+    "length_penalty", "average_last", "micro_batch_size", "zero", "dist_timeout", "lost_rank_timeout",
 }  # fmt: skip
-# Options newer than some checkpoints that change the training, with the value those checkpoints trained with.
-TRAINED_BEFORE = {"label_smoothing": 0.0, "lr_scaling": "none"}
-# --preset NAME: defaults for a quick run (explicit options still win). tiny: a 2-core CPU, minutes.
+# Options newer than some checkpoints that change the training, with the value those checkpoints trained with
+# (--batch-size was per process before --scale-batch-with-world).
+TRAINED_BEFORE = {"label_smoothing": 0.0, "lr_scaling": "none", "scale_batch_with_world": True}
+# --preset NAME: defaults of a run (explicit options still win). full: the parser's defaults, the real
+# run for a GPU; tiny: minutes on a 2-core CPU; auto (the default): full on CUDA, tiny on a CPU.
 PRESETS = {
+    "full": {},
     "tiny": {
         "n_embd": 64, "n_head": 4, "n_layers": 2, "vocab_size": 1000, "max_len": 48, "batch_size": 32,
         "samples_per_epoch": 1280, "epochs": 2, "warmup_steps": 10, "lr": 3e-3, "dropout": 0.0,
@@ -62,13 +68,11 @@ class RenamedOption(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     """The program's options; a value out of its bound is a usage error naming the option."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         description="German->English translation with a minitorch decoder-only transformer (Multi30k).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--preset", choices=("none", *PRESETS), default="none",
-                   help="defaults for a quick run, explicit options still win; tiny: " +
-                   " ".join(f"{option(k)} {v}" for k, v in PRESETS["tiny"].items()))
+    add_preset_option(p, PRESETS)
     model = p.add_argument_group("model")
     model.add_argument("--n-embd", type=POSITIVE_INT, default=256, help="model width")
     model.add_argument("--n-head", type=POSITIVE_INT, default=8, help="attention heads")
@@ -82,19 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--seed", type=int, default=0, help="seed of initialization, dropout and batch order")
     opt.add_argument("--epochs", type=POSITIVE_INT, default=10, help="epochs to train in all")
     opt.add_argument("--batch-size", type=POSITIVE_INT, default=128,
-                     help="training pairs per step (under torchrun: per process, N batches a step)")
+                     help="training pairs per step, over all processes under torchrun (see --micro-batch-size, "
+                     "--scale-batch-with-world)")
     opt.add_argument("--samples-per-epoch", type=POSITIVE_INT, default=None,
                      help="training pairs drawn per epoch (None: all)")
     opt.add_argument("--lr", type=POSITIVE, default=1e-3, help="peak learning rate of AdamW")
-    opt.add_argument("--lr-scaling", choices=("none", "sqrt", "linear"), default="linear",
-                     help="under torchrun with N processes (a global batch of N x --batch-size) the peak lr is "
-                     "--lr x 1, sqrt(N) or N")
     opt.add_argument("--warmup-steps", type=NON_NEGATIVE_INT, default=200,
-                     help="linear warmup, then cosine decay to 0 (counted in batches: a step of N processes counts N)")
+                     help="linear warmup, then cosine decay to 0 (counted in batches of --batch-size: under "
+                     "--scale-batch-with-world a step of N processes counts N)")
     opt.add_argument("--weight-decay", type=NON_NEGATIVE, default=0.01, help="decoupled (AdamW) weight decay")
     opt.add_argument("--grad-clip", type=NON_NEGATIVE, default=1.0, help="global gradient-norm clip (0: off)")
     opt.add_argument("--label-smoothing", type=FRACTION, default=0.0,
                      help="train against (1 - e) * onehot + e / vocab (the validation loss stays unsmoothed)")
+    add_parallel_options(p, rows="pairs")
     how = add_compute_options(p, attention="naive", loss="naive")
     how.add_argument("--checkpoint", action=RenamedOption, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     run = p.add_argument_group("data, outputs, checkpoints")
@@ -129,12 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """(every option, the options given on the command line); --preset changes the defaults. Values
-    out of bounds pass here: check_options reports them all at once."""
+    """(every option, the options given on the command line); --preset changes the defaults and is
+    resolved ("auto": "full" or "tiny" for --backend). Values out of bounds pass here: check_options
+    reports them all at once."""
     parser = lenient(build_parser())
-    preset = parser.parse_known_args(argv)[0].preset
-    parser.set_defaults(**PRESETS.get(preset, {}))
-    return vars(parser.parse_args(argv)), given_options(lenient(build_parser()), argv)
+    preset = apply_preset(parser, PRESETS, argv)
+    return {**vars(parser.parse_args(argv)), "preset": preset}, given_options(lenient(build_parser()), argv)
 
 
 def check_options(config: Dict[str, Any]) -> None:
@@ -148,10 +152,9 @@ def check_options(config: Dict[str, Any]) -> None:
         raise InputError("; ".join(problems))
 
 
-def resolve_config(argv: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], Optional[Checkpoint]]:
-    """(configuration, checkpoint or None), checked. A resumed run takes its configuration from the
-    checkpoint, with the RUN_CONTROL options the command line sets."""
-    args, explicit = parse(argv)
+def resolve_config(args: Dict[str, Any], explicit: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[Checkpoint]]:
+    """(configuration, checkpoint or None), checked, from parse()'s result. A resumed run takes its
+    configuration from the checkpoint, with the RUN_CONTROL options the command line sets."""
     path = Path(args["out_dir"]) / CHECKPOINT_NAME
     if not args["resume"]:
         for existing in (path, previous_path(path)):

@@ -5,16 +5,15 @@ The checkpoint is ``<out-dir>/checkpoint.npz``, a run checkpoint (project/common
 "machine_translation"): the configuration and run_state (parameters, AdamW moments, batch order,
 RNG states and the progress record, the running sums of an unfinished epoch included).
 
-Data parallel (torchrun, parallel.py): every process trains its batch of each step; the
-running sums of an unfinished epoch are each process's own until the epoch ends or a checkpoint
-sums them, rank 0 writes the checkpoint (and resumes with the sums, the others from zero), and a
-save or a stop happens in every process at the same step (agreed every --log-every steps).
+Data parallel (torchrun, parallel.py): every process trains its part of each step (in micro-batches
+where it exceeds --micro-batch-size); the running sums of an unfinished epoch are each process's own
+until the epoch ends or a checkpoint sums them, rank 0 writes the checkpoint (under --zero 1 from the
+optimizer state every process gathers) and resumes with the sums, the others from zero, and a save or
+a stop happens in every process at the same step (agreed every --log-every steps).
 """
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Dict
@@ -24,7 +23,9 @@ from tqdm import tqdm
 
 import minitorch
 from project.common.checkpoint import Checkpoint, CheckpointError, restore_optimizer, save_checkpoint
+from project.common.console import command_line
 from project.common.control import GracefulStop, SaveSchedule
+from project.common.eta import Pace, format_duration, speed_of
 from project.common.schedule import learning_rate
 from project.common.train_step import StepTimer
 from project.translation.batches import Batcher, encode_pairs
@@ -34,11 +35,9 @@ from project.translation.evaluate import Decoders, evaluate
 from project.translation.model import build_model
 from project.translation.options import CHECKPOINT_KIND, CHECKPOINT_NAME
 from project.translation.parallel import TranslationParallel
+from project.translation.plan import RunPlan, plan_run, position, resume_point
 from project.translation.step import TranslationStep
 from project.translation.tokenizer import encode_prompts, load_or_train_tokenizer
-
-# The peak learning rate for N processes (a global batch N times --batch-size), from --lr.
-LR_SCALING = {"none": lambda n: 1.0, "sqrt": math.sqrt, "linear": float}
 
 
 def prepare_data(config: Dict[str, Any], out_dir: Path) -> Dict[str, Any]:
@@ -72,35 +71,54 @@ class TranslationRun:
         self.config, self.backend, self.data, self.parallel = config, backend, data, parallel
         self.out_dir = Path(config["out_dir"])
         self.model = build_model(config, data["tokenizer"].get_vocab_size(), backend)
-        self.optimizer = minitorch.AdamW(self.model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"],
-                                         max_grad_norm=config["grad_clip"] or None)  # fmt: skip
         self.batcher = Batcher(data["train"].sequences, config["batch_size"], seed=config["seed"],
                                samples_per_epoch=config["samples_per_epoch"])  # fmt: skip
-        parallel.wrap(self.model)
-        # The schedule's clock counts batches (a step of N processes advances it by N): any N resumes.
+        rows = parallel.process_rows(config["batch_size"])
+        parallel.wrap(self.model, micro_batches=len(parallel.micro_slices(rows)) > 1)
+        self.optimizer = parallel.optimizer(self.model, lr=config["lr"], weight_decay=config["weight_decay"],
+                                            max_grad_norm=config["grad_clip"] or None)  # fmt: skip
+        # The schedule's clock counts batches (a step advances it by parallel.batches_per_step): any N resumes.
         self.total_batches = config["epochs"] * len(self.batcher)
-        self.peak_lr = config["lr"] * LR_SCALING[config["lr_scaling"]](parallel.world_size)
+        self.peak_lr = parallel.peak_lr(config["lr"])
         self.progress: Dict[str, Any] = {"epoch": 0, "step": 0, "partial": None}
         self.schedule = SaveSchedule(config["save_every_steps"], config["save_every_minutes"])
         self.step = TranslationStep(
             self.model, self.optimizer, backend, config["loss"], use_graphs=config["cuda_graphs"] and backend.cuda,
-            graph_batch_size=config["batch_size"], label_smoothing=config["label_smoothing"],
-            gradient_sync=parallel.gradient_sync,
+            label_smoothing=config["label_smoothing"], gradient_sync=parallel.gradient_sync,
         )
         self.timer = StepTimer(backend)
+        self.pace = Pace()
         self.decoders = Decoders(self.model, config, backend)
+        self.plan = self._plan()
+
+    def _plan(self) -> RunPlan:
+        """The plan of what is left, from the data's sizes and the model (exact now, where the first
+        line had to estimate them before the corpus was read)."""
+        sizes = {"train": len(self.data["train"].sequences), "valid": len(self.data["valid"].sequences),
+                 "test": len(self.data["prompts"])}  # fmt: skip
+        params = sum(p.value.numel() for p in self.model.parameters())
+        state = {"progress": self.progress, "batcher": self.batcher.state_dict()}
+        return plan_run(self.config, speed_of(self.backend), self.parallel, sizes, params, state)
+
+    def position(self) -> str:
+        """Where the run stands, as the progress bar counts ("epoch 2/10, step 17/227")."""
+        state = {"progress": self.progress, "batcher": self.batcher.state_dict()}
+        epoch, step, _ = resume_point(state, self.parallel.batches_per_step, self.plan.per_epoch)
+        return position(epoch, self.config["epochs"], step, self.plan.per_epoch)
 
     def save(self) -> None:
         """Checkpoint now (the device loss sum of an unfinished epoch is read into the progress and,
-        in a data-parallel run, summed over the processes, all of which call this together)."""
+        in a data-parallel run, summed over the processes, all of which call this together; under
+        --zero 1 they also gather the optimizer's moments)."""
         partial, progress = self.progress["partial"], self.progress
         if partial is not None and not partial["trained"]:
             partial["loss_sum"] = self.step.loss_total()
             loss_sum, n_targets = self.parallel.sum(partial["loss_sum"], partial["n_targets"])
             progress = {**progress, "partial": {**partial, "loss_sum": loss_sum, "n_targets": int(n_targets)}}
+        optimizer_state = self.parallel.optimizer_state(self.optimizer)
         if self.parallel.is_main:
             save_checkpoint(self.out_dir / CHECKPOINT_NAME, CHECKPOINT_KIND, self.config,
-                            run_state(self.model, self.optimizer, self.batcher, progress))  # fmt: skip
+                            run_state(self.model, optimizer_state, self.batcher, progress))  # fmt: skip
         self.schedule.saved()
 
     def resumed(self, progress: Dict[str, Any]) -> None:
@@ -110,6 +128,7 @@ class TranslationRun:
         if not self.parallel.is_main and partial is not None and not partial["trained"]:
             progress = {**progress, "partial": {**partial, "loss_sum": 0.0, "n_targets": 0}}
         self.progress = progress
+        self.plan = self._plan()
 
     def train_epoch(self, epoch: int, stop: GracefulStop) -> bool:
         """Train (the rest of) an epoch; False when a stop signal ended it (after a save)."""
@@ -117,15 +136,17 @@ class TranslationRun:
         done = self.batcher.state_dict()["batches_done"]
         steps = parallel.steps(self.batcher)  # a resumed epoch skips the batches it had done
         bar = tqdm(steps, total=parallel.steps_per_epoch(self.batcher), desc=f"epoch {epoch}/{config['epochs']}",
-                   unit="batch", initial=done // parallel.world_size, disable=not parallel.is_main)  # fmt: skip
+                   unit="step", initial=done // parallel.batches_per_step, disable=not parallel.is_main)  # fmt: skip
         self.step.reset_loss(partial["loss_sum"])
         start, before = time.perf_counter(), partial["train_seconds"]
         self.timer.start()
         for i, shard in enumerate(bar):
             clock = (epoch - 1) * len(self.batcher) + shard.first_batch
             lr = learning_rate(clock, self.peak_lr, config["warmup_steps"], self.total_batches)
-            replayed = self.step(shard.batch, lr, share=shard.share, n_targets=shard.n_targets)
+            micro = shard.micro_batches(parallel.micro_slices(len(shard.sequences)))
+            replayed = self.step.accumulate(micro, lr, capture=shard.full)
             self.timer.mark(shard.step_tokens, steady=replayed or not self.step.use_graphs)
+            self.pace.step()
             self.progress["step"] += 1
             partial["lr"] = lr
             partial["n_targets"] += shard.n_targets
@@ -133,8 +154,10 @@ class TranslationRun:
             partial["train_seconds"] = before + time.perf_counter() - start
             log = (i + 1) % config["log_every"] == 0
             if log and parallel.is_main:
+                left = self.plan.remaining(epoch, done // parallel.batches_per_step + i + 1, self.pace.seconds_per_step)
                 bar.set_postfix(loss=f"{self.step.loss_total() / partial['n_targets']:.3f}", lr=f"{lr:.2e}",
-                                tok_s=f"{partial['n_tokens'] / partial['train_seconds']:,.0f}", refresh=False)  # fmt: skip
+                                tok_s=f"{partial['n_tokens'] / partial['train_seconds']:,.0f}",
+                                run_left=format_duration(left), refresh=False)  # fmt: skip
             stopping, saving = parallel.agree(log, stop.requested, self.schedule.due(self.progress["step"]))
             if stopping or saving:
                 self.save()
@@ -142,6 +165,7 @@ class TranslationRun:
                     bar.close()
                     return False
         bar.close()
+        self.pace.pause()
         loss_sum, n_targets = parallel.sum(self.step.loss_total(), partial["n_targets"])
         partial["loss_sum"], partial["n_targets"] = loss_sum, int(n_targets)
         partial["train_seconds"] = before + time.perf_counter() - start
@@ -167,19 +191,22 @@ class TranslationRun:
 
     def stopped(self, signal_name: str) -> str:
         """The line printed when a signal stopped the run: where, what was saved, how to go on."""
-        where = f"epoch {self.progress['partial']['epoch']}, step {self.progress['step']}"
-        script = os.path.relpath(Path(__file__).parents[1] / "run_machine_translation.py")
-        return (f"stopped by {signal_name} in {where}; saved {self.out_dir / CHECKPOINT_NAME}; continue with: "
-                f"python {script} --resume --out-dir {self.out_dir}")  # fmt: skip
+        where = self.position()
+        command = command_line(Path(__file__).parents[1] / "run_machine_translation.py", "--resume", "--out-dir",
+                               str(self.out_dir))  # fmt: skip
+        return f"stopped by {signal_name} in {where}; saved {self.out_dir / CHECKPOINT_NAME}; continue with: {command}"
 
 
-def run_state(model: minitorch.DecoderLM, optimizer: minitorch.Adam, batcher: Batcher, progress: Dict[str, Any]) -> Dict[str, Any]:
-    """Everything a checkpoint needs to continue a run exactly: parameters, optimizer moments, the
-    batch order (mid-epoch included), the generators behind dropout and numpy's global one, and the
-    caller's progress record (epoch, step, the running sums of an unfinished epoch)."""
+def run_state(
+    model: minitorch.DecoderLM, optimizer_state: Dict[str, Any], batcher: Batcher, progress: Dict[str, Any]
+) -> Dict[str, Any]:
+    """Everything a checkpoint needs to continue a run exactly: parameters, the optimizer's state_dict
+    (step count, moments), the batch order (mid-epoch included), the generators behind dropout and
+    numpy's global one, and the caller's progress record (epoch, step, the running sums of an
+    unfinished epoch)."""
     return {
         "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "batcher": batcher.state_dict(),
         "rng": {"minitorch": minitorch.get_rng_state(), "numpy": np.random.get_state(legacy=False)},
         "progress": progress,

@@ -52,6 +52,16 @@ cudaError_t allow_shared_memory(Kernel kernel, int bytes, std::atomic<unsigned l
   return status;
 }
 
+// Launches Kernel(args...) on `grid` blocks of `threads` threads with `bytes` of dynamic shared memory,
+// raising the kernel's limit first (once per device and kernel: a static per Kernel instance).
+template <auto Kernel, class... Args>
+int launch_with_shared_memory(dim3 grid, int threads, int bytes, cudaStream_t stream, Args... args) {
+  static std::atomic<unsigned long long> configured{0};
+  MT_RETURN_IF_ERROR(allow_shared_memory(Kernel, bytes, &configured));
+  Kernel<<<grid, threads, bytes, stream>>>(args...);
+  return mt_launch_status();
+}
+
 __device__ __forceinline__ long long grid_stride_first() {
   return static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
 }

@@ -67,6 +67,18 @@ __host__ __device__ inline long long layout_numel(const MtLayout& layout) {
   return n;
 }
 
+// Whether at most one dim of the layout has a size other than 1 (a batch the TMA paths can address);
+// *dim is that dim, or -1 when there is none.
+__host__ __device__ inline bool at_most_one_dim(const MtLayout& layout, int* dim) {
+  *dim = -1;
+  for (int d = 0; d < layout.ndim; ++d) {
+    if (layout.shape[d] == 1) continue;
+    if (*dim >= 0) return false;
+    *dim = d;
+  }
+  return true;
+}
+
 // True when the layout is a single run of consecutive elements (what the Python side produces for
 // a contiguous tensor after merging dims).
 __host__ __device__ inline bool layout_is_flat_contiguous(const MtLayout& layout) {

@@ -4,7 +4,7 @@
 // three mma.sync.m16n8k8 TF32 products with float32 accumulation. The dropped a_lo b_lo stays below
 // 2^-22 of |a b| and the tensor core's truncation of each lo to TF32 below 2^-21. The split is three
 // instructions (an add, a mask and a subtraction), which matters: kernels split every fragment they load.
-// (matmul_tma.cuh's B operand takes the truncated split instead, hi = the top 19 bits, |lo| <= 2^-10 |b|:
+// (matmul/tma_kernel.cuh's B operand takes the truncated split instead, hi = the top 19 bits, |lo| <= 2^-10 |b|:
 // its bounds are twice these.)
 //
 // Fragments of mma.m16n8k8 (PTX ISA), with g = lane / 4 and t = lane % 4:

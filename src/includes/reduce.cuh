@@ -9,10 +9,13 @@
 //
 // An Op is a functor with `__device__ T operator()(T, T) const`, associative and commutative.
 // SumOp and MaxOp also work on float2 (component-wise), which lets a kernel reduce two quantities
-// (e.g. sum and sum of squares) with one chain of shuffles.
+// (e.g. sum and sum of squares) with one chain of shuffles; any struct of floats shuffles too, so an
+// Op over such a struct (a merge of statistics) reduces it the same way.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <cstring>
 
 namespace mt {
 
@@ -41,9 +44,18 @@ __device__ __forceinline__ float shfl_xor(float v, int lane_mask, int width) {
   return __shfl_xor_sync(kFullWarpMask, v, lane_mask, width);
 }
 
-__device__ __forceinline__ float2 shfl_xor(float2 v, int lane_mask, int width) {
-  return make_float2(__shfl_xor_sync(kFullWarpMask, v.x, lane_mask, width),
-                     __shfl_xor_sync(kFullWarpMask, v.y, lane_mask, width));
+// Any other value made of floats (float2, a struct of statistics such as (max, sum of exp)), float by
+// float: a reduction over such a struct needs no shuffle of its own.
+template <class T>
+__device__ __forceinline__ T shfl_xor(T v, int lane_mask, int width) {
+  constexpr int kWords = sizeof(T) / sizeof(float);
+  static_assert(sizeof(T) == kWords * sizeof(float), "a value made of floats");
+  float words[kWords];
+  memcpy(words, &v, sizeof(T));
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) words[i] = __shfl_xor_sync(kFullWarpMask, words[i], lane_mask, width);
+  memcpy(&v, words, sizeof(T));
+  return v;
 }
 
 // Butterfly all-reduce inside aligned groups of WIDTH lanes (WIDTH a power of two, at most 32).

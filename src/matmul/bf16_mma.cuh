@@ -23,6 +23,7 @@
 #include <atomic>
 
 #include "../includes/ptx.cuh"
+#include "../includes/vec.cuh"
 #include "bf16_common.cuh"
 
 namespace bf16mm {

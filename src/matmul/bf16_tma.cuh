@@ -9,11 +9,15 @@
 #include <atomic>
 
 #include "../includes/device_info.cuh"
+#include "../includes/layout.cuh"
+#include "../includes/tma.cuh"
 #include "../includes/vec.cuh"
 #include "bf16_common.cuh"
 #include "bf16_wgmma.cuh"
 
 namespace bf16mm {
+
+using tma::encode_tiled;
 
 // The planner's view of the three tile widths (bf16 wgmma on an H100: ~5.6 TFLOP/s per SM with 256-wide
 // tiles, a little less with narrower ones, whose B tiles bring fewer products per byte). 192 fits
@@ -21,23 +25,6 @@ namespace bf16mm {
 constexpr TileShape kTmaShapes[] = {{kTmaBM, 256, kTmaBK, 1, 5.6e12}, {kTmaBM, 192, kTmaBK, 1, 5.4e12},
                                     {kTmaBM, 128, kTmaBK, 1, 4.8e12}};
 constexpr int kTmaShapeCount = 3;
-
-inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static bool looked = false;
-  if (!looked) {
-    looked = true;
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess) {
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-    }
-    cudaGetLastError();  // no entry point means no TMA path, not an error for the next launch
-  }
-  return fn;
-}
 
 // One operand as TMA reads it: element (i, o) of batch matrix b at base[i + o * outer_stride +
 // b * batch_stride] (elements), i along the unit-stride dim; batch_stride 0: one matrix for every b.
@@ -91,11 +78,7 @@ struct TmaLayout {
 inline bool tma_layout(const Params& p, TmaLayout* out) {
   if (p.K == 0) return false;
   int batch_dim = -1;  // the one batch dim with more than one matrix, if any
-  for (int d = 0; d < p.a_batch.ndim; ++d) {
-    if (p.a_batch.shape[d] == 1) continue;
-    if (batch_dim >= 0) return false;
-    batch_dim = d;
-  }
+  if (!mt::at_most_one_dim(p.a_batch, &batch_dim)) return false;
   const long long a_bs = batch_dim >= 0 ? p.a_batch.strides[batch_dim] : 0;
   const long long b_bs = batch_dim >= 0 ? p.b_batch.strides[batch_dim] : 0;
   out->a_kmajor = tma_major(p.a_k_stride, p.a_row_stride);

@@ -36,6 +36,7 @@
 #include <cstdint>
 
 #include "../includes/ptx.cuh"
+#include "../includes/tma.cuh"
 #include "bf16_common.cuh"
 
 namespace bf16mm {
@@ -90,36 +91,13 @@ __device__ __forceinline__ Unit unit_of(const Params& p, int u, int bn) {
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-// Waits until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
-// Box (c0, c1, c2) of the tensor map into shared memory at dst; completion counted on bar.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, uint32_t bar, int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
-          "r"(dst),
-      "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
+using tma::fence_barrier_init;
+using tma::load_operand_tile;
+using tma::mbar_arrive;
+using tma::mbar_expect_tx;
+using tma::mbar_init;
+using tma::mbar_wait;
+using tma::prefetch_tensormap;
 
 // Barrier of one consumer warpgroup (128 threads; ids 1 and 2, 0 being __syncthreads).
 __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
@@ -292,9 +270,9 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS, 1)
       mbar_init(full(s), 1);
       mbar_init(empty(s), 8);  // every consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&a_map)) : "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&b_map)) : "memory");
+    fence_barrier_init();
+    prefetch_tensormap(a_map);
+    prefetch_tensormap(b_map);
   }
   __syncthreads();
 
@@ -310,19 +288,8 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS, 1)
         mbar_wait(empty(s), ((it / S) & 1) ^ 1);
         mbar_expect_tx(full(s), Cfg::kSlotBytes);
         const uint32_t slot = base + s * Cfg::kSlotBytes;
-        if constexpr (A_KMAJOR) {
-          tma_load(slot, a_map, full(s), k0, w.row0, ba);
-        } else {
-#pragma unroll
-          for (int i = 0; i < kTmaBM / 64; ++i) tma_load(slot + i * kTmaBoxBytes, a_map, full(s), w.row0 + 64 * i, k0, ba);
-        }
-        if constexpr (B_KMAJOR) {
-          tma_load(slot + Cfg::kABytes, b_map, full(s), k0, w.col0, bb);
-        } else {
-#pragma unroll
-          for (int i = 0; i < BN / 64; ++i)
-            tma_load(slot + Cfg::kABytes + i * kTmaBoxBytes, b_map, full(s), w.col0 + 64 * i, k0, bb);
-        }
+        load_operand_tile<A_KMAJOR, kTmaBM, 64>(slot, a_map, full(s), k0, w.row0, ba, kTmaBoxBytes);
+        load_operand_tile<B_KMAJOR, BN, 64>(slot + Cfg::kABytes, b_map, full(s), k0, w.col0, bb, kTmaBoxBytes);
       }
     }
     return;

@@ -1,9 +1,22 @@
-// The first Hopper kernel of matmul_kernel.cu (sm_90a): cp.async staging as in the mma.sync kernel, B
-// converted by all threads, products on wgmma. It serves the big tiles whose operands the TMA path
-// (matmul_tma.cuh) cannot read. Included by matmul_kernel.cu, whose tiles and helpers it uses.
+// The first Hopper kernel of the matmul library (sm_90a): cp.async staging as in the mma.sync kernel
+// (tiles.cuh), B converted by all threads, products on wgmma. It serves the big tiles whose operands
+// the TMA path (tma_kernel.cuh) cannot read.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../includes/layout.cuh"
+#include "../includes/mma_tf32.cuh"
+#include "../includes/ptx.cuh"
+#include "params.cuh"
+#include "tiles.cuh"
+#include "wgmma_ops.cuh"
+
 namespace {
+
+using mt::set_operand;
 
 // ------------------------------------------------------------------------------------------------
 // wgmma kernel (sm_90a): the same tiles and ring, products on Hopper's warpgroup MMA.
@@ -33,34 +46,6 @@ template <int PREC>
 struct WgmmaShape {
   static constexpr int kStages = PREC == kHigh ? 2 : 3, kBlocksPerSm = PREC == kHigh ? 2 : 1;
 };
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ uint64_t smem_desc(const float* p, int leading_bytes, int stride_bytes) {
-  return static_cast<uint64_t>((mt::shared_address(p) & 0x3ffff) >> 4) |
-         static_cast<uint64_t>(leading_bytes >> 4) << 16 | static_cast<uint64_t>(stride_bytes >> 4) << 32;
-}
-
-// d = a b + (accumulate ? d : 0) for one m64n128k8 TF32 product; returns before the product is done.
-__device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc,
-                                                int accumulate) {
-#define MT_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
-#define MT_D16(i) MT_D4(i), MT_D4(i + 4), MT_D4(i + 8), MT_D4(i + 12)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-      : MT_D16(0), MT_D16(16), MT_D16(32), MT_D16(48)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-#undef MT_D16
-#undef MT_D4
-}
-
-// Register dependency on every accumulator after a wait, so no read of them moves above it.
-template <int N>
-__device__ __forceinline__ void fence_registers(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-#endif
 
 template <int PREC, bool A_KC, bool B_KC>
 constexpr int wgmma_smem_bytes() {

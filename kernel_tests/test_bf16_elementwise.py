@@ -1,0 +1,113 @@
+"""bfloat16 map / zip / reduce kernels (combine.cu) against torch float64 on the same bfloat16 inputs:
+each within twice torch's own bfloat16 error; outputs stored as bfloat16 (bool and float32 where
+the operands promote to those), odd sizes, broadcasts, permuted and misaligned views."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import minitorch  # noqa: E402
+from minitorch import bfloat16, float32  # noqa: E402
+
+from bf16_testing import assert_bf16_bound, bf16_pair, values  # noqa: E402
+from fused_testing import gpu, rng_for  # noqa: E402
+
+F = torch.nn.functional
+MAPS = {
+    "gelu": (lambda t: t.gelu(), lambda x: F.gelu(x, approximate="tanh")),
+    "relu": (lambda t: t.relu(), torch.relu),
+    "exp": (lambda t: t.exp(), torch.exp),
+    "tanh": (lambda t: t.tanh(), torch.tanh),
+    "neg": (lambda t: -t, torch.neg),
+    "scale": (lambda t: t * 0.3, lambda x: x * 0.3),
+}
+
+
+@pytest.mark.parametrize("name", list(MAPS))
+@pytest.mark.parametrize("view", ["contiguous", "permuted", "misaligned"])
+def test_map(name: str, view: str) -> None:
+    ours_fn, torch_fn = MAPS[name]
+    x, xt = bf16_pair(rng_for(name, view).uniform(-3, 3, (7, 33, 9)))
+    if view == "permuted":
+        x, xt = x.permute(2, 0, 1), xt.permute(2, 0, 1)
+    elif view == "misaligned":
+        x, xt = x.contiguous().view(7 * 33 * 9)[1:], xt.reshape(-1)[1:]
+    out = ours_fn(x)
+    assert out.dtype is bfloat16 and out.to_torch().dtype == torch.bfloat16
+    assert_bf16_bound(out, torch_fn(xt), torch_fn(xt.double()), f"{name} {view}")
+
+
+ZIPS = {
+    "add": (lambda a, b: a + b, torch.add),
+    "mul": (lambda a, b: a * b, torch.mul),
+    "max": (lambda a, b: minitorch.Tensor(a.backend.max_zip(a._tensor, b._tensor), backend=a.backend), torch.maximum),
+}
+
+
+@pytest.mark.parametrize("name", list(ZIPS))
+def test_zip_broadcast_and_permuted(name: str) -> None:
+    ours_fn, torch_fn = ZIPS[name]
+    rng = rng_for("zip", name)
+    a, at = bf16_pair(rng.normal(size=(5, 31, 64)))
+    bias, biast = bf16_pair(rng.normal(size=(64,)))
+    other, othert = bf16_pair(rng.normal(size=(64, 5, 31)))
+    other, othert = other.permute(1, 2, 0), othert.permute(1, 2, 0)
+    for b, bt, what in ((a, at, "same layout"), (bias, biast, "broadcast row"), (other, othert, "permuted")):
+        out = ours_fn(a, b)
+        assert out.dtype is bfloat16 and out.to_torch().dtype == torch.bfloat16
+        assert_bf16_bound(out, torch_fn(at, bt), torch_fn(at.double(), bt.double()), f"{name} {what}")
+
+
+def test_mixed_storage_operands() -> None:
+    rng = rng_for("mixed")
+    x, xt = bf16_pair(rng.normal(size=(3, 1001)))
+    y = rng.normal(size=(3, 1001)).astype(np.float32)
+    s = x + gpu(y)
+    assert s.dtype is float32, "bfloat16 + float32 promotes to float32"
+    np.testing.assert_allclose(values(s), values(xt) + y.astype(np.float64), rtol=1e-6, atol=1e-6)
+    mask = gpu(rng.random((3, 1001)) < 0.5) == 1.0
+    assert mask.dtype is minitorch.bool_
+    kept = x * mask
+    assert kept.dtype is bfloat16, "bfloat16 * bool stays bfloat16"
+    np.testing.assert_array_equal(values(kept), values(xt) * values(mask.float().to_torch()))
+    less = x < 0.25
+    assert less.dtype is minitorch.bool_
+    np.testing.assert_array_equal(values(less.float().to_torch()), (values(xt) < 0.25).astype(np.float64))
+
+
+def test_dropout_keeps_bfloat16_and_scales_kept_values() -> None:
+    x, xt = bf16_pair(rng_for("dropout").normal(size=(64, 257)))
+    minitorch.manual_seed(3)
+    out = minitorch.nn.dropout(x, 0.25)
+    assert out.dtype is bfloat16
+    got, want = values(out), values(xt)
+    kept = got != 0.0
+    assert 0.7 < kept.mean() < 0.8, f"kept fraction {kept.mean():.3f} for p = 0.25"
+    scaled = (xt.float() * (1.0 / 0.75)).bfloat16().double().cpu().numpy()
+    np.testing.assert_array_equal(got[kept], scaled[kept])
+
+
+@pytest.mark.parametrize("name", ["sum", "max"])
+@pytest.mark.parametrize("shape, dim", [((33, 1023), 1), ((4097, 7), 0), ((3, 70001), 1), ((5, 9, 11), 1)])
+def test_reduce_accumulates_in_float32(name: str, shape, dim: int) -> None:
+    x, xt = bf16_pair(rng_for(name, shape, dim).normal(size=shape))
+    ours = x.sum(dim, keepdim=True) if name == "sum" else minitorch.Tensor(x.backend.max_reduce(x._tensor, dim), backend=x.backend)
+    assert ours.dtype is bfloat16
+    theirs = xt.sum(dim, keepdim=True) if name == "sum" else xt.amax(dim, keepdim=True)
+    ref = xt.double().sum(dim, keepdim=True) if name == "sum" else xt.double().amax(dim, keepdim=True)
+    assert_bf16_bound(ours, theirs, ref, f"{name} over dim {dim} of {shape}")
+
+
+def test_gelu_backward_in_bfloat16() -> None:
+    x, xt = bf16_pair(rng_for("gelu back").uniform(-3, 3, (17, 129)))
+    x.requires_grad_(True)
+    x.gelu().sum().backward()
+    assert x.grad is not None and x.grad.dtype is bfloat16
+    xd = xt.double().requires_grad_(True)
+    F.gelu(xd, approximate="tanh").sum().backward()
+    xb = xt.clone().requires_grad_(True)
+    F.gelu(xb, approximate="tanh").sum().backward()
+    assert_bf16_bound(x.grad, xb.grad, xd.grad, "gelu backward")
