@@ -79,6 +79,10 @@ SMALL_CASES: Dict[str, Dict[str, Dict[str, List[Any]]]] = {
         "test_cast_from_float32_matches_torch_bit_for_bit": {"n": [7, 4099]}, "test_casts_and_copies_between_16bit_dtypes": {},
         "test_strided_broadcast_and_misaligned_layouts": {}, "test_launcher_rejects_bad_codes_and_layouts": {},
     },
+    "test_bf16_linear.py": {  # matmul_bf16_kernel through the backend: dtype dispatch, Linear's bf16 hooks
+        "test_bf16_products_run_on_the_bf16_library": {}, "test_mixed_products_promote_and_float16_is_refused": {},
+        "test_linear_under_autocast_matches_torch_autocast": {"rows": [300, 65]},
+    },
     "test_matmul_bf16.py": {  # matmul_bf16_kernel: mma.sync and TMA + wgmma paths, split-K, epilogues
         "test_layouts": {}, "test_sizes": {"M": [2, 64, 131]}, "test_batch_broadcast": {},
         "test_epilogues": {"M": [100, 37]}, "test_accumulate": {"K": [100, 20000]}, "test_strided_and_misaligned": {},

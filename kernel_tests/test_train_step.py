@@ -1,6 +1,7 @@
 """The host-loop pieces on CUDA: the multi-tensor gradient norm, clip and AdamW against torch, the
 fused Linear epilogue against torch, and CUDA-graph replays of the translation program's training
-step equal to eager steps (with dropout) over 20 steps."""
+step equal to eager steps (with dropout) over 20 steps, in float32 and in bf16 (--dtype bf16: the
+graph reads the weights' working copies, which each replayed update rewrites)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 import minitorch
 from minitorch import DecoderLM
 from minitorch.fused.linear import linear
+from project.common.precision import compute_precision
 from project.translation.batches import Batch
+from project.translation.model import batch_loss
 from project.translation.step import TranslationStep
 from project.translation.tokenizer import PAD_ID
 
@@ -76,25 +79,44 @@ def _batches(n: int, V: int, seed: int):
     return out
 
 
-def _train(use_graphs: bool, loss_kind: str):
+def _train(use_graphs: bool, loss_kind: str, dtype: str = "fp32"):
     minitorch.manual_seed(7)
     model = DecoderLM(n_vocab=50, n_embd=32, n_head=4, n_positions=32, n_layers=2, p_dropout=0.1, backend=CUDA,
                       use_fused_kernel=True)
     opt = minitorch.AdamW(model.parameters(), lr=3e-3, max_grad_norm=1.0)
-    step = TranslationStep(model, opt, CUDA, loss_kind, use_graphs=use_graphs)
+    step = TranslationStep(model, opt, CUDA, loss_kind, use_graphs=use_graphs, dtype=dtype)
     replays = sum(step(batch, lr=3e-3 * (1 + i % 4)) for i, batch in enumerate(_batches(20, 50, 3)))
     params = [p.value.to_numpy() for p in model.parameters()]
     return params, step.loss_total(), replays, step.captured
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("loss_kind", ["naive", "fused"])
-def test_graph_replays_equal_eager_steps(loss_kind: str) -> None:
-    eager, eager_loss, eager_replays, _ = _train(False, loss_kind)
-    graphed, graph_loss, replays, captured = _train(True, loss_kind)
+def test_graph_replays_equal_eager_steps(loss_kind: str, dtype: str) -> None:
+    eager, eager_loss, eager_replays, _ = _train(False, loss_kind, dtype)
+    graphed, graph_loss, replays, captured = _train(True, loss_kind, dtype)
     assert eager_replays == 0 and captured == 2 and replays == 18
     assert abs(graph_loss - eager_loss) <= 1e-6 * abs(eager_loss)
     for a, b in zip(eager, graphed):
         assert np.max(np.abs(a - b)) <= 1e-6 * max(1.0, float(np.max(np.abs(a))))
+
+
+def test_bf16_working_copies_are_current_after_graph_replays() -> None:
+    """After replayed bf16 steps (which never run autocast's Python), the trained model's loss in bf16
+    equals that of a fresh model given its float32 parameters: the copies it reads are current."""
+    minitorch.manual_seed(3)
+    config = dict(n_vocab=50, n_embd=32, n_head=4, n_positions=32, n_layers=2, p_dropout=0.0, backend=CUDA,
+                  use_fused_kernel=True)  # fmt: skip
+    model = DecoderLM(**config)
+    opt = minitorch.AdamW(model.parameters(), lr=3e-3)
+    step = TranslationStep(model, opt, CUDA, "naive", use_graphs=True, dtype="bf16")
+    batches = _batches(6, 50, 5)
+    assert sum(step(batch, lr=3e-3) for batch in batches) == 4
+    fresh = DecoderLM(**config)
+    fresh.load_state_dict(model.state_dict())
+    with minitorch.no_grad(), compute_precision("bf16"):
+        trained, loaded = (batch_loss(m, batches[0], CUDA).item() for m in (model, fresh))
+    assert trained == loaded
 
 
 def test_a_host_sync_cannot_hide_in_a_captured_step() -> None:

@@ -6,7 +6,7 @@ time a CUDA tensor is made and says how to build them if they are missing.
 
 from . import dtypes, nn, operators
 from .attention_config import AttentionConfig
-from .autocast import autocast, get_autocast_dtype, is_autocast_enabled
+from .autocast import autocast, get_autocast_dtype, is_autocast_enabled, refresh_working_copies
 from .autodiff import Context, backpropagate, central_difference, enable_grad, no_grad, topological_sort
 from .backends import BackendChoice, choose_backend, cuda_unavailable_reason, peak_memory_mb
 from .checkpoint import checkpoint
@@ -70,6 +70,7 @@ __all__ = [
     "autocast",
     "get_autocast_dtype",
     "is_autocast_enabled",
+    "refresh_working_copies",
     "nn",
     "AttentionConfig",
     "precision",

@@ -13,13 +13,32 @@ not listed run in the dtype their inputs promote to):
 
 Parameters stay float32 (master weights) and so do their gradients: a cast is an autodiff op whose
 gradient is cast back to its input's dtype, so an fp32 weight read through a bf16 copy accumulates
-an fp32 gradient, and the optimizer updates float32 values.
+an fp32 gradient, and the optimizer updates float32 values.  A gradient of a working copy (below)
+reaches the master without being rounded to the copy's dtype on the way: a bf16 Linear's weight
+gradient is float32 (products of bf16 values summed in float32), and stays so (a bf16 `@` gives a
+bf16 one, as in PyTorch).
 
-The bf16 copy of a parameter (a leaf tensor that requires grad) is made once and kept with the
-parameter until its values change: the cost is one cast pass per weight per optimizer step, and
-memory for one 16-bit copy of each weight the autocast ops read.  A copy is valid while the
-tensor's `_version` is the one it was made at: in-place writes (`copy_`, `x[...] = v`) and the
-optimizers' in-place updates bump it.  Activations are cast at each use.
+The bf16 copy of a parameter (a leaf tensor that requires grad) is its *working copy*: one
+persistent 16-bit buffer per parameter, allocated at the first read and rewritten in place when the
+parameter's values have changed, so its address stays (a captured CUDA graph keeps reading it).  A
+copy is current while the tensor's `_version` is the one it was written at: in-place writes
+(`copy_`, `x[...] = v`) and the optimizers' in-place updates bump it.  Left to autocast, a stale copy
+costs one cast pass per weight per optimizer step, and the memory of one 16-bit copy of each weight
+the autocast ops read.  AdamW leaves every copy of the parameters it updates current after a step:
+a captured CUDA graph that reads copies without autocast's checks (a decoding step) reads current
+values, and a training step's forward casts nothing.  On CUDA its multi-tensor update writes each
+bfloat16 copy in the same pass as the float32 update (reading `working_copy(p)`, then calling
+`working_copy_written(p)` after bumping `p._version`), which saves the cast pass; it ends with
+`refresh_working_copies`, which casts only the copies still stale.  Reading a copy
+returns the same tensor until the parameter changes; its values are the parameter's latest.
+Activations are cast at each use.
+
+`low_activations=True` keeps the activations in the autocast dtype between ops, as llm.c's bf16
+training does: LayerNorm and the attention softmax take 16-bit activations as they are (their
+kernels keep float32 statistics inside), and embedding lookups give 16-bit rows (the table stays float32, so its
+gradient is summed in float32); sums, means, softmax / log_softmax / logsumexp and the losses still
+run in float32.  Residual sums of 16-bit activations then stay 16-bit, so activations move 2 bytes per
+value between kernels.
 
 The state is per thread and nests: an inner `autocast(enabled=False)` turns casting off for its
 block, an inner `autocast(dtype=...)` changes the dtype.  Backward passes run with autocast off:
@@ -31,20 +50,30 @@ from __future__ import annotations
 
 import threading
 from contextlib import ContextDecorator
-from typing import Any, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterable, List, NamedTuple, Optional, Tuple
 
-from .autodiff import is_grad_enabled
+from .autodiff import Context, is_grad_enabled, no_grad
 from .dtypes import DType, as_dtype, bfloat16, float32
+from .tensor_data import TensorData
+from .tensor_functions import Function
+from .tensor_ops import empty
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
 
 LOW_PRECISION_OPS = frozenset({"matmul", "linear", "attention", "linear_cross_entropy"})
 FLOAT32_OPS = frozenset({"sum", "softmax", "log_softmax", "logsumexp", "attn_softmax", "layernorm", "cross_entropy"})
+# Ops whose kernels compute float32 statistics inside: under low_activations they take 16-bit inputs as they are.
+STATISTICS_OPS = frozenset({"attn_softmax", "layernorm"})
 
 
 class AutocastState(NamedTuple):
-    """Whether autocast is on, and its dtype (the arguments of the `autocast` that set it)."""
+    """Whether autocast is on, its dtype and whether activations stay in it (the arguments of the
+    `autocast` that set it)."""
 
     enabled: bool
     dtype: DType
+    low_activations: bool = False
 
 
 _OFF = AutocastState(False, bfloat16)
@@ -79,13 +108,20 @@ class autocast(ContextDecorator):
 
     dtype: the low-precision dtype, minitorch.bfloat16 (default) or minitorch.float16 (or their names).
     enabled: False turns autocast off inside the block (e.g. for a part that must run in float32).
+    low_activations: True keeps activations in dtype between ops (LayerNorm and the attention softmax
+    take them as they are, embedding lookups give dtype rows); False follows PyTorch's rules.
     """
 
-    def __init__(self, dtype: DType = bfloat16, enabled: bool = True):
+    def __init__(self, dtype: DType = bfloat16, enabled: bool = True, low_activations: bool = False):
         low = as_dtype(dtype)
         if not low.is_floating or low is float32:
             raise ValueError(f"autocast dtype must be minitorch.bfloat16 or minitorch.float16, got {dtype!r}")
-        self.state = AutocastState(bool(enabled), low)
+        self.state = AutocastState(bool(enabled), low, bool(low_activations))
+
+    @classmethod
+    def restore(cls, state: AutocastState) -> "autocast":
+        """The context that sets `state` again (e.g. a recomputation under the forward's state)."""
+        return cls(state.dtype, state.enabled, state.low_activations)
 
     def __enter__(self) -> "autocast":
         _stack().append(self.state)
@@ -102,8 +138,19 @@ def autocast_inputs(op: str, *tensors: Any) -> Tuple[Any, ...]:
     if op in LOW_PRECISION_OPS:
         return tuple(_lowered(t, state.dtype) for t in tensors) if state.enabled else tensors
     if op in FLOAT32_OPS:
-        return tuple(_raised(t) for t in tensors) if state.enabled else tensors
+        if not state.enabled or (state.low_activations and op in STATISTICS_OPS):
+            return tensors
+        return tuple(_raised(t) for t in tensors)
     raise ValueError(f"autocast has no rule for {op!r}; rules: {sorted(LOW_PRECISION_OPS | FLOAT32_OPS)}")
+
+
+def activation_dtype(dtype: DType) -> DType:
+    """The dtype of the activations an op that starts a stream of them (an embedding lookup) gives
+    for parameters of dtype: the autocast dtype under low_activations, dtype otherwise."""
+    state = autocast_state()
+    if not (state.enabled and state.low_activations) or not dtype.is_floating:
+        return dtype
+    return state.dtype
 
 
 def _raised(t: Optional[Any]) -> Optional[Any]:
@@ -113,17 +160,72 @@ def _raised(t: Optional[Any]) -> Optional[Any]:
 
 
 def _lowered(t: Optional[Any], dtype: DType) -> Optional[Any]:
-    """t in dtype; a parameter's copy comes from (and goes to) its cache, see the module notes."""
+    """t in dtype; a parameter is read through its working copy, see the module notes."""
     if t is None or not t.dtype.is_floating or t.dtype is dtype:
         return t
     if not (t.is_leaf and t.requires_grad):
         return t.to(dtype)
-    cached = getattr(t, "_autocast_copy", None)
-    if cached is not None:
-        version, copy = cached
-        # A copy made under no_grad has no history: where a gradient is wanted it is made again.
-        if version == t._version and copy.dtype is dtype and (copy.requires_grad or not is_grad_enabled()):
+    version, copy = getattr(t, "_autocast_copy", (None, None))
+    if copy is None or copy.dtype is not dtype:
+        buffer, stale = empty(t.backend.ops, t.shape, dtype), True
+    else:
+        buffer, stale = copy._tensor, version != t._version
+        # A copy read under no_grad has no history: where a gradient is wanted it gets one (no cast).
+        if not stale and (copy.requires_grad or not is_grad_enabled()):
             return copy
-    copy = t.to(dtype)
+    copy = WorkingCopy.apply(t, buffer, stale)
+    copy._grad_dtype = t.dtype  # gradients reach the master as they come (a 16-bit Linear's dW is float32)
     t._autocast_copy = (t._version, copy)
     return copy
+
+
+class WorkingCopy(Function):
+    """A parameter read through its 16-bit working copy: forward writes the parameter's values into
+    the copy's buffer when they are stale and returns the copy; backward hands the gradient on in
+    the parameter's dtype (as it is when it already is: the float32 dW of a 16-bit Linear)."""
+
+    @staticmethod
+    def forward(ctx: Context, param: "Tensor", buffer: TensorData, stale: bool) -> "Tensor":
+        if stale:
+            param.backend.cast(param._tensor, buffer.dtype, buffer)
+        ctx.save_for_backward(param.dtype)
+        return param._new(buffer)
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
+        (dtype,) = ctx.saved_values
+        if grad_output.dtype is dtype:
+            return grad_output
+        return grad_output._new(grad_output.backend.cast(grad_output._tensor, dtype))
+
+
+def refresh_working_copies(tensors: Iterable["Tensor"]) -> None:
+    """Write the values of each of tensors whose working copy is stale into that copy (one cast
+    each; nothing for a tensor without a copy or with a current one)."""
+    for t in tensors:
+        version, copy = getattr(t, "_autocast_copy", (None, None))
+        if copy is not None and version != t._version:
+            t.backend.cast(t._tensor, copy.dtype, copy._tensor)
+            t._autocast_copy = (t._version, t._new(copy._tensor))  # its next read for a gradient adds history
+
+
+def working_copy(t: "Tensor") -> Optional[TensorData]:
+    """The buffer of parameter t's working copy (contiguous, of the autocast dtype it was read in),
+    or None when no autocast op has read t: what an optimizer writes along with t's update."""
+    copy = getattr(t, "_autocast_copy", (None, None))[1]
+    return None if copy is None else copy._tensor
+
+
+def current_working_copy(t: "Tensor", dtype: DType) -> TensorData:
+    """The buffer of parameter t's working copy in dtype, made now when t has none and rewritten when
+    stale: what an optimizer that keeps its parameters' copies (AdamW's working_dtype) holds on to."""
+    with no_grad():
+        return _lowered(t, dtype)._tensor
+
+
+def working_copy_written(t: "Tensor") -> None:
+    """Declare that t's working copy holds t's current values (its writer updated both in one
+    pass, then bumped t._version): autocast's next read casts nothing."""
+    copy = getattr(t, "_autocast_copy", (None, None))[1]
+    if copy is not None:
+        t._autocast_copy = (t._version, copy)

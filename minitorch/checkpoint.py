@@ -57,7 +57,7 @@ class Checkpoint(Function):
         resume_state = get_rng_state()
         set_rng_state(rng_state)
         try:
-            with enable_grad(), autocast(cast_state.dtype, cast_state.enabled):
+            with enable_grad(), autocast.restore(cast_state):
                 out = fn(*leaves)
         finally:
             set_rng_state(resume_state)

@@ -9,14 +9,17 @@ is loaded at import, so `import minitorch` works without a GPU; the first CUDA s
 kernels and names the fix when they are missing.
 
 Dtypes: casts and copies of the float dtypes run in convert_kernel.so, those involving int64 in
-int_kernel.so; a product dispatches on its dtype in `matmul.matrix_multiply`; map/zip/reduce have
-float32 and bfloat16 kernels (float32 math) in combine.so and int64 ones in int_kernel.so
-(`_by_storage`); the index ops (arg_reduce, cumsum, sort_indices) take float32 or int64; every other
-op has the kernels its entry below names and raises NoKernelError ("minitorch: no float16 CUDA kernel
-for 'exp' (cast with .float() first)") for a tensor stored in another format, before anything runs:
-nothing is computed in another precision than asked.  The kernel hooks that take ids (embedding
-rows, targets, gathered rows) read them as float32: int64 ids are converted on the device first,
-exactly, where the size they address is at most 2^24.
+int_kernel.so; a product dispatches on its dtype in `matmul.matrix_multiply`, a Linear's in
+`matmul.linear_fw` / `linear_bw`; map/zip/reduce have float32 and bfloat16 kernels (float32 math) in
+combine.so and int64 ones in int_kernel.so (`_by_storage`); the index ops (arg_reduce, cumsum,
+sort_indices) take float32 or int64; fused attention (`attention.attention_fw/bw`), the fused linear
+cross-entropy (`classifier.linear_cross_entropy_fw`) and the KV cache (`kv_cache.slot_write` and
+`slot_attention`) dispatch in their bindings, on float32 or bfloat16; every other op has the kernels
+its entry below names and raises NoKernelError ("minitorch: no float16 CUDA kernel for 'exp' (cast
+with .float() first)") for a tensor stored in another format, before anything runs: nothing is
+computed in another precision than asked.  The kernel hooks that take ids (embedding rows, targets,
+gathered rows) read them as float32: int64 ids are converted on the device first, exactly, where the
+size they address is at most 2^24.
 """
 
 from __future__ import annotations
@@ -174,7 +177,6 @@ def _gather_rows(out: TensorData, source: TensorData, ids: TensorData) -> None:
 
 
 def _linear_cross_entropy_fw(hidden: TensorData, weight: TensorData, bias: Any, targets: TensorData, *rest: Any) -> Any:
-    require_storage("linear_cross_entropy_fw", ("float32",), hidden, weight, bias, *rest)
     targets = _float_ids(targets, weight.shape[1], "fused_linear_cross_entropy targets")
     return classifier.linear_cross_entropy_fw(hidden, weight, bias, targets, *rest)
 
@@ -210,21 +212,22 @@ class CudaKernelOps(TensorOps):
     sort_indices = staticmethod(integer.sort_indices)
 
     # kernel hooks of the fused ops
-    linear_fw = _hook("linear_fw", matmul.linear_fw)
+    linear_fw = staticmethod(matmul.linear_fw)  # dispatches on dtype itself, as linear_bw
+    linear_bw = staticmethod(matmul.linear_bw)
     embedding_fw = staticmethod(_embedding_fw)
     embedding_bw = staticmethod(_embedding_bw)
     attn_softmax_fw = _activation_hook("attn_softmax_fw", softmax.attn_softmax_fw, 2)
     attn_softmax_bw = _activation_hook("attn_softmax_bw", softmax.attn_softmax_bw, 2)
     layernorm_fw = _activation_hook("layernorm_fw", layernorm.layernorm_fw, 1)
     layernorm_bw = _activation_hook("layernorm_bw", layernorm.layernorm_bw, 2)
-    attention_fw = _hook("attention_fw", attention.attention_fw)
-    attention_bw = _hook("attention_bw", attention.attention_bw)
-    linear_cross_entropy_fw = staticmethod(_linear_cross_entropy_fw)
+    attention_fw = staticmethod(attention.attention_fw)  # dispatches on dtype itself
+    attention_bw = staticmethod(attention.attention_bw)
+    linear_cross_entropy_fw = staticmethod(_linear_cross_entropy_fw)  # dispatches on dtype in the binding
     adamw_step = _hook("adamw_step", optimizer.adamw_step)
     adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update checks the dtypes itself
     gradient_pack = _hook("gradient_pack", optimizer.gradient_pack)
-    slot_write = _hook("slot_write", kv_cache.slot_write)
-    slot_attention = _hook("slot_attention", kv_cache.slot_attention)
+    slot_write = staticmethod(kv_cache.slot_write)  # float32 or bfloat16
+    slot_attention = staticmethod(kv_cache.slot_attention)  # float32 or bfloat16
     gather_rows = staticmethod(_gather_rows)
     top_k = _hook("top_k", topk.top_k)
     beam_search_step = _hook("beam_search_step", beam_search.beam_search_step)

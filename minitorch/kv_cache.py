@@ -28,6 +28,7 @@ from .fused.device_indexed import gather_rows, write_slot
 from .fused.embedding import embedding
 from .fused.masks import NEG_BIG
 from .fused.slot_attention import slot_attention, slot_mask
+from .dtypes import DType, float32
 from .tensor_create import tensor_from_numpy
 from .tensor_data import IndexingError
 
@@ -48,8 +49,7 @@ class LayerCache:
 
     def __init__(self, cache: "KVCache", like: "Tensor"):
         self.cache = cache
-        self.keys = like.zeros((cache.rows, cache.capacity * cache.n_embd))
-        self.values = like.zeros((cache.rows, cache.capacity * cache.n_embd))
+        self.keys, self.values = (cache._zeros(like) for _ in range(2))
         self.spare: Optional[Tuple["Tensor", "Tensor"]] = None
 
     def append(self, keys: "Tensor", values: "Tensor", heads: int) -> Tuple["Tensor", "Tensor"]:
@@ -99,16 +99,20 @@ class KVCache:
     pads[r] (default 0) is the number of left-padding slots of row r: DecoderLM gives them position
     0 and key_mask removes them from attention.  DecoderLM.hidden_states(ids, cache=...) appends the
     positions it is given and advances `length`; `reorder` makes row r a copy of a chosen row.
+    dtype: of the buffers (default float32; bfloat16 halves the cache and what each step reads), whatever
+    the dtype of the keys and values written.
     """
 
     def __init__(
-        self, like: "Tensor", n_layers: int, rows: int, capacity: int, n_embd: int, pads: Optional[Sequence[int]] = None
-    ):
+        self, like: "Tensor", n_layers: int, rows: int, capacity: int, n_embd: int, pads: Optional[Sequence[int]] = None,
+        dtype: DType = float32,
+    ):  # fmt: skip
         if rows < 1 or capacity < 1:
             raise ValueError(f"KVCache needs at least one row and one slot, got rows={rows}, capacity={capacity}")
         self.rows = rows
         self.capacity = capacity
         self.n_embd = n_embd
+        self.dtype = dtype
         self.length = 0
         self._backend = like.backend
         self._like = like
@@ -119,6 +123,12 @@ class KVCache:
         self.parity = 0
         self._device_state: Optional[Tuple["Tensor", "Tensor"]] = None  # (slot, pads [rows, 1]) buffers
         self._step_mask: Optional["Tensor"] = None
+
+    def _zeros(self, like: "Tensor") -> "Tensor":
+        """A zero [rows, capacity * n_embd] buffer of self.dtype (made in float32 and cast: the fill
+        kernels are float32)."""
+        zeros = like.zeros((self.rows, self.capacity * self.n_embd))
+        return zeros if self.dtype == float32 else zeros.to(dtype=self.dtype)
 
     def reset(self, pads: Optional[Sequence[int]] = None) -> None:
         """Empty the cache for new prompts (pads as in the constructor), keeping its buffers: slot 0,
@@ -205,7 +215,7 @@ class KVCache:
         n = width * self.n_embd
         for layer in self.layers:
             if layer.spare is None:
-                layer.spare = (layer.keys.zeros(), layer.values.zeros())
+                layer.spare = (self._zeros(self._like), self._zeros(self._like))
             for current, spare in zip((layer.keys, layer.values), layer.spare):
                 gather_rows(spare.narrow(1, 0, n), current.narrow(1, 0, n), sources)
             (layer.keys, layer.values), layer.spare = layer.spare, (layer.keys, layer.values)
@@ -233,8 +243,8 @@ class KVCache:
             raise RuntimeError("KVCache.reorder works in host mode; in device-slot mode use reorder_rows")
         ids = tensor_from_numpy(sources, backend=self._backend)
         for layer in self.layers:
-            layer.keys = embedding(layer.keys, ids)
-            layer.values = embedding(layer.values, ids)
+            layer.keys = embedding(layer.keys, ids, layer.keys.dtype)
+            layer.values = embedding(layer.values, ids, layer.values.dtype)
             layer.spare = None
         self.parity = 0
         pads = self.pads[sources]

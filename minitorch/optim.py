@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .autocast import current_working_copy, refresh_working_copies, working_copy, working_copy_written
 from .autodiff import no_grad
 from .dtypes import DType, bfloat16
 from .fused.adamw import adamw_step
@@ -132,15 +133,18 @@ class AdamW(Adam):
     read the learning rate and step count from device memory: `begin_step()` queues those values
     (host work only), `update()` launches the kernels, so `update()` can be captured in a CUDA graph
     and replayed every step.  `step()` is both.  Elsewhere the update is `minitorch.fused.adamw_step`
-    per parameter (composed tensor ops on the CPU backends), after a composed clip.
+    per parameter (composed tensor ops on the CPU backends), after a composed clip.  Each update ends
+    by making the updated parameters' autocast working copies current
+    (minitorch.autocast.refresh_working_copies).
     state_dict / load_state_dict are Adam's (step count and moments).
 
-    working_dtype=minitorch.bfloat16 (mixed precision): every parameter also gets a bfloat16 working
-    copy, `working_copy(p)`, made at construction and rewritten by each update from the new float32
-    values (on CUDA in the update's own kernel pass: no separate cast).  The model's low-precision
-    products read the copy; the parameter stays the float32 master that gradients accumulate into.
-    A working copy keeps its tensor (and storage) for the optimizer's life and has no autodiff
-    history; after changing parameters outside the optimizer (loading weights), call
+    Working copies are autocast's (one mechanism): on CUDA the update writes every bfloat16 working
+    copy of an updated parameter in its own kernel pass, from the new float32 values (no separate
+    cast); the others are cast after it.  working_dtype=minitorch.bfloat16 makes every parameter's
+    copy at construction, so `working_copy(p)` exists before any autocast op has read p; the
+    model's low-precision products read the same buffer, the parameter stays the float32 master that
+    gradients accumulate into.  That tensor keeps its storage for the optimizer's life and has no
+    autodiff history; after changing parameters outside the optimizer (loading weights), call
     `refresh_working()`.
     """
 
@@ -182,14 +186,12 @@ class AdamW(Adam):
         """Rewrite every working copy from its parameter's current values (makes them the first time)."""
         if self.working_dtype is None:
             return
-        with no_grad():
-            for i, p in enumerate(self.parameters):
-                if p.value is None:
-                    continue
-                if i in self.working:
-                    self.working[i].copy_(p.value.detach())
-                else:
-                    self.working[i] = p.value.detach().to(self.working_dtype).contiguous()
+        for i, p in enumerate(self.parameters):
+            if p.value is None:
+                continue
+            buffer = current_working_copy(p.value, self.working_dtype)
+            if i not in self.working or self.working[i]._tensor is not buffer:
+                self.working[i] = p.value._new(buffer)
 
     def step(self) -> None:
         """One update of every parameter that has a gradient."""
@@ -214,26 +216,34 @@ class AdamW(Adam):
                     self.v[i] = p.value.zeros()
             if self._multi is not None:
                 values = [p.value for _, p in params]
-                workings = [self.working[i]._tensor if i in self.working else None for i, _ in params]
+                workings = [self._written_copy(i, p.value) for i, p in params]
                 self._multi.update(
                     [v._tensor for v in values], [v.grad._tensor for v in values], [self.m[i]._tensor for i, _ in params],
                     [self.v[i]._tensor for i, _ in params], self.max_grad_norm or 0.0, self.beta1, self.beta2, self.eps,
                     self.weight_decay, self._sumsq_reduce, workings,
                 )  # fmt: skip
-                for i, _ in params:
+                for (i, _), v, w in zip(params, values, workings):
+                    v._version += 1  # written in place: autocast's cached copies of it are stale
+                    if w is not None and w is working_copy(v):
+                        working_copy_written(v)
                     if i in self.working:
                         self.working[i]._version += 1
-                for v in values:
-                    v._version += 1  # written in place: autocast's cached copies of it are stale
-                return
-            grads = self._clipped_grads([p.value.grad for _, p in params])
-            for (i, p), g in zip(params, grads):
-                adamw_step(
-                    p.value, g, self.m[i], self.v[i], float(self.lr), self.beta1, self.beta2, self.eps,
-                    self.weight_decay, self.t,
-                )  # fmt: skip
-                if i in self.working:
-                    self.working[i].copy_(p.value.detach())
+            else:
+                grads = self._clipped_grads([p.value.grad for _, p in params])
+                for (i, p), g in zip(params, grads):
+                    adamw_step(
+                        p.value, g, self.m[i], self.v[i], float(self.lr), self.beta1, self.beta2, self.eps,
+                        self.weight_decay, self.t,
+                    )  # fmt: skip
+            refresh_working_copies(p.value for _, p in params)
+
+    def _written_copy(self, i: int, value: Tensor) -> Any:
+        """The working copy the multi-tensor update of parameter i writes: the one AdamW holds, else
+        autocast's when bfloat16 (the kernel's format), else None (cast after the update)."""
+        if i in self.working:
+            return self.working[i]._tensor
+        copy = working_copy(value)
+        return copy if copy is not None and copy.dtype is bfloat16 else None
 
     def grad_norm(self) -> Tensor:
         """Global L2 norm of the gradients of the last update, before clipping: a 0-dim tensor."""

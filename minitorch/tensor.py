@@ -54,6 +54,7 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
     __array_priority__ = 1000
     grad_ready_hooks: Tuple[Callable[["Tensor"], None], ...] = ()  # see register_grad_ready_hook
     _version = 0  # bumped by in-place writes; autocast's cached casts of a parameter check it
+    _grad_dtype: Optional[DType] = None  # the dtype of its gradients where not its own (autocast's working copies)
 
     def __init__(
         self,
@@ -272,9 +273,10 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
         h = self.history
         assert h is not None and h.last_fn is not None and h.ctx is not None
         grads = h.last_fn._backward(h.ctx, d_output)
-        # As torch's engine does, each gradient takes its input's dtype (a bf16 use of an fp32 value gets an fp32 one).
+        # As torch's engine does, each gradient takes its input's dtype (a bf16 use of an fp32 value gets an fp32 one),
+        # except that a float32 master weight's 16-bit working copy passes float32 ones on unrounded.
         return [
-            (inp, g._sum_to(inp.shape).to(inp.dtype) if inp.dtype.is_floating else g._sum_to(inp.shape))
+            (inp, g._sum_to(inp.shape).to(inp._grad_dtype or inp.dtype) if inp.dtype.is_floating else g._sum_to(inp.shape))
             for inp, g in zip(h.inputs, grads)
             if g is not None and not inp.is_constant()
         ]

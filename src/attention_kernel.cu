@@ -8,6 +8,7 @@
 // under "highest" (torch's float32 SDPA: ~2e-6; summing in the tensor core throughout: ~2e-5).
 // Only the loops whose fragments index register arrays are unrolled in full: the rest stay rolled so
 // that the code fits the instruction cache.
+// What this kernel shares with its bf16 twin (attention_bf16_kernel.cu): includes/attention_common.cuh.
 //
 // Shapes, all contiguous row-major fp32: q, out, dq [B, H, Tq, D]; k, v, dk, dv [B, H, Tk, D];
 // lse [B, H, Tq]; mask (optional, additive) [B, Tk]. For query i and key j of one (b, h):
@@ -49,31 +50,18 @@
 // varies from run to run, so dq may differ in the last bits between runs.
 #include <cuda_runtime.h>
 
-#include <climits>
-#include <cmath>
-
+#include "includes/attention_common.cuh"
 #include "includes/cuda_check.cuh"
 #include "includes/launch_utils.cuh"
 #include "includes/mma_tf32.cuh"
 #include "includes/ptx.cuh"
-#include "includes/reduce.cuh"
 #include "includes/vec.cuh"
 
 namespace {
 
 using mt::Tf32Frag;
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kFwRows = kWarps * 16;  // query rows of a forward block
-constexpr int kBwKeys = kWarps * 16;  // keys of a backward block
-constexpr int kMaxHeadDim = 128;
-constexpr int kDotWarps = 8;  // warps (rows) per block of attention_bw_dot
-constexpr int kMaxGridY = 65535;
-
-enum Activation { kSoftmax = 0, kRelu = 1 };
+using namespace mt_attn;
 
 // Tile sizes per head-dim bucket (see the top of the file): keys of a forward tile, queries of a
 // backward one. kMinBlocks: blocks per SM that __launch_bounds__ asks the register allocation to allow
@@ -100,61 +88,6 @@ constexpr int bw_smem_floats() {
   constexpr int BM = BwConfig<DP>::kQueries;
   return (2 * kBwKeys + 2 * BM) * (DP + 4) + kBwKeys * (BM + 4) + 2 * BM;
 }
-
-struct FwParams {
-  float* out;
-  float* lse;
-  const float* q;
-  const float* k;
-  const float* v;
-  const float* mask;  // [batch, k_len] or nullptr
-  int heads;
-  int q_len;
-  int k_len;
-  int head_dim;
-  int causal;
-  float scale;
-  int vec4;  // head_dim % 4 == 0 and every pointer 16-byte aligned
-};
-
-struct BwParams {
-  float* dq;
-  float* dk;
-  float* dv;
-  const float* dout;
-  const float* q;
-  const float* k;
-  const float* v;
-  const float* lse;
-  const float* di;
-  const float* mask;
-  int heads;
-  int q_len;
-  int k_len;
-  int head_dim;
-  int causal;
-  float scale;
-  int vec4;
-};
-
-// The (batch, head) of a block, bh = blockIdx.x = batch * heads + head, and where its rows start.
-struct Head {
-  int bh;
-  int offset;     // k_len - q_len: under causal, query i sees the keys j <= i + offset
-  size_t q_base;  // its first row of q, out, lse, dout, dq, di
-  size_t k_base;  // its first row of k, v, dk, dv
-
-  template <class Params>
-  __device__ explicit Head(const Params& p)
-      : bh(blockIdx.x),
-        offset(p.k_len - p.q_len),
-        q_base(static_cast<size_t>(bh) * p.q_len),
-        k_base(static_cast<size_t>(bh) * p.k_len) {}
-};
-
-// The lane's fragment coordinates (includes/mma_tf32.cuh): g = lane / 4 and t = lane % 4.
-__device__ __forceinline__ int frag_g() { return (threadIdx.x % 32) / 4; }
-__device__ __forceinline__ int frag_t() { return threadIdx.x % 4; }
 
 // The fragment (4 words: A, 2 words: B) of the shared-memory values p[at[0]], p[at[1]], ...
 template <int PREC, int N>
@@ -227,36 +160,6 @@ __device__ __forceinline__ void load_tile(float* tile, const float* src, int row
   }
 }
 
-// Starts copying n = `count` floats (count <= kThreads) of src[start, start + count), zero past `limit`.
-__device__ __forceinline__ void load_vector(float* dst, const float* src, int start, int count, int limit) {
-  if (static_cast<int>(threadIdx.x) < count) {
-    const bool ok = start + static_cast<int>(threadIdx.x) < limit;
-    mt::cp_async_4(dst + threadIdx.x, ok ? src + start + threadIdx.x : src, ok);
-  }
-}
-
-// Writes columns col, col + 1 (col even) of one output row: one float2 when the head dim allows,
-// else element by element up to head_dim.
-__device__ __forceinline__ void store_pair(float* row_ptr, int col, float x, float y, int head_dim, bool vec4) {
-  if (vec4) {
-    if (col < head_dim) *reinterpret_cast<float2*>(row_ptr + col) = make_float2(x, y);
-  } else {
-    if (col < head_dim) row_ptr[col] = x;
-    if (col + 1 < head_dim) row_ptr[col + 1] = y;
-  }
-}
-
-__device__ __forceinline__ void atomic_add_pair(float* row_ptr, int col, float x, float y, int head_dim, bool vec4) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (vec4) {
-    if (col < head_dim) atomicAdd(reinterpret_cast<float2*>(row_ptr + col), make_float2(x, y));
-    return;
-  }
-#endif
-  if (col < head_dim) atomicAdd(row_ptr + col, x);
-  if (col + 1 < head_dim) atomicAdd(row_ptr + col + 1, y);
-}
-
 // ---- forward -----------------------------------------------------------------------------------
 // acc[16 x 8 KD] = acc * row_scale + A B for A [16 x 8 NT] in C fragments `a` (rows g and g + 8 of
 // the lane scaled by row_scale[0] and [1]) and B = tile[8 NT][8 KD] (shared, permuted k order). The
@@ -280,7 +183,7 @@ __device__ __forceinline__ void add_tile_product(float (&acc)[KD][4], const floa
 }
 
 template <int DP, int ACT, int PREC>
-__global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_fw(const FwParams p) {
+__global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_fw(const FwParams<float> p) {
   constexpr int BM = kFwRows;
   constexpr int BN = FwConfig<DP>::kKeys;
   constexpr int NT = BN / 8;  // 8-key column tiles of S
@@ -309,19 +212,14 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
   }
   const int key_end = p.causal ? max(0, min(p.k_len, min(q0 + BM, p.q_len) + head.offset)) : p.k_len;
   const int num_tiles = (key_end + BN - 1) / BN;
-  // Softmax works in base 2: x * log2(e) is formed by one FFMA from the raw score and mask value.
-  const float score_scale = ACT == kSoftmax ? p.scale * kLog2e : p.scale;
-  const float mask_scale = ACT == kSoftmax ? kLog2e : 1.f;
-
   float o[KD][4] = {};
-  float run_max[2] = {-INFINITY, -INFINITY};
-  float run_sum[2] = {0.f, 0.f};
+  RowState rows;
 
   if (num_tiles > 0) {
-    load_tile<BM, DP>(qs, p.q + head.q_base * p.head_dim, q0, p.q_len, p.head_dim, p.vec4);
-    load_tile<BN, DP>(ks, kg, 0, p.k_len, p.head_dim, p.vec4);
+    load_tile<BM, DP>(qs, p.q + head.q_base * p.head_dim, q0, p.q_len, p.head_dim, p.vec);
+    load_tile<BN, DP>(ks, kg, 0, p.k_len, p.head_dim, p.vec);
     mt::cp_async_commit();
-    load_tile<BN, DP>(vs, vg, 0, p.k_len, p.head_dim, p.vec4);
+    load_tile<BN, DP>(vs, vg, 0, p.k_len, p.head_dim, p.vec);
     mt::cp_async_commit();
   }
   for (int tile = 0; tile < num_tiles; ++tile) {
@@ -337,110 +235,26 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
       for (int j = 0; j < NT; ++j) mt::mma_prec<PREC>(s[j], a, load_b_transposed<PREC, LD>(ks, 8 * j, 8 * kd));
     }
     __syncthreads();  // every warp is done with this K tile
-    if (tile + 1 < num_tiles) load_tile<BN, DP>(ks, kg, n0 + BN, p.k_len, p.head_dim, p.vec4);
+    if (tile + 1 < num_tiles) load_tile<BN, DP>(ks, kg, n0 + BN, p.k_len, p.head_dim, p.vec);
     mt::cp_async_commit();
 
-    // Element c of s[j]: row h = c / 2, key n0 + 8 j + 2 t + c % 2.
-    float rescale[2] = {1.f, 1.f};  // softmax: exp2(old max - new max) of each row
-    float mask_add[NT][2];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = n0 + 8 * j + 2 * t + e;
-        mask_add[j][e] = mask_row != nullptr && key < p.k_len ? __ldg(mask_row + key) * mask_scale : 0.f;
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if constexpr (ACT == kSoftmax) {
-        float tile_max = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = n0 + 8 * j + 2 * t + e;
-            float& x = s[j][2 * h + e];
-            x = key < limit[h] ? fmaf(x, score_scale, mask_add[j][e]) : -INFINITY;
-            tile_max = fmaxf(tile_max, x);
-          }
-        }
-        const float new_max = fmaxf(run_max[h], mt::warp_allreduce<4>(tile_max, mt::MaxOp{}));
-        // With no key kept so far the shift is 0, so exp2(-inf - shift) = 0 and nothing is NaN.
-        const float shift = new_max == -INFINITY ? 0.f : new_max;
-        const float alpha = mt::fast_exp2(run_max[h] - shift);
-        float tile_sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[j][2 * h + e];
-            x = mt::fast_exp2(x - shift);
-            tile_sum += x;
-          }
-        }
-        run_sum[h] = fmaf(run_sum[h], alpha, tile_sum);
-        run_max[h] = new_max;
-        rescale[h] = alpha;
-      } else {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = n0 + 8 * j + 2 * t + e;
-            float& x = s[j][2 * h + e];
-            const float y = fmaf(x, score_scale, mask_add[j][e]);
-            x = key < limit[h] && y > 0.f ? y : 0.f;
-          }
-        }
-      }
-    }
+    float rescale[2];  // softmax: exp2(old max - new max) of each row
+    score_step<ACT>(s, rows, rescale, p, mask_row, n0, limit);
     mt::cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
     __syncthreads();
 
     add_tile_product<PREC, NT, KD, LD>(o, s, vs, rescale);  // O = O * rescale + P V
     __syncthreads();  // every warp is done with this V tile
-    if (tile + 1 < num_tiles) load_tile<BN, DP>(vs, vg, n0 + BN, p.k_len, p.head_dim, p.vec4);
+    if (tile + 1 < num_tiles) load_tile<BN, DP>(vs, vg, n0 + BN, p.k_len, p.head_dim, p.vec);
     mt::cp_async_commit();
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int query = q0 + 16 * warp + g + 8 * h;
-    float inv = 1.f;
-    float lse = 0.f;
-    if constexpr (ACT == kSoftmax) {
-      const float total = mt::warp_allreduce<4>(run_sum[h], mt::SumOp{});
-      inv = total > 0.f ? 1.f / total : 0.f;
-      lse = total > 0.f ? (run_max[h] + log2f(total)) * kLn2 : -INFINITY;
-    }
-    if (query < p.q_len) {
-      float* out_row = p.out + (head.q_base + query) * p.head_dim;
-#pragma unroll
-      for (int dt = 0; dt < KD; ++dt) {
-        store_pair(out_row, 8 * dt + 2 * t, o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv, p.head_dim, p.vec4);
-      }
-      if (t == 0) p.lse[head.q_base + query] = lse;
-    }
-  }
+  store_query_rows<ACT>(o, rows, p, head, q0 + 16 * warp);
 }
 
 // ---- backward ------------------------------------------------------------------------------------
-// di[r] = sum_d dout[r, d] * out[r, d], one warp per row.
-__global__ void __launch_bounds__(kDotWarps * 32)
-    attention_bw_dot(float* di, const float* dout, const float* out, int rows, int head_dim) {
-  const int row = blockIdx.x * kDotWarps + threadIdx.x / 32;
-  if (row >= rows) return;  // the whole warp leaves together
-  const int lane = threadIdx.x % 32;
-  const size_t base = static_cast<size_t>(row) * head_dim;
-  float acc = 0.f;
-  for (int d = lane; d < head_dim; d += 32) acc = fmaf(dout[base + d], out[base + d], acc);
-  acc = mt::warp_allreduce(acc, mt::SumOp{});
-  if (lane == 0) di[row] = acc;
-}
-
 template <int DP, int ACT, int PREC>
-__global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_bw(const BwParams p) {
+__global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_bw(const BwParams<float> p) {
   constexpr int BN = kBwKeys;
   constexpr int BM = BwConfig<DP>::kQueries;
   constexpr int QT = BM / 8;            // 8-query column tiles of S^T (and k steps of dV, dK)
@@ -466,22 +280,12 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
   const Head head(p);
   const float* qg = p.q + head.q_base * p.head_dim;
   const float* dog = p.dout + head.q_base * p.head_dim;
-  const float score_scale = ACT == kSoftmax ? p.scale * kLog2e : p.scale;
-  const float mask_scale = ACT == kSoftmax ? kLog2e : 1.f;
-
   // The lane's keys: n0 + 16 warp + g (C elements 0, 1) and + 8 (elements 2, 3).
   float mask_add[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = n0 + 16 * warp + g + 8 * h;
-    mask_add[h] = p.mask != nullptr && key < p.k_len
-                      ? __ldg(p.mask + static_cast<size_t>(head.bh / p.heads) * p.k_len + key) * mask_scale
-                      : 0.f;
-  }
-  // Query tiles that can see a key of this block: under causal, queries i >= n0 - head.offset.
-  const int first_query = p.causal ? max(0, n0 - head.offset) : 0;
-  const int qt_end = (p.q_len + BM - 1) / BM;
-  const int qt_begin = first_query >= p.q_len ? qt_end : first_query / BM;
+  for (int h = 0; h < 2; ++h) mask_add[h] = key_mask<ACT>(p, head, n0 + 16 * warp + g + 8 * h);
+  const int2 qt_range = query_tile_range<BM>(p, head, n0);
+  const int qt_begin = qt_range.x, qt_end = qt_range.y;
   // dQ work of the warp: query slab dq_slab, column tiles dq_col0 .. dq_col0 + DQ_TILES - 1.
   const int dq_slab = warp % MT;
   const int dq_col0 = (warp / MT) * DQ_TILES;
@@ -490,14 +294,11 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
   float dv[KD][4] = {};
 
   if (qt_begin < qt_end) {
-    load_tile<BN, DP>(ks, p.k + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec4);
-    load_tile<BN, DP>(vs, p.v + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec4);
-    load_tile<BM, DP>(qs, qg, qt_begin * BM, p.q_len, p.head_dim, p.vec4);
-    load_tile<BM, DP>(dos, dog, qt_begin * BM, p.q_len, p.head_dim, p.vec4);
-    if constexpr (ACT == kSoftmax) {
-      load_vector(ls, p.lse + head.q_base, qt_begin * BM, BM, p.q_len);
-      load_vector(dis, p.di + head.q_base, qt_begin * BM, BM, p.q_len);
-    }
+    load_tile<BN, DP>(ks, p.k + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec);
+    load_tile<BN, DP>(vs, p.v + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec);
+    load_tile<BM, DP>(qs, qg, qt_begin * BM, p.q_len, p.head_dim, p.vec);
+    load_tile<BM, DP>(dos, dog, qt_begin * BM, p.q_len, p.head_dim, p.vec);
+    load_row_stats<ACT, BM>(ls, dis, p, head, qt_begin * BM);
     mt::cp_async_commit();
   }
   for (int qt = qt_begin; qt < qt_end; ++qt) {
@@ -518,31 +319,9 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
       }
     }
 
-    // Element c of st[j]: key n0 + 16 warp + g + 8 (c / 2), query m0 + 8 j + 2 t + c % 2.
+    probs_and_dscores<ACT>(st, dpt, p, head, n0 + 16 * warp, m0, mask_add, ls, dis);
 #pragma unroll
     for (int j = 0; j < QT; ++j) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int h = c / 2;
-        const int key = n0 + 16 * warp + g + 8 * h;
-        const int col = 8 * j + 2 * t + c % 2;
-        const int query = m0 + col;
-        const bool kept = key < p.k_len && query < p.q_len && (!p.causal || key <= query + head.offset);
-        const float x = fmaf(st[j][c], score_scale, mask_add[h]);
-        float prob;
-        float dscore;
-        if constexpr (ACT == kSoftmax) {
-          const float l = ls[col];  // base-e lse; -inf for a row with no key (so P = 0)
-          prob = kept && l != -INFINITY ? mt::fast_exp2(x - l * kLog2e) : 0.f;
-          dscore = prob * (dpt[j][c] - dis[col]) * p.scale;
-        } else {
-          const bool on = kept && x > 0.f;
-          prob = on ? x : 0.f;
-          dscore = on ? dpt[j][c] * p.scale : 0.f;
-        }
-        st[j][c] = prob;
-        dpt[j][c] = dscore;
-      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         *reinterpret_cast<float2*>(dst + (16 * warp + g + 8 * h) * LDT + 8 * j + 2 * t) =
@@ -555,12 +334,9 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
     add_tile_product<PREC, QT, KD, LD>(dk, dpt, qs, keep);  // dK += dS^T Q
     __syncthreads();  // dS^T complete; every warp is done with this Q and dO tile
     if (qt + 1 < qt_end) {
-      load_tile<BM, DP>(qs, qg, m0 + BM, p.q_len, p.head_dim, p.vec4);
-      load_tile<BM, DP>(dos, dog, m0 + BM, p.q_len, p.head_dim, p.vec4);
-      if constexpr (ACT == kSoftmax) {
-        load_vector(ls, p.lse + head.q_base, m0 + BM, BM, p.q_len);
-        load_vector(dis, p.di + head.q_base, m0 + BM, BM, p.q_len);
-      }
+      load_tile<BM, DP>(qs, qg, m0 + BM, p.q_len, p.head_dim, p.vec);
+      load_tile<BM, DP>(dos, dog, m0 + BM, p.q_len, p.head_dim, p.vec);
+      load_row_stats<ACT, BM>(ls, dis, p, head, m0 + BM);
     }
     mt::cp_async_commit();
 
@@ -582,39 +358,27 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
         float* dq_row = p.dq + (head.q_base + query) * p.head_dim;
 #pragma unroll
         for (int n = 0; n < DQ_TILES; ++n) {
-          atomic_add_pair(dq_row, 8 * (dq_col0 + n) + 2 * t, acc[n][2 * h], acc[n][2 * h + 1], p.head_dim, p.vec4);
+          atomic_add_pair(dq_row, 8 * (dq_col0 + n) + 2 * t, acc[n][2 * h], acc[n][2 * h + 1], p.head_dim, p.vec);
         }
       }
     }
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = n0 + 16 * warp + g + 8 * h;
-    if (key < p.k_len) {
-      float* dk_row = p.dk + (head.k_base + key) * p.head_dim;
-      float* dv_row = p.dv + (head.k_base + key) * p.head_dim;
-#pragma unroll
-      for (int dt = 0; dt < KD; ++dt) {
-        store_pair(dk_row, 8 * dt + 2 * t, dk[dt][2 * h], dk[dt][2 * h + 1], p.head_dim, p.vec4);
-        store_pair(dv_row, 8 * dt + 2 * t, dv[dt][2 * h], dv[dt][2 * h + 1], p.head_dim, p.vec4);
-      }
-    }
-  }
+  store_key_rows(dk, dv, p, head, n0 + 16 * warp);
 }
 
 // ---- launchers ---------------------------------------------------------------------------------
-// The forward (FwParams) or backward (BwParams) instance of head-dim bucket DP: blocks of query rows
+// The forward (FwParams<float>) or backward (BwParams<float>) instance of head-dim bucket DP: blocks of query rows
 // or of keys for every (batch, head).
 template <int DP, int ACT, int PREC>
-int launch_bucket(const FwParams& p, int batch_heads, cudaStream_t stream) {
+int launch_bucket(const FwParams<float>& p, int batch_heads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.q_len + kFwRows - 1) / kFwRows));
   constexpr int kBytes = fw_smem_floats<DP>() * static_cast<int>(sizeof(float));
   return mt::launch_with_shared_memory<attention_fw<DP, ACT, PREC>>(grid, kThreads, kBytes, stream, p);
 }
 
 template <int DP, int ACT, int PREC>
-int launch_bucket(const BwParams& p, int batch_heads, cudaStream_t stream) {
+int launch_bucket(const BwParams<float>& p, int batch_heads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.k_len + kBwKeys - 1) / kBwKeys));
   constexpr int kBytes = bw_smem_floats<DP>() * static_cast<int>(sizeof(float));
   return mt::launch_with_shared_memory<attention_bw<DP, ACT, PREC>>(grid, kThreads, kBytes, stream, p);
@@ -638,15 +402,9 @@ int launch_variant(const Params& p, int activation, int precision, int batch_hea
                                 : launch_head_dim<kRelu, mt::kHigh>(p, batch_heads, stream);
 }
 
-// Sizes every launcher accepts: positive, D <= 128, B * H * T * D within 32-bit element counts
-// per operand and the grid's y limit for the query / key blocks.
 bool sizes_ok(int batch, int heads, int q_len, int k_len, int head_dim, int activation, int precision) {
-  if (batch <= 0 || heads <= 0 || q_len <= 0 || k_len <= 0 || head_dim <= 0 || head_dim > kMaxHeadDim) return false;
-  if (activation != kSoftmax && activation != kRelu) return false;
-  if (precision != mt::kHighest && precision != mt::kHigh) return false;
-  const long long bh = static_cast<long long>(batch) * heads;
-  if (bh * q_len * head_dim > INT_MAX || bh * k_len * head_dim > INT_MAX) return false;
-  return (q_len + kFwRows - 1) / kFwRows <= kMaxGridY && (k_len + kBwKeys - 1) / kBwKeys <= kMaxGridY;
+  return mt_attn::sizes_ok(batch, heads, q_len, k_len, head_dim, activation) &&
+         (precision == mt::kHighest || precision == mt::kHigh);
 }
 
 }  // namespace
@@ -660,7 +418,7 @@ extern "C" int launch_attention_fw(float* out, float* lse, const float* q, const
   MT_RETURN_IF_INVALID(!sizes_ok(batch, heads, q_len, k_len, head_dim, activation, precision));
   const bool vec4 = head_dim % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(q) && mt::is_aligned16(k) &&
                     mt::is_aligned16(v);
-  const FwParams p = {out, lse, q, k, v, mask, heads, q_len, k_len, head_dim, causal != 0, scale, vec4};
+  const FwParams<float> p = {out, lse, q, k, v, mask, heads, q_len, k_len, head_dim, causal != 0, scale, vec4};
   const int batch_heads = batch * heads;
   return launch_variant(p, activation, precision, batch_heads, stream);
 }
@@ -687,11 +445,11 @@ extern "C" int launch_attention_bw(float* dq, float* dk, float* dv, const float*
   const int rows = batch_heads * q_len;
   MT_RETURN_IF_ERROR(cudaMemsetAsync(dq, 0, static_cast<size_t>(rows) * head_dim * sizeof(float), stream));
   if (activation == kSoftmax) {
-    attention_bw_dot<<<(rows + kDotWarps - 1) / kDotWarps, kDotWarps * 32, 0, stream>>>(workspace, grad_out, out,
+    attention_bw_dot<float><<<(rows + kDotWarps - 1) / kDotWarps, kDotWarps * 32, 0, stream>>>(workspace, grad_out, out,
                                                                                         rows, head_dim);
     MT_RETURN_IF_ERROR(cudaGetLastError());
   }
-  const BwParams p = {dq,   dk,      dv,     grad_out, q,        k,      v,     lse, workspace,
+  const BwParams<float> p = {dq,   dk,      dv,     grad_out, q,        k,      v,     lse, workspace,
                       mask, heads, q_len, k_len,    head_dim, causal != 0, scale, vec4};
   return launch_variant(p, activation, precision, batch_heads, stream);
 }

@@ -19,6 +19,8 @@ import pytest
 
 from project.common.checkpoint import CheckpointError, load_checkpoint
 from project.translation import corpus as mt_corpus
+from project.translation import main as run_mt
+from project.translation import run as mt_run
 from project.translation.options import CHECKPOINT_KIND
 
 REAL_DATA_DIR = Path(__file__).resolve().parent.parent / ".." / "shared" / "data" / "multi30k"
@@ -62,6 +64,33 @@ def load(out_dir: Path) -> Dict:
     """The checkpoint's state, with its configuration as "args"."""
     checkpoint = load_checkpoint(out_dir / "checkpoint.npz", CHECKPOINT_KIND)
     return {**checkpoint.state, "args": checkpoint.config}
+
+
+class Preempted(Exception):
+    """What stops a run right after a checkpoint in run_until_first_save."""
+
+
+def run_until_first_save(argv: List[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The program on argv, stopped right after it writes its first checkpoint (as a preempted job)."""
+    save = mt_run.save_checkpoint
+
+    def save_then_stop(*args: Any) -> None:
+        save(*args)
+        raise Preempted
+
+    monkeypatch.setattr(mt_run, "save_checkpoint", save_then_stop)
+    with pytest.raises(Preempted):
+        run_mt.main(argv)
+    monkeypatch.undo()
+
+
+def assert_same_training_state(state: Dict, other: Dict) -> None:
+    """Two checkpoints' states (load's) hold equal parameters and AdamW moments."""
+    for name, value in state["model"].items():
+        np.testing.assert_array_equal(other["model"][name], value, err_msg=name)
+    for moment in ("m", "v"):
+        for i, value in state["optimizer"][moment].items():
+            np.testing.assert_array_equal(other["optimizer"][moment][i], value)
 
 
 def computed(history: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

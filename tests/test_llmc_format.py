@@ -4,6 +4,7 @@ import json
 import struct
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -91,18 +92,32 @@ def test_config_validation_names_the_field(changes, field):
 # Checkpoints
 
 
-def test_checkpoint_round_trip_is_exact(tmp_path):
+@pytest.mark.parametrize("dtype, version, item_bytes", [("float32", 3, 4), ("bfloat16", 5, 2)])
+def test_checkpoint_round_trip_is_exact(tmp_path, dtype, version, item_bytes):
+    """Version 3 (float32) or 5 (every tensor in bfloat16, rounded to nearest even as ml_dtypes rounds):
+    read back as float32 holding exactly the values written; writing them again gives the same bytes."""
     params = random_params(TINY)
-    path = write_checkpoint(tmp_path / "model.bin", TINY, params)
+    path = write_checkpoint(tmp_path / "model.bin", TINY, params, dtype=dtype)
     assert [p.name for p in tmp_path.iterdir()] == ["model.bin"]  # no temporary file left behind
     header = np.fromfile(path, dtype="<i4", count=256)
-    assert header[:8].tolist() == [20240326, 3, 8, 10, 2, 2, 4, 16] and not header[8:].any()
-    assert path.stat().st_size == 1024 + 4 * num_parameters(TINY)
+    assert header[:8].tolist() == [20240326, version, 8, 10, 2, 2, 4, 16] and not header[8:].any()
+    assert path.stat().st_size == 1024 + item_bytes * num_parameters(TINY)
     config, loaded = read_checkpoint(path)
     assert config == TINY and list(loaded) == list(PARAMETER_NAMES)
+    stored = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
     for name in PARAMETER_NAMES:
         assert loaded[name].dtype == np.float32
-        np.testing.assert_array_equal(loaded[name], params[name])
+        np.testing.assert_array_equal(loaded[name], params[name].astype(stored).astype(np.float32))
+    assert write_checkpoint(tmp_path / "again.bin", TINY, loaded, dtype=dtype).read_bytes() == path.read_bytes()
+
+
+def test_bfloat16_checkpoint_widens_exactly_and_other_dtypes_are_refused(tmp_path):
+    loaded = read_checkpoint(write_checkpoint(tmp_path / "bf16.bin", TINY, random_params(TINY), dtype="bfloat16"))[1]
+    widened = read_checkpoint(write_checkpoint(tmp_path / "fp32.bin", TINY, loaded))[1]
+    for name in PARAMETER_NAMES:
+        np.testing.assert_array_equal(widened[name], loaded[name])
+    with pytest.raises(ValueError, match=r"dtype is one of \['bfloat16', 'float32'\], got 'float16'"):
+        write_checkpoint(tmp_path / "m.bin", TINY, loaded, dtype="float16")
 
 
 def test_independently_written_checkpoint_loads_into_named_parameters(tmp_path):
@@ -116,6 +131,25 @@ def test_independently_written_checkpoint_loads_into_named_parameters(tmp_path):
     np.testing.assert_array_equal(params["wpe"][3], 1000 + np.arange(12, 16))  # row 3 of [maxT, C]
     assert params["fcprojw"][0, 2, 5] == 12000 + 2 * 16 + 5  # [L, C, 4C]: out 2, in 5 of layer 0
     assert params["wte"][15, 3] == 15 * 4 + 3  # padded rows are read too
+
+
+def test_independently_written_bfloat16_checkpoint_loads(tmp_path):
+    """A version-5 file written by hand (ml_dtypes' bfloat16, little-endian, tensors back to back)."""
+    rng = np.random.default_rng(3)
+    tensors = [rng.standard_normal(shape).astype(ml_dtypes.bfloat16) for _, shape in TINY_LAYOUT]
+    path = tmp_path / "llmc_bf16.bin"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240326, 5, 8, 10, 2, 2, 4, 16, *[0] * 248))
+        for tensor in tensors:
+            f.write(tensor.view("<u2").tobytes())
+    config, params = read_checkpoint(path)
+    assert config == TINY
+    for (name, _), tensor in zip(TINY_LAYOUT, tensors):
+        np.testing.assert_array_equal(params[name], tensor.astype(np.float32))
+    with open(path, "ab") as f:
+        f.write(b"\0\0")
+    with pytest.raises(LlmcFormatError, match=r"2 bytes too many .*header says \d+ bfloat16 parameters"):
+        read_checkpoint(path)
 
 
 def test_write_checkpoint_checks_names_shapes_and_dtypes(tmp_path):
@@ -134,8 +168,9 @@ def test_write_checkpoint_checks_names_shapes_and_dtypes(tmp_path):
     [
         (dict(magic=20240520), r"header\[0\] \(magic\) is 20240520.*token shard"),
         (dict(magic=1234), r"header\[0\] \(magic\) is 1234, expected 20240326"),
-        (dict(version=5), r"header\[1\] \(version\) is 5, a bfloat16 checkpoint"),
-        (dict(version=4), r"header\[1\] \(version\) is 4.*only version 3"),
+        (dict(version=5), r"\d+ bytes too many .*header says \d+ bfloat16 parameters"),
+        (dict(version=4), r"header\[1\] \(version\) is 4.*only versions 3 \(float32\) and 5 \(bfloat16\)"),
+        (dict(version=2), r"header\[1\] \(version\) is 2, an export from before llm.c padded the vocabulary"),
         (dict(L=0), r"GPT2Config.num_layers must be in 1\.\.\d+, got 0"),
         (dict(NH=3), r"GPT2Config.channels \(4\) must be divisible by num_heads \(3\)"),
         (dict(Vp=9), r"GPT2Config.padded_vocab_size \(9\) must be >= vocab_size \(10\)"),

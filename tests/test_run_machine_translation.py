@@ -10,13 +10,12 @@ import torch
 import minitorch
 from minitorch import distributed
 from minitorch_testing import FAST, assert_close, t64
-from mt_program import SPLIT_SIZES, TINY, computed, load
+from mt_program import SPLIT_SIZES, TINY, assert_same_training_state, computed, load, run_until_first_save
 from project.common.checkpoint import load_checkpoint
 from project.common.schedule import learning_rate
 from project.translation import corpus as mt_corpus
 from project.translation import main as run_mt
 from project.translation import options as mt_options
-from project.translation import run as mt_run
 from project.translation import tokenizer as mt_tokenizer
 from project.translation.decode import greedy_decode
 from project.translation.model import build_model
@@ -45,33 +44,16 @@ def test_training_learns_and_writes_every_output(straight_run) -> None:
     assert load_checkpoint(out / "checkpoint.prev.npz", mt_options.CHECKPOINT_KIND).state["progress"]["epoch"] == 1
 
 
-class Preempted(Exception):
-    pass
-
-
 def test_resume_after_preemption_matches_straight_run(straight_run, corpus_dir, tmp_path, monkeypatch) -> None:
     """Stop right after epoch 1's checkpoint, resume: parameters, optimizer state and metrics equal
     the uninterrupted two-epoch run exactly (dropout RNG, batch order and schedule restored)."""
     out = tmp_path / "resumed"
-    save = mt_run.save_checkpoint
-
-    def save_then_stop(*args):
-        save(*args)
-        raise Preempted
-
-    monkeypatch.setattr(mt_run, "save_checkpoint", save_then_stop)
-    with pytest.raises(Preempted):
-        run_mt.main(TINY + ["--epochs", "2", "--data-dir", str(corpus_dir), "--out-dir", str(out)])
-    monkeypatch.undo()
+    run_until_first_save(TINY + ["--epochs", "2", "--data-dir", str(corpus_dir), "--out-dir", str(out)], monkeypatch)
     assert load(out)["progress"]["epoch"] == 1
 
     resumed = run_mt.main(["--resume", "--out-dir", str(out), "--data-dir", str(corpus_dir)])
     straight_state, resumed_state = load(straight_run["out_dir"]), load(out)
-    for name, value in straight_state["model"].items():
-        np.testing.assert_array_equal(resumed_state["model"][name], value, err_msg=name)
-    for moment in ("m", "v"):
-        for i, value in straight_state["optimizer"][moment].items():
-            np.testing.assert_array_equal(resumed_state["optimizer"][moment][i], value)
+    assert_same_training_state(straight_state, resumed_state)
     assert resumed_state["optimizer"]["t"] == straight_state["optimizer"]["t"] == 16
 
     assert computed(resumed["history"]) == computed(straight_run["history"])

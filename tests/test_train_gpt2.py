@@ -25,13 +25,17 @@ ROOT = Path(__file__).resolve().parent.parent
 WORDS = "a man with a red hat walks his dog along the beach while two children play in the sand".split()
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpt2_program")
+def word_shards(root: Path):
+    """Shards (BPE 300) of 400 lines of random words from WORDS, in root."""
     rng = np.random.default_rng(0)
     lines = [" ".join(rng.choice(WORDS, size=rng.integers(5, 12))) for _ in range(400)]
     (root / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return prepare_shards(root / "corpus.txt", root / "data", vocab_size=300, val_fraction=0.1, progress=False)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return word_shards(tmp_path_factory.mktemp("gpt2_program"))
 
 
 def tiny_args(shards, out_dir, *extra):

@@ -9,18 +9,27 @@ path wherever the weight's own strides allow it (a contiguous [C, V] weight need
 products run through the matmul library directly, on raw pointers into row blocks of the inputs and
 outputs (no copies, no views); the library splits the long vocab dim of dhidden = dlogits @ weight^T
 itself.
+
+bfloat16 hidden states and weight (the autocast working copy) take the bf16 matmul library
+(matmul_bf16, on torch views of the same buffers) for the three products: the logits are float32 (so
+the loss, the log-sum-exp and label smoothing see float32 values), their gradient is rounded to bf16
+once per chunk (one conversion pass into a chunk-sized bf16 buffer) as the operand of dhidden (bf16)
+and dweight (float32, accumulated over the chunks in float32).
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from .. import operators
+from ..dtypes import bfloat16, float32
 from ..tensor_data import TensorData
+from . import matmul_bf16
 from .combine import add_into, column_sums, contiguous, reduce_op
+from .convert import cast
 from .matmul import raw_matmul
-from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, runtime
+from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, require_float32, runtime
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {
@@ -30,13 +39,69 @@ _F32 = 4  # bytes per element
 _sum0 = reduce_op(operators.add, 0.0)
 
 
+class _Float32Products:
+    """The chunk products in float32: the matmul library on raw pointers into the buffers."""
+
+    def __init__(self, h: TensorData, weight: TensorData, ld: int) -> None:
+        self.hp, self.wp, self.w_strides = ptr(h), ptr(weight), weight.strides
+        self.C, self.V, self.ld = h.shape[1], weight.shape[1], ld
+        self.transposed = weight.is_transposed()
+
+    def logits(self, logits: Any, n0: int, rows: int) -> None:
+        raw_matmul(logits.data_ptr(), self.hp + _F32 * n0 * self.C, self.wp, rows, self.V, self.C, (self.C, 1),
+                   self.w_strides, ldc=self.ld)  # fmt: skip
+
+    def gradients(self, dhidden: TensorData, dweight: TensorData, logits: Any, n0: int, rows: int) -> None:
+        C, V, ld, lg = self.C, self.V, self.ld, logits.data_ptr()
+        h_rows = self.hp + _F32 * n0 * C
+        raw_matmul(ptr(dhidden) + _F32 * n0 * C, lg, self.wp, rows, C, V, (ld, 1), self.w_strides[::-1])
+        if self.transposed:
+            raw_matmul(ptr(dweight), lg, h_rows, V, C, rows, (1, ld), (C, 1), accumulate=n0 > 0)
+        else:
+            raw_matmul(ptr(dweight), h_rows, lg, C, V, rows, (1, C), (ld, 1), accumulate=n0 > 0)
+
+
+class _Bfloat16Products:
+    """The chunk products of bf16 hidden states and weight: matmul_bf16 on torch views of the buffers,
+    float32 logits, their gradient rounded to bf16 into a chunk buffer for dhidden and dweight."""
+
+    def __init__(self, h: TensorData, weight: TensorData, ld: int, chunk: int) -> None:
+        torch = runtime().torch
+        N, C = h.shape
+        self.V, self.ld, self.transposed = weight.shape[1], ld, weight.is_transposed()
+        self.h = h._storage[: N * C].view(N, C)
+        self.w = torch.as_strided(weight._storage, weight.shape, weight.strides)
+        self.ld16 = -(-self.V // 8) * 8  # 16-byte rows for the library's TMA path
+        self.dlogits = torch.empty(chunk * self.ld16, dtype=torch.bfloat16, device=self.h.device)
+
+    def logits(self, logits: Any, n0: int, rows: int) -> None:
+        out = logits[: rows * self.ld].view(rows, self.ld)[:, : self.V]
+        matmul_bf16.matmul(self.h[n0 : n0 + rows], self.w, out=out)
+
+    def gradients(self, dhidden: TensorData, dweight: TensorData, logits: Any, n0: int, rows: int) -> None:
+        V, C = self.V, self.h.shape[1]
+        cast(TensorData(logits, (rows, V), (self.ld, 1)), bfloat16, TensorData(self.dlogits, (rows, V), (self.ld16, 1), bfloat16))
+        dl = self.dlogits[: rows * self.ld16].view(rows, self.ld16)[:, :V]
+        h_rows = self.h[n0 : n0 + rows]
+        matmul_bf16.matmul(dl, self.w.t(), out=dhidden._storage[n0 * C : (n0 + rows) * C].view(rows, C))
+        if self.transposed:
+            matmul_bf16.matmul(dl.t(), h_rows, out=dweight._storage.view(V, C), accumulate=n0 > 0)
+        else:
+            matmul_bf16.matmul(h_rows.t(), dl, out=dweight._storage.view(C, V), accumulate=n0 > 0)
+
+
 def linear_cross_entropy_fw(
     hidden: TensorData, weight: TensorData, bias: Optional[TensorData], targets: TensorData,
     token_weights: TensorData, chunk_size: int, need_grad: bool, label_smoothing: float = 0.0,
 ) -> Tuple[TensorData, Optional[TensorData], Optional[TensorData], Optional[TensorData]]:  # fmt: skip
     """(loss (1,), dhidden, dweight, dbias) chunk by chunk; a target outside [0, V) on a token with a
     non-zero weight makes the loss NaN (checking would need a device-to-host copy).  label_smoothing:
-    see minitorch.fused_linear_cross_entropy."""
+    see minitorch.fused_linear_cross_entropy.  hidden and weight both float32, or both bfloat16 (then
+    dhidden is bfloat16; the loss, dweight and dbias are float32 either way; a bias is read as float32)."""
+    bf16 = hidden.dtype == bfloat16 and weight.dtype == bfloat16
+    if not bf16:
+        require_float32("linear_cross_entropy_fw", hidden, weight, bias)
+    require_float32("linear_cross_entropy_fw", targets, token_weights)
     rt = runtime()
     lib = rt.lib("classifier_kernel", SIGNATURES)
     N, C = hidden.shape
@@ -52,23 +117,22 @@ def linear_cross_entropy_fw(
     # the same layout: written as dweight^T [V, C], returned as a [C, V] view.
     transposed = weight.is_transposed()
     h, ids, tw = (contiguous(t) for t in (hidden, targets, token_weights))
-    b = None if bias is None else contiguous(bias)
-    hp, wp, bp = ptr(h), ptr(weight), None if b is None else ptr(b)
-    w_strides, wt_strides = weight.strides, weight.strides[::-1]
+    b = None if bias is None else (contiguous(bias) if bias.dtype == float32 else cast(bias, float32))
+    products = _Bfloat16Products(h, weight, ld, chunk) if bf16 else _Float32Products(h, weight, ld)
+    bp = None if b is None else ptr(b)
     weight_sum = _sum0(tw, 0)
     losses = empty((N,))
     logits = rt.buffer(chunk * ld)  # kept referenced: every chunk reuses it
     lg = logits.data_ptr()
     dhidden = dweight = dbias = b_scratch = None
     if need_grad:
-        dhidden, dweight = empty((N, C)), empty((V, C) if transposed else (C, V))
+        dhidden, dweight = empty((N, C), hidden.dtype), empty((V, C) if transposed else (C, V))
         dbias = None if b is None else empty((V,))
         # Later chunks' dbias contributions go through a scratch buffer and are added.
         b_scratch = rt.buffer(V) if N > chunk and b is not None else None
     for n0 in range(0, N, chunk):
         rows = min(chunk, N - n0)
-        h_rows = hp + _F32 * n0 * C
-        raw_matmul(lg, h_rows, wp, rows, V, C, (C, 1), w_strides, ldc=ld)
+        products.logits(logits, n0, rows)
         code = lib.launch_fused_classifier(
             lg, ld, ptr(losses) + _F32 * n0, bp, ptr(ids) + _F32 * n0, ptr(tw) + _F32 * n0, ptr(weight_sum),
             rows, V, label_smoothing, int(need_grad), rt.stream(),
@@ -76,13 +140,9 @@ def linear_cross_entropy_fw(
         check(code, lib, f"fused classifier [{rows}, {V}]")
         if dhidden is None or dweight is None:
             continue
-        raw_matmul(ptr(dhidden) + _F32 * n0 * C, lg, wp, rows, C, V, (ld, 1), wt_strides)
-        first = n0 == 0
-        if transposed:
-            raw_matmul(ptr(dweight), lg, h_rows, V, C, rows, (1, ld), (C, 1), accumulate=not first)
-        else:
-            raw_matmul(ptr(dweight), h_rows, lg, C, V, rows, (1, C), (ld, 1), accumulate=not first)
+        products.gradients(dhidden, dweight, logits, n0, rows)
         if dbias is not None:
+            first = n0 == 0
             column_sums(ptr(dbias) if first else b_scratch.data_ptr(), lg, V, rows, ld)
             if not first:
                 add_into(ptr(dbias), b_scratch.data_ptr(), V)

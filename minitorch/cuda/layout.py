@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Dict, Sequence, Tuple
 
-from ..tensor_data import MAX_DIMS, broadcast_strides, coalesce, prod
+from ..tensor_data import MAX_DIMS, broadcast_strides, coalesce, prod, shape_broadcast
 from .runtime import INT_LIMIT, CudaShapeError
 
 _CACHE_LIMIT = 4096
@@ -44,6 +44,23 @@ def elementwise_plan(
     strides = [list(out_strides)] + [broadcast_strides(s, st, out_shape) for s, st in inputs]
     shape, merged = coalesce(out_shape, strides)
     return tuple(layout(shape, st) for st in merged)
+
+
+def product_plan(a: Any, b: Any) -> Tuple[Tuple[int, ...], Tuple[int, int, int, int], MtLayout, MtLayout]:
+    """(output shape, matrix strides (A row, A k, B k, B column), A batch layout, B batch layout) of
+    the product a [..., M, K] @ b [..., K, N] (anything with shape and strides in elements), the
+    batch dims broadcast and merged; rejects what exceeds the kernels' 32-bit indexing."""
+    batch = shape_broadcast(a.shape[:-2], b.shape[:-2])
+    layout(a.shape, a.strides)
+    layout(b.shape, b.strides)
+    a_bs = broadcast_strides(a.shape[:-2], a.strides[:-2], batch)
+    b_bs = broadcast_strides(b.shape[:-2], b.strides[:-2], batch)
+    merged, (a_st, b_st) = coalesce(batch, [a_bs, b_bs])
+    out_shape = batch + (a.shape[-2], b.shape[-1])
+    if prod(out_shape) >= INT_LIMIT:
+        raise CudaShapeError(f"matmul {a.shape} @ {b.shape}: the result exceeds the CUDA kernels' 32-bit indexing")
+    mat_strides = (a.strides[-2], a.strides[-1], b.strides[-2], b.strides[-1])
+    return out_shape, mat_strides, layout(merged, a_st), layout(merged, b_st)
 
 
 def remember(cache: Dict[Any, Any], key: Any, value: Any) -> Any:

@@ -22,6 +22,7 @@ LIBRARIES: Dict[str, Signatures] = {
     "softmax_kernel": softmax.SIGNATURES,
     "layernorm_kernel": layernorm.SIGNATURES,
     "attention_kernel": attention.SIGNATURES,
+    "attention_bf16_kernel": attention.BF16_SIGNATURES,
     "classifier_kernel": classifier.SIGNATURES,
     "optimizer_kernel": optimizer.SIGNATURES,
     "kv_cache_kernel": kv_cache.SIGNATURES,

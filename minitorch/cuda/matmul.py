@@ -2,17 +2,26 @@
 strides on the tensor cores (3xTF32 "highest" or TF32 "high", see minitorch.precision), with
 bias / GELU / ReLU epilogues.  The library balances few-tile products (weight gradients) over the
 SMs (stream-K, or K splits) and may copy an operand K-major, in a workspace this binding allocates
-from the caching allocator."""
+from the caching allocator.
+
+This module is also where the CUDA backend's products choose a kernel by dtype: float32 operands run
+the library above, bfloat16 ones matmul_bf16_kernel.so (minitorch.cuda.matmul_bf16: float32 sums,
+bfloat16 output, the weight gradients of a 16-bit Linear in float32); other dtypes have no product
+kernel and raise NoKernelError."""
 
 from __future__ import annotations
 
 import ctypes
 from typing import Dict, Optional, Tuple
 
+from ..dtypes import arithmetic, bfloat16, float32, result_type
 from ..precision import precision_code
-from ..tensor_data import TensorData, broadcast_strides, coalesce, prod, shape_broadcast
-from .layout import MtLayout, layout, remember
-from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, require_float32, runtime
+from ..tensor_data import TensorData
+from . import matmul_bf16
+from .combine import fill
+from .convert import cast
+from .layout import MtLayout, layout, product_plan, remember
+from .runtime import check, empty, ptr, require_float32, runtime
 
 _P, _I, _LL, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, MtLayout
 SIGNATURES = {
@@ -24,20 +33,7 @@ _SINGLE = layout((1,), (0,))  # the batch layout of one product
 
 _plans: Dict[tuple, Tuple[Tuple[int, ...], Tuple[int, int, int, int], MtLayout, MtLayout]] = {}
 _workspace: Dict[tuple, int] = {}  # (M, N, K, batch, strides, precision) -> the library's workspace floats
-
-
-def _plan(a: TensorData, b: TensorData) -> Tuple[Tuple[int, ...], Tuple[int, int, int, int], MtLayout, MtLayout]:
-    batch = shape_broadcast(a.shape[:-2], b.shape[:-2])
-    layout(a.shape, a.strides)  # rejects layouts beyond 32-bit offsets
-    layout(b.shape, b.strides)
-    a_bs = broadcast_strides(a.shape[:-2], a.strides[:-2], batch)
-    b_bs = broadcast_strides(b.shape[:-2], b.strides[:-2], batch)
-    merged, (a_st, b_st) = coalesce(batch, [a_bs, b_bs])
-    out_shape = batch + (a.shape[-2], b.shape[-1])
-    if prod(out_shape) >= INT_LIMIT:
-        raise CudaShapeError(f"matmul {a.shape} @ {b.shape}: the result exceeds the CUDA kernels' 32-bit indexing")
-    mat_strides = (a.strides[-2], a.strides[-1], b.strides[-2], b.strides[-1])
-    return out_shape, mat_strides, layout(merged, a_st), layout(merged, b_st)
+_ones: Dict[int, TensorData] = {}  # rows -> a bfloat16 row of ones (the left operand of column sums)
 
 
 def _launch(
@@ -63,36 +59,95 @@ def _launch(
 def matrix_multiply(a: TensorData, b: TensorData) -> TensorData:
     """a [..., n, k] @ b [..., k, m] -> [broadcast(...), n, m], any strides.  Every product of the
     backend comes here (MatMul, the composed references), so this is where a product dispatches on
-    its operands' dtype: float32 storage (float32, bool masks) runs the kernels below; the 16-bit
-    dtypes have no product kernel yet and raise NoKernelError."""
-    require_float32("matmul", a, b)
+    its dtype, the operands' promoted one (an operand of another dtype is cast to it first, exactly):
+    float32 storage (float32, bool masks) runs the float32 kernels, bfloat16 the bf16 library (float32
+    sums, bfloat16 output); float16 has no product kernel and raises NoKernelError."""
+    dtype = arithmetic(a.dtype if a.dtype is b.dtype else result_type(a, b))
+    a, b = (t if t.dtype is dtype else cast(t, dtype) for t in (a, b))
+    if dtype is not bfloat16:
+        require_float32("matmul", a, b)
     key = (a.shape, a.strides, b.shape, b.strides)
     plan = _plans.get(key)
     if plan is None:
-        plan = remember(_plans, key, _plan(a, b))
+        plan = remember(_plans, key, product_plan(a, b))
     out_shape, strides, a_batch, b_batch = plan
-    out = empty(out_shape)
+    out = empty(out_shape, dtype)
     if out.size:
         n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
-        _launch(ptr(out), ptr(a), ptr(b), n, m, k, strides, a_batch, b_batch, out.size // (n * m), f"matmul {a.shape} @ {b.shape}")
+        what = f"matmul {a.shape} @ {b.shape}"
+        if dtype is bfloat16:
+            matmul_bf16.launch(ptr(out), "bfloat16", m, ptr(a), ptr(b), n, m, k, strides, a_batch, b_batch, what=what)
+        else:
+            _launch(ptr(out), ptr(a), ptr(b), n, m, k, strides, a_batch, b_batch, out.size // (n * m), what)
     return out
 
 
-def linear_fw(x: TensorData, weight: TensorData, bias: Optional[TensorData], activation: Optional[str]) -> Tuple[TensorData, Optional[TensorData]]:
-    """(act(x @ weight + bias), x @ weight + bias kept for backward when act is set) for x [rows, in]
-    and weight [in, out], bias [out] or None, activation None, "gelu" or "relu"."""
+def linear_fw(
+    x: TensorData, weight: TensorData, bias: Optional[TensorData], activation: Optional[str]
+) -> Tuple[TensorData, Optional[TensorData]]:
+    """(act(x @ weight.T + bias), x @ weight.T + bias kept for backward when act is set) for x
+    [rows, in] and weight [out, in] (torch's layout, read transposed in place), bias [out] or None,
+    activation None, "gelu" or "relu", all of one dtype: float32, or bfloat16 (float32 sums and
+    epilogue, both outputs rounded once to bfloat16)."""
     rows, k = x.shape
-    n = weight.shape[1]
-    out = empty((rows, n))
-    pre = empty((rows, n)) if activation is not None else None
-    if out.size:
+    n = weight.shape[0]
+    dtype = x.dtype
+    if dtype is not bfloat16:
+        require_float32("linear_fw", x, weight, bias)
+    out = empty((rows, n), dtype)
+    pre = empty((rows, n), dtype) if activation is not None else None
+    if not out.size:
+        return out, pre
+    strides = (x.strides[0], x.strides[1], weight.strides[1], weight.strides[0])
+    what = f"linear {x.shape} @ {weight.shape}.T"
+    bias_ptr, pre_ptr = (None if t is None else ptr(t) for t in (bias, pre))
+    if dtype is bfloat16:
+        matmul_bf16.launch(ptr(out), "bfloat16", n, ptr(x), ptr(weight), rows, n, k, strides, bias=bias_ptr,
+                           activation=activation, pre_act=pre_ptr, what=what)  # fmt: skip
+    else:
         epilogue = EPILOGUES[activation if activation is not None else ("bias" if bias is not None else None)]
-        _launch(
-            ptr(out), ptr(x), ptr(weight), rows, n, k, (x.strides[0], x.strides[1], weight.strides[0], weight.strides[1]),
-            _SINGLE, _SINGLE, 1, f"linear {x.shape} @ {weight.shape}", None if bias is None else ptr(bias), epilogue,
-            None if pre is None else ptr(pre),
-        )  # fmt: skip
+        _launch(ptr(out), ptr(x), ptr(weight), rows, n, k, strides, _SINGLE, _SINGLE, 1, what, bias_ptr, epilogue, pre_ptr)
     return out, pre
+
+
+def linear_bw(
+    d: TensorData, x: TensorData, weight: TensorData, has_bias: bool
+) -> Optional[Tuple[TensorData, TensorData, Optional[TensorData]]]:
+    """The products of a Linear's backward from d [rows, out], its pre-activation gradient, when d,
+    x [rows, in] and weight [out, in] are bfloat16: (dx = d @ weight in bfloat16, dweight = d^T @ x
+    [out, in] in float32, dbias = the column sums of d in float32, or None without a bias), each one
+    bf16 product with float32 sums (dbias: a row of ones @ d).  None for other dtypes: the caller composes."""
+    if not d.dtype is x.dtype is weight.dtype is bfloat16:
+        return None
+    rows, k = x.shape
+    n = weight.shape[0]
+    dx, dweight = empty((rows, k), bfloat16), empty((n, k), float32)
+    dbias = empty((n,), float32) if has_bias else None
+    shapes = f"d {d.shape}, x {x.shape}, weight {weight.shape}"
+    d_rows = (d.strides[0], d.strides[1])
+    if dx.size:  # n == 0 is a product over nothing: zeros, as are dweight and dbias for rows == 0
+        matmul_bf16.launch(ptr(dx), "bfloat16", k, ptr(d), ptr(weight), rows, k, n,
+                           (*d_rows, weight.strides[0], weight.strides[1]), what=f"linear dx of {shapes}")  # fmt: skip
+    if dweight.size:
+        matmul_bf16.launch(ptr(dweight), "float32", k, ptr(d), ptr(x), n, k, rows,
+                           (d.strides[1], d.strides[0], x.strides[0], x.strides[1]), what=f"linear dweight of {shapes}")  # fmt: skip
+    if dbias is not None and n and rows:
+        matmul_bf16.launch(ptr(dbias), "float32", n, ptr(_ones_row(rows)), ptr(d), 1, n, rows, (rows, 1, *d_rows),
+                           what=f"linear dbias of {shapes}")  # fmt: skip
+    elif dbias is not None and n:
+        fill(dbias, 0.0)
+    return dx, dweight, dbias
+
+
+def _ones_row(rows: int) -> TensorData:
+    """A bfloat16 row of `rows` ones, made once per length and kept (never evicted: a captured graph
+    may read it; a program's first step, eager, makes it before any capture)."""
+    found = _ones.get(rows)
+    if found is None:
+        ones = empty((rows,))
+        fill(ones, 1.0)
+        found = _ones[rows] = cast(ones, bfloat16)
+    return found
 
 
 def raw_matmul(

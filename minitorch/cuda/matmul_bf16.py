@@ -15,8 +15,7 @@ import ctypes
 from types import SimpleNamespace
 from typing import Any, Dict, Optional, Tuple
 
-from .layout import MtLayout, layout, remember
-from .matmul import _plan as batch_plan
+from .layout import MtLayout, layout, product_plan, remember
 from .runtime import CudaShapeError, check, runtime
 
 _P, _I, _LL, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, MtLayout
@@ -134,7 +133,7 @@ def matmul(
     _check_operand(torch, b, "b", what)
     _require(a.shape[-1] == b.shape[-2], f"{what}: a {tuple(a.shape)} @ b {tuple(b.shape)}: inner sizes differ")
     what = f"matmul_bf16 {tuple(a.shape)} @ {tuple(b.shape)}"
-    out_shape, strides, a_batch, b_batch = batch_plan(
+    out_shape, strides, a_batch, b_batch = product_plan(
         SimpleNamespace(shape=tuple(a.shape), strides=tuple(a.stride())),
         SimpleNamespace(shape=tuple(b.shape), strides=tuple(b.stride())),
     )

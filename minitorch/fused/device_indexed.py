@@ -23,19 +23,23 @@ if TYPE_CHECKING:
 def write_slot(buffer: "Tensor", values: "Tensor", slot: "Tensor") -> None:
     """buffer[:, s, :] = values, in place, for buffer [rows, slots, n] (unit stride in its last dim),
     values [rows, n] and slot a one-element tensor holding s.  A slot that is not an integer in
-    [0, slots) writes nothing (on CUDA the value is not seen by the host, so it cannot raise)."""
+    [0, slots) writes nothing (on CUDA the value is not seen by the host, so it cannot raise).  values
+    are written in the buffer's dtype (e.g. float32 activations into a bfloat16 cache)."""
     if buffer.dims != 3 or values.shape != (buffer.shape[0], buffer.shape[2]) or slot.numel() != 1:
         raise IndexingError(
             f"write_slot needs buffer [rows, slots, n], values [rows, n] and a one-element slot, got {buffer.shape}, "
             f"{values.shape} and {slot.shape}"
         )
+    values = values.detach()
+    if values.dtype != buffer.dtype:
+        values = values.to(dtype=buffer.dtype)
     kernel = hook(buffer.backend.ops, "slot_write")
     if kernel is not None:
-        kernel(buffer._tensor, values.detach()._tensor, slot.detach()._tensor)
+        kernel(buffer._tensor, values._tensor, slot.detach()._tensor)
         return
     rows, slots, n = buffer.shape
     hit = buffer._arange(slots).view(1, slots, 1) == slot.detach().contiguous().view(1, 1, 1)
-    buffer.copy_(values.detach().contiguous().view(rows, 1, n).where(hit, buffer).detach())
+    buffer.copy_(values.contiguous().view(rows, 1, n).where(hit, buffer).detach())
 
 
 def gather_rows(out: "Tensor", source: "Tensor", ids: "Tensor") -> None:

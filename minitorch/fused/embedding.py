@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Tuple
 
+from ..autocast import activation_dtype
 from ..autodiff import Context
 from ..dtypes import DType
 from ..tensor_data import IndexingError
@@ -21,14 +22,15 @@ if TYPE_CHECKING:
 
 def embedding(weight: "Tensor", ids: "Tensor", dtype: Optional[DType] = None) -> "Tensor":
     """weight[ids] -> [*ids.shape, C] for weight [V, C] and ids holding integers in [0, V), in dtype
-    (default weight's; the gradient is weight's dtype either way).
+    (default weight's, or the autocast dtype under minitorch.autocast(low_activations=True); the
+    gradient is weight's dtype either way).
 
     The CPU backends raise IndexError for an id outside [0, V); on CUDA, where checking would need a
     device-to-host copy, such an id gives a row of zeros (and no gradient)."""
     ids = weight._ensure(ids)
     if weight.dims != 2:
         raise IndexingError(f"embedding weight must be [num_embeddings, dim], got shape {weight.shape}")
-    return Embedding.apply(weight, ids.detach(), dtype or weight.dtype)
+    return Embedding.apply(weight, ids.detach(), dtype or activation_dtype(weight.dtype))
 
 
 def _one_hot(ids: "Tensor", classes: int) -> "Tensor":

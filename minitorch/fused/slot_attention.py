@@ -44,6 +44,7 @@ def slot_attention(
     last dim and slot stride C; slot is a one-element tensor and pads [rows, 1]; width (1 .. slots)
     bounds the slots the step may reach: slots from width on are never read, whatever s is.  scale
     defaults to 1 / sqrt(D).  A row with no slot in [pads[r], min(s, width - 1)] gets zeros.
+    q is taken in the caches' dtype, which the output has (a bfloat16 cache: bf16 reads, float32 math).
     """
     if q.dims != 2 or heads < 1 or q.shape[1] % heads:
         raise IndexingError(f"slot_attention needs queries [rows, C] with C a multiple of heads {heads}, got {q.shape}")
@@ -61,6 +62,8 @@ def slot_attention(
     D = C // heads
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     q, keys, values, slot, pads = (t.detach() for t in (q, keys, values, slot, pads))
+    if q.dtype != keys.dtype:
+        q = q.to(dtype=keys.dtype)
     kernel = hook(q.backend.ops, "slot_attention")
     if kernel is not None:
         out = kernel(q._tensor, keys._tensor, values._tensor, slot._tensor, pads._tensor, width, heads, scale)

@@ -21,12 +21,15 @@ if TYPE_CHECKING:
 
 def top_k(scores: "Tensor", k: int) -> Tuple["Tensor", "Tensor"]:
     """(values, indices), each [B, k] on scores' backend, of the k largest entries of every row of
-    scores [B, M], best first; indices as integral floats.  No autodiff history."""
+    scores [B, M], best first; indices as integral floats.  No autodiff history.  16-bit scores are
+    ranked as float32 (an exact widening, so the order and the values are theirs)."""
     if scores.dims != 2:
         raise IndexingError(f"top_k expects scores [B, M], got shape {scores.shape}")
     B, M = scores.shape
     if not 1 <= k <= M:
         raise ValueError(f"top_k: k must be in [1, {M}] for scores of shape {scores.shape}, got {k}")
+    if scores.dtype.rounds:
+        scores = scores.float()
     kernel = hook(scores.backend.ops, "top_k")
     found = None if kernel is None else kernel(scores.detach()._tensor, k)
     if found is not None:

@@ -15,6 +15,7 @@ import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import minitorch
+from project.common.precision import DTYPE_HELP, DTYPES
 
 
 class InputError(ValueError):
@@ -84,7 +85,7 @@ UNIT_INTERVAL = Bounded(float, low=0, high=1)
 
 def add_compute_options(parser: argparse.ArgumentParser, attention: str, loss: str) -> Any:
     """The options of how a program computes the same model (backend, fused kernels, attention path,
-    loss path, recomputation, CUDA graphs, matmul precision), as a group of parser; attention and
+    loss path, recomputation, CUDA graphs, matmul precision, dtype), as a group of parser; attention and
     loss: the program's defaults ("naive" or "fused")."""
     how = parser.add_argument_group("how the same model is computed")
     how.add_argument("--backend", choices=("auto", "cuda", "cpu"), default="auto",
@@ -104,6 +105,7 @@ def add_compute_options(parser: argparse.ArgumentParser, attention: str, loss: s
                      help="replay each training (and decoding) step from a CUDA graph (CUDA backend; ignored on the CPU)")
     how.add_argument("--matmul-precision", choices=minitorch.precision.PRECISIONS, default="highest",
                      help=minitorch.precision.PRECISION_HELP)
+    how.add_argument("--dtype", choices=DTYPES, default="fp32", help=DTYPE_HELP)
     return how
 
 

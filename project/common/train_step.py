@@ -12,7 +12,10 @@ shape-(1,) arrays), whose shapes, with the micro-batch's place in the step, are 
 is then captured in a CUDA graph (minitorch.graphs.StepGraphs, all keys in one memory pool) that
 later steps of that key replay: one launch instead of a Python dispatch per kernel. The step's
 random kernels (dropout) draw from a device seed advanced every step (minitorch.graphs.StepSeed), so
-an eager run and a graph run from the same seed compute the same updates.
+an eager run and a graph run from the same seed compute the same updates. The forward pass and loss
+run in the step's dtype (--dtype, project/common/precision.py): in bf16 the graph captures the
+products on the weights' bfloat16 working copies, and AdamW's update, which rewrites those copies,
+is part of the same graph.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import minitorch
 from minitorch import Tensor, TensorBackend
 from minitorch.distributed import GradientAccumulator
 from minitorch.graphs import StepGraphs, StepInputs, StepSeed
+from project.common.precision import compute_precision
 
 # The program's loss of one step's inputs: (what backward starts from, what the loss sum adds up).
 LossFunction = Callable[[StepInputs], Tuple[Tensor, Tensor]]
@@ -38,16 +42,17 @@ class TrainStep:
     loss: the program's LossFunction; use_graphs: capture and replay CUDA graphs (CUDA only);
     gradient_sync: what backward runs through (minitorch.distributed's GradientAccumulator, or its
     DistributedDataParallel: sums the micro-batches' gradients, combines them over the processes);
-    None runs one plain backward per step."""
+    None runs one plain backward per step; dtype: the --dtype the loss function runs in ("fp32" or
+    "bf16")."""
 
     def __init__(
         self, optimizer: minitorch.AdamW, backend: TensorBackend, loss: LossFunction, use_graphs: bool = False,
-        gradient_sync: Optional[GradientAccumulator] = None,
+        gradient_sync: Optional[GradientAccumulator] = None, dtype: str = "fp32",
     ):  # fmt: skip
         if use_graphs and not backend.cuda:
             raise ValueError("CUDA graphs need the CUDA backend (--backend cuda)")
         self.optimizer, self.backend, self.loss, self.gradient_sync = optimizer, backend, loss, gradient_sync
-        self.use_graphs = use_graphs
+        self.use_graphs, self.dtype = use_graphs, dtype
         self.loss_sum = minitorch.zeros((1,), backend=backend)
         self._inputs: Dict[Tuple[Any, ...], StepInputs] = {}
         self._graphs = StepGraphs(use_graphs)
@@ -101,7 +106,8 @@ class TrainStep:
         micro-batches' and, for the last, combined over the processes), clip + AdamW after the last,
         loss accumulation."""
         with self._seed.scope():
-            objective, tally = self.loss(inputs)
+            with compute_precision(self.dtype):
+                objective, tally = self.loss(inputs)
             self.optimizer.zero_grad()
             if self.gradient_sync is None:
                 objective.backward()

@@ -1,15 +1,18 @@
-"""llm.c's binary file formats, byte for byte: the GPT-2 float32 checkpoint and the token shard.
+"""llm.c's binary file formats, byte for byte: the GPT-2 checkpoint (float32 or bfloat16) and the
+token shard.
 
 Both start with a header of 256 little-endian int32 (1024 bytes); unused entries are zero.
 
-GPT-2 float32 checkpoint (llm.c's ``gpt2_124M.bin``)::
+GPT-2 checkpoint (llm.c's ``gpt2_124M.bin``, float32, and ``gpt2_124M_bf16.bin``, bfloat16)::
 
-    header[0] magic 20240326   header[1] version 3     header[2] max_seq_len (maxT)
+    header[0] magic 20240326   header[1] version       header[2] max_seq_len (maxT)
     header[3] vocab_size (V)   header[4] num_layers (L) header[5] num_heads (NH)
     header[6] channels (C)     header[7] padded_vocab_size (Vp)
 
-then the sixteen float32 tensors of ``PARAMETER_NAMES``, back to back in C order, with the shapes
-``parameter_shapes`` gives. Linear weights are stored ``[out, in]`` (``y = x @ W.T + b``). The
+version 3 (float32) or 5 (bfloat16: every tensor, LayerNorms included, as llm.c's bf16 trainer
+writes it), then the sixteen tensors of ``PARAMETER_NAMES`` in that dtype, back to back in C order,
+with the shapes ``parameter_shapes`` gives; a bfloat16 value is the top half of its float32
+pattern, little-endian, rounded to nearest even when written here. Linear weights are stored ``[out, in]`` (``y = x @ W.T + b``). The
 3C outputs of ``qkvw`` are Q, then K, then V, each split into NH heads of C/NH channels. There is
 no separate LM head: logits are ``x @ wte.T``; rows V..Vp-1 of ``wte`` only pad the vocabulary
 to a multiple of 128 for faster matmuls (llm.c writes zeros there and ignores those logits).
@@ -36,12 +39,14 @@ from typing import BinaryIO
 
 import numpy as np
 
+import minitorch
 from minitorch.serialization import atomic_write
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 CHECKPOINT_MAGIC = 20240326
-CHECKPOINT_VERSION = 3
+CHECKPOINT_VERSION = 3  # float32; the version write_checkpoint writes by default
+CHECKPOINT_VERSIONS = {3: "float32", 5: "bfloat16"}  # version -> dtype of the parameters
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
 VOCAB_PAD_MULTIPLE = 128
@@ -58,8 +63,8 @@ _KNOWN_MAGICS = {
 }
 _CHECKPOINT_VERSIONS = {
     **dict.fromkeys((1, 2), "an export from before llm.c padded the vocabulary"),
-    5: "a bfloat16 checkpoint (llm.c writes a float32 one beside it, e.g. gpt2_124M.bin)",
 }
+_ITEM_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 class LlmcFormatError(ValueError):
@@ -197,47 +202,53 @@ def _open_for_reading(path: str | os.PathLike, kind: str) -> BinaryIO:
 # ----------------------------------------------------------------------------------------------
 # GPT-2 checkpoints
 
-_CHECKPOINT = "llm.c GPT-2 float32 checkpoint"
+_CHECKPOINT = "llm.c GPT-2 checkpoint"
 
 
-def _checkpoint_header(path: Path, f: BinaryIO) -> GPT2Config:
-    """The config in an open checkpoint's header, after checking the magic, version and size."""
+def _checkpoint_header(path: Path, f: BinaryIO) -> tuple[GPT2Config, str]:
+    """(the config, the parameters' dtype) in an open checkpoint's header, after checking the magic,
+    version (3: float32, 5: bfloat16) and size."""
     header, size = _read_header(path, f, _CHECKPOINT, CHECKPOINT_MAGIC)
     version = int(header[1])
-    if version != CHECKPOINT_VERSION:
+    dtype = CHECKPOINT_VERSIONS.get(version)
+    if dtype is None:
         what = _CHECKPOINT_VERSIONS.get(version, "an unknown version")
         raise LlmcFormatError(
-            f"{path}: header[1] (version) is {version}, {what}; only version "
-            f"{CHECKPOINT_VERSION} (float32, padded vocabulary) is supported"
+            f"{path}: header[1] (version) is {version}, {what}; only versions 3 (float32) and 5 (bfloat16), "
+            f"with a padded vocabulary, are supported"
         )
     maxT, V, L, NH, C, Vp = (int(v) for v in header[2:8])
     try:
         config = GPT2Config(maxT, V, Vp, L, NH, C)
     except ValueError as err:
         raise LlmcFormatError(f"{path}: bad header (entries 2..7): {err}") from err
-    _check_size(path, _CHECKPOINT, size, num_parameters(config), "float32 parameter", 4)
-    return config
+    _check_size(path, _CHECKPOINT, size, num_parameters(config), f"{dtype} parameter", _ITEM_BYTES[dtype])
+    return config, dtype
 
 
 def checkpoint_config(path: str | os.PathLike) -> GPT2Config:
-    """The config of an llm.c version-3 checkpoint, from its header alone (its size checked
+    """The config of an llm.c checkpoint (version 3 or 5), from its header alone (its size checked
     against it); FileNotFoundError or LlmcFormatError as read_checkpoint."""
     path = Path(path)
     with _open_for_reading(path, _CHECKPOINT) as f:
-        return _checkpoint_header(path, f)
+        return _checkpoint_header(path, f)[0]
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[GPT2Config, dict[str, np.ndarray]]:
-    """The config and the float32 parameters (keyed by ``PARAMETER_NAMES``, shaped as
-    ``parameter_shapes``) of an llm.c version-3 checkpoint. The arrays are views of one buffer.
+    """The config and the parameters as float32 (keyed by ``PARAMETER_NAMES``, shaped as
+    ``parameter_shapes``) of an llm.c checkpoint of version 3 (float32) or 5 (bfloat16, widened
+    exactly). The arrays are views of one buffer.
 
     Raises FileNotFoundError for a missing file and LlmcFormatError for anything else wrong.
     """
     path = Path(path)
     with _open_for_reading(path, _CHECKPOINT) as f:
-        config = _checkpoint_header(path, f)
+        config, dtype = _checkpoint_header(path, f)
         count = num_parameters(config)
-        flat = np.fromfile(f, dtype="<f4", count=count).astype(np.float32, copy=False)
+        if dtype == "float32":
+            flat = np.fromfile(f, dtype="<f4", count=count).astype(np.float32, copy=False)
+        else:
+            flat = minitorch.bfloat16.decode(np.fromfile(f, dtype="<u2", count=count))
     params, offset = {}, 0
     for name, shape in parameter_shapes(config).items():
         n = int(np.prod(shape))
@@ -247,10 +258,14 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[GPT2Config, dict[str, np.n
 
 
 def write_checkpoint(
-    path: str | os.PathLike, config: GPT2Config, params: Mapping[str, np.ndarray]
+    path: str | os.PathLike, config: GPT2Config, params: Mapping[str, np.ndarray], dtype: str = "float32"
 ) -> Path:
     """Write ``params`` (exactly the ``PARAMETER_NAMES``, float32, shaped as ``parameter_shapes``)
-    as an llm.c version-3 checkpoint, atomically. Returns the path written."""
+    as an llm.c checkpoint of ``dtype``, atomically: "float32" (version 3) or "bfloat16" (version 5,
+    the values rounded to nearest even). Returns the path written."""
+    versions = {name: version for version, name in CHECKPOINT_VERSIONS.items()}
+    if dtype not in versions:
+        raise ValueError(f"an llm.c checkpoint's dtype is one of {sorted(versions)}, got {dtype!r}")
     shapes = parameter_shapes(config)
     missing = [name for name in PARAMETER_NAMES if name not in params]
     extra = sorted(set(params) - set(PARAMETER_NAMES))
@@ -264,12 +279,17 @@ def write_checkpoint(
         if value.shape != shape:
             raise ValueError(f"params[{name!r}] has shape {value.shape}, expected {shape} for {config}")
 
+    def encoded(value: np.ndarray) -> np.ndarray:
+        if dtype == "float32":
+            return np.ascontiguousarray(value, dtype="<f4")
+        return np.ascontiguousarray(minitorch.bfloat16.encode(value), dtype="<u2")
+
     def write_body(f: BinaryIO) -> None:
         c = config
-        f.write(_header_bytes(CHECKPOINT_MAGIC, CHECKPOINT_VERSION, c.max_seq_len, c.vocab_size,
+        f.write(_header_bytes(CHECKPOINT_MAGIC, versions[dtype], c.max_seq_len, c.vocab_size,
                               c.num_layers, c.num_heads, c.channels, c.padded_vocab_size))
         for name in PARAMETER_NAMES:
-            f.write(memoryview(np.ascontiguousarray(params[name], dtype="<f4")).cast("B"))
+            f.write(memoryview(encoded(params[name])).cast("B"))
 
     return atomic_write(path, write_body)
 

@@ -6,7 +6,8 @@ The defaults follow llm.c's ``train_gpt2_fp32.cu``: AdamW (0.9, 0.999, eps 1e-8)
 without shuffling), validation from the start of the val shards; --preset auto keeps them on CUDA
 and trains a small model on a CPU (options.py). Per step one line (loss, ms, tokens/s, time left)
 and a record in ``<out-dir>/metrics.jsonl`` (also the validation losses, and at the end the peak
-memory); at the end ``<out-dir>/loss.png`` and ``<out-dir>/model.bin``.
+memory); at the end ``<out-dir>/loss.png`` and ``<out-dir>/model.bin`` (float32, or with ``--dtype
+bf16`` llm.c's bfloat16 version 5, as its bf16 trainer writes).
 
 The run holds a lock on --out-dir; ``<out-dir>/checkpoint_NNNNNN/`` is saved every
 --checkpoint-every steps and --checkpoint-every-minutes minutes (the newest --keep-checkpoints
@@ -16,6 +17,7 @@ continues the run. Every input is checked before training (inputs.py), each prob
 
     python project/gpt2_data.py && python project/train_gpt2.py        # shards from Multi30k, then train
     python project/train_gpt2.py --init-from gpt2_124M.bin --train-shards 'fineweb_train_*.bin'
+    python project/train_gpt2.py --init-from gpt2_124M_bf16.bin --dtype bf16 --train-shards 'fineweb_train_*.bin'
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from project.common.lock import first_process, locked_out_dir
 from project.common.metrics import MetricsLog
 from project.common.options import InputError, backend_from_option
 from project.common.parallel import DataParallel, check_divisible
+from project.common.precision import compute_precision
 from project.common.schedule import learning_rate
 from project.gpt2.data import EOT_TOKEN
 from project.gpt2.inputs import Inputs, open_inputs
@@ -45,7 +48,7 @@ from project.gpt2.model import GPT2
 from project.gpt2.options import parse_args, resume_command
 from project.gpt2.sample import generate
 from project.gpt2.training import (
-    STATE_MODEL, GPT2Step, checkpoint_directory, load_training_state, plot_losses, prune_checkpoints,
+    LLMC_DTYPES, STATE_MODEL, GPT2Step, checkpoint_directory, load_training_state, plot_losses, prune_checkpoints,
     save_training_state, validation_loss,
 )  # fmt: skip
 
@@ -148,15 +151,16 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
         model, lr=args.lr, weight_decay=args.weight_decay, eps=1e-8, max_grad_norm=args.grad_clip or None
     )
     if args.resume_from:
-        step = load_training_state(args.resume_from, optimizer, train)["step"]
+        step = load_training_state(args.resume_from, model, optimizer, train)["step"]
     estimate = plan(args, inputs, backend, b, step, total_steps)
     steps = f"{total_steps:,} steps of {B}x{T} tokens" + (f", {step:,} done" if step else "")
     parallel.print(first_line(choice, start, args.preset, args.auto_preset, num_parameters(inputs.config), steps,
                               estimate.total_s, resumed=bool(step)), flush=True)  # fmt: skip
     train_step = GPT2Step(model, optimizer, args.loss, parallel.gradient_sync, args.cuda_graphs and backend.cuda,
-                          micro_slices=micro, weight=b / B)  # fmt: skip
+                          args.dtype, micro_slices=micro, weight=b / B)  # fmt: skip
     parallel.before_close(train_step.release_graphs)  # a graph may hold the step's all-reduces
     peak_lr = parallel.peak_lr(args.lr)
+    precision = compute_precision(args.dtype)
     metrics = MetricsLog(out_dir / METRICS_NAME, write=parallel.is_main)
     records = metrics.restart((lambda r: r["step"] <= step) if args.resume_from else None)
     val_batches = min(args.val_batches, val.batches_per_epoch) if val else 0
@@ -164,7 +168,7 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
     split += f", micro-batches of up to {args.micro_batch_size}" if len(micro) > 1 else ""
     parallel.print(
         f"GPT-2 {model.config}{split}: {model.attention_config}, loss {args.loss}, recompute layers "
-        f"{args.recompute_layers}, matmul precision {args.matmul_precision}; {train.num_tokens:,} training tokens in "
+        f"{args.recompute_layers}, matmul precision {args.matmul_precision}, dtype {args.dtype}; {train.num_tokens:,} training tokens in "
         f"{len(train.paths)} shard(s) ({train.batches_per_epoch} steps of {B}x{T}), validation: "
         + (f"{val_batches} batches every {args.val_every} steps" if val and args.val_every else "none"),
         flush=True,
@@ -195,11 +199,14 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
         while True:
             last = step == total_steps
             if val and args.val_every and (step % args.val_every == 0 or last):
-                val_loss = parallel.sum(validation_loss(model, val, val_batches, args.loss))[0] / N
+                with precision:
+                    val_loss = parallel.sum(validation_loss(model, val, val_batches, args.loss))[0] / N
                 parallel.print(f"step {step:5d} | val loss {val_loss:.6f} ({N * val_batches} batches)", flush=True)
                 log({"step": step, "val_loss": val_loss})
             if args.sample_every and step > 0 and (step % args.sample_every == 0 or last) and parallel.is_main:
-                print(f"step {step:5d} | sample: {sample(model, args, inputs.tokenizer, args.seed + step)!r}", flush=True)
+                with precision:
+                    text = sample(model, args, inputs.tokenizer, args.seed + step)
+                print(f"step {step:5d} | sample: {text!r}", flush=True)
             if last:
                 break
             stopping, saving = parallel.agree(True, stop.requested, step > first_step and schedule.due(step))
@@ -234,7 +241,7 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
 
     outcome = result(None)
     if parallel.is_main:
-        model.save_checkpoint(out_dir / STATE_MODEL)
+        model.save_checkpoint(out_dir / STATE_MODEL, LLMC_DTYPES[args.dtype])
         plot_losses(records, out_dir / PLOT_NAME, f"GPT-2 L{model.config.num_layers} C{model.config.channels}, {args.activation}")
         steady = [r["ms"] for r in records if "ms" in r][1:]
         print(

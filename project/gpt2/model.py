@@ -112,7 +112,8 @@ class GPT2(Module):
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, **options: Any) -> GPT2:
-        """The model of an llm.c float32 checkpoint (config and weights); options as __init__."""
+        """The model of an llm.c checkpoint, float32 (version 3) or bfloat16 (version 5: the float32
+        parameters hold its values exactly); options as __init__."""
         config, params = read_checkpoint(path)
         model = cls(config, **options)
         model.load_llmc_params(params)
@@ -165,9 +166,10 @@ class GPT2(Module):
         """The gradients after backward, in llm.c's layout (zeros where a parameter has none)."""
         return self._llmc_arrays(lambda p: np.zeros(p.value.shape) if p.value.grad is None else p.value.grad.to_numpy())
 
-    def save_checkpoint(self, path: str | os.PathLike) -> Path:
-        """Write the model as an llm.c float32 checkpoint (atomically); returns the path."""
-        return write_checkpoint(path, self.config, self.llmc_params())
+    def save_checkpoint(self, path: str | os.PathLike, dtype: str = "float32") -> Path:
+        """Write the model as an llm.c checkpoint (atomically) of dtype "float32" (version 3) or
+        "bfloat16" (version 5, rounded to nearest even); returns the path."""
+        return write_checkpoint(path, self.config, self.llmc_params(), dtype)
 
     # ---- forward -------------------------------------------------------------------------------
     def check_ids(self, ids: np.ndarray) -> np.ndarray:

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_preset_option(p, PRESETS)
     model = p.add_argument_group("model (a fresh one with GPT-2's initialisation unless --init-from/--resume-from)")
-    model.add_argument("--init-from", default=None, metavar="FILE.bin", help="llm.c float32 checkpoint to start from")
+    model.add_argument("--init-from", default=None, metavar="FILE.bin", help="llm.c checkpoint to start from (float32, version 3, or bfloat16, version 5)")
     model.add_argument("--resume-from", default=None, metavar="DIR",
                        help="checkpoint directory of an earlier run (<out-dir>/checkpoint_NNNNNN): model, AdamW moments, "
                        "step and data position; the other options come from this command line")

@@ -2,6 +2,11 @@
 loss, the resumable training state (the model in llm.c's format beside a run checkpoint) and the
 loss plot.
 
+A run's llm.c model files are in its --dtype, as llm.c's trainers write them: float32 (version 3)
+or, for bf16, bfloat16 (version 5). Beside a bfloat16 model.bin the run checkpoint keeps the float32
+master weights (as llm.c keeps them in its state file), so a bf16 run resumes exactly, in either
+dtype.
+
 Per step the host sends one batch (two [B, T] arrays, one queued copy) and reads back the loss (and
 the gradient norm when clipping); everything else stays on the backend, and on CUDA a step can be
 one graph replay.
@@ -32,6 +37,7 @@ STATE_MODEL = "model.bin"
 STATE_NAME = "state.npz"
 CHECKPOINT_KIND = "gpt2"
 CHECKPOINT_PREFIX = "checkpoint_"
+LLMC_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # --dtype -> the dtype of the run's llm.c model files
 LOSS_PANEL = Panel("loss", "cross-entropy loss", (Series("loss", "train", "-"), Series("val_loss", "val")))
 
 
@@ -41,7 +47,7 @@ class GPT2Step(TrainStep):
     (which clips the gradients' global norm when it has a max_grad_norm). Returns (this process's
     part of the step's loss, gradient norm before clipping, or None when the optimizer does not
     clip). use_graphs (CUDA only): capture the step in a CUDA graph per batch shape and replay it
-    (project/common/train_step.py).
+    (project/common/train_step.py); dtype: --dtype ("fp32" or "bf16").
 
     micro_slices: the rows of each forward/backward pass (several: their gradients are summed through
     gradient_sync; default: all rows at once); weight: this process's part of the step (its rows /
@@ -50,10 +56,10 @@ class GPT2Step(TrainStep):
 
     def __init__(
         self, model: GPT2, optimizer: minitorch.AdamW, loss_kind: str,
-        gradient_sync: Optional[GradientAccumulator] = None, use_graphs: bool = False,
+        gradient_sync: Optional[GradientAccumulator] = None, use_graphs: bool = False, dtype: str = "fp32",
         micro_slices: Optional[Sequence[slice]] = None, weight: float = 1.0,
     ):  # fmt: skip
-        super().__init__(optimizer, model.backend, self._loss, use_graphs, gradient_sync)
+        super().__init__(optimizer, model.backend, self._loss, use_graphs, gradient_sync, dtype)
         self.model, self.loss_kind = model, loss_kind
         self.micro_slices, self.weight = micro_slices, weight
 
@@ -92,23 +98,31 @@ def save_training_state(
     directory: str | os.PathLike, model: GPT2, optimizer_state: Mapping[str, Any], step: int, loader: ShardLoader,
     config: Mapping[str, Any],
 ) -> Path:  # fmt: skip
-    """Write ``directory/model.bin`` (llm.c's checkpoint format), then ``directory/state.npz``
-    (a run checkpoint: the run's ``config``, steps done, AdamW's step count and moments as its
-    state_dict gives them, the training loader's position); each atomically, state.npz last, so a
+    """Write ``directory/model.bin`` (llm.c's checkpoint format, in ``config["dtype"]``), then
+    ``directory/state.npz`` (a run checkpoint: the run's ``config``, steps done, AdamW's step count
+    and moments as its state_dict gives them, the training loader's position and, beside a bfloat16
+    model.bin, the float32 master weights in llm.c's layout); each atomically, state.npz last, so a
     directory with one is complete."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_checkpoint(directory / STATE_MODEL)
+    dtype = LLMC_DTYPES[config.get("dtype", "fp32")]
+    model.save_checkpoint(directory / STATE_MODEL, dtype)
     state = {"step": step, "optimizer": dict(optimizer_state), "train_loader": loader.state()}
+    if dtype != "float32":
+        state["master_weights"] = model.llmc_params()
     save_checkpoint(directory / STATE_NAME, CHECKPOINT_KIND, config, state)
     return directory
 
 
-def load_training_state(directory: str | os.PathLike, optimizer: minitorch.AdamW, loader: ShardLoader) -> dict[str, Any]:
-    """Restore the optimizer and the loader position that ``save_training_state`` wrote (the model
-    comes from ``directory/model.bin``); returns the saved state (``step`` among it). A state that
-    does not fit them raises CheckpointError naming the file."""
+def load_training_state(
+    directory: str | os.PathLike, model: GPT2, optimizer: minitorch.AdamW, loader: ShardLoader
+) -> dict[str, Any]:
+    """Restore what ``save_training_state`` wrote beside ``directory/model.bin``, which the model
+    was built from: the float32 master weights where it keeps them, the optimizer and the loader
+    position; returns the saved state (``step`` among it)."""
     checkpoint = load_checkpoint(Path(directory) / STATE_NAME, CHECKPOINT_KIND)
+    if "master_weights" in checkpoint.state:
+        model.load_llmc_params(checkpoint.state["master_weights"])
     restore_optimizer(checkpoint.path, optimizer, checkpoint.state["optimizer"])
     try:
         loader.load_state(checkpoint.state["train_loader"])

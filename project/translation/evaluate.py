@@ -14,7 +14,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from minitorch import DecoderLM, TensorBackend
+from minitorch import DecoderLM, TensorBackend, refresh_working_copies
+from project.common.precision import compute_precision
 from project.translation.average import average_snapshots
 from project.translation.beam import BeamDecoder
 from project.translation.decode import GreedyDecoder, corpus_bleu, write_translations
@@ -62,13 +63,17 @@ def evaluate(
 ) -> Tuple[float, Dict[str, Decoded]]:
     """(validation loss, {name: Decoded}) of decoders' model: for each output name, the test prompts
     decoded with its beam size (1: greedy), their translations written to its path with the sources
-    and references. data: run.prepare_data's tokenizer, valid, sources, references and prompts."""
+    and references; all in the run's --dtype. data: run.prepare_data's tokenizer, valid, sources,
+    references and prompts."""
     model, config = decoders.model, decoders.config
-    valid_loss = validation_loss(model, data["valid"].sequences, config["eval_batch_size"], decoders.backend)
+    precision = compute_precision(config.get("dtype", "fp32"))
+    with precision:
+        valid_loss = validation_loss(model, data["valid"].sequences, config["eval_batch_size"], decoders.backend)
     decoded = {}
     for name, (beam_size, path) in outputs.items():
         start = time.perf_counter()
-        generated = decoders(data["prompts"], beam_size)
+        with precision:
+            generated = decoders(data["prompts"], beam_size)
         seconds = time.perf_counter() - start
         hypotheses = decode_translations(data["tokenizer"], generated)
         write_translations(path, data["sources"], data["references"], hypotheses)
@@ -89,6 +94,7 @@ def final_evaluation(
     last = min(config["average_last"], epoch)
     if last > 1:
         model.load_state_dict(average_snapshots(out_dir, last, epoch))
+        refresh_working_copies(p.value for p in model.parameters())  # the decoders' graphs read them
     outputs = {name: (beam, out_dir / f"translations_final_{name}.txt")
                for name, beam in (("greedy", 1), ("beam", config["final_beam_size"]))}  # fmt: skip
     valid_loss, decoded = evaluate(decoders, data, outputs)

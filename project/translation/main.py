@@ -102,7 +102,8 @@ def train(
     n_params = sum(p.value.numel() for p in job.model.parameters())
     say(
         f"{'resuming in ' + job.position() if checkpoint else 'training'} "
-        f"({job.model.attention_config}, loss: {config['loss']}, recompute layers: {config['recompute_layers']}): "
+        f"({job.model.attention_config}, loss: {config['loss']}, recompute layers: {config['recompute_layers']}, "
+        f"dtype: {config['dtype']}): "
         f"{n_params:,} parameters, "
         f"vocab {data['tokenizer'].get_vocab_size()}, {len(data['train'].sequences)} train pairs "
         f"({data['train'].n_dropped} longer than {config['max_len']} dropped), {len(data['valid'].sequences)} valid "

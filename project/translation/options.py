@@ -33,13 +33,14 @@ CHECKPOINT_NAME = "checkpoint.npz"
 CHECKPOINT_KIND = "machine_translation"
 # Options a resumed run may change; all others are taken from the checkpoint (and must match it
 # when given on the command line), since they define the model, the data or the optimization.
-# --loss, --recompute-layers and --attention change how the same function is computed (memory, speed), not the model;
-# the decoding and averaging options change only the evaluation.
+# --loss, --recompute-layers, --attention and --dtype change how the same function is computed (memory, speed,
+# rounding), not the model (the checkpoint keeps float32 master weights in either dtype); the decoding and
+# averaging options change only the evaluation.
 RUN_CONTROL = {
     "epochs", "backend", "use_fused_kernel", "data_dir", "download", "eval_batch_size", "valid_samples",
     "test_samples", "out_dir", "resume", "loss", "recompute_layers", "attention", "save_every_steps",
     "save_every_minutes", "cuda_graphs", "log_every", "matmul_precision", "beam_size", "final_beam_size",
-    "length_penalty", "average_last", "micro_batch_size", "zero", "dist_timeout", "lost_rank_timeout",
+    "length_penalty", "average_last", "micro_batch_size", "zero", "dist_timeout", "lost_rank_timeout", "dtype",
 }  # fmt: skip
 # Options newer than some checkpoints that change the training, with the value those checkpoints trained with
 # (--batch-size was per process before --scale-batch-with-world).

@@ -84,7 +84,7 @@ class TranslationRun:
         self.schedule = SaveSchedule(config["save_every_steps"], config["save_every_minutes"])
         self.step = TranslationStep(
             self.model, self.optimizer, backend, config["loss"], use_graphs=config["cuda_graphs"] and backend.cuda,
-            label_smoothing=config["label_smoothing"], gradient_sync=parallel.gradient_sync,
+            label_smoothing=config["label_smoothing"], gradient_sync=parallel.gradient_sync, dtype=config["dtype"],
         )
         self.timer = StepTimer(backend)
         self.pace = Pace()

@@ -46,14 +46,15 @@ class TranslationStep(TrainStep):
 
     loss_kind and label_smoothing: see model.batch_loss; use_graphs: capture and replay CUDA graphs
     (CUDA only); graph_batch_size: a call with one batch is captured only with this many rows (the
-    short last batch of an epoch runs eagerly); gradient_sync: what backward runs through (TrainStep)."""
+    short last batch of an epoch runs eagerly); gradient_sync: what backward runs through (TrainStep);
+    dtype: --dtype ("fp32" or "bf16")."""
 
     def __init__(
         self, model: DecoderLM, optimizer: minitorch.AdamW, backend: TensorBackend, loss_kind: str,
         use_graphs: bool, graph_batch_size: Optional[int] = None, label_smoothing: float = 0.0,
-        gradient_sync: Optional[GradientAccumulator] = None,
+        gradient_sync: Optional[GradientAccumulator] = None, dtype: str = "fp32",
     ):  # fmt: skip
-        super().__init__(optimizer, backend, self._loss, use_graphs, gradient_sync)
+        super().__init__(optimizer, backend, self._loss, use_graphs, gradient_sync, dtype)
         self.model, self.loss_kind, self.label_smoothing = model, loss_kind, label_smoothing
         self.graph_batch_size = graph_batch_size
 

@@ -10,6 +10,10 @@ N epoch snapshots the run kept.
     python -m project.translation.translate --checkpoint runs/mt "Ein Hund läuft."
     python project/translate.py --checkpoint runs/mt --file sentences.de > sentences.en
     echo "Ein Hund läuft im Schnee." | python project/translate.py --checkpoint runs/mt --backend cpu
+    python project/translate.py --checkpoint runs/mt --dtype bf16 "Ein Mann fährt Fahrrad."
+
+The model decodes in the run's --dtype unless --dtype says otherwise (the checkpoint holds float32
+weights, so either works).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from tokenizers import Tokenizer
 from minitorch import DecoderLM, TensorBackend
 from project.common.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from project.common.options import InputError, backend_from_option
+from project.common.precision import DTYPES, compute_precision
 from project.translation.average import average_snapshots
 from project.translation.beam import beam_search
 from project.translation.decode import greedy_decode
@@ -50,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--average-last", type=int, default=None,
                    help="mean parameters of the last N epoch snapshots (default: the run's --average-last)")
     p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="decode in float32 or in bf16 (bf16 weight copies and activations; default: the run's --dtype)")
     return p
 
 
@@ -154,9 +161,10 @@ def main(argv: Optional[Sequence[str]] = None) -> List[str]:
         raise fail(str(err)) from None
     model, tokenizer, config = load_translator(args.checkpoint, backend, args.average_last)
     sentences = read_sentences(args)
-    translations = translate(
-        model, tokenizer, sentences, config["max_len"], backend, args.beam_size, args.length_penalty, args.batch_size
-    )
+    with compute_precision(args.dtype or config.get("dtype", "fp32")):
+        translations = translate(
+            model, tokenizer, sentences, config["max_len"], backend, args.beam_size, args.length_penalty, args.batch_size
+        )
     for line in translations:
         print(line, flush=True)
     return translations

@@ -1,0 +1,176 @@
+"""bf16 fused attention (src/attention_bf16_kernel.cu) through minitorch.fused_attention on bf16
+tensors, against naive attention in torch float64 from the same bf16-rounded inputs: out, dq, dk, dv
+within 2x torch's own bf16 error on those inputs (torch SDPA in bf16 for the softmax, the composed
+bf16 ops for relu: same masks, same output gradient), and the float32 lse within LSE_TOL (its inputs
+are exact bf16 values and every step runs in float32). Masks as in test_attention.py ("inf" with B = 2
+never removes every key of a row, so torch's reference stays finite); the rows that lose every key are
+tested on their own.
+"""
+
+import math
+
+import pytest
+
+import minitorch
+from minitorch.cuda.libraries import kernel_library
+from minitorch.cuda_kernel_ops import CudaKernelOps
+
+from fused_testing import on_tensors
+from test_attention import make_mask, naive_attention, rel_err
+
+torch = pytest.importorskip("torch")
+
+FLOOR = 1e-5  # float32 summation: dS = P (dP - D) with dP and D summed in different orders
+LSE_TOL = 1e-4
+ACTIVATIONS = ["softmax", "relu"]
+
+
+def bf16_inputs(B: int, H: int, Tq: int, Tk: int, D: int, seed: int, activation: str):
+    """(gen, q, k, v, g) in bf16; under relu q and k are multiples of 1/4 so that the sign of every
+    score is exact in every precision (ReLU's derivative jumps at 0)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, g = (torch.randn(B, H, T, D, generator=gen, device="cuda") for T in (Tq, Tk, Tk, Tq))
+    if activation == "relu":
+        q, k = (torch.round(t * 4) / 4 for t in (q, k))
+    return gen, *(t.to(torch.bfloat16) for t in (q, k, v, g))
+
+
+def additive_mask(mask, B: int, Tq: int, Tk: int, causal: bool) -> "torch.Tensor":
+    """The [B, 1, Tq, Tk] float32 additive mask of the key mask and the causal rule (j <= i + Tk - Tq)."""
+    full = torch.zeros(B, 1, Tq, Tk, device="cuda") if mask is None else mask[:, None, None, :].expand(B, 1, Tq, Tk).clone()
+    if causal:
+        keep = torch.arange(Tk, device="cuda")[None, :] <= torch.arange(Tq, device="cuda")[:, None] + (Tk - Tq)
+        full = full.masked_fill(~keep, -math.inf)
+    return full
+
+
+def torch_bf16(q, k, v, g, mask, causal: bool, activation: str, scale: float):
+    """(out, dq, dk, dv) of torch's own bf16 attention."""
+    tq, tk, tv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    B, _, Tq, _ = q.shape
+    add = additive_mask(mask, B, Tq, k.shape[2], causal).to(torch.bfloat16)
+    if activation == "softmax":
+        out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=add, scale=scale)
+    else:
+        out = torch.relu((tq @ tk.transpose(-1, -2)) * scale + add) @ tv
+    out.backward(g)
+    return out.detach(), tq.grad, tk.grad, tv.grad
+
+
+def run_ours(q, k, v, g, mask, causal: bool, activation: str, scale: float):
+    """(out, lse, dq, dk, dv) of minitorch.fused_attention on the bf16 tensors."""
+    tq, tk, tv = (minitorch.from_torch(t).requires_grad_(True) for t in (q, k, v))
+    tmask = None if mask is None else minitorch.from_torch(mask)
+    out = minitorch.fused_attention(tq, tk, tv, tmask, causal=causal, activation=activation, scale=scale)
+    assert out.dtype == minitorch.bfloat16
+    out.backward(minitorch.from_torch(g))
+    _, lse = on_tensors(CudaKernelOps.attention_fw, tq, tk, tv, tmask, causal, activation, scale)
+    grads = (tq.grad, tk.grad, tv.grad)
+    assert all(t.dtype == minitorch.bfloat16 for t in grads)
+    return tuple(t.to_torch().clone() for t in (out, lse, *grads))
+
+
+def check(B: int, H: int, Tq: int, Tk: int, D: int, causal: bool, activation: str, mask_kind: str, seed: int = 0) -> None:
+    gen, q, k, v, g = bf16_inputs(B, H, Tq, Tk, D, seed, activation)
+    mask = make_mask(gen, B, Tk, mask_kind)
+    if mask is not None and activation == "relu":
+        mask[0] = 0.0  # keeps scale * q.k + m away from 0 (see bf16_inputs)
+    scale = 1.0 / math.sqrt(D)
+    ours = run_ours(q, k, v, g, mask, causal, activation, scale)
+    theirs = torch_bf16(q, k, v, g, mask, causal, activation, scale)
+    rq, rk, rv = (t.double().requires_grad_(True) for t in (q, k, v))
+    ref, ref_lse = naive_attention(rq, rk, rv, mask, causal, activation, scale)
+    ref.backward(g.double())
+    refs = (ref.detach(), rq.grad, rk.grad, rv.grad)
+    what = f"[{B},{H},{Tq},{Tk},{D}] causal={causal} {activation} mask={mask_kind}"
+    for name, mine, torch_out, r in zip(("out", "dq", "dk", "dv"), (ours[0], *ours[2:]), theirs, refs):
+        err, bound = rel_err(mine, r), max(2 * rel_err(torch_out, r), FLOOR)
+        assert err <= bound, f"{what}: {name} error {err:.3g} > 2 x torch's bf16 error ({bound:.3g})"
+    assert rel_err(ours[1], ref_lse) < LSE_TOL, f"{what}: lse error {rel_err(ours[1], ref_lse):.3g}"
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("mask_kind", ["none", "inf", "finite"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize("T", [1, 65, 200])
+def test_lengths(T: int, D: int, causal: bool, mask_kind: str, activation: str) -> None:
+    check(2, 3, T, T, D, causal, activation, mask_kind, seed=T * 1000 + D)
+
+
+@pytest.mark.parametrize("Tq,Tk", [(7, 129), (33, 200), (1, 1000)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_cross_lengths(Tq: int, Tk: int, causal: bool, activation: str) -> None:
+    check(2, 2, Tq, Tk, 64, causal, activation, "inf", seed=Tq + Tk)
+
+
+@pytest.mark.parametrize("D", [7, 20, 40, 65, 100])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_odd_head_dims(D: int, activation: str) -> None:
+    """Head dims off the 16-byte path (7, 20, 65, 100) and padded inside a bucket (40, 100)."""
+    check(2, 2, 150, 150, D, True, activation, "finite", seed=D)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpt2_shape(causal: bool) -> None:
+    check(4, 12, 1024, 1024, 64, causal, "softmax", "none", seed=7)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_rows_without_keys_are_zero(activation: str) -> None:
+    """A batch whose mask removes every key: out, dq, dk, dv zero there (never NaN), lse -inf (softmax)."""
+    gen, q, k, v, g = bf16_inputs(3, 2, 70, 70, 64, 3, activation)
+    mask = make_mask(gen, 3, 70, "inf")
+    assert torch.isneginf(mask[2]).all()
+    out, lse, dq, dk, dv = run_ours(q, k, v, g, mask, True, activation, 0.125)
+    for name, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        assert torch.isfinite(t).all(), f"{name} has a non-finite value"
+        assert float(t[2].abs().max()) == 0.0, f"{name} of the fully masked batch is not zero"
+    if activation == "softmax":
+        assert torch.isneginf(lse[2]).all()
+
+
+def test_packed_qkv_and_autocast() -> None:
+    """fused_attention_qkv on float32 [B, T, 3C] under minitorch.autocast runs the bf16 kernels (bf16
+    output) and gives a float32 gradient matching the bf16 reference of the same rounded inputs."""
+    B, T, H, D = 2, 90, 4, 32
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    qkv = torch.randn(B, T, 3 * H * D, generator=gen, device="cuda")
+    g = torch.randn(B, H, T, D, generator=gen, device="cuda").to(torch.bfloat16)
+    tqkv = minitorch.from_torch(qkv).requires_grad_(True)
+    with minitorch.autocast():
+        out = minitorch.fused_attention_qkv(tqkv, H, causal=True)
+    assert out.dtype == minitorch.bfloat16
+    out.backward(minitorch.from_torch(g))
+    assert tqkv.grad.dtype == minitorch.float32
+    split = qkv.to(torch.bfloat16).double().view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
+    rq, rk, rv = (split[i].detach().requires_grad_(True) for i in range(3))
+    ref, _ = naive_attention(rq, rk, rv, None, True, "softmax", 1.0 / math.sqrt(D))
+    ref.backward(g.double())
+    ref_grad = torch.stack([t.grad for t in (rq, rk, rv)]).permute(1, 3, 0, 2, 4).reshape(B, T, 3 * H * D)
+    theirs = torch_bf16(*(split[i].to(torch.bfloat16) for i in range(3)), g, None, True, "softmax", 1.0 / math.sqrt(D))
+    torch_err = max(rel_err(t, r) for t, r in zip(theirs[1:], (rq.grad, rk.grad, rv.grad)))
+    assert rel_err(out.to_torch(), ref.detach()) <= max(2 * rel_err(theirs[0], ref.detach()), FLOOR)
+    assert rel_err(tqkv.grad.to_torch(), ref_grad) <= max(2 * torch_err, FLOOR)
+
+
+def test_mixed_dtypes_raise() -> None:
+    """q in bf16 with k, v in float32: NoKernelError before any launch (fused_attention casts them alike)."""
+    q = minitorch.from_torch(torch.zeros(1, 1, 4, 8, device="cuda", dtype=torch.bfloat16))
+    k = minitorch.from_torch(torch.zeros(1, 1, 4, 8, device="cuda"))
+    with pytest.raises(minitorch.NoKernelError, match="attention_fw"):
+        CudaKernelOps.attention_fw(q._tensor, k._tensor, k._tensor, None, False, "softmax", 1.0)
+
+
+def test_raw_launcher_rejects_bad_sizes() -> None:
+    lib = kernel_library("attention_bf16_kernel")
+    buf = torch.zeros(64, device="cuda")
+    p = buf.data_ptr()
+    stream = torch.cuda.current_stream().cuda_stream
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, 1, 1, 2, 2, 129, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, 1, 1, 2, 2, 4, 0, 2, 1.0, stream) == 1  # activation
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, 1, 1, 0, 2, 4, 0, 0, 1.0, stream) == 1
+    nulls = (None,) * 3  # out, lse, mask
+    assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, p, 1, 1, 2, 2, 4, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, None, 1, 1, 2, 2, 4, 0, 1, 1.0, stream) == 1

@@ -1,0 +1,460 @@
+// Fused attention in bfloat16, forward and backward (FlashAttention-2 style), with a softmax or a
+// ReLU activation: the bf16 twin of attention_kernel.cu (same shapes, masks, causal rule, lse and
+// edge cases; see the top of that file). q, k, v, out, dout, dq, dk, dv are bf16; lse, D, the mask
+// and all arithmetic are float32: products run as mma.sync m16n8k16 bf16 with float32 accumulators,
+// P (and dS) are rounded to bf16 only as operands of the next product; dq is summed with float32
+// atomics into a workspace and rounded to bf16 once at the end.
+//
+// Shared tiles are bf16 [rows][DP + 8] (DP = 32, 64 or 128, columns past head_dim zero): rows are
+// 16-byte aligned for cp.async and ldmatrix, and the 8 rows that one ldmatrix matrix reads fall in 8
+// distinct 16-byte bank groups. Fragments (PTX ISA, g = lane / 4, t = lane % 4): A a0a1 = A[g][2t..],
+// a2a3 = A[g + 8][2t..], a4a5 = A[g][2t + 8..], a6a7 = A[g + 8][2t + 8..]; B b0b1 = B[2t..][g],
+// b2b3 = B[2t + 8..][g]; C c0c1 = C[g][2t..], c2c3 = C[g + 8][2t..]. So two C tiles of 8 columns are
+// one A fragment of 16 columns in registers (c_pair_to_a), the FlashAttention trick for P V.
+// ldmatrix makes every other fragment (load_a: a row-major A; load_b_rows: B = tile^T, i.e. B[k][n] =
+// tile[n][k], two n-tiles; load_b_cols: B = tile, .trans, two n-tiles).
+//
+// Forward, attention_bf16_fw<DP, ACT>: grid (B * H, query blocks of 64, the last one first under
+// causal); warp w owns queries 16w .. 16w + 15 (its Q fragments stay in registers) and walks the key
+// tiles of 64: S = Q K^T, score_step (includes/attention_common.cuh), O = O * rescale + P V. K of
+// tile t + 1 loads (cp.async) during the softmax and P V of tile t, V of tile t + 1 during S of t + 1.
+//
+// Backward, attention_bf16_bw<DP, ACT>: grid (B * H, key blocks of 64); warp w owns keys 16w .. 16w
+// + 15 and keeps their dK, dV in C fragments over the query tiles of BM (64; 32 for DP = 128) that
+// see them: S^T = K Q^T, dP^T = V dO^T, (P^T, dS^T) elementwise, dV += P^T dO, dK += dS^T Q (P^T and
+// dS^T from C to A fragments), dS^T to shared memory, dQ += dS K (dS by ldmatrix.trans) added to the
+// float32 workspace with atomics (float2 on sm_90). The next Q and dO tiles load during dQ.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "includes/attention_common.cuh"
+#include "includes/cuda_check.cuh"
+#include "includes/launch_utils.cuh"
+#include "includes/ptx.cuh"
+#include "includes/vec.cuh"
+#include "matmul/bf16_mma.cuh"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using namespace mt_attn;
+
+template <int DP>
+struct Bf16Config {
+  static_assert(DP == 32 || DP == 64 || DP == 128, "head-dim buckets are 32, 64 and 128");
+  static constexpr int kLd = DP + 8;                   // row pitch of a Q/K/V/dO tile
+  static constexpr int kKeys = 64;                     // keys of a forward tile
+  static constexpr int kQueries = DP == 128 ? 32 : 64;  // queries of a backward tile
+  static constexpr int kFwMinBlocks = DP == 128 ? 2 : 3;
+  static constexpr int kFwBytes = (kFwRows + 2 * kKeys) * kLd * 2;
+  static constexpr int kLdT = kQueries + 8;  // row pitch of dS^T
+  static constexpr int kBwBytes = 2 * kQueries * 4 + ((2 * kBwKeys + 2 * kQueries) * kLd + kBwKeys * kLdT) * 2;
+};
+
+// ldmatrix (x4, plain or .trans) and mma.sync m16n8k16 bf16 with float32 accumulators: the matmul
+// library's (matmul/bf16_mma.cuh).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) { bf16mm::ldmatrix_x4<false>(r, row); }
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* row) {
+  bf16mm::ldmatrix_x4<true>(r, row);
+}
+
+using bf16mm::mma_bf16;
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ int lane_id() { return threadIdx.x % 32; }
+
+// A fragment of A = tile[row0 .. row0 + 15][col0 .. col0 + 15] (row-major, k along the row).
+template <int LD>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int row0, int col0) {
+  const int l = lane_id();
+  ldmatrix_x4(a, tile + (row0 + l % 16) * LD + col0 + (l / 16) * 8);
+}
+
+// A fragment of A = tile^T: A[m][k] = tile[row0 + k][col0 + m] (16 x 16; e.g. dS from dS^T).
+template <int LD>
+__device__ __forceinline__ void load_a_transposed(uint32_t (&a)[4], const bf16* tile, int row0, int col0) {
+  const int l = lane_id();
+  ldmatrix_x4_trans(a, tile + (row0 + (l / 16) * 8 + l % 8) * LD + col0 + ((l / 8) % 2) * 8);
+}
+
+// B fragments of two 8-column tiles of B = tile^T: B[k][n] = tile[row0 + n][col0 + k], k < 16,
+// n < 16; b[0], b[1] for n < 8 and b[2], b[3] for n >= 8 (e.g. K in S = Q K^T).
+template <int LD>
+__device__ __forceinline__ void load_b_rows(uint32_t (&b)[4], const bf16* tile, int row0, int col0) {
+  const int l = lane_id();
+  ldmatrix_x4(b, tile + (row0 + (l / 16) * 8 + l % 8) * LD + col0 + ((l / 8) % 2) * 8);
+}
+
+// B fragments of two 8-column tiles of B = tile: B[k][n] = tile[row0 + k][col0 + n] (e.g. V in P V).
+template <int LD>
+__device__ __forceinline__ void load_b_cols(uint32_t (&b)[4], const bf16* tile, int row0, int col0) {
+  const int l = lane_id();
+  ldmatrix_x4_trans(b, tile + (row0 + ((l / 8) % 2) * 8 + l % 8) * LD + col0 + (l / 16) * 8);
+}
+
+// The A fragment (16 rows x 16 columns) of the C fragments c0 (columns 0-7) and c1 (columns 8-15).
+__device__ __forceinline__ void c_pair_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack_bf16(c0[0], c0[1]);
+  a[1] = pack_bf16(c0[2], c0[3]);
+  a[2] = pack_bf16(c1[0], c1[1]);
+  a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+// acc[16 x 8 ND] += A B, A the C fragments a[2 KT] (16 x 16 KT), B = tile[row0 + k][n] (16 KT x 8 ND).
+template <int KT, int ND, int LD>
+__device__ __forceinline__ void add_product(float (&acc)[ND][4], const float (&a)[2 * KT][4], const bf16* tile) {
+#pragma unroll
+  for (int kk = 0; kk < KT; ++kk) {
+    uint32_t frag[4];
+    c_pair_to_a(frag, a[2 * kk], a[2 * kk + 1]);
+#pragma unroll
+    for (int nn = 0; nn < ND / 2; ++nn) {
+      uint32_t b[4];
+      load_b_cols<LD>(b, tile, 16 * kk, 16 * nn);
+      mma_bf16(acc[2 * nn], frag, b[0], b[1]);
+      mma_bf16(acc[2 * nn + 1], frag, b[2], b[3]);
+    }
+  }
+}
+
+// acc[j] (16 x 8 each, j < 2 NP) += A tile^T over k < 16 KS, A = a_tile rows a_row0.., B^T = tile rows
+// 16 jj.. (e.g. S = Q K^T; S^T = K Q^T).
+template <int KS, int NP, int LD>
+__device__ __forceinline__ void add_product_nt(float (&acc)[2 * NP][4], const bf16* a_tile, int a_row0, const bf16* tile) {
+#pragma unroll 1
+  for (int ks = 0; ks < KS; ++ks) {
+    uint32_t a[4];
+    load_a<LD>(a, a_tile, a_row0, 16 * ks);
+#pragma unroll
+    for (int jj = 0; jj < NP; ++jj) {
+      uint32_t b[4];
+      load_b_rows<LD>(b, tile, 16 * jj, 16 * ks);
+      mma_bf16(acc[2 * jj], a, b[0], b[1]);
+      mma_bf16(acc[2 * jj + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Starts copying rows [row0, row0 + ROWS) of a row-major bf16 [rows, head_dim] matrix into the shared
+// tile [ROWS][DP + 8]; rows >= `rows` and columns in [head_dim, DP) are zero-filled. Without `vec`
+// (a row not 16-byte aligned) the elements are stored directly; the barrier that follows the caller's
+// cp_async_wait publishes both kinds.
+template <int ROWS, int DP>
+__device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int row0, int rows, int head_dim, bool vec) {
+  constexpr int LD = DP + 8;
+  if (vec) {
+    constexpr int kPerRow = DP / 8;
+    static_assert((ROWS * kPerRow) % kThreads == 0, "16-byte chunks must divide evenly over the block");
+#pragma unroll
+    for (int it = 0; it < ROWS * kPerRow / kThreads; ++it) {
+      const int chunk = it * kThreads + threadIdx.x;
+      const int r = chunk / kPerRow;
+      const int col = (chunk % kPerRow) * 8;
+      const bool ok = row0 + r < rows && col < head_dim;
+      const bf16* from = ok ? src + static_cast<size_t>(row0 + r) * head_dim + col : src;
+      mt::cp_async_16(reinterpret_cast<float*>(tile + r * LD + col), reinterpret_cast<const float*>(from), ok);
+    }
+  } else {
+    static_assert((ROWS * DP) % kThreads == 0, "elements must divide evenly over the block");
+#pragma unroll 4
+    for (int it = 0; it < ROWS * DP / kThreads; ++it) {
+      const int e = it * kThreads + threadIdx.x;
+      const int r = e / DP;
+      const int col = e % DP;
+      const bool ok = row0 + r < rows && col < head_dim;
+      tile[r * LD + col] = ok ? src[static_cast<size_t>(row0 + r) * head_dim + col] : __float2bfloat16(0.f);
+    }
+  }
+}
+
+// ---- forward -----------------------------------------------------------------------------------
+template <int DP, int ACT>
+__global__ void __launch_bounds__(kThreads, Bf16Config<DP>::kFwMinBlocks) attention_bf16_fw(const FwParams<bf16> p) {
+  constexpr int BM = kFwRows;
+  constexpr int BN = Bf16Config<DP>::kKeys;
+  constexpr int NT = BN / 8;  // 8-key column tiles of S
+  constexpr int KS = DP / 16;  // 16-wide k steps over d
+  constexpr int KD = DP / 8;   // 8-wide column tiles of O
+  constexpr int LD = Bf16Config<DP>::kLd;
+  extern __shared__ float4 smem_f4[];
+  bf16* qs = reinterpret_cast<bf16*>(smem_f4);
+  bf16* ks = qs + BM * LD;
+  bf16* vs = ks + BN * LD;
+
+  const int q0 = (p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y) * BM;
+  const int warp = threadIdx.x / 32;
+  const int g = frag_g();
+  const int t = frag_t();
+  const Head head(p);
+  const bf16* kg = p.k + head.k_base * p.head_dim;
+  const bf16* vg = p.v + head.k_base * p.head_dim;
+  const float* mask_row = p.mask != nullptr ? p.mask + static_cast<size_t>(head.bh / p.heads) * p.k_len : nullptr;
+
+  int limit[2];  // keys [0, limit) are kept for the lane's rows q0 + 16 warp + g (+ 8)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int query = q0 + 16 * warp + g + 8 * h;
+    limit[h] = query >= p.q_len ? 0 : (p.causal ? min(p.k_len, query + head.offset + 1) : p.k_len);
+  }
+  const int key_end = p.causal ? max(0, min(p.k_len, min(q0 + BM, p.q_len) + head.offset)) : p.k_len;
+  const int num_tiles = (key_end + BN - 1) / BN;
+
+  float o[KD][4] = {};
+  RowState rows;
+  uint32_t qf[KS][4];
+
+  if (num_tiles > 0) {
+    load_tile<BM, DP>(qs, p.q + head.q_base * p.head_dim, q0, p.q_len, p.head_dim, p.vec);
+    load_tile<BN, DP>(ks, kg, 0, p.k_len, p.head_dim, p.vec);
+    mt::cp_async_commit();
+    load_tile<BN, DP>(vs, vg, 0, p.k_len, p.head_dim, p.vec);
+    mt::cp_async_commit();
+  }
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int n0 = tile * BN;
+    mt::cp_async_wait<1>();  // Q and this K tile (this V tile may still be in flight)
+    __syncthreads();
+    if (tile == 0) {
+#pragma unroll
+      for (int kd = 0; kd < KS; ++kd) load_a<LD>(qf[kd], qs, 16 * warp, 16 * kd);
+    }
+
+    float s[NT][4] = {};
+#pragma unroll
+    for (int kd = 0; kd < KS; ++kd) {
+#pragma unroll
+      for (int jj = 0; jj < NT / 2; ++jj) {
+        uint32_t b[4];
+        load_b_rows<LD>(b, ks, 16 * jj, 16 * kd);
+        mma_bf16(s[2 * jj], qf[kd], b[0], b[1]);
+        mma_bf16(s[2 * jj + 1], qf[kd], b[2], b[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this K tile
+    if (tile + 1 < num_tiles) load_tile<BN, DP>(ks, kg, n0 + BN, p.k_len, p.head_dim, p.vec);
+    mt::cp_async_commit();
+
+    float rescale[2];
+    score_step<ACT>(s, rows, rescale, p, mask_row, n0, limit);
+#pragma unroll
+    for (int dt = 0; dt < KD; ++dt) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[dt][c] *= rescale[c / 2];
+    }
+    mt::cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
+    __syncthreads();
+
+    add_product<BN / 16, KD, LD>(o, s, vs);  // O += P V
+    __syncthreads();  // every warp is done with this V tile
+    if (tile + 1 < num_tiles) load_tile<BN, DP>(vs, vg, n0 + BN, p.k_len, p.head_dim, p.vec);
+    mt::cp_async_commit();
+  }
+
+  store_query_rows<ACT>(o, rows, p, head, q0 + 16 * warp);
+}
+
+// ---- backward ------------------------------------------------------------------------------------
+template <int DP, int ACT>
+__global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<bf16> p) {
+  constexpr int BN = kBwKeys;
+  constexpr int BM = Bf16Config<DP>::kQueries;
+  constexpr int QT = BM / 8;  // 8-query column tiles of S^T
+  constexpr int KS = DP / 16;
+  constexpr int KD = DP / 8;                   // 8-wide column tiles of dK, dV, dQ
+  constexpr int MT = BM / 16;                  // 16-query row slabs of dQ
+  constexpr int DQ_TILES = KD * MT / kWarps;  // dQ column tiles per warp
+  constexpr int LD = Bf16Config<DP>::kLd;
+  constexpr int LDT = Bf16Config<DP>::kLdT;
+  static_assert(DQ_TILES * kWarps == KD * MT && DQ_TILES % 2 == 0, "dQ tile pairs must divide evenly over the warps");
+  extern __shared__ float4 smem_f4[];
+  float* ls = reinterpret_cast<float*>(smem_f4);  // lse of the query tile
+  float* dis = ls + BM;                           // D of the query tile
+  bf16* ks = reinterpret_cast<bf16*>(dis + BM);
+  bf16* vs = ks + BN * LD;
+  bf16* qs = vs + BN * LD;
+  bf16* dos = qs + BM * LD;
+  bf16* dst = dos + BM * LD;  // dS^T [BN][LDT]
+
+  const int n0 = blockIdx.y * BN;
+  const int warp = threadIdx.x / 32;
+  const int g = frag_g();
+  const int t = frag_t();
+  const Head head(p);
+  const bf16* qg = p.q + head.q_base * p.head_dim;
+  const bf16* dog = p.dout + head.q_base * p.head_dim;
+
+  float mask_add[2];  // of the lane's keys n0 + 16 warp + g (C elements 0, 1) and + 8 (2, 3)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) mask_add[h] = key_mask<ACT>(p, head, n0 + 16 * warp + g + 8 * h);
+  const int2 qt_range = query_tile_range<BM>(p, head, n0);
+  const int qt_begin = qt_range.x, qt_end = qt_range.y;
+  const int dq_slab = warp % MT;
+  const int dq_col0 = (warp / MT) * DQ_TILES;
+
+  float dk[KD][4] = {};
+  float dv[KD][4] = {};
+
+  if (qt_begin < qt_end) {
+    load_tile<BN, DP>(ks, p.k + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec);
+    load_tile<BN, DP>(vs, p.v + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec);
+    load_tile<BM, DP>(qs, qg, qt_begin * BM, p.q_len, p.head_dim, p.vec);
+    load_tile<BM, DP>(dos, dog, qt_begin * BM, p.q_len, p.head_dim, p.vec);
+    load_row_stats<ACT, BM>(ls, dis, p, head, qt_begin * BM);
+    mt::cp_async_commit();
+  }
+  for (int qt = qt_begin; qt < qt_end; ++qt) {
+    const int m0 = qt * BM;
+    mt::cp_async_wait<0>();
+    __syncthreads();
+
+    float st[QT][4] = {};
+    float dpt[QT][4] = {};
+    add_product_nt<KS, QT / 2, LD>(st, ks, 16 * warp, qs);    // S^T = K Q^T
+    add_product_nt<KS, QT / 2, LD>(dpt, vs, 16 * warp, dos);  // dP^T = V dO^T
+
+    probs_and_dscores<ACT>(st, dpt, p, head, n0 + 16 * warp, m0, mask_add, ls, dis);
+#pragma unroll
+    for (int j = 0; j < QT; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        *reinterpret_cast<__nv_bfloat162*>(dst + (16 * warp + g + 8 * h) * LDT + 8 * j + 2 * t) =
+            __floats2bfloat162_rn(dpt[j][2 * h], dpt[j][2 * h + 1]);
+      }
+    }
+
+    add_product<BM / 16, KD, LD>(dv, st, dos);  // dV += P^T dO
+    add_product<BM / 16, KD, LD>(dk, dpt, qs);  // dK += dS^T Q
+    __syncthreads();  // dS^T complete; every warp is done with this Q and dO tile
+    if (qt + 1 < qt_end) {
+      load_tile<BM, DP>(qs, qg, m0 + BM, p.q_len, p.head_dim, p.vec);
+      load_tile<BM, DP>(dos, dog, m0 + BM, p.q_len, p.head_dim, p.vec);
+      load_row_stats<ACT, BM>(ls, dis, p, head, m0 + BM);
+    }
+    mt::cp_async_commit();
+
+    // dQ[16 dq_slab + r][8 (dq_col0 + n) + c] of this tile: A = dS = dst^T, B = K.
+    float acc[DQ_TILES][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t a[4];
+      load_a_transposed<LDT>(a, dst, 16 * kk, 16 * dq_slab);
+#pragma unroll
+      for (int nn = 0; nn < DQ_TILES / 2; ++nn) {
+        uint32_t b[4];
+        load_b_cols<LD>(b, ks, 16 * kk, 8 * dq_col0 + 16 * nn);
+        mma_bf16(acc[2 * nn], a, b[0], b[1]);
+        mma_bf16(acc[2 * nn + 1], a, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int query = m0 + 16 * dq_slab + g + 8 * h;
+      if (query < p.q_len) {
+        float* dq_row = p.dq + (head.q_base + query) * p.head_dim;
+#pragma unroll
+        for (int n = 0; n < DQ_TILES; ++n) {
+          atomic_add_pair(dq_row, 8 * (dq_col0 + n) + 2 * t, acc[n][2 * h], acc[n][2 * h + 1], p.head_dim,
+                          p.head_dim % 2 == 0);
+        }
+      }
+    }
+  }
+
+  store_key_rows(dk, dv, p, head, n0 + 16 * warp);
+}
+
+// dq[i] = bf16(acc[i]).
+__global__ void round_to_bf16(bf16* dq, const float* acc, long long n) {
+  for (long long i = mt::grid_stride_first(); i < n; i += mt::grid_stride_step()) dq[i] = __float2bfloat16(acc[i]);
+}
+
+// ---- launchers ---------------------------------------------------------------------------------
+template <int DP, int ACT>
+int launch_bucket(const FwParams<bf16>& p, int batch_heads, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.q_len + kFwRows - 1) / kFwRows));
+  return mt::launch_with_shared_memory<attention_bf16_fw<DP, ACT>>(grid, kThreads, Bf16Config<DP>::kFwBytes, stream, p);
+}
+
+template <int DP, int ACT>
+int launch_bucket(const BwParams<bf16>& p, int batch_heads, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.k_len + kBwKeys - 1) / kBwKeys));
+  return mt::launch_with_shared_memory<attention_bf16_bw<DP, ACT>>(grid, kThreads, Bf16Config<DP>::kBwBytes, stream, p);
+}
+
+template <int ACT, class Params>
+int launch_head_dim(const Params& p, int batch_heads, cudaStream_t stream) {
+  if (p.head_dim <= 32) return launch_bucket<32, ACT>(p, batch_heads, stream);
+  if (p.head_dim <= 64) return launch_bucket<64, ACT>(p, batch_heads, stream);
+  return launch_bucket<128, ACT>(p, batch_heads, stream);
+}
+
+template <class Params>
+int launch_variant(const Params& p, int activation, int batch_heads, cudaStream_t stream) {
+  return activation == kSoftmax ? launch_head_dim<kSoftmax>(p, batch_heads, stream)
+                                : launch_head_dim<kRelu>(p, batch_heads, stream);
+}
+
+// Rows of head_dim bf16 elements starting 16-byte aligned at every pointer.
+bool rows_aligned(int head_dim, std::initializer_list<const void*> ptrs) {
+  if (head_dim % 8 != 0) return false;
+  for (const void* q : ptrs) {
+    if (!mt::is_aligned16(q)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+MT_DEFINE_ERROR_STRING()
+
+extern "C" int launch_attention_bf16_fw(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                                        const float* mask, int batch, int heads, int q_len, int k_len, int head_dim,
+                                        int causal, int activation, float scale, cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(out == nullptr || lse == nullptr || q == nullptr || k == nullptr || v == nullptr);
+  MT_RETURN_IF_INVALID(!sizes_ok(batch, heads, q_len, k_len, head_dim, activation));
+  const bool vec = rows_aligned(head_dim, {out, q, k, v});
+  const FwParams<bf16> p = {out, lse, q, k, v, mask, heads, q_len, k_len, head_dim, causal != 0, scale, vec};
+  return launch_variant(p, activation, batch * heads, stream);
+}
+
+// Floats of scratch that launch_attention_bf16_bw needs: the float32 dq and D_i of every query row.
+extern "C" long long attention_bf16_bw_workspace_floats(int batch, int heads, int q_len, int head_dim) {
+  return static_cast<long long>(batch) * heads * q_len * (head_dim + 1);
+}
+
+// out and lse are read only for the softmax (nullable for relu).
+extern "C" int launch_attention_bf16_bw(bf16* dq, bf16* dk, bf16* dv, const bf16* grad_out, const bf16* q,
+                                        const bf16* k, const bf16* v, const bf16* out, const float* lse,
+                                        const float* mask, float* workspace, int batch, int heads, int q_len,
+                                        int k_len, int head_dim, int causal, int activation, float scale,
+                                        cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(dq == nullptr || dk == nullptr || dv == nullptr || grad_out == nullptr || q == nullptr ||
+                       k == nullptr || v == nullptr || workspace == nullptr);
+  MT_RETURN_IF_INVALID(!sizes_ok(batch, heads, q_len, k_len, head_dim, activation));
+  MT_RETURN_IF_INVALID(activation == kSoftmax && (out == nullptr || lse == nullptr));
+  const bool vec = rows_aligned(head_dim, {dk, dv, grad_out, q, k, v});
+  const int batch_heads = batch * heads;
+  const int rows = batch_heads * q_len;
+  const long long elements = static_cast<long long>(rows) * head_dim;
+  float* dq_acc = workspace;
+  float* di = workspace + elements;
+  MT_RETURN_IF_ERROR(cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(elements) * sizeof(float), stream));
+  if (activation == kSoftmax) {
+    attention_bw_dot<bf16><<<(rows + kDotWarps - 1) / kDotWarps, kDotWarps * 32, 0, stream>>>(di, grad_out, out, rows,
+                                                                                             head_dim);
+    MT_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  const BwParams<bf16> p = {dq_acc, dk,    dv,    grad_out, q,        k,           v,     lse, di,
+                            mask,   heads, q_len, k_len,    head_dim, causal != 0, scale, vec};
+  const int code = launch_variant(p, activation, batch_heads, stream);
+  if (code != 0) return code;
+  return mt::launch_grid_stride<round_to_bf16>(elements, stream, dq, dq_acc, elements);
+}
