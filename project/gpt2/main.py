@@ -207,16 +207,16 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
                 with precision:
                     text = sample(model, args, inputs.tokenizer, args.seed + step)
                 print(f"step {step:5d} | sample: {text!r}", flush=True)
-            if last:
-                break
             stopping, saving = parallel.agree(True, stop.requested, step > first_step and schedule.due(step))
             if stopping or saving:
                 directory = save()
-                if stopping:
+                if stopping and not last:
                     parallel.print(f"stopped by {stop.requested or 'another process signal'} at step {step}/{total_steps}; "
                                    f"saved {directory}; continue with: {resume_command(argv, directory)}", flush=True)  # fmt: skip
                     return result(stop.requested or "signal")
                 parallel.print(f"step {step:5d} | saved {directory}", flush=True)
+            if last:
+                break
             started = time.perf_counter()
             ids, targets = train.next_batch()
             lr = learning_rate(step, peak_lr, args.warmup_steps, total_steps, args.final_lr_frac)
