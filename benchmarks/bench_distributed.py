@@ -90,7 +90,7 @@ def minitorch_step(info: distributed.ProcessInfo, mode: str, args: argparse.Name
     tokens = rng.integers(0, GPT2_124M.vocab_size, (B, T + 1))
     seconds = median_seconds(lambda: step(tokens[:, :-1], tokens[:, 1:], LR), args)
     state = optimizer.state_floats if isinstance(optimizer, distributed.ShardedAdamW) else 2 * sum(
-        p.value.size for p in model.parameters())  # fmt: skip
+        p.value.numel() for p in model.parameters())  # fmt: skip
     out = {"ms": 1e3 * seconds, "optimizer_state_gib": 4 * state / 2**30}
     if mode == "profiled" and ddp is not None:
         out["overlap"] = ddp.overlap_summary(skip=args.warmup)

@@ -176,7 +176,7 @@ def train_bench(torch: Any, configs: Dict[str, Dict[str, int]], repeats: int) ->
                 if loss_kind == "fused":
                     hidden = model.hidden_states(idx).view(B * T, model.n_embd)
                     head = model.lm_head
-                    loss = fused_linear_cross_entropy(hidden, head.weights.value, targets, weights, bias=head.bias.value)
+                    loss = fused_linear_cross_entropy(hidden, head.weight.value.T, targets, weights, bias=head.bias.value)
                 else:
                     loss = nn.cross_entropy(model(idx).view(B * T, V), targets, weights)
                 loss.backward()

@@ -69,7 +69,7 @@ def minitorch_trainer(level: int, seq_len: int) -> Callable[[Dict[str, np.ndarra
             B, T, C = hidden.shape
             head = model.lm_head
             loss = minitorch.fused_linear_cross_entropy(
-                hidden.view(B * T, C), head.weights.value, targets, weights, bias=head.bias.value
+                hidden.view(B * T, C), head.weight.value.T, targets, weights, bias=head.bias.value
             )
         else:
             logits = model(tokens)

@@ -116,7 +116,7 @@ def test_linear_under_autocast_matches_torch_autocast(rows: int, n_in: int, n_ou
     theirs = _torch_linear(inputs, activation, torch.float32, autocast=True)
     leaves = {k: minitorch.from_torch(v.float().contiguous()).requires_grad_(k != "g") for k, v in inputs.items()}
     with minitorch.autocast():
-        y = linear(leaves["x"], leaves["w"], leaves.get("b"), activation)
+        y = linear(leaves["x"], leaves["w"].T, leaves.get("b"), activation)  # w is [in, out]: torch's layout transposed
     assert y.dtype is bfloat16
     y.backward(leaves["g"].to(bfloat16))
     mine = {"y": y, **{f"d{k}": leaves[k].grad for k in leaves if k != "g"}}
@@ -145,7 +145,7 @@ def test_linear_gelu_linear_block_under_autocast_matches_torch_autocast() -> Non
     exact, theirs = torch_block(torch.float64, False), torch_block(torch.float32, True)
     leaves = {k: minitorch.from_torch(v.float().contiguous()).requires_grad_(k != "g") for k, v in inputs.items()}
     with minitorch.autocast():
-        y = linear(linear(leaves["x"], leaves["w1"], leaves["b1"], "gelu"), leaves["w2"], leaves["b2"])
+        y = linear(linear(leaves["x"], leaves["w1"].T, leaves["b1"], "gelu"), leaves["w2"].T, leaves["b2"])
     y.backward(leaves["g"].to(bfloat16))
     mine = [y] + [leaves[k].grad for k in ("x", "w1", "b1", "w2", "b2")]
     for name, m, t, ref in zip(("y", "dx", "dw1", "db1", "dw2", "db2"), mine, theirs, exact):

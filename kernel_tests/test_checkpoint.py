@@ -34,7 +34,7 @@ def step(model: DecoderLM, data, loss_kind: str):
     if loss_kind == "fused":
         hidden = model.hidden_states(idx, mask).view(B * T, model.n_embd)
         head = model.lm_head
-        loss = fused_linear_cross_entropy(hidden, head.weights.value, targets, weights, chunk_size=37,
+        loss = fused_linear_cross_entropy(hidden, head.weight.value.T, targets, weights, chunk_size=37,
                                           bias=head.bias.value)
     else:
         loss = nn.cross_entropy(model(idx, mask).view(B * T, model.n_vocab), targets, weights)

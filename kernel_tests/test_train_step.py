@@ -53,12 +53,12 @@ def test_multi_tensor_clip_and_adamw_match_torch(max_norm) -> None:
 @pytest.mark.parametrize("activation", [None, "gelu", "relu"])
 def test_linear_epilogue_matches_torch(activation) -> None:
     rng = np.random.default_rng(1)
-    x, w, b, g = (rng.standard_normal(s).astype(np.float32) for s in ((300, 96), (96, 130), (130,), (300, 130)))
+    x, w, b, g = (rng.standard_normal(s).astype(np.float32) for s in ((300, 96), (130, 96), (130,), (300, 130)))
     tx, tw, tb = (minitorch.tensor_from_numpy(v, backend=CUDA, requires_grad=True) for v in (x, w, b))
     out = linear(tx, tw, tb, activation)
     out.backward(minitorch.tensor_from_numpy(g, backend=CUDA))
     rx, rw, rb = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (x, w, b))
-    pre = rx @ rw + rb
+    pre = rx @ rw.T + rb
     ref = {None: pre, "gelu": torch.nn.functional.gelu(pre, approximate="tanh"), "relu": torch.relu(pre)}[activation]
     ref.backward(torch.tensor(g, dtype=torch.float64))
     assert rel_err(out.to_numpy(), ref.detach().numpy()) < 1e-5

@@ -14,8 +14,8 @@ from .cuda_kernel_ops import CudaKernelOps, cuda_memory_stats
 from .fast_ops import FastOps
 from .fused import adamw_step, fused_attention, fused_attention_qkv, fused_linear_cross_entropy
 from .kv_cache import KVCache
-from .module import LoadResult, Module, ModuleList, Parameter
-from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
+from .module import LoadResult, Module, ModuleList, Parameter, Sequential
+from .modules_basic import GELU, Dropout, Embedding, LayerNorm, LayerNorm1d, Linear, ReLU
 from .modules_transformer import DecoderLM, FeedForward, MultiHeadAttention, TransformerLayer
 from .optim import SGD, Adam, AdamW
 from . import precision
@@ -26,22 +26,29 @@ from . import graphs, serialization
 from .graphs import StepGraphs, StepInputs, StepSeed
 from .serialization import LoadError, atomic_write, load, save
 from .tensor import History, Tensor
-from .tensor_combine import cat, stack, where
-from .dtypes import DType, NoKernelError, bfloat16, bool_, float16, float32, promote_types, result_type
+from .tensor_combine import cat, matmul, stack, where
+from .tensor_reduce import ValuesIndices
+from .dtypes import DType, NoKernelError, bfloat16, bool_, float16, float32, int64, promote_types, result_type
 from .tensor_create import (
     arange,
+    eye,
+    from_numpy,
     from_torch,
     full,
+    full_like,
+    linspace,
     ones,
     ones_like,
     rand,
+    randn,
     tensor,
     tensor_from_numpy,
     zeros,
     zeros_like,
 )
 from .tensor_data import IndexingError, TensorData, shape_broadcast
-from .tensor_ops import SimpleBackend, SimpleOps, TensorBackend, TensorOps
+from .simple_ops import SimpleBackend, SimpleOps
+from .tensor_ops import TensorBackend, TensorOps
 
 __all__ = [
     "dtypes",
@@ -49,6 +56,15 @@ __all__ = [
     "NoKernelError",
     "bfloat16",
     "float16",
+    "int64",
+    "long",
+    "ValuesIndices",
+    "eye",
+    "from_numpy",
+    "full_like",
+    "linspace",
+    "matmul",
+    "randn",
     "promote_types",
     "result_type",
     "autocast",
@@ -85,6 +101,10 @@ __all__ = [
     "Dropout",
     "Embedding",
     "LayerNorm1d",
+    "LayerNorm",
+    "GELU",
+    "ReLU",
+    "Sequential",
     "Linear",
     "DecoderLM",
     "FeedForward",
@@ -138,3 +158,4 @@ __all__ = [
 ]
 
 bool = bool_  # minitorch.bool, as torch.bool: the dtype of comparisons' results (after __all__, so builtins stay usable above)
+long = int64  # torch.long

@@ -163,7 +163,7 @@ def _lowered(t: Optional[Any], dtype: DType) -> Optional[Any]:
     """t in dtype; a parameter is read through its working copy, see the module notes."""
     if t is None or not t.dtype.is_floating or t.dtype is dtype:
         return t
-    if not t.is_leaf():
+    if not (t.is_leaf and t.requires_grad):
         return t.to(dtype)
     version, copy = getattr(t, "_autocast_copy", (None, None))
     if copy is None or copy.dtype is not dtype:
@@ -171,7 +171,7 @@ def _lowered(t: Optional[Any], dtype: DType) -> Optional[Any]:
     else:
         buffer, stale = copy._tensor, version != t._version
         # A copy read under no_grad has no history: where a gradient is wanted it gets one (no cast).
-        if not stale and (copy.requires_grad() or not is_grad_enabled()):
+        if not stale and (copy.requires_grad or not is_grad_enabled()):
             return copy
     copy = WorkingCopy.apply(t, buffer, stale)
     copy._grad_dtype = t.dtype  # gradients reach the master as they come (a 16-bit Linear's dW is float32)

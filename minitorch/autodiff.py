@@ -29,6 +29,7 @@ class Variable(Protocol):
     @property
     def unique_id(self) -> int: ...
 
+    @property
     def is_leaf(self) -> bool: ...
 
     def is_constant(self) -> bool: ...
@@ -56,7 +57,7 @@ def topological_sort(variable: Variable) -> List[Variable]:
             continue
         seen.add(var.unique_id)
         stack.append((var, True))
-        if not var.is_leaf():
+        if not var.is_leaf:
             for parent in var.parents:
                 if parent.unique_id not in seen and not parent.is_constant():
                     stack.append((parent, False))
@@ -73,19 +74,19 @@ def backpropagate(variable: Variable, deriv: Any) -> None:
     gradients one after another while the rest of backward runs (what data-parallel training
     overlaps communication with); then its grad-ready hooks run (`Tensor.register_grad_ready_hook`).
     """
-    if variable.is_leaf():
+    if variable.is_leaf:
         _finish_leaf(variable, deriv)
         return
     order = topological_sort(variable)
     uses: Dict[int, int] = {}
     for var in order:
-        if not var.is_leaf():
+        if not var.is_leaf:
             for parent in var.parents:
                 if not parent.is_constant():
                     uses[parent.unique_id] = uses.get(parent.unique_id, 0) + 1
     derivs = {variable.unique_id: deriv}
     for var in order:
-        if var.is_leaf():
+        if var.is_leaf:
             continue
         d = derivs.pop(var.unique_id, None)
         if d is not None:
@@ -102,7 +103,7 @@ def _use_done(parent: Variable, uses: Dict[int, int], derivs: Dict[int, Any]) ->
     """One use of `parent` has passed its derivative on; a leaf whose last use it was is finished."""
     key = parent.unique_id
     uses[key] -= 1
-    if uses[key] == 0 and parent.is_leaf() and key in derivs:
+    if uses[key] == 0 and parent.is_leaf and key in derivs:
         _finish_leaf(parent, derivs.pop(key))
 
 

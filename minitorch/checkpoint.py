@@ -78,7 +78,7 @@ def checkpoint(fn: Callable[..., Tensor], *args: Any) -> Tensor:
     (no_grad) or no tensor argument requires grad, fn simply runs: a checkpoint node with no input
     that needs a gradient would cut the gradients of the parameters inside fn.
     """
-    needs_grad = tuple(isinstance(a, Tensor) and a.requires_grad() for a in args)
+    needs_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
     if not is_grad_enabled() or not any(needs_grad):
         return fn(*args)
     return Checkpoint.apply(fn, needs_grad, *args)

@@ -2,31 +2,35 @@
 by our kernels (src/*.cu), bound in the `minitorch.cuda` package, one module per library.
 
 Storage is a 1-D `torch` tensor from PyTorch's caching allocator in the dtype's own format (float32,
-bfloat16, float16; bool as float32); ops take TensorData, pass raw device pointers and shapes/strides
-by value, and launch on PyTorch's current stream.  No op copies between host and device: data
+bfloat16, float16, int64; bool as float32); ops take TensorData, pass raw device pointers and
+shapes/strides by value, and launch on PyTorch's current stream.  No op copies between host and device: data
 crosses only in `storage_from_numpy` / `storage_to_numpy`, which `transfer_stats()` counts.  Nothing
 is loaded at import, so `import minitorch` works without a GPU; the first CUDA storage loads the
 kernels and names the fix when they are missing.
 
-Dtypes: casts and copies of every dtype run in convert_kernel.so; a product dispatches on its dtype
-in `matmul.matrix_multiply`, a Linear's in `matmul.linear_fw` / `linear_bw`; map/zip/reduce have
-float32 and bfloat16 kernels (float32 math); fused attention (`attention.attention_fw/bw`), the
-fused linear cross-entropy (`classifier.linear_cross_entropy_fw`) and the KV cache
-(`kv_cache.slot_write` and `slot_attention`) dispatch in their bindings, on float32 or bfloat16;
-every other op has the kernels its entry below names and raises NoKernelError ("minitorch: no
-float16 CUDA kernel for 'exp' (cast with .float() first)") for a tensor stored in another format,
-before anything runs: nothing is computed in another precision than asked.
+Dtypes: casts and copies of the float dtypes run in convert_kernel.so, those involving int64 in
+int_kernel.so; a product dispatches on its dtype in `matmul.matrix_multiply`, a Linear's in
+`matmul.linear_fw` / `linear_bw`; map/zip/reduce have float32 and bfloat16 kernels (float32 math) in
+combine.so and int64 ones in int_kernel.so (`_by_storage`); the index ops (arg_reduce, cumsum,
+sort_indices) take float32 or int64; fused attention (`attention.attention_fw/bw`), the fused linear
+cross-entropy (`classifier.linear_cross_entropy_fw`) and the KV cache (`kv_cache.slot_write` and
+`slot_attention`) dispatch in their bindings, on float32 or bfloat16; every other op has the kernels
+its entry below names and raises NoKernelError ("minitorch: no float16 CUDA kernel for 'exp' (cast
+with .float() first)") for a tensor stored in another format, before anything runs: nothing is
+computed in another precision than asked.  The kernel hooks that take ids (embedding rows, targets,
+gathered rows) read them as float32: int64 ids are converted on the device first, exactly, where the
+size they address is at most 2^24.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from .cuda import (
-    attention, beam_search, classifier, combine, convert, embedding, kv_cache, layernorm, matmul, optimizer, random,
-    softmax, staging, topk,
+    attention, beam_search, classifier, combine, convert, embedding, integer, kv_cache, layernorm, matmul, optimizer,
+    random, softmax, staging, topk,
 )  # fmt: skip
 from .cuda.runtime import (
     INT_LIMIT,
@@ -43,7 +47,11 @@ from .cuda.runtime import (
     transfer_stats,
     unavailable_reason,
 )
+from .dtypes import DType, float32, int64, no_kernel
+from .tensor_data import TensorData
 from .tensor_ops import TensorOps
+
+EXACT_IDS = 1 << 24  # float32 holds every integer up to here
 
 __all__ = [
     "CudaKernelOps", "CudaKernelError", "CudaShapeError", "cuda_memory_stats", "transfer_stats",
@@ -52,9 +60,10 @@ __all__ = [
 
 
 def _from_numpy(arr: np.ndarray) -> Any:
-    """Host->device copy of a 1-D float32 array (counted in transfer_stats)."""
+    """Host->device copy of a 1-D array, int64 for an integer array, float32 otherwise (counted in
+    transfer_stats)."""
     rt = runtime()
-    host = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
+    host = np.ascontiguousarray(arr, dtype=np.int64 if np.asarray(arr).dtype.kind in "iu" else np.float32).reshape(-1)
     if host.size >= INT_LIMIT:
         raise CudaShapeError(f"a CUDA tensor of {host.size} elements exceeds the limit of {INT_LIMIT - 1}")
     count_transfer("h2d", host.nbytes)
@@ -82,12 +91,33 @@ def _checked(op: str, fn: Callable[..., Any], formats: Any = ("float32",)) -> Ca
     return checked
 
 
-def _templated_ops(factory: Callable[..., Any], names: Any = None) -> Any:
-    """A map/zip/reduce factory whose ops refuse formats outside KERNEL_STORAGE, named by their
-    operators function (names: other names for some, e.g. reduce(add) is 'sum')."""
-    return staticmethod(
-        lambda fn, *args: _checked((names or {}).get(fn.__name__, fn.__name__), factory(fn, *args), KERNEL_STORAGE)
-    )
+def _by_storage(float_factory: Callable[..., Any], int_factory: Callable[..., Any], int_names: Sequence[str],
+                names: Any = None) -> Any:  # fmt: skip
+    """A map/zip/reduce factory whose ops run combine.so's kernels on KERNEL_STORAGE formats and
+    int_kernel.so's on int64 storage (for the functions in int_names), NoKernelError naming the op
+    (names: other names for some, e.g. reduce(add) is 'sum') otherwise; a function neither library
+    has is refused at once (combine.so's ValueError)."""
+
+    def factory(fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+        name = (names or {}).get(fn.__name__, fn.__name__)
+        integral = integer.has_op(fn, tuple(int_names))
+        try:
+            float_op: Optional[Callable[..., Any]] = _checked(name, float_factory(fn, *args), KERNEL_STORAGE)
+        except ValueError:
+            if not integral:
+                raise
+            float_op = None
+        int_op = int_factory(fn, *args) if integral else None
+
+        def run(a: TensorData, *rest: Any, **kwargs: Any) -> Any:
+            op = int_op if a.dtype.storage == "int64" else float_op
+            if op is None:
+                raise no_kernel(name, a.dtype)
+            return op(a, *rest, **kwargs)
+
+        return run
+
+    return staticmethod(factory)
 
 
 def _hook(name: str, fn: Callable[..., Any]) -> Any:
@@ -106,6 +136,58 @@ def _activation_hook(name: str, fn: Callable[..., Any], activations: int) -> Any
     return staticmethod(checked)
 
 
+def _float_ids(t: TensorData, addressed: int, what: str) -> TensorData:
+    """Ids for a kernel that reads them as float32: int64 ids converted on the device (exact: the
+    size they address is checked to be at most 2^24); float32 ids as they are."""
+    if not t.dtype.is_integer:
+        return t
+    if addressed > EXACT_IDS:
+        raise CudaShapeError(f"{what}: int64 ids addressing {addressed} rows (more than {EXACT_IDS}) have no CUDA kernel")
+    return integer.cast(t, float32)
+
+
+def _by_dtype(float_fn: Callable[..., Any], int_fn: Callable[..., Any], op: str) -> Any:
+    """An op on one tensor (and Python values) by its storage: int64 -> int_fn, float32 -> float_fn."""
+
+    def run(a: TensorData, *rest: Any) -> Any:
+        if a.dtype.storage == "int64":
+            return int_fn(a, *rest)
+        require_storage(op, ("float32",), a)
+        return float_fn(a, *rest)
+
+    return staticmethod(run)
+
+
+def _embedding_fw(weight: TensorData, ids: TensorData, dtype: Optional[DType] = None) -> TensorData:
+    if weight.dtype.is_integer:
+        rows = ids if ids.dtype.is_integer else integer.cast(ids, int64)
+        return integer.gather_rows(integer.contiguous(weight), integer.contiguous(rows))
+    require_storage("embedding_fw", KERNEL_STORAGE, weight)
+    return embedding.embedding_fw(weight, _float_ids(ids, weight.shape[0], "embedding"), dtype)
+
+
+def _embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None) -> TensorData:
+    require_storage("embedding_bw", KERNEL_STORAGE, grad_out)
+    return embedding.embedding_bw(grad_out, _float_ids(ids, num_embeddings, "embedding backward"), num_embeddings, dtype)
+
+
+def _gather_rows(out: TensorData, source: TensorData, ids: TensorData) -> None:
+    require_storage("gather_rows", KERNEL_STORAGE, out, source)
+    embedding.gather_rows(out, source, _float_ids(ids, source.shape[0], "gather_rows"))
+
+
+def _linear_cross_entropy_fw(hidden: TensorData, weight: TensorData, bias: Any, targets: TensorData, *rest: Any) -> Any:
+    targets = _float_ids(targets, weight.shape[1], "fused_linear_cross_entropy targets")
+    return classifier.linear_cross_entropy_fw(hidden, weight, bias, targets, *rest)
+
+
+def _cast(a: TensorData, dtype: DType, out: Optional[TensorData] = None) -> TensorData:
+    target = dtype if out is None else out.dtype
+    if "int64" in (a.dtype.storage, target.storage):
+        return integer.cast(a, target, out)
+    return convert.cast(a, dtype, out)
+
+
 class CudaKernelOps(TensorOps):
     """The CUDA backend: device storage from PyTorch's caching allocator, compute in our kernels."""
 
@@ -116,33 +198,36 @@ class CudaKernelOps(TensorOps):
     storage_from_numpy = staticmethod(_from_numpy)
     storage_to_numpy = staticmethod(_to_numpy)
     storage_upload = staticmethod(staging.upload_storage)
-    cast = staticmethod(convert.cast)
+    cast = staticmethod(_cast)
     matrix_multiply = staticmethod(matmul.matrix_multiply)  # dispatches on dtype itself
-    fill = _hook("fill", combine.fill)
-    arange = _hook("arange", combine.arange)
+    fill = _by_dtype(combine.fill, integer.fill, "fill")
+    arange = _by_dtype(combine.arange, integer.arange, "arange")
     uniform = _hook("uniform", random.uniform)
-    map = _templated_ops(combine.map_op)
-    map_scalar = _templated_ops(combine.map_scalar_op)
-    zip = _templated_ops(combine.zip_op)
-    reduce = _templated_ops(combine.reduce_op, {"add": "sum", "mul": "prod"})
+    map = _by_storage(combine.map_op, integer.map_op, integer.UNARY_OPS)
+    map_scalar = _by_storage(combine.map_scalar_op, integer.map_scalar_op, integer.BINARY_OPS)
+    zip = _by_storage(combine.zip_op, integer.zip_op, integer.BINARY_OPS)
+    reduce = _by_storage(combine.reduce_op, integer.reduce_op, integer.REDUCE_OPS, {"add": "sum", "mul": "prod"})
+    arg_reduce = staticmethod(integer.arg_reduce)
+    cumsum = staticmethod(integer.cumsum)
+    sort_indices = staticmethod(integer.sort_indices)
 
     # kernel hooks of the fused ops
     linear_fw = staticmethod(matmul.linear_fw)  # dispatches on dtype itself, as linear_bw
     linear_bw = staticmethod(matmul.linear_bw)
-    embedding_fw = _activation_hook("embedding_fw", embedding.embedding_fw, 1)
-    embedding_bw = _activation_hook("embedding_bw", embedding.embedding_bw, 1)
+    embedding_fw = staticmethod(_embedding_fw)
+    embedding_bw = staticmethod(_embedding_bw)
     attn_softmax_fw = _activation_hook("attn_softmax_fw", softmax.attn_softmax_fw, 2)
     attn_softmax_bw = _activation_hook("attn_softmax_bw", softmax.attn_softmax_bw, 2)
     layernorm_fw = _activation_hook("layernorm_fw", layernorm.layernorm_fw, 1)
     layernorm_bw = _activation_hook("layernorm_bw", layernorm.layernorm_bw, 2)
     attention_fw = staticmethod(attention.attention_fw)  # dispatches on dtype itself
     attention_bw = staticmethod(attention.attention_bw)
-    linear_cross_entropy_fw = staticmethod(classifier.linear_cross_entropy_fw)  # dispatches on dtype itself
+    linear_cross_entropy_fw = staticmethod(_linear_cross_entropy_fw)  # dispatches on dtype in the binding
     adamw_step = _hook("adamw_step", optimizer.adamw_step)
     adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update checks the dtypes itself
     gradient_pack = _hook("gradient_pack", optimizer.gradient_pack)
     slot_write = staticmethod(kv_cache.slot_write)  # float32 or bfloat16
     slot_attention = staticmethod(kv_cache.slot_attention)  # float32 or bfloat16
-    gather_rows = _activation_hook("gather_rows", embedding.gather_rows, 2)
+    gather_rows = staticmethod(_gather_rows)
     top_k = _hook("top_k", topk.top_k)
     beam_search_step = _hook("beam_search_step", beam_search.beam_search_step)

@@ -1,16 +1,19 @@
-"""The dtypes of minitorch tensors: float32 (the default), bfloat16, float16 and bool; promotion as in
-PyTorch; rounding to the 16-bit formats on the host.
+"""The dtypes of minitorch tensors: float32 (the default), bfloat16, float16, int64 and bool;
+promotion as in PyTorch; rounding to the 16-bit formats on the host.
 
 Storage: a CUDA tensor's storage holds its dtype's own format (`storage`: 4 bytes for float32 and
-for bool, whose 1.0/0.0 values are float32; 2 bytes for bfloat16 and float16).  The CPU backends
-keep every dtype in float32 storage holding exactly the dtype's values: each op whose output is a
-16-bit dtype rounds it (to nearest, ties to even) with `DType.round`, so CPU results carry the same
-rounding as the GPU's kernels.
+for bool, whose 1.0/0.0 values are float32; 2 bytes for bfloat16 and float16; 8 for int64).  The
+CPU backends keep int64 in int64 storage (exact to 2^63) and every other dtype in float32 storage
+holding exactly the dtype's values: each op whose output is a 16-bit dtype rounds it (to nearest,
+ties to even) with `DType.round`, so CPU results carry the same rounding as the GPU's kernels.
 
-Promotion (`promote_types`, `result_type`) follows PyTorch: a bool meets a float in the float; two
-floats give the smallest float holding both (bfloat16 with float32 -> float32, bfloat16 with
-float16 -> float32); a 0-dim tensor does not promote a tensor with dims of its own category, and a
-Python number never promotes a tensor of its category (bfloat16 tensor * 2.5 stays bfloat16).
+Promotion (`promote_types`, `result_type`) follows PyTorch: bool < int64 < the floats; two floats
+give the smallest float holding both (bfloat16 with float32 -> float32, bfloat16 with float16 ->
+float32); a 0-dim tensor does not promote a tensor with dims of its own category, and a Python
+number never promotes a tensor of its category (bfloat16 tensor * 2.5 stays bfloat16, int64 tensor
+* 2 stays int64, int64 tensor * 2.5 is float32).  An op between int64 and a float computes in the
+float (the int64 operand converted first, as PyTorch does); an int64 converts to a 16-bit float
+through float32 (two roundings, which can differ from PyTorch's one only for |x| > 2^24).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import numpy as np
 
 Array = np.ndarray
 
-KINDS = "bif"  # categories, lowest first: bool, integer (no integer dtype yet), floating
+KINDS = "bif"  # categories, lowest first: bool, integer, floating
 
 
 def _bf16_bits(values: Array) -> Array:
@@ -56,8 +59,8 @@ def _f16_values(bits: Array) -> Array:
 class DType:
     """A tensor dtype.  `name` is PyTorch's (torch.<name> is the torch equivalent); `itemsize` is
     the bytes per element of its CUDA storage; `storage` the name of the storage format (bool is
-    stored as float32 1.0/0.0); `numpy` the NumPy equivalent (None for bfloat16, which NumPy lacks);
-    floats have `exponent_bits` and `mantissa_bits` (explicit ones).
+    stored as float32 1.0/0.0, int64 as int64); `numpy` the NumPy equivalent (None for bfloat16,
+    which NumPy lacks); floats have `exponent_bits` and `mantissa_bits` (explicit ones).
 
     minitorch.float32 == np.float32 holds, as minitorch.bool == np.bool_ (and minitorch.bfloat16 ==
     ml_dtypes.bfloat16): a DType compares equal to the NumPy dtype of its name, and
@@ -82,6 +85,11 @@ class DType:
         return self.kind == "f"
 
     @property
+    def is_integer(self) -> bool:
+        """int64 (bool, whose values are 1.0/0.0 numbers, is not)."""
+        return self.kind == "i"
+
+    @property
     def rounds(self) -> bool:
         """Whether float32 values must be rounded to be values of this dtype (the 16-bit floats)."""
         return self._codec is not None
@@ -99,6 +107,13 @@ class DType:
         if self._codec is None:
             return np.asarray(values, dtype=np.float32)
         return self.decode(self.encode(values)).reshape(np.shape(values))
+
+    def host_values(self, values: Array) -> Array:
+        """values (any numeric array) as this dtype's CPU storage holds them: int64 converted (floats
+        truncated toward zero, as a cast does), the others as float32 rounded to the dtype."""
+        if self.is_integer:
+            return np.asarray(values).astype(np.int64)
+        return self.round(np.asarray(values, dtype=np.float32))
 
     def encode(self, values: Array) -> Array:
         """The storage words of float32 values in this 16-bit dtype (uint16, rounded as `round`)."""
@@ -130,16 +145,16 @@ class DType:
 float32 = DType("float32", "f", 4, "float32", np.float32, exponent_bits=8, mantissa_bits=23)
 bfloat16 = DType("bfloat16", "f", 2, "bfloat16", None, exponent_bits=8, mantissa_bits=7, codec=(_bf16_bits, _bf16_values))
 float16 = DType("float16", "f", 2, "float16", np.float16, exponent_bits=5, mantissa_bits=10, codec=(_f16_bits, _f16_values))
+int64 = DType("int64", "i", 8, "int64", np.int64)
 bool_ = DType("bool", "b", 4, "float32", np.bool_)  # minitorch.bool: 1.0/0.0 values that index as a mask
 
-DTYPES: Dict[str, DType] = {t.name: t for t in (float32, bfloat16, float16, bool_)}
-# The dtype a Python number of each kind stands for when it decides a result's category ("i": no
-# integer tensors yet, so an int among bools gives float32, as arithmetic on bools does).
-_SCALAR_DEFAULTS = {"b": bool_, "i": float32, "f": float32}
+DTYPES: Dict[str, DType] = {t.name: t for t in (float32, bfloat16, float16, int64, bool_)}
+# The dtype a Python number of each kind stands for when it decides a result's category.
+_SCALAR_DEFAULTS = {"b": bool_, "i": int64, "f": float32}
 
 
 def dtype_named(name: str) -> DType:
-    """The DType called name ("float32", "bfloat16", "float16", "bool")."""
+    """The DType called name ("float32", "bfloat16", "float16", "int64", "bool")."""
     found = DTYPES.get(name)
     if found is None:
         raise ValueError(f"unknown minitorch dtype {name!r}; the dtypes are {', '.join(DTYPES)}")
@@ -148,7 +163,8 @@ def dtype_named(name: str) -> DType:
 
 def as_dtype(value: Any) -> DType:
     """value as a minitorch DType: a DType, its name, or the NumPy equivalent of one (np.float32,
-    np.float16, np.bool_); TypeError naming value otherwise."""
+    np.float16, np.int64, np.bool_); TypeError naming value otherwise (float64 included: minitorch
+    has no 64-bit float)."""
     if isinstance(value, DType):
         return value
     if isinstance(value, str) and value in DTYPES:
@@ -210,8 +226,8 @@ def result_type(*operands: Any) -> DType:
 
 
 def arithmetic(dtype: DType) -> DType:
-    """The dtype arithmetic gives on values of dtype: itself, except bool, whose sums and products
-    are float32 numbers."""
+    """The dtype elementwise arithmetic gives on values of dtype: itself, except bool, whose sums and
+    products are float32 numbers (PyTorch keeps bool + bool a bool; a bool's sum() is int64 in both)."""
     return float32 if dtype is bool_ else dtype
 
 

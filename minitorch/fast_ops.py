@@ -1,141 +1,108 @@
 """FastOps: the CPU default backend, numba-compiled and parallel over output elements.
 
-Elementwise and reduce kernels run over a coalesced layout (size-1 dims dropped, dims contiguous in
+Elementwise and reduce kernels (fast_kernels.py, compiled once per scalar function and cached on
+disk by numba, see `kernels`) run over a coalesced layout (size-1 dims dropped, dims contiguous in
 every operand merged, broadcast dims at stride 0): parallel over rows of the last dim, computing a
 row's storage positions once, with unit-stride loops the compiler vectorizes.  Matmul goes to
-NumPy's BLAS on strided views of the storages (no copies).
+NumPy's BLAS on strided views of the storages (no copies).  The first process that uses a kernel
+compiles it (a one-line notice says so); later ones load it from the cache.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numba
 import numpy as np
 from numba import njit, prange
 
 from . import operators
-from .dtypes import DType
+from .dtypes import DType, float32, int64
+from .simple_ops import SimpleOps
 from .tensor_data import TensorData, broadcast_strides, coalesce, shape_broadcast
-from .tensor_ops import SimpleOps, TensorOps, as_array, emulated, empty
+from .tensor_ops import TensorOps, as_array, emulated, empty, host_argsort, host_ids, new_output, typed_start
 
-_jit_cache: dict = {}
-
-
-def _inline(fn: Callable) -> Any:
-    """The numba version of a scalar function, compiled once and inlined into kernels."""
-    if fn not in _jit_cache:
-        _jit_cache[fn] = njit(inline="always")(fn)
-    return _jit_cache[fn]
+KERNEL_TEMPLATE = Path(__file__).with_name("fast_kernels.py")
+_modules: Dict[str, Any] = {}
+_noticed: List[bool] = []
 
 
-@njit(inline="always")
-def _row_start(r: int, shape: np.ndarray, strides: np.ndarray) -> int:
-    """Storage position of the first element of row r, rows being every index of shape[:-1]."""
-    pos = 0
-    rest = r
-    for d in range(len(shape) - 2, -1, -1):
-        pos += (rest % shape[d]) * strides[d]
-        rest //= shape[d]
-    return pos
+def cache_dir() -> Path:
+    """Where the compiled CPU kernels are kept: $MINITORCH_CACHE_DIR, else ~/.cache/minitorch."""
+    return Path(os.environ.get("MINITORCH_CACHE_DIR") or Path.home() / ".cache" / "minitorch")
 
 
-@njit(inline="always")
-def _rows(shape: np.ndarray) -> int:
-    n = 1
-    for d in range(len(shape) - 1):
-        n *= shape[d]
-    return n
+def kernel(fn: Callable, kind: str) -> Callable[[], Any]:
+    """A getter of the `kind` kernel ("unary", "binary" or "reduce") of the minitorch.operators
+    function fn: fast_kernels.py compiled for fn, from its own copy of the template (named by the
+    template's and operators.py's contents, so an edit of either makes new copies), beside which
+    numba caches the machine code on disk; a later process loads it instead of compiling.  The copy
+    is loaded on the getter's first call (importing minitorch compiles and loads nothing)."""
+    name = getattr(fn, "__name__", "")
+    if getattr(operators, name, None) is not fn:
+        raise ValueError(f"FastOps compiles the functions of minitorch.operators; {fn!r} is not one of them")
+
+    def get() -> Any:
+        module = _modules.get(name)
+        if module is None:
+            module = _modules[name] = _load(name)
+        found = getattr(module, kind)
+        if not found.signatures and not _noticed and not _cached(module, kind):
+            _noticed.append(True)
+            print(
+                f"minitorch: compiling CPU kernels with numba on their first use, a few seconds each "
+                f"(cached in {Path(module.__file__).parent} for later runs)",
+                file=sys.stderr,
+            )
+        return found
+
+    return get
 
 
-# Kernels index with unsigned integers: that spares numba its negative-index wraparound, which keeps
-# LLVM from vectorizing the loops (several times slower); every stride here is >= 0.
-_U = np.uint64
+def _cached(module: Any, kind: str) -> bool:
+    """Whether numba's cache beside module's file holds its `kind` kernel (an index file of it)."""
+    directory = Path(module.__file__).parent / "__pycache__"
+    prefix = f"{module.__name__}.{kind}-"
+    return directory.is_dir() and any(p.name.startswith(prefix) and p.suffix == ".nbi" for p in directory.iterdir())
 
 
-def _unary_kernel(fn: Callable) -> Any:
-    """out = fn(a) over a coalesced layout (see _plan): parallel over rows (all dims but the last),
-    or over the elements of a single row."""
-    f = _inline(fn)
-
-    def kernel(out, so, a, sa, shape):  # type: ignore[no-untyped-def]
-        last = len(shape) - 1
-        inner, o1, a1 = _U(shape[last]), _U(so[last]), _U(sa[last])
-        rows = _rows(shape)
-        if rows == 1:
-            for j in prange(inner):
-                out[j * o1] = f(a[j * a1])
-            return
-        for rr in prange(rows):
-            r = np.int64(rr)  # prange indices can be unsigned; mixing them with int64 would give floats
-            o, p = _U(_row_start(r, shape, so)), _U(_row_start(r, shape, sa))
-            for j in range(inner):
-                out[o + j * o1] = f(a[p + j * a1])
-
-    return njit(parallel=True)(kernel)
+def _load(name: str) -> Any:
+    source = KERNEL_TEMPLATE.read_bytes()
+    digest = hashlib.sha256(source + Path(operators.__file__).read_bytes()).hexdigest()[:16]
+    module_name = f"minitorch_kernels_{digest}__{name}"
+    path = _copy_of_template(module_name, source)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # numba's cache finds a kernel's module by name
+    spec.loader.exec_module(module)
+    return module
 
 
-def _binary_kernel(fn: Callable) -> Any:
-    """out = fn(a, b) over a coalesced layout, as _unary_kernel; a or b may be broadcast (stride 0)."""
-    f = _inline(fn)
-
-    def kernel(out, so, a, sa, b, sb, shape):  # type: ignore[no-untyped-def]
-        last = len(shape) - 1
-        inner, o1, a1, b1 = _U(shape[last]), _U(so[last]), _U(sa[last]), _U(sb[last])
-        rows = _rows(shape)
-        if rows == 1:
-            for j in prange(inner):
-                out[j * o1] = f(a[j * a1], b[j * b1])
-            return
-        for rr in prange(rows):
-            r = np.int64(rr)
-            o, p, q = _U(_row_start(r, shape, so)), _U(_row_start(r, shape, sa)), _U(_row_start(r, shape, sb))
-            for j in range(inner):
-                out[o + j * o1] = f(a[p + j * a1], b[q + j * b1])
-
-    return njit(parallel=True)(kernel)
-
-
-_REDUCE_BLOCK = 512  # output columns one task of a column reduction keeps hot in cache
-
-
-def _reduce_kernel(fn: Callable) -> Any:
-    """out = fold(fn, start) over n elements at stride rs, for every position of a coalesced outer
-    layout.  When the outer layout's last dim is contiguous and the reduced stride is not 1 (a column
-    reduction), rows are folded into blocks of the output, which streams the input in order;
-    otherwise each output element walks its own elements."""
-    f = _inline(fn)
-
-    def kernel(out, so, a, sa, shape, n, rs, start):  # type: ignore[no-untyped-def]
-        last = len(shape) - 1
-        inner, o1, a1 = shape[last], _U(so[last]), _U(sa[last])
-        rows = _rows(shape)
-        step = _U(rs)
-        if a1 == 1 and o1 == 1 and rs != 1 and inner > 1:
-            blocks = (inner + _REDUCE_BLOCK - 1) // _REDUCE_BLOCK
-            for tt in prange(rows * blocks):
-                t = np.int64(tt)
-                r, k0 = t // blocks, (t % blocks) * _REDUCE_BLOCK
-                width = _U(min(inner, k0 + _REDUCE_BLOCK) - k0)
-                o, p = _U(_row_start(r, shape, so) + k0), _U(_row_start(r, shape, sa) + k0)
-                for k in range(width):
-                    out[o + k] = start
-                for j in range(_U(n)):
-                    pj = p + j * step
-                    for k in range(width):
-                        out[o + k] = f(out[o + k], a[pj + k])
-            return
-        for tt in prange(rows * inner):
-            t = np.int64(tt)
-            r, k = t // inner, _U(t % inner)
-            p = _U(_row_start(r, shape, sa)) + k * a1
-            acc = start
-            for j in range(_U(n)):
-                acc = f(acc, a[p + j * step])
-            out[_U(_row_start(r, shape, so)) + k * o1] = acc
-
-    return njit(parallel=True)(kernel)
+def _copy_of_template(module_name: str, source: bytes) -> Path:
+    """The template's copy for one function: in cache_dir(), or where that is not writable, in a
+    fresh temporary directory (compiled again in every process).  Never the template itself: numba
+    names a cache by its source file, so two functions compiled from one file would share one."""
+    for directory in (cache_dir() / "kernels", None):
+        directory = Path(tempfile.mkdtemp(prefix="minitorch-kernels-")) if directory is None else directory
+        path = directory / f"{module_name}.py"
+        try:
+            if not path.exists():
+                directory.mkdir(parents=True, exist_ok=True)
+                staged = directory / f".{module_name}.{os.getpid()}.tmp"
+                staged.write_bytes(source)
+                os.replace(staged, path)
+            return path
+        except OSError:
+            continue
+    raise OSError("no writable directory for minitorch's CPU kernels (set MINITORCH_CACHE_DIR)")
 
 
 # Below this many elements a kernel runs on one thread.  A parallel region waits for every thread
@@ -174,7 +141,7 @@ def _plan(shape: Tuple[int, ...], operands: Sequence[Tuple[Tuple[int, ...], Tupl
     return plan
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def _gather_kernel(out, weight, w_strides, ids, n, c, v):  # type: ignore[no-untyped-def]
     for rr in prange(n):
         r = np.int64(rr)
@@ -187,7 +154,7 @@ def _gather_kernel(out, weight, w_strides, ids, n, c, v):  # type: ignore[no-unt
                 out[r * c + j] = weight[row * w_strides[0] + j * w_strides[1]]
 
 
-@njit
+@njit(cache=True)
 def _scatter_add_kernel(out, grad, ids, n, c):  # type: ignore[no-untyped-def]
     for r in range(n):
         row = int(ids[r])
@@ -195,13 +162,41 @@ def _scatter_add_kernel(out, grad, ids, n, c):  # type: ignore[no-untyped-def]
             out[row * c + j] += grad[r * c + j]
 
 
-def _check_ids(ids: TensorData, num_embeddings: int) -> np.ndarray:
-    flat = _contiguous(ids)._storage[: ids.size]
-    if ids.size and (flat.min() < 0 or flat.max() >= num_embeddings or np.any(flat != np.floor(flat))):
-        raise IndexError(
-            f"embedding ids must be integers in [0, {num_embeddings}), got values in [{flat.min()}, {flat.max()}]"
-        )
-    return flat
+@njit(parallel=True, cache=True)
+def _arg_reduce_kernel(out, a, bases, n, step, largest):  # type: ignore[no-untyped-def]
+    for rr in prange(bases.size):
+        r = np.int64(rr)
+        p = bases[r]
+        best = a[p]
+        at = 0
+        j = 1
+        while j < n and best == best:  # a NaN is the extreme: the first one ends the search
+            v = a[p + j * step]
+            if v != v or (v > best if largest else v < best):
+                best = v
+                at = j
+            j += 1
+        out[r] = at
+
+
+@njit(parallel=True, cache=True)
+def _cumsum_kernel(out, out_bases, out_step, a, bases, n, step):  # type: ignore[no-untyped-def]
+    for rr in prange(bases.size):
+        r = np.int64(rr)
+        acc = a[bases[r]]
+        out[out_bases[r]] = acc
+        for j in range(1, n):
+            acc += a[bases[r] + j * step]
+            out[out_bases[r] + j * out_step] = acc
+
+
+def _row_bases(t: TensorData, dim: int) -> np.ndarray:
+    """Storage positions of t's elements whose index along dim is 0, in row-major order."""
+    bases = np.zeros((1,) * t.dims, dtype=np.int64)
+    for d, (size, stride) in enumerate(zip(t.shape, t.strides)):
+        if d != dim:
+            bases = bases + (np.arange(size, dtype=np.int64) * stride).reshape((1,) * d + (size,) + (1,) * (t.dims - d - 1))
+    return bases.reshape(-1)
 
 
 def _contiguous(t: TensorData) -> TensorData:
@@ -226,13 +221,13 @@ class FastOps(TensorOps):
 
     @staticmethod
     def map(fn: Callable[[float], float]) -> Callable[..., TensorData]:
-        kernel = _unary_kernel(fn)
+        compiled = kernel(fn, "unary")
 
         def ret(x: TensorData, out: Optional[TensorData] = None) -> TensorData:
-            o = empty(FastOps, x.shape) if out is None else out
+            o = new_output(FastOps, x.shape, fn, x) if out is None else out
             if o.size:
                 shape, so, sa = _plan(o.shape, ((o.shape, o.strides), (x.shape, x.strides)))
-                _launch(kernel, o.size, o._storage, so, x._storage, sa, shape)
+                _launch(compiled(), o.size, o._storage, so, x._storage, sa, shape)
             return o
 
         return ret
@@ -240,32 +235,33 @@ class FastOps(TensorOps):
     @staticmethod
     def map_scalar(fn: Callable[[float, float], float]) -> Callable[..., TensorData]:
         op = FastOps.zip(fn)
-        return lambda x, s, out=None: op(x, TensorData(np.array([s], dtype=np.float32), ()), out)
+        return lambda x, s, out=None: op(x, TensorData(np.array([s], dtype=np.int64 if isinstance(s, int) else np.float32), ()), out)
 
     @staticmethod
     def zip(fn: Callable[[float, float], float]) -> Callable[[TensorData, TensorData], TensorData]:
-        kernel = _binary_kernel(fn)
+        compiled = kernel(fn, "binary")
 
         def ret(x: TensorData, y: TensorData, out: Optional[TensorData] = None) -> TensorData:
-            o = empty(FastOps, shape_broadcast(x.shape, y.shape)) if out is None else out
+            o = new_output(FastOps, shape_broadcast(x.shape, y.shape), fn, x) if out is None else out
             if o.size:
                 shape, so, sa, sb = _plan(o.shape, ((o.shape, o.strides), (x.shape, x.strides), (y.shape, y.strides)))
-                _launch(kernel, o.size, o._storage, so, x._storage, sa, y._storage, sb, shape)
+                _launch(compiled(), o.size, o._storage, so, x._storage, sa, y._storage, sb, shape)
             return o
 
         return ret
 
     @staticmethod
     def reduce(fn: Callable[[float, float], float], start: float = 0.0) -> Callable[[TensorData, int], TensorData]:
-        kernel = _reduce_kernel(fn)
+        compiled = kernel(fn, "reduce")
 
         def ret(x: TensorData, dim: int) -> TensorData:
-            o = empty(FastOps, x.shape[:dim] + (1,) + x.shape[dim + 1 :])
+            o = new_output(FastOps, x.shape[:dim] + (1,) + x.shape[dim + 1 :], fn, x)
             if o.size:
                 outer = x.shape[:dim] + (1,) + x.shape[dim + 1 :]
                 shape, so, sa = _plan(outer, ((o.shape, o.strides), (outer, x.strides[:dim] + (0,) + x.strides[dim + 1 :])))
                 n = x.shape[dim]
-                _launch(kernel, x.size, o._storage, so, x._storage, sa, shape, n, x.strides[dim] if n > 1 else 1, float(start))
+                step = x.strides[dim] if n > 1 else 1
+                _launch(compiled(), x.size, o._storage, so, x._storage, sa, shape, n, step, typed_start(start, x))
             return o
 
         return ret
@@ -275,17 +271,37 @@ class FastOps(TensorOps):
         """Batched, broadcasting x @ y by NumPy's matmul (BLAS gemm per matrix) on strided views of
         the storages, so transposed and permuted operands are read in place, without copies."""
         batch = shape_broadcast(x.shape[:-2], y.shape[:-2])
-        o = empty(FastOps, batch + (x.shape[-2], y.shape[-1]))
+        o = new_output(FastOps, batch + (x.shape[-2], y.shape[-1]), None, x)
         if o.size:
             np.matmul(as_array(x), as_array(y), out=as_array(o))
         return o
+
+    @staticmethod
+    def arg_reduce(x: TensorData, dim: int, largest: bool) -> TensorData:
+        """See TensorOps: the position of the first max/min along dim (NaN the extreme), int64."""
+        o = empty(FastOps, x.shape[:dim] + (1,) + x.shape[dim + 1 :], int64)
+        if o.size:
+            bases = _row_bases(x, dim)
+            _launch(_arg_reduce_kernel, x.size, o._storage, x._storage, bases, x.shape[dim], x.strides[dim], largest)
+        return o
+
+    @staticmethod
+    def cumsum(x: TensorData, dim: int) -> TensorData:
+        """Running sums along dim, in x's storage type (float32 sums in float32, in order)."""
+        o = empty(FastOps, x.shape, int64 if x.dtype.is_integer else float32)
+        if o.size:
+            args = (o._storage, _row_bases(o, dim), o.strides[dim], x._storage, _row_bases(x, dim), x.shape[dim], x.strides[dim])
+            _launch(_cumsum_kernel, x.size, *args)
+        return o
+
+    sort_indices = staticmethod(host_argsort)
 
     @staticmethod
     def embedding_fw(weight: TensorData, ids: TensorData, dtype: Optional[DType] = None) -> TensorData:
         """weight [V, C] rows picked by integral ids [...] -> [..., C] of dtype (default weight's);
         ids outside [0, V) raise."""
         V, C = weight.shape
-        flat = _check_ids(ids, V)
+        flat = host_ids(ids, V)
         o = empty(FastOps, ids.shape + (C,), weight.dtype)
         _launch(_gather_kernel, o.size, o._storage, weight._storage, weight.np_strides, flat, ids.size, C, V)
         return emulated(o, dtype or weight.dtype)
@@ -295,7 +311,7 @@ class FastOps(TensorOps):
         """Scatter-add of grad_out rows [..., C] into a zeroed [num_embeddings, C] gradient of dtype
         (default grad_out's), summed in float32."""
         C = grad_out.shape[-1]
-        flat = _check_ids(ids, num_embeddings)
+        flat = host_ids(ids, num_embeddings)
         o = empty(FastOps, (num_embeddings, C))
         o._storage[:] = 0.0
         _scatter_add_kernel(o._storage, _contiguous(grad_out)._storage, flat, ids.size, C)

@@ -1,8 +1,9 @@
-"""Module and Parameter: a tree of layers holding trainable tensors."""
+"""Module and Parameter: a tree of layers holding trainable tensors; ModuleList and Sequential."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from collections import OrderedDict
+from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -76,20 +77,26 @@ class Module:
     def children(self) -> List["Module"]:
         return self.modules()
 
-    def train(self) -> None:
-        """Training mode for this module and every descendant."""
-        self.__dict__["training"] = True
+    def train(self, mode: bool = True) -> "Module":
+        """Training mode (mode=False: evaluation) for this module and every descendant; returns self."""
+        if not isinstance(mode, bool):
+            raise TypeError(f"train(mode) takes a bool, got {type(mode).__name__} {mode!r}")
+        self.__dict__["training"] = mode
         for m in self.modules():
-            m.train()
+            m.train(mode)
+        return self
 
-    def eval(self) -> None:
-        """Evaluation mode for this module and every descendant."""
-        self.__dict__["training"] = False
-        for m in self.modules():
-            m.eval()
+    def eval(self) -> "Module":
+        """Evaluation mode for this module and every descendant; returns self."""
+        return self.train(False)
+
+    def zero_grad(self) -> None:
+        """Drop every parameter's gradient."""
+        for p in self.parameters():
+            p.value.zero_grad_()
 
     def named_parameters(self) -> List[Tuple[str, Parameter]]:
-        """Every parameter of the tree with a dotted name ("layers.0.ln.weights")."""
+        """Every parameter of the tree with a dotted name ("layers.0.ln.weight")."""
         out = list(self.__dict__["_parameters"].items())
         for name, m in self.__dict__["_modules"].items():
             out.extend((f"{name}.{n}", p) for n, p in m.named_parameters())
@@ -168,12 +175,18 @@ class Module:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
 
+    def extra_repr(self) -> str:
+        """What this module's repr shows besides its children (its sizes); layers override it."""
+        return ""
+
     def __repr__(self) -> str:
-        lines = [f"{type(self).__name__}("]
-        for name, m in self.__dict__["_modules"].items():
-            sub = repr(m).replace("\n", "\n  ")
-            lines.append(f"  ({name}): {sub}")
-        return "\n".join(lines) + ")" if len(lines) > 1 else f"{type(self).__name__}()"
+        """torch's form: Name(extra_repr) for a leaf, the children one per line otherwise."""
+        children = [f"({name}): " + repr(m).replace("\n", "\n  ") for name, m in self.__dict__["_modules"].items()]
+        extra = self.extra_repr()
+        if not children:
+            return f"{type(self).__name__}({extra})"
+        lines = (extra.split("\n") if extra else []) + children
+        return f"{type(self).__name__}(\n  " + "\n  ".join(lines) + "\n)"
 
 
 class ModuleList(Module):
@@ -195,3 +208,30 @@ class ModuleList(Module):
 
     def __getitem__(self, i: int) -> Module:
         return self.__dict__["_modules"][str(i if i >= 0 else len(self) + i)]
+
+
+class Sequential(Module):
+    """Modules applied one after the other, as torch.nn.Sequential: Sequential(a, b, c) registers
+    them as "0", "1", "2"; Sequential(OrderedDict(name=module, ...)) under their names."""
+
+    def __init__(self, *modules: Union[Module, "OrderedDict[str, Module]"]):
+        super().__init__()
+        named = list(modules[0].items()) if len(modules) == 1 and isinstance(modules[0], OrderedDict) else list(enumerate(modules))
+        for name, m in named:
+            if not isinstance(m, Module):
+                raise TypeError(f"Sequential takes minitorch Modules, got {type(m).__name__} at {name!r}")
+            self.__dict__["_modules"][str(name)] = m
+
+    def forward(self, x: Any) -> Any:
+        for m in self.__dict__["_modules"].values():
+            x = m(x)
+        return x
+
+    def __len__(self) -> int:
+        return len(self.__dict__["_modules"])
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self.__dict__["_modules"].values())
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self.__dict__["_modules"].values())[i]

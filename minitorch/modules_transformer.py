@@ -32,10 +32,10 @@ from .tensor_data import IndexingError
 class MultiHeadAttention(Module):
     """Multi-head self-attention: softmax((x Wq)(x Wk)^T / sqrt(D) + masks) (x Wv), then Wout.
 
-    q, k and v come from one Linear of width 3C, qkv_projection: its weights [C, 3C] hold the columns
-    of Wq, then Wk, then Wv (torch's in_proj_weight and llm.c's qkvw, transposed), and its bias bq,
-    bk, bv. load_state_dict also takes the older layout of three Linears q_projection, k_projection
-    and v_projection (see upgrade_state).
+    q, k and v come from one Linear of width 3C, qkv_projection: its weight [3C, C] holds the rows
+    of Wq, then Wk, then Wv (torch's in_proj_weight and llm.c's qkvw), and its bias bq, bk, bv.
+    load_state_dict also takes the older layout of three Linears q_projection, k_projection and
+    v_projection (see upgrade_state).
 
     forward(x [B, T, C], padding_mask=None) -> [B, T, C]. padding_mask is additive, shape [B, T]:
     0 for a real key, a large negative value (-1e9) or -inf for a padded one. causal=True keeps
@@ -85,8 +85,9 @@ class MultiHeadAttention(Module):
         self.dropout = Dropout(p_dropout)
 
     def _upgrade_entries(self, state: Dict[str, Any], prefix: str) -> None:
-        """The older layout: separate q_projection, k_projection and v_projection Linears, packed
-        here into qkv_projection (weights side by side along the output columns, biases end to end)."""
+        """The older layout: separate q_projection, k_projection and v_projection Linears (of the
+        older Linear layout, weights [in, out]), packed here into qkv_projection's older layout
+        (weights side by side along the output columns, biases end to end), which Linear upgrades."""
         for part in ("weights", "bias"):
             names = [f"{prefix}{n}_projection.{part}" for n in "qkv"]
             if all(n in state for n in names):
@@ -217,7 +218,7 @@ class DecoderLM(Module):
     forward(idx [B, T] of integral token ids, padding_mask [B, T] additive, optional) -> logits
     [B, T, n_vocab]; hidden_states gives the [B, T, n_embd] input of the LM head, so a caller that
     needs a few positions' logits (greedy decoding) can apply lm_head to those alone, or hand it
-    with lm_head's weights to minitorch.fused_linear_cross_entropy, which never makes the logits.
+    with lm_head's weight (transposed) to minitorch.fused_linear_cross_entropy, which never makes the logits.
 
     recompute_layers=True runs each TransformerLayer under minitorch.checkpoint: backward
     recomputes a layer's activations (same dropout masks) instead of keeping them from forward,

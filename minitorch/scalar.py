@@ -112,7 +112,7 @@ class Scalar:
     # Variable protocol
     def accumulate_derivative(self, x: Any) -> None:
         """Add x to the derivative of this leaf."""
-        if not self.is_leaf():
+        if not self.is_leaf:
             raise RuntimeError("only leaf Scalars accumulate derivatives")
         self.derivative = (self.derivative or 0.0) + x
 
@@ -120,6 +120,7 @@ class Scalar:
     def unique_id(self) -> int:
         return self._id
 
+    @property
     def is_leaf(self) -> bool:
         return self.history.last_fn is None
 

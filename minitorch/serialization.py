@@ -9,8 +9,8 @@ The format (version 1) is a plain `.npz` archive (numpy.savez, no pickle anywher
 
 A NODE is one of
   {"tensor": "<entry>", "requires_grad": bool}   a minitorch Tensor (float32, or bool for dtype bool)
-  {"tensor": "<entry>", "requires_grad": bool,   a bfloat16 or float16 Tensor (version 2): the entry
-   "dtype": "bfloat16" | "float16"}              holds its uint16 bit patterns
+  {"tensor": "<entry>", "requires_grad": bool,   a bfloat16, float16 or int64 Tensor (version 2): the
+   "dtype": "bfloat16" | "float16" | "int64"}    entry holds its uint16 bit patterns (int64: its values)
   {"array": "<entry>"}                           a NumPy array (any dtype but object)
   {"dict": [["<key>", NODE], ...]}               a dict with str keys, in order
   {"list": [NODE, ...]} / {"tuple": [NODE, ...]} a list / tuple
@@ -18,8 +18,8 @@ A NODE is one of
 
 So `np.load(path)` alone reads every array of a file, and a state dict saved here loads with
 `model.load_state_dict(minitorch.load(path))`.  Version 2 only adds the "dtype" field: a file
-without 16-bit tensors is written as version 1, so older readers load it, and a file with them as
-version 2, which they refuse rather than read bit patterns as numbers.
+without 16-bit or int64 tensors is written as version 1, so older readers load it, and a file with
+them as version 2, which they refuse rather than read bit patterns as numbers (or int64 as float32).
 
 Every file is written by `atomic_write`: into a temporary file beside the target, flushed and
 fsynced, then renamed over it (and the directory fsynced), so a crash leaves either the old file or
@@ -135,15 +135,16 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def _encode(obj: Any, arrays: Dict[str, np.ndarray], where: str, wide: List[str]) -> Dict[str, Any]:
-    """The NODE of obj; its arrays go into `arrays`, the names of its 16-bit tensors' dtypes into `wide`."""
+    """The NODE of obj; its arrays go into `arrays`, the names of its 16-bit and int64 tensors' dtypes into `wide`."""
     if isinstance(obj, Tensor):
         key = str(len(arrays))
-        if obj.dtype.rounds:
-            arrays[key] = obj.dtype.encode(obj.to_numpy())
+        if obj.dtype.rounds or obj.dtype.is_integer:
+            values = obj.to_numpy()
+            arrays[key] = obj.dtype.encode(values) if obj.dtype.rounds else values
             wide.append(obj.dtype.name)
-            return {"tensor": key, "requires_grad": obj.requires_grad(), "dtype": obj.dtype.name}
+            return {"tensor": key, "requires_grad": obj.requires_grad, "dtype": obj.dtype.name}
         arrays[key] = obj.numpy()
-        return {"tensor": key, "requires_grad": obj.requires_grad()}
+        return {"tensor": key, "requires_grad": obj.requires_grad}
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind == "O":
             raise TypeError(f"minitorch.save: {where} is a NumPy array of Python objects, which would need pickle")
@@ -189,7 +190,8 @@ def _decode(node: Dict[str, Any], arrays: Dict[str, np.ndarray], backend: Option
         values = arrays[node["tensor"]]
         if "dtype" in node:
             dtype = dtype_named(node["dtype"])
-            return tensor_from_numpy(dtype.decode(values), backend, bool(node["requires_grad"]), dtype)
+            values = dtype.decode(values) if dtype.rounds else values
+            return tensor_from_numpy(values, backend=backend, requires_grad=bool(node["requires_grad"]), dtype=dtype)
         return tensor_from_numpy(values, backend=backend, requires_grad=bool(node["requires_grad"]))
     if "array" in node:
         return arrays[node["array"]]
@@ -218,7 +220,11 @@ def _read(path: PathLike) -> tuple[Dict[str, Any], Dict[str, np.ndarray]]:
             arrays = {name: archive[name] for name in archive.files if name != HEADER}
     except LoadError:
         raise
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as err:
+    except ValueError as err:
+        if "allow_pickle" in str(err):  # numpy's message would suggest allow_pickle=True: never here
+            raise LoadError(f"{path} holds pickled Python objects: not written by minitorch.save, which never pickles") from None
+        raise LoadError(f"{path} is truncated or damaged ({type(err).__name__}: {err})") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as err:
         raise LoadError(f"{path} is truncated or damaged ({type(err).__name__}: {err})") from None
     found = (header.get("format"), header.get("version")) if isinstance(header, dict) else (None, None)
     if found not in ((FORMAT, VERSION), (FORMAT, VERSION_16BIT)):

@@ -1,4 +1,4 @@
-"""Tensor: an n-dimensional array (float32, bfloat16, float16 or bool) with reverse-mode autodiff, on any backend."""
+"""Tensor: an n-dimensional array (float32, bfloat16, float16, int64 or bool) with reverse-mode autodiff, on any backend."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple,
 import numpy as np
 
 from . import tensor_functions as F
-from .autocast import autocast, autocast_inputs
+from .autocast import autocast
 from .autodiff import Context, backpropagate, no_grad
-from .dtypes import DType, bool_, float32
+from .dtypes import DType, bool_, float32, int64
 from .fast_ops import FastOps
 from .fused.layernorm import layernorm as _layernorm
 from .fused.softmax import attn_softmax as _attn_softmax
 from .tensor_convert import Conversions
 from .tensor_data import IndexingError, TensorData, UserShape, prod, shape_broadcast
 from .tensor_index import Indexing
+from .tensor_math import Arithmetic
 from .tensor_ops import TensorBackend
 from .tensor_reduce import Reductions
 from .tensor_views import Views
@@ -31,18 +32,6 @@ def default_backend() -> TensorBackend:
     return TensorBackend(FastOps)
 
 
-def _elementwise(fn: Type[F.Function], doc: str) -> Callable[["Tensor"], "Tensor"]:
-    """A Tensor method applying the one-input Function fn."""
-
-    def method(self: "Tensor") -> "Tensor":
-        return fn.apply(self)
-
-    method.__name__ = fn.__name__.lower()
-    method.__qualname__ = f"Tensor.{method.__name__}"
-    method.__doc__ = doc
-    return method
-
-
 @dataclass
 class History:
     """How a tensor was made: the Function, its context and its inputs (None fn for a leaf)."""
@@ -52,13 +41,14 @@ class History:
     inputs: Sequence["Tensor"] = field(default_factory=tuple)
 
 
-class Tensor(Conversions, Views, Indexing, Reductions):
-    """An array with a shape, strides, a dtype (minitorch.float32 by default; see minitorch.dtypes),
-    a backend, and optional autodiff history.
+class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
+    """An array with a shape, strides, a dtype (minitorch.float32 by default, int64 for integer data;
+    see minitorch.dtypes), a backend, and optional autodiff history.
 
     Comparisons (<, >, <=, >=, ==, !=, ~, &, |) give 1.0/0.0 values of dtype minitorch.bool, which
-    index as a mask (x[x > 0]); any arithmetic on them gives float32 again.  Ops on mixed dtypes
-    promote as in PyTorch (bfloat16 with float32 gives float32; a Python number never promotes).
+    index as a mask (x[x > 0]); arithmetic between bools gives float32 (PyTorch keeps bool), a bool's
+    sum is int64.  Ops on mixed dtypes promote as in PyTorch (bfloat16 with float32 gives float32,
+    int64 with a float gives the float; a Python number never promotes its own category).
     """
 
     __array_priority__ = 1000
@@ -94,12 +84,20 @@ class Tensor(Conversions, Views, Indexing, Reductions):
     def shape(self) -> UserShape:
         return self._tensor.shape
 
-    @property
-    def size(self) -> int:
-        return self._tensor.size
+    def size(self, dim: Optional[int] = None) -> Union[UserShape, int]:
+        """The shape, or the size of one dim (size(0), size(-1)), as torch's size(); numel() counts
+        the elements."""
+        if dim is None:
+            return self.shape
+        return self.shape[self._dim(dim)]
 
     @property
     def dims(self) -> int:
+        return self._tensor.dims
+
+    @property
+    def ndim(self) -> int:
+        """Number of dims (torch's name; dim() too)."""
         return self._tensor.dims
 
     def dim(self) -> int:
@@ -127,19 +125,39 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         return out
 
     def requires_grad_(self, flag: bool = True) -> "Tensor":
-        """Make this tensor a leaf that collects .grad (flag=True) or a constant (False)."""
+        """Make this tensor a leaf that collects .grad (flag=True) or a constant (False); as in torch,
+        only a leaf's flag can be turned off (detach() gives a constant copy of any tensor)."""
+        if not isinstance(flag, bool):
+            raise TypeError(f"requires_grad must be a bool, got {type(flag).__name__} {flag!r}")
         if flag:
+            if not self.dtype.is_floating:
+                raise RuntimeError(f"only floating-point tensors can require gradients, not {self.dtype.name} (as in torch)")
             if self.history is None:
                 self.history = History()
-        else:
+        elif self.history is not None:
+            if not self.is_leaf:
+                raise RuntimeError(
+                    f"requires_grad_(False) on a tensor of shape {self.shape} that an op made: only a leaf's "
+                    f"flag can be turned off; use .detach()"
+                )
             self.history = None
         return self
 
+    @property
     def requires_grad(self) -> bool:
+        """Whether autodiff tracks this tensor: a leaf made with requires_grad=True, or the result of
+        an op on one (outside no_grad()).  Setting it calls requires_grad_()."""
         return self.history is not None
 
+    @requires_grad.setter
+    def requires_grad(self, flag: bool) -> None:
+        self.requires_grad_(flag)
+
+    @property
     def is_leaf(self) -> bool:
-        return self.history is not None and self.history.last_fn is None
+        """True unless an op recording autodiff history made this tensor (torch's meaning: a constant
+        is a leaf too; a leaf that requires grad collects .grad in backward)."""
+        return self.history is None or self.history.last_fn is None
 
     def is_constant(self) -> bool:
         return self.history is None
@@ -169,7 +187,8 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         return out
 
     def _arange(self, n: int) -> "Tensor":
-        out = self._new_empty((n,))
+        """0 .. n - 1 as int64 on this backend."""
+        out = self._new_empty((n,), int64)
         self.backend.ops.arange(out._tensor)
         return out
 
@@ -178,11 +197,11 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         into this tensor's storage, in place; for tensors without history (buffers, optimizer state,
         parameters' data).  From numpy to a CUDA tensor the copy is queued without waiting for the
         GPU (through pinned staging buffers)."""
-        if self.history is not None and not self.is_leaf():
+        if self.history is not None and not self.is_leaf:
             raise RuntimeError(f"copy_ into a tensor of shape {self.shape} that has autodiff history")
         self._version += 1
         if isinstance(src, (int, float)):
-            self.backend.fill(self._tensor, float(src))
+            self.backend.fill(self._tensor, src)
             return self
         if isinstance(src, np.ndarray):
             if src.shape != self.shape or not self.is_contiguous():
@@ -190,7 +209,7 @@ class Tensor(Conversions, Views, Indexing, Reductions):
                     f"copy_ of a numpy array of shape {src.shape} needs a contiguous tensor of that shape, got "
                     f"{self.shape} strides {self._tensor.strides}"
                 )
-            self.backend.ops.storage_upload(self._tensor._storage, self.dtype.round(src))
+            self.backend.ops.storage_upload(self._tensor._storage, self.dtype.host_values(src))
             return self
         src = self._ensure(src)
         if shape_broadcast(src.shape, self.shape) != self.shape:
@@ -219,127 +238,9 @@ class Tensor(Conversions, Views, Indexing, Reductions):
             return b
         if not isinstance(b, (int, float)):
             raise TypeError(f"a tensor of shape {self.shape} cannot combine with {type(b).__name__} {b!r}")
-        return Tensor(TensorData(self.backend.ops.storage_from_numpy(np.array([b], np.float32)), ()), backend=self.backend)
-
-    def __add__(self, b: TensorLike) -> "Tensor":
-        if isinstance(b, (int, float)):
-            return F.AddScalar.apply(self, float(b))
-        return F.Add.apply(self, self._ensure(b))
-
-    def __radd__(self, b: TensorLike) -> "Tensor":
-        return self + b
-
-    def __sub__(self, b: TensorLike) -> "Tensor":
-        if isinstance(b, (int, float)):
-            return F.AddScalar.apply(self, -float(b))
-        return F.Add.apply(self, -self._ensure(b))
-
-    def __rsub__(self, b: TensorLike) -> "Tensor":
-        return F.AddScalar.apply(-self, float(b)) if isinstance(b, (int, float)) else self._ensure(b) - self
-
-    def __mul__(self, b: TensorLike) -> "Tensor":
-        if isinstance(b, (int, float)):
-            return F.MulScalar.apply(self, float(b))
-        return F.Mul.apply(self, self._ensure(b))
-
-    def __rmul__(self, b: TensorLike) -> "Tensor":
-        return self * b
-
-    def __truediv__(self, b: TensorLike) -> "Tensor":
-        if isinstance(b, (int, float)):
-            return F.MulScalar.apply(self, 1.0 / float(b))
-        return F.Mul.apply(self, F.Inv.apply(self._ensure(b)))
-
-    def __rtruediv__(self, b: TensorLike) -> "Tensor":
-        if isinstance(b, (int, float)):
-            return F.MulScalar.apply(F.Inv.apply(self), float(b))
-        return self._ensure(b) / self
-
-    def __matmul__(self, b: "Tensor") -> "Tensor":
-        b = self._ensure(b)
-        if self.dims < 2 or b.dims < 2:
-            raise IndexingError(f"matmul needs tensors of at least 2 dims, got {self.shape} @ {b.shape}")
-        if self.shape[-1] != b.shape[-2]:
-            raise IndexingError(
-                f"matmul shapes {self.shape} @ {b.shape}: inner sizes {self.shape[-1]} and {b.shape[-2]} differ"
-            )
-        shape_broadcast(self.shape[:-2], b.shape[:-2])
-        return F.MatMul.apply(*autocast_inputs("matmul", self, b))
-
-    def __lt__(self, b: TensorLike) -> "Tensor":
-        if isinstance(b, (int, float)):
-            return F.LTScalar.apply(self, float(b))
-        return F.LT.apply(self, self._ensure(b))
-
-    def __gt__(self, b: TensorLike) -> "Tensor":
-        if isinstance(b, (int, float)):
-            return F.LTScalar.apply(-self, -float(b))
-        return F.LT.apply(self._ensure(b), self)
-
-    def __eq__(self, b: TensorLike) -> "Tensor":  # type: ignore[override]
-        if isinstance(b, (int, float)):
-            return F.EQScalar.apply(self, float(b))
-        return F.EQ.apply(self, self._ensure(b))
-
-    def __le__(self, b: TensorLike) -> "Tensor":
-        return (self < b) | (self == b)
-
-    def __ge__(self, b: TensorLike) -> "Tensor":
-        return (self > b) | (self == b)
-
-    def __ne__(self, b: TensorLike) -> "Tensor":  # type: ignore[override]
-        return ~(self == b)
-
-    def __invert__(self) -> "Tensor":
-        """Logical not of a bool tensor."""
-        self._need_bool("~")
-        return self == 0.0
-
-    def __and__(self, b: "Tensor") -> "Tensor":
-        """Logical and of bool tensors."""
-        self._need_bool("&", b)
-        out = self * b
-        out._tensor = out._tensor.with_dtype(bool_)
-        return out
-
-    def __or__(self, b: "Tensor") -> "Tensor":
-        """Logical or of bool tensors."""
-        self._need_bool("|", b)
-        return (self + b) > 0.0
-
-    def _need_bool(self, op: str, other: Any = None) -> None:
-        for t in (self, other) if other is not None else (self,):
-            if getattr(t, "dtype", None) is not bool_:
-                raise TypeError(f"{op} needs bool tensors (results of comparisons), got {getattr(t, 'dtype', type(t).__name__)}")
-
-    __hash__ = object.__hash__
-
-    def __neg__(self) -> "Tensor":
-        return F.Neg.apply(self)
-
-    def __pow__(self, p: float) -> "Tensor":
-        if not isinstance(p, (int, float)):
-            raise TypeError(f"tensor ** p needs a Python number p, got {type(p).__name__}")
-        return F.PowerScalar.apply(self, float(p))
-
-    def is_close(self, b: "Tensor") -> "Tensor":
-        return F.IsClose.apply(self, self._ensure(b))
-
-    def where(self, condition: "Tensor", other: TensorLike) -> "Tensor":
-        """This tensor where condition is non-zero, other elsewhere (broadcast; a NaN or inf in the
-        branch not taken never leaks); the gradient goes to the branch taken."""
-        return F.Where.apply(self._ensure(condition).float(), self, self._ensure(other))
-
-    def masked_fill(self, mask: "Tensor", value: float) -> "Tensor":
-        """value where mask is non-zero, this tensor elsewhere."""
-        return self._ensure(float(value)).where(mask, self)
-
-    sigmoid = _elementwise(F.Sigmoid, "1 / (1 + exp(-x)), elementwise.")
-    relu = _elementwise(F.ReLU, "max(x, 0), elementwise.")
-    gelu = _elementwise(F.GELU, "GELU with the tanh approximation, elementwise.")
-    log = _elementwise(F.Log, "The natural logarithm, elementwise.")
-    exp = _elementwise(F.Exp, "e ** x, elementwise.")
-    tanh = _elementwise(F.Tanh, "The hyperbolic tangent, elementwise.")
+        dtype = bool_ if isinstance(b, bool) else int64 if isinstance(b, int) else float32
+        value = np.array([b], np.int64 if dtype is int64 else np.float32)
+        return Tensor(TensorData(self.backend.ops.storage_from_numpy(value), (), dtype=dtype), backend=self.backend)
 
     # ---- autodiff helpers --------------------------------------------------------------------
     def _sum_to(self, shape: UserShape) -> "Tensor":
@@ -382,7 +283,7 @@ class Tensor(Conversions, Views, Indexing, Reductions):
 
     def accumulate_derivative(self, x: "Tensor") -> None:
         """Add x to .grad of this leaf (kept contiguous)."""
-        if not self.is_leaf():
+        if not self.is_leaf:
             raise RuntimeError("only leaf tensors accumulate derivatives")
         x = x.contiguous()
         self.grad = x if self.grad is None else x._new(self.backend.add_zip(self.grad._tensor, x._tensor))
@@ -394,7 +295,7 @@ class Tensor(Conversions, Views, Indexing, Reductions):
                 f"backward() on a tensor of shape {self.shape} that has no history: no input of it requires grad"
             )
         if grad_output is None:
-            if self.size != 1:
+            if self.numel() != 1:
                 raise RuntimeError(f"backward() without a gradient needs a one-element tensor, got shape {self.shape}")
             grad_output = self._new_empty(self.shape, self.dtype)
             self.backend.fill(grad_output._tensor, 1.0)
@@ -411,8 +312,10 @@ class Tensor(Conversions, Views, Indexing, Reductions):
         """Call hook(self) in each backward pass, right after this leaf's .grad has received its
         whole derivative of that pass (every use of it has contributed), while backward goes on
         with the rest of the graph.  Data-parallel training starts gradient communication here."""
-        if not self.is_leaf():
-            raise RuntimeError(f"grad-ready hooks belong on leaf tensors; this one (shape {self.shape}) is not a leaf")
+        if not (self.is_leaf and self.requires_grad):
+            raise RuntimeError(
+                f"grad-ready hooks belong on leaf tensors that require grad; this one (shape {self.shape}) is not one"
+            )
         self.grad_ready_hooks = (*self.grad_ready_hooks, hook)
 
     def remove_grad_ready_hook(self, hook: Callable[["Tensor"], None]) -> None:

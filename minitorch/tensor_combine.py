@@ -1,4 +1,4 @@
-"""Functions that combine tensors, as in torch: cat, stack and where."""
+"""Functions that combine tensors, as in torch: cat, stack, where and matmul."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class Cat(Function):
         ctx.save_for_backward(plans)
         out = parts[0]._new_empty(shape, result_type(*parts))
         for part, plan in zip(parts, plans):
-            if part.size:
+            if part.numel():
                 out.backend.id_map(part._tensor, out=plan.apply(out._tensor))
         return out
 
@@ -77,3 +77,10 @@ def where(condition: Tensor, x: Union[Tensor, float], y: Union[Tensor, float]) -
     if not isinstance(x, Tensor):
         x = condition._ensure(float(x))
     return x.where(condition, y)
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b, as torch.matmul (1-D operands are vectors; leading dims broadcast)."""
+    if not isinstance(a, Tensor):
+        raise TypeError(f"matmul expects minitorch tensors, got {type(a).__name__}")
+    return a @ b

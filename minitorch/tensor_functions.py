@@ -1,4 +1,6 @@
-"""Autodiff Functions over tensors.
+"""Autodiff Functions over tensors: the Function base, and the Functions of reductions (sum, max/min),
+views and layouts (permute, view, expand, copy), casts and the matrix product; the elementwise ones
+are in pointwise_functions.py.
 
 Each Function runs backend ops (TensorData in, TensorData out) in `forward` and `backward` and
 wraps their results as Tensors; nothing here knows where storage lives.  Inputs arrive detached (no
@@ -11,10 +13,10 @@ The fused ops' Functions live in `minitorch.fused`, one module each.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from .autodiff import Context, is_grad_enabled
-from .dtypes import DType, arithmetic, result_type
+from .dtypes import DType
 from .tensor_data import TensorData
 
 if TYPE_CHECKING:
@@ -52,7 +54,7 @@ class Function:
         raw: List[Any] = []
         for v in vals:
             if isinstance(v, Tensor):
-                if v.requires_grad():
+                if v.requires_grad:
                     need_grad = True
                 raw.append(v.detach())
             else:
@@ -60,71 +62,15 @@ class Function:
         need_grad = need_grad and is_grad_enabled()
         ctx = Context(not need_grad)
         if need_grad:
-            ctx.needs_input_grad = tuple(v.requires_grad() for v in vals if isinstance(v, Tensor))
+            ctx.needs_input_grad = tuple(v.requires_grad for v in vals if isinstance(v, Tensor))
         out = cls.forward(ctx, *raw)  # type: ignore[attr-defined]
-        if not need_grad:
+        if not need_grad or not out.dtype.is_floating:  # integer and bool results carry no gradient, as in torch
             return out
         inputs = tuple(v for v in vals if isinstance(v, Tensor))
         return Tensor(out._tensor, History(cls, ctx, inputs), backend=out.backend)
 
 
-class Neg(Function):
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor") -> "Tensor":
-        return t1._new(t1.backend.neg_map(t1._tensor))
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        return grad_output._new(grad_output.backend.neg_map(grad_output._tensor))
-
-
-class _Pointwise(Function):
-    """y = f(x) elementwise; backward is one zip kernel of the saved x (or y, where the derivative is
-    cheaper from the output) and the incoming gradient."""
-
-    map_name: str  # the backend's forward map, e.g. "sigmoid_map"
-    back_name: str  # the backend's zip (saved, grad_output) -> grad_input
-    saves_output = False
-
-    @classmethod
-    def forward(cls, ctx: Context, t1: "Tensor") -> "Tensor":
-        out = t1._new(getattr(t1.backend, cls.map_name)(t1._tensor))
-        ctx.save_for_backward(out if cls.saves_output else t1)
-        return out
-
-    @classmethod
-    def backward(cls, ctx: Context, grad_output: "Tensor") -> "Tensor":
-        (saved,) = ctx.saved_values
-        back = getattr(grad_output.backend, cls.back_name)
-        return grad_output._new(back(saved._tensor, grad_output._tensor))
-
-
-def _pointwise(name: str, back_name: str, saves_output: bool = False) -> Type[_Pointwise]:
-    """The _Pointwise Function `name` of the backend's map `<name in lower case>_map`."""
-    attributes = {"map_name": f"{name.lower()}_map", "back_name": back_name, "saves_output": saves_output}
-    return type(name, (_Pointwise,), {**attributes, "__module__": __name__})
-
-
-Inv = _pointwise("Inv", "inv_back_zip")
-Sigmoid = _pointwise("Sigmoid", "sigmoid_back_zip", saves_output=True)
-ReLU = _pointwise("ReLU", "relu_back_zip")
-GELU = _pointwise("GELU", "gelu_back_zip")
-Tanh = _pointwise("Tanh", "tanh_back_zip", saves_output=True)
-Log = _pointwise("Log", "log_back_zip")
-Exp = _pointwise("Exp", "mul_zip", saves_output=True)  # d/dx exp(x) = exp(x): the saved output times the gradient
-
-
-class Add(Function):
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor", t2: "Tensor") -> "Tensor":
-        return t1._new(t1.backend.add_zip(t1._tensor, t2._tensor))
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor"]:
-        return grad_output, grad_output
-
-
-class _Product(Function):
+class Product(Function):
     """A product bilinear in a and b (the backend's op `op_name`): the gradients are op(g, b') and
     op(a', g), where ' is `adjoint` (the values themselves for Mul, the transpose for MatMul)."""
 
@@ -151,102 +97,6 @@ class _Product(Function):
         )
 
 
-class Mul(_Product):
-    op_name = "mul_zip"
-
-
-class AddScalar(Function):
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor", s: float) -> "Tensor":
-        return t1._new(t1.backend.add_scalar(t1._tensor, s))
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        return grad_output
-
-
-class MulScalar(Function):
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor", s: float) -> "Tensor":
-        ctx.save_for_backward(s)
-        return t1._new(t1.backend.mul_scalar(t1._tensor, s))
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        (s,) = ctx.saved_values
-        return grad_output._new(grad_output.backend.mul_scalar(grad_output._tensor, s))
-
-
-class PowerScalar(Function):
-    """x ** p for a Python float p."""
-
-    @staticmethod
-    def forward(ctx: Context, t1: "Tensor", p: float) -> "Tensor":
-        ctx.save_for_backward(t1, p)
-        return t1._new(t1.backend.pow_scalar(t1._tensor, p))
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        t1, p = ctx.saved_values
-        backend = grad_output.backend
-        if p == 0.0:
-            return grad_output._new(backend.mul_scalar(grad_output._tensor, 0.0))
-        slope = backend.mul_scalar(backend.pow_scalar(t1._tensor, p - 1.0), p)
-        return grad_output._new(backend.mul_zip(slope, grad_output._tensor))
-
-
-def _no_grad_backward(n_tensors: int) -> Any:
-    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
-        zero = grad_output._new(grad_output.backend.mul_scalar(grad_output._tensor, 0.0))
-        return (zero,) * n_tensors
-
-    return staticmethod(backward)
-
-
-class LT(Function):
-    @staticmethod
-    def forward(ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
-        return a._new(a.backend.lt_zip(a._tensor, b._tensor))
-
-    backward = _no_grad_backward(2)
-
-
-class EQ(Function):
-    @staticmethod
-    def forward(ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
-        return a._new(a.backend.eq_zip(a._tensor, b._tensor))
-
-    backward = _no_grad_backward(2)
-
-
-class IsClose(Function):
-    @staticmethod
-    def forward(ctx: Context, a: "Tensor", b: "Tensor") -> "Tensor":
-        return a._new(a.backend.is_close_zip(a._tensor, b._tensor))
-
-    backward = _no_grad_backward(2)
-
-
-class LTScalar(Function):
-    """x < s for a Python float s."""
-
-    @staticmethod
-    def forward(ctx: Context, a: "Tensor", s: float) -> "Tensor":
-        return a._new(a.backend.lt_scalar(a._tensor, s))
-
-    backward = _no_grad_backward(1)
-
-
-class EQScalar(Function):
-    """x == s for a Python float s."""
-
-    @staticmethod
-    def forward(ctx: Context, a: "Tensor", s: float) -> "Tensor":
-        return a._new(a.backend.eq_scalar(a._tensor, s))
-
-    backward = _no_grad_backward(1)
-
-
 class Sum(Function):
     @staticmethod
     def forward(ctx: Context, a: "Tensor", dim: int) -> "Tensor":
@@ -259,20 +109,24 @@ class Sum(Function):
         return grad_output.expand(shape)
 
 
-class Max(Function):
-    """Max over one dim (kept with size 1); every element tied for the max receives the gradient."""
+class Extreme(Function):
+    """The max (largest=True) or min over one dim, kept with size 1, NaN when the slice holds one;
+    as torch's amax/amin, the gradient is split evenly among the elements equal to the result."""
 
     @staticmethod
-    def forward(ctx: Context, a: "Tensor", dim: int) -> "Tensor":
-        out = a._new(a.backend.max_reduce(a._tensor, dim))
-        ctx.save_for_backward(a, out)
+    def forward(ctx: Context, a: "Tensor", dim: int, largest: bool) -> "Tensor":
+        out = a._new((a.backend.max_reduce if largest else a.backend.min_reduce)(a._tensor, dim))
+        ctx.save_for_backward(a, out, dim)
         return out
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        a, out = ctx.saved_values
-        backend = grad_output.backend
-        return grad_output._new(backend.mul_zip(backend.eq_zip(a._tensor, out._tensor), grad_output._tensor))
+        a, out, dim = ctx.saved_values
+        b = grad_output.backend
+        nan = b.eq_scalar(b.eq_zip(a._tensor, a._tensor), 0.0)  # only a slice whose result is NaN has one
+        hit = b.add_zip(b.eq_zip(a._tensor, out._tensor), nan)
+        share = b.div_zip(grad_output._tensor, b.add_reduce(hit, dim))
+        return grad_output._new(b.mul_zip(hit, share))
 
 
 class Permute(Function):
@@ -346,47 +200,6 @@ def _transpose(t: "Tensor") -> TensorData:
     return t._tensor.permute(*order)
 
 
-class MatMul(_Product):
+class MatMul(Product):
     op_name = "matrix_multiply"
     adjoint = staticmethod(_transpose)
-
-
-class ClampMin(Function):
-    """max(x, s) for a Python float s; the gradient passes where x >= s (as torch.clamp's does)."""
-
-    @staticmethod
-    def forward(ctx: Context, a: "Tensor", s: float) -> "Tensor":
-        ctx.save_for_backward(a, s)
-        return a._new(a.backend.max_scalar(a._tensor, s))
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        a, s = ctx.saved_values
-        b = grad_output.backend
-        keep = b.add_scalar(b.mul_scalar(b.lt_scalar(a._tensor, s), -1.0), 1.0)
-        return grad_output._new(b.mul_zip(keep, grad_output._tensor))
-
-
-class Where(Function):
-    """condition ? a : b with broadcasting (condition: non-zero is true), as two selects
-    (relu_back(m, v) is v where m > 0, else 0), so a NaN or inf in the branch not taken never reaches
-    the result; no gradient for condition.  The result has a's and b's promoted dtype (a 0-dim
-    branch, e.g. masked_fill's value, does not promote the other), the selects' masks being bool."""
-
-    @staticmethod
-    def forward(ctx: Context, condition: "Tensor", a: "Tensor", b: "Tensor") -> "Tensor":
-        backend = condition.backend
-        false = backend.eq_scalar(condition._tensor, 0.0)
-        true = backend.eq_scalar(false, 0.0)
-        ctx.save_for_backward(true, false)
-        dtype = arithmetic(result_type(a, b))
-        a_td, b_td = (backend.cast(t._tensor, dtype) if t.dtype is not dtype else t._tensor for t in (a, b))
-        return a._new(backend.add_zip(backend.relu_back_zip(true, a_td), backend.relu_back_zip(false, b_td)))
-
-    @staticmethod
-    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor", "Tensor"]:
-        true, false = ctx.saved_values
-        backend = grad_output.backend
-        g = grad_output._tensor
-        no_grad = grad_output._new(backend.mul_scalar(true, 0.0))
-        return no_grad, grad_output._new(backend.relu_back_zip(true, g)), grad_output._new(backend.relu_back_zip(false, g))

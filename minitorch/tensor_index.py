@@ -16,9 +16,13 @@
 
 A key of ints, slices with step > 0, None and ... gives a view of the same storage, which starts
 mid-storage when it skips elements (the storage is sliced: numpy and torch 1-D storages slice as
-views); any other key gives a copy.  Both carry autodiff.  Index entries given as Tensors are read
-on the host to check them (on CUDA: one small device-to-host copy), since an index that is out of
-range must be an error that names it, not a silently wrong value.
+views); any other key gives a copy.  Both carry autodiff.  Index entries given as Tensors (int64, or
+floats holding integers) are read on the host to check them (on CUDA: one small device-to-host
+copy), since an index that is out of range must be an error that names it, not a silently wrong value.
+
+`gather(dim, index)` picks along dim by an int64 index tensor without leaving the device: on the CPU
+backends an index out of range raises; on CUDA, where checking would need a device-to-host copy, it
+gives 0 (and no gradient), as embedding does.
 
 `x[key] = value` writes a number or a tensor that broadcasts to x[key]'s shape into x's storage, in
 place.  Like torch it refuses tensors that have autodiff history, and leaves that require grad
@@ -34,15 +38,13 @@ from typing import TYPE_CHECKING, Any, List, Tuple
 import numpy as np
 
 from .autodiff import Context, is_grad_enabled, no_grad
-from .dtypes import bool_
+from .dtypes import bool_, int64
 from .fused.embedding import Embedding, scatter_rows
-from .tensor_data import IndexingError, TensorData, prod
+from .tensor_data import IndexingError, TensorData, prod, strides_from_shape
 from .tensor_functions import Function
 
 if TYPE_CHECKING:
     from .tensor import Tensor
-
-EXACT_IDS = 1 << 24  # float32 holds every integer up to here: the most positions a gather can address
 
 
 def _show(key: Any) -> str:
@@ -228,15 +230,13 @@ def _gather(view: "Tensor", advanced: List[Tuple[int, np.ndarray]], broadcast: T
     for (d, positions), size in zip(advanced, sizes):
         flat = flat * size + positions
     n_rows, n_cols = prod(sizes), prod(rest_shape)
-    if n_rows > EXACT_IDS:
-        raise IndexingError(f"advanced indexing over {n_rows} positions (dims {sizes}) exceeds {EXACT_IDS}")
     first = dims[0]
     adjacent = dims == list(range(first, first + len(dims)))
     shape = rest_shape[:first] + broadcast + rest_shape[first:] if adjacent else broadcast + rest_shape
     if flat.size == 0 or n_cols == 0:  # nothing to gather; an empty view keeps the autodiff graph
         return view.flatten()[:0].view(*shape)
     rows = view.permute(*dims, *rest).contiguous().view(n_rows, n_cols)
-    ids = view._new(TensorData(view.backend.ops.storage_from_numpy(flat.astype(np.float32)), broadcast))
+    ids = view._new(TensorData(view.backend.ops.storage_from_numpy(flat), broadcast, dtype=int64))
     out = Embedding.apply(rows, ids).view(*broadcast, *rest_shape)
     if not adjacent or first == 0:
         return out
@@ -263,8 +263,8 @@ class Indexing:
         return self._keep_dtype(out)
 
     def __setitem__(self: "Tensor", key: Any, value: Any) -> None:
-        if self.history is not None and (not self.is_leaf() or is_grad_enabled()):
-            what = "has autodiff history" if not self.is_leaf() else "requires grad (write inside minitorch.no_grad())"
+        if self.history is not None and (not self.is_leaf or is_grad_enabled()):
+            what = "has autodiff history" if not self.is_leaf else "requires grad (write inside minitorch.no_grad())"
             raise RuntimeError(f"x[{_show(key)}] = ... writes in place into a tensor of shape {self.shape} that {what}")
         plan = parse_key(key, self.shape)
         self._version += 1
@@ -276,13 +276,8 @@ class Indexing:
 
     def _scatter(self: "Tensor", key: Any, value: Any) -> None:
         """self[key] = value for keys that copy: written as a select between self and the scattered values."""
-        if self.size > EXACT_IDS:
-            raise IndexingError(
-                f"assignment through key {_show(key)} into a tensor of {self.size} elements (more than {EXACT_IDS}); "
-                f"use minitorch.where(mask, value, x) or a slice"
-            )
         # Which element of self each element of self[key] is: the same key applied to their positions.
-        host = type(self)(TensorData(np.arange(self.size, dtype=np.float32), self.shape))
+        host = type(self)(TensorData(np.arange(self.numel(), dtype=np.int64), self.shape, dtype=int64))
         selected = host[key]
         positions = selected.to_numpy().astype(np.int64).reshape(-1)
         src = self._value_like(value).expand(selected.shape).contiguous().view(positions.size, 1)
@@ -290,10 +285,10 @@ class Indexing:
         keep = positions.size - 1 - last  # the last write to each position wins
         if not np.array_equal(keep, np.arange(positions.size)):
             src = src[keep]
-        ids = self._new(TensorData(self.backend.ops.storage_from_numpy(positions[keep].astype(np.float32)), (keep.size,)))
-        hit = scatter_rows(src * 0.0 + 1.0, ids, self.size)
-        written = scatter_rows(src, ids, self.size)
-        self.copy_(written.where(hit, self.contiguous().view(self.size, 1)).view(*self.shape))
+        ids = self._new(TensorData(self.backend.ops.storage_from_numpy(positions[keep]), (keep.size,), dtype=int64))
+        hit = scatter_rows(src * 0.0 + 1.0, ids, self.numel())
+        written = scatter_rows(src, ids, self.numel())
+        self.copy_(written.where(hit, self.contiguous().view(self.numel(), 1)).view(*self.shape))
 
     def _value_like(self: "Tensor", value: Any) -> "Tensor":
         """A number, tensor, or (nested) list / numpy array as a tensor on this backend."""
@@ -338,3 +333,31 @@ class Indexing:
             raise IndexingError(f"index_select needs a 1-D integer index, got shape {arr.shape} of dtype {arr.dtype}")
         return self[(slice(None),) * d + (arr,)]
 
+
+    def gather(self: "Tensor", dim: int, index: "Tensor") -> "Tensor":
+        """out[i][j][k] = self[index[i][j][k]][j][k] for dim 0 (and so on), as torch.gather: index is
+        an int64 tensor with self's number of dims, no larger than self outside dim; the gradient
+        adds back into the picked positions."""
+        index = self._ensure(index)
+        d = self._dim(dim)
+        if not index.dtype.is_integer:
+            raise TypeError(f"gather(dim={dim}) needs an int64 index, got {index.dtype.name}")
+        if index.dims != self.dims or any(i > s for k, (i, s) in enumerate(zip(index.shape, self.shape)) if k != d):
+            raise IndexingError(
+                f"gather(dim={dim}): index of shape {index.shape} does not fit the input of shape {self.shape} "
+                f"(the same number of dims, no larger outside dim {d})"
+            )
+        size = self.shape[d]
+        if not self.backend.cuda and index.numel() and bool(((index < 0) | (index >= size)).any()):
+            bad = index.numpy()
+            found = bad[(bad < 0) | (bad >= size)].flat[0]
+            raise IndexingError(f"gather(dim={dim}): index {found} is out of range for size {size} (shape {self.shape})")
+        strides = strides_from_shape(self.shape)
+        inside = ((index >= 0) & (index < size)).long()
+        position = index * strides[d]
+        for k, n in enumerate(index.shape):
+            if k != d and n > 1:
+                position = position + self._arange(n).view(*(n if j == k else 1 for j in range(self.dims))) * strides[k]
+        position = position * inside + (inside - 1)  # outside [0, size): -1, a position that gathers 0
+        rows = self.contiguous().view(self.numel(), 1)
+        return self._keep_dtype(Embedding.apply(rows, position.detach()).view(*index.shape))

@@ -1,10 +1,11 @@
-"""Shape and layout of a Tensor (a mixin of Tensor): view, reshape, permute, transpose, .T, expand,
-contiguous, unsqueeze, squeeze and flatten.  All but contiguous() copies and reshape() of a
-non-contiguous tensor are views of the same storage; all keep the dtype."""
+"""Shape and layout of a Tensor (a mixin of Tensor): view, reshape, permute, transpose, t(), .T,
+expand, contiguous, clone, unsqueeze, squeeze, flatten, chunk and split.  All but clone(),
+contiguous() copies and reshape() of a non-contiguous tensor are views of the same storage; all keep
+the dtype."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 
 from . import tensor_functions as F
 from .tensor_data import IndexingError, UserShape, resolve_shape, shape_args, shape_broadcast
@@ -68,6 +69,40 @@ class Views:
         """All dims reversed (the transpose of a matrix), as a view."""
         return self.permute(*reversed(range(self.dims)))
 
+    def t(self: "Tensor") -> "Tensor":
+        """The transpose of a matrix (a view); a tensor of 0 or 1 dims as it is, as torch's t()."""
+        if self.dims > 2:
+            raise IndexingError(f"t() expects a tensor of at most 2 dims, got shape {self.shape}; use transpose(dim0, dim1)")
+        return self.transpose(0, 1) if self.dims == 2 else self
+
+    def clone(self: "Tensor") -> "Tensor":
+        """A contiguous copy with its own storage (the gradient passes through, as torch's clone)."""
+        return F.Copy.apply(self)
+
+    def split(self: "Tensor", split_size_or_sections: Union[int, Sequence[int]], dim: int = 0) -> Tuple["Tensor", ...]:
+        """Views along dim: pieces of split_size_or_sections elements (the last may be shorter), or of
+        the listed sizes (which must add up to the dim's size), as torch.split."""
+        d = self._dim(dim)
+        n = self.shape[d]
+        if isinstance(split_size_or_sections, int) and not isinstance(split_size_or_sections, bool):
+            step = split_size_or_sections
+            if step <= 0:
+                raise ValueError(f"split size must be positive, got {step}")
+            sizes: List[int] = [min(step, n - start) for start in range(0, n, step)] or [0]
+        else:
+            sizes = [int(s) for s in split_size_or_sections]
+            if sum(sizes) != n or any(s < 0 for s in sizes):
+                raise ValueError(f"split sizes {sizes} do not add up to size {n} of dim {dim} (shape {self.shape})")
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return tuple(self.narrow(d, start, size) for start, size in zip(starts, sizes))
+
+    def chunk(self: "Tensor", chunks: int, dim: int = 0) -> Tuple["Tensor", ...]:
+        """At most `chunks` views along dim of equal size (the last may be shorter), as torch.chunk."""
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks <= 0:
+            raise ValueError(f"chunk expects a positive number of chunks, got {chunks!r}")
+        n = self.shape[self._dim(dim)]
+        return self.split(max(-(-n // chunks), 1), dim)
+
     def contiguous(self: "Tensor") -> "Tensor":
         """This tensor if its layout is row-major, else a row-major copy."""
         if self.is_contiguous():
@@ -84,7 +119,7 @@ class Views:
         return F.Expand.apply(self, sizes)
 
     def _view(self: "Tensor", shape: Sequence[int]) -> "Tensor":
-        shape = resolve_shape(tuple(int(s) for s in shape), self.size, self.shape)
+        shape = resolve_shape(tuple(int(s) for s in shape), self.numel(), self.shape)
         if not self._tensor.is_contiguous():
             raise IndexingError(
                 f"view of a non-contiguous tensor (shape {self.shape}, strides {self._tensor.strides}) "

@@ -91,7 +91,7 @@ def global_batches(backend_name: str, world_size: int, steps: int) -> Iterator[L
 
 
 def loss_of(model: minitorch.DecoderLM, tokens: np.ndarray, targets: np.ndarray, weights: np.ndarray) -> minitorch.Tensor:
-    backend = model.lm_head.weights.value.backend
+    backend = model.lm_head.weight.value.backend
     logits = model(minitorch.tensor_from_numpy(tokens.astype(np.float32), backend=backend))
     B, T, V = logits.shape
     t = minitorch.tensor_from_numpy(targets.astype(np.float32), backend=backend)

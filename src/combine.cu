@@ -2,7 +2,7 @@
 // operations they apply, each in a header of src/combine/:
 //   ops.cuh          the scalar operations and their opcode tables;
 //   elementwise.cuh  map / map_scalar / zip / fill / copy over any layout, and arange;
-//   reduction.cuh    reduce along one dim (sum, product, max).
+//   reduction.cuh    reduce along one dim (sum, product, max, min; max and min propagate NaN).
 //
 // Every extern "C" launcher takes device pointers, layouts/sizes by value and a cudaStream_t, and
 // returns an int cudaError_t (0 = success): cudaErrorInvalidValue for bad sizes, else the status of
@@ -45,7 +45,10 @@ int reduce_typed(int op, TO* out, const MtLayout& out_l, const TI* a, const MtLa
       return reduce_pass(mt::ProdOp{}, out, out_l, a, outer, n, reduce_len, reduce_stride, 1.f,
                          start, workspace, workspace_len, true, sms, stream);
     case BinaryOps::code<OpMax>():
-      return reduce_pass(mt::MaxOp{}, out, out_l, a, outer, n, reduce_len, reduce_stride, -INFINITY,
+      return reduce_pass(OpMax{}, out, out_l, a, outer, n, reduce_len, reduce_stride, -INFINITY,
+                         start, workspace, workspace_len, true, sms, stream);
+    case BinaryOps::code<OpMin>():
+      return reduce_pass(OpMin{}, out, out_l, a, outer, n, reduce_len, reduce_stride, INFINITY,
                          start, workspace, workspace_len, true, sms, stream);
     default:
       return static_cast<int>(cudaErrorInvalidValue);
@@ -128,7 +131,7 @@ long long reduce_workspace_floats(int n_out, int reduce_len, int reduce_stride) 
 }
 
 // out[o] = fold(op, start, a[outer(o) + r * reduce_stride] for r < reduce_len) for every output
-// ordinal o of out_l (outer has the same shape as out_l). op: add, mul or max (binary opcodes).
+// ordinal o of out_l (outer has the same shape as out_l). op: add, mul, max or min (binary opcodes).
 // workspace: device scratch of reduce_workspace_floats(...) floats (may be NULL when that is 0).
 int launch_reduce(int op, int out_format, int in_format, void* out, MtLayout out_l, const void* a,
                   MtLayout outer, int reduce_len, int reduce_stride, float start, float* workspace,

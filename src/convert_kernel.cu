@@ -79,26 +79,6 @@ __global__ void convert_strided_kernel(const Src* __restrict__ src, const MtLayo
   }
 }
 
-template <class T>
-struct Tag {
-  using type = T;
-};
-
-// f(Tag<T>{}) for the element type T of a dtype code.
-template <class F>
-int with_dtype(int code, F f) {
-  switch (code) {
-    case 0:
-      return f(Tag<float>{});
-    case 1:
-      return f(Tag<__nv_bfloat16>{});
-    case 2:
-      return f(Tag<__half>{});
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
-  }
-}
-
 template <class Src, class Dst>
 int launch_typed(const void* src, const MtLayout& src_l, void* dst, const MtLayout& dst_l, int n,
                  cudaStream_t stream) {
@@ -142,8 +122,8 @@ int launch_convert(const void* src, int src_dtype, MtLayout src_l, void* dst, in
   const long long n = mt::layout_numel(dst_l);
   MT_RETURN_IF_INVALID(n > mt::kMaxInt);
   if (n == 0) return 0;
-  return with_dtype(src_dtype, [&](auto src_tag) {
-    return with_dtype(dst_dtype, [&](auto dst_tag) {
+  return mt::with_float_format(src_dtype, [&](auto src_tag) {
+    return mt::with_float_format(dst_dtype, [&](auto dst_tag) {
       using Src = typename decltype(src_tag)::type;
       using Dst = typename decltype(dst_tag)::type;
       return launch_typed<Src, Dst>(src, src_l, dst, dst_l, static_cast<int>(n), stream);

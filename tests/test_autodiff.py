@@ -37,7 +37,7 @@ def test_topological_sort_puts_each_variable_before_its_inputs() -> None:
     assert len(ids) == len(set(ids))
     position = {v.unique_id: i for i, v in enumerate(order)}
     for v in order:
-        if not v.is_leaf():
+        if not v.is_leaf:
             for parent in v.parents:
                 assert position[v.unique_id] < position[parent.unique_id]
     assert {x.unique_id, a.unique_id, b.unique_id, c.unique_id} <= set(ids)

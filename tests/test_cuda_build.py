@@ -14,7 +14,7 @@ import pytest
 
 import minitorch
 from minitorch import cuda_kernel_ops as cko
-from minitorch.cuda import combine, runtime
+from minitorch.cuda import combine, integer, runtime
 from minitorch.cuda.libraries import LIBRARIES, exported_symbols
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +58,17 @@ def test_combine_opcode_tables_match_the_binding() -> None:
     assert lib.minitorch_unary_op_name(len(unary)) is None
     for name in combine.UNARY_OPS + combine.BINARY_OPS:
         assert callable(getattr(minitorch.operators, name)), f"operators.{name} is missing"
+
+
+@needs_build
+def test_int_kernel_opcode_tables_match_the_binding() -> None:
+    lib = runtime.load_library("int_kernel", integer.SIGNATURES)
+    unary = [lib.minitorch_int_unary_op_name(i).decode() for i in range(lib.minitorch_int_unary_op_count())]
+    binary = [lib.minitorch_int_binary_op_name(i).decode() for i in range(lib.minitorch_int_binary_op_count())]
+    assert tuple(unary) == integer.UNARY_OPS and tuple(binary) == integer.BINARY_OPS, (unary, binary)
+    assert lib.minitorch_int_max_sort_row() == integer.MAX_SORT_ROW
+    for name in integer.UNARY_OPS + integer.BINARY_OPS:
+        assert getattr(minitorch.operators, name) in minitorch.operators.INTEGER_OPS, f"operators.{name} is not an integer op"
 
 
 def test_import_minitorch_works_in_a_fresh_interpreter() -> None:

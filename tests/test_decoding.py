@@ -100,15 +100,15 @@ def bigram_model() -> DecoderLM:
     params = dict(model.named_parameters())
     zero = ["layers.0.attention.out_projection", "layers.0.ff.linear_out"]
     for name in zero:
-        for part in ("weights", "bias"):
+        for part in ("weight", "bias"):
             p = params[f"{name}.{part}"]
             p.update(mt(np.zeros(p.value.shape), FAST))
-    params["position_embeddings.weights"].update(mt(np.zeros((12, n_embd)), FAST))
+    params["position_embeddings.weight"].update(mt(np.zeros((12, n_embd)), FAST))
     units = np.eye(V, n_embd)
-    params["token_embeddings.weights"].update(mt(units, FAST))
+    params["token_embeddings.weight"].update(mt(units, FAST))
     normed = (units - units.mean(1, keepdims=True)) / np.sqrt(units.var(1, keepdims=True) + 1e-5)
     head = np.linalg.lstsq(normed, bigram_log_probs(), rcond=None)[0]
-    params["lm_head.weights"].update(mt(head, FAST))
+    params["lm_head.weight"].update(mt(head.T, FAST))
     params["lm_head.bias"].update(mt(np.zeros(V), FAST))
     return model
 

@@ -188,7 +188,7 @@ def test_gradients_are_weighted_views_of_the_buckets_after_backward(group_of_one
     for p in model.parameters():
         assert any(np.shares_memory(p.value.grad._tensor._storage, b) for b in buffers)
     ddp.sync_gradients()  # nothing left to do
-    assert_close(grads(model)["second.weights"], 0.25 * grads(plain)["second.weights"], "after sync")
+    assert_close(grads(model)["second.weight"], 0.25 * grads(plain)["second.weight"], "after sync")
     with pytest.raises(ValueError, match="gradient_weight"):
         ddp.gradient_weight = -1.0
 
@@ -197,11 +197,11 @@ def test_missing_gradients_count_as_zeros_and_are_caught(group_of_one) -> None:
     model = TwoLayers(unused=True)
     ddp = distributed.DistributedDataParallel(model)
     loss_of(model).backward()
-    assert model.spare.weights.value.grad is None  # the round waits for spare
+    assert model.spare.weight.value.grad is None  # the round waits for spare
     ddp.sync_gradients()
-    assert not grads(model)["spare.weights"].any()
+    assert not grads(model)["spare.weight"].any()
     loss_of(model).backward()
-    with pytest.raises(RuntimeError, match=r"second gradient.*\['spare.weights', 'spare.bias'\]"):
+    with pytest.raises(RuntimeError, match=r"second gradient.*\['spare.weight', 'spare.bias'\]"):
         loss_of(model).backward()
 
 
@@ -257,7 +257,7 @@ def test_accumulator_sums_the_micro_batches_in_its_buckets(torchrun_env, overlap
     acc = distributed.GradientAccumulator(model, overlap=overlap)
     assert acc.gradient_weight == 1.0 and not distributed.is_initialized()
     for seed in range(3):
-        model.first.weights.value.grad = None
+        model.first.weight.value.grad = None
         with acc.backward_round(accumulate=seed > 0, reduce=seed == 2):
             loss_of(model, seed).backward()
         if seed < 2:

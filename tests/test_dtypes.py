@@ -169,7 +169,7 @@ def test_casts_have_gradients_cast_back(backend) -> None:
     a = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
     x = mt(a, backend, requires_grad=True)
     y = x.bfloat16()
-    assert y.dtype is bfloat16 and y.requires_grad()
+    assert y.dtype is bfloat16 and y.requires_grad
     ((y * 3.0).sum() + (x * 2.0).sum()).backward()
     assert x.grad.dtype is float32
     np.testing.assert_array_equal(x.grad.to_numpy(), np.full((3, 4), 5.0, np.float32))
@@ -197,7 +197,7 @@ def test_creation_with_dtype(backend) -> None:
 def test_to_another_backend_keeps_or_sets_the_dtype() -> None:
     x = mt(np.array([0.1, 0.7]), FAST, requires_grad=True).bfloat16()
     moved = x.to(SIMPLE)
-    assert moved.backend is SIMPLE and moved.dtype is bfloat16 and moved.requires_grad() and moved.is_leaf()
+    assert moved.backend is SIMPLE and moved.dtype is bfloat16 and moved.requires_grad and moved.is_leaf
     np.testing.assert_array_equal(moved.to_numpy(), x.to_numpy())
     both = x.to("cpu", "float16")
     assert both.backend is FAST and both.dtype is float16 and both is not x
@@ -221,7 +221,7 @@ def test_save_and_load_keep_16bit_dtypes(tmp_path) -> None:
     for key in tree:
         assert back[key].dtype is tree[key].dtype and back[key].backend is SIMPLE
         np.testing.assert_array_equal(back[key].to_numpy(), tree[key].to_numpy())
-    assert back["b"].requires_grad() and not back["h"].requires_grad()
+    assert back["b"].requires_grad and not back["h"].requires_grad
     with np.load(tmp_path / "w.npz", allow_pickle=False) as archive:
         header = json.loads(archive["__minitorch__"].tobytes().decode())
         assert header["version"] == 2

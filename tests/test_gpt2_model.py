@@ -43,15 +43,15 @@ def test_numpy_written_checkpoint_loads_into_the_right_parameters(tmp_path):
     model = GPT2.from_checkpoint(numpy_checkpoint(tmp_path / "m.bin", CONFIG, params), backend=FAST)
     value = lambda p: p.value.to_numpy()  # noqa: E731
     attn1 = model.layers[1].attention
-    np.testing.assert_array_equal(value(model.wte.weights), params["wte"])
-    np.testing.assert_array_equal(value(model.wpe.weights), params["wpe"])
-    np.testing.assert_array_equal(value(attn1.qkv_projection.weights), params["qkvw"][1].T)
+    np.testing.assert_array_equal(value(model.wte.weight), params["wte"])
+    np.testing.assert_array_equal(value(model.wpe.weight), params["wpe"])
+    np.testing.assert_array_equal(value(attn1.qkv_projection.weight), params["qkvw"][1])
     np.testing.assert_array_equal(value(attn1.qkv_projection.bias), params["qkvb"][1])
-    np.testing.assert_array_equal(value(attn1.out_projection.weights), params["attprojw"][1].T)
-    np.testing.assert_array_equal(value(model.layers[0].ff.linear_in.weights), params["fcw"][0].T)
-    np.testing.assert_array_equal(value(model.layers[0].ff.linear_out.weights), params["fcprojw"][0].T)
+    np.testing.assert_array_equal(value(attn1.out_projection.weight), params["attprojw"][1])
+    np.testing.assert_array_equal(value(model.layers[0].ff.linear_in.weight), params["fcw"][0])
+    np.testing.assert_array_equal(value(model.layers[0].ff.linear_out.weight), params["fcprojw"][0])
     np.testing.assert_array_equal(value(model.layers[0].ln_2.bias), params["ln2b"][0])
-    np.testing.assert_array_equal(value(model.ln_f.weights), params["lnfw"])
+    np.testing.assert_array_equal(value(model.ln_f.weight), params["lnfw"])
 
 
 def test_model_to_file_to_model_round_trip_is_exact(tmp_path):

@@ -74,7 +74,7 @@ def test_basic_keys_match_torch_and_are_views(backend, data) -> None:
     check_against_torch(backend, x, key, layout)
     t = mt(x, backend)
     view = t[key]
-    if view.size:
+    if view.numel():
         base = t._tensor._storage
         assert np.shares_memory(view._tensor._storage, base), "a basic key gives a view of the storage"
 

@@ -290,7 +290,7 @@ def test_decoder_lm_fused_loss_equals_its_logits_loss() -> None:
         if fused:
             hidden = model.hidden_states(idx).view(12, 16)
             head = model.lm_head
-            loss = fused_linear_cross_entropy(hidden, head.weights.value, targets, weights, chunk_size=5,
+            loss = fused_linear_cross_entropy(hidden, head.weight.value.T, targets, weights, chunk_size=5,
                                               bias=head.bias.value)
         else:
             loss = nn.cross_entropy(model(idx).view(12, 23), targets, weights)

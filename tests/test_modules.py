@@ -20,7 +20,7 @@ def test_linear_matches_torch_for_any_leading_dims(backend, lead: tuple, bias: b
     layer = Linear(4, 3, bias=bias, backend=backend)
     ref = torch.nn.Linear(4, 3, bias=bias, dtype=torch.float64)
     with torch.no_grad():
-        ref.weight.copy_(t64(value(layer.weights)).T)
+        ref.weight.copy_(t64(value(layer.weight)))
         if bias:
             ref.bias.copy_(t64(value(layer.bias)))
     x = np.random.default_rng(0).standard_normal(lead + (4,)).astype(np.float32)
@@ -32,23 +32,23 @@ def test_linear_matches_torch_for_any_leading_dims(backend, lead: tuple, bias: b
     out.backward(mt(g, backend))
     expected.backward(t64(g))
     assert_close(grad_of(tx, "x"), rx.grad, "linear grad x", floor=gfloor(g))
-    assert_close(grad_of(layer.weights.value, "weights"), ref.weight.grad.T, "linear grad W", floor=gfloor(g))
+    assert_close(grad_of(layer.weight.value, "weight"), ref.weight.grad, "linear grad W", floor=gfloor(g))
     if bias:
         assert_close(grad_of(layer.bias.value, "bias"), ref.bias.grad, "linear grad b", floor=gfloor(g))
     else:
         assert layer.bias is None
-        assert [n for n, _ in layer.named_parameters()] == ["weights"]
+        assert [n for n, _ in layer.named_parameters()] == ["weight"]
 
 
 def test_linear_init_is_uniform_in_the_fan_in_bound() -> None:
     minitorch.manual_seed(0)
     layer = Linear(64, 32)
-    w = value(layer.weights)
-    assert w.shape == (64, 32)
+    w = value(layer.weight)
+    assert w.shape == (32, 64)
     assert np.abs(w).max() <= 1.0 / 8.0
     assert abs(w.std() - (1.0 / 8.0) / np.sqrt(3.0)) < 0.01
     minitorch.manual_seed(0)
-    np.testing.assert_array_equal(value(Linear(64, 32).weights), w)
+    np.testing.assert_array_equal(value(Linear(64, 32).weight), w)
 
 
 # ---- Embedding --------------------------------------------------------------------------------
@@ -56,7 +56,7 @@ def test_embedding_matches_torch(backend) -> None:
     layer = Embedding(6, 4, backend=backend)
     ref = torch.nn.Embedding(6, 4, dtype=torch.float64)
     with torch.no_grad():
-        ref.weight.copy_(t64(value(layer.weights)))
+        ref.weight.copy_(t64(value(layer.weight)))
     ids = np.array([[0, 5, 2], [2, 2, 1]])
     out = layer(mt(ids, backend))
     expected = ref(torch.tensor(ids))
@@ -65,8 +65,8 @@ def test_embedding_matches_torch(backend) -> None:
     g = np.random.default_rng(2).standard_normal((2, 3, 4)).astype(np.float32)
     out.backward(mt(g, backend))
     expected.backward(t64(g))
-    assert_close(grad_of(layer.weights.value, "weights"), ref.weight.grad, "embedding grad", floor=gfloor(g))
-    assert np.all(layer.weights.value.grad.to_numpy()[[3, 4]] == 0.0)
+    assert_close(grad_of(layer.weight.value, "weight"), ref.weight.grad, "embedding grad", floor=gfloor(g))
+    assert np.all(layer.weight.value.grad.to_numpy()[[3, 4]] == 0.0)
 
 
 def test_fast_embedding_rejects_ids_out_of_range() -> None:
@@ -101,7 +101,7 @@ def test_layernorm1d_matches_torch(backend, fused: bool, shape: tuple) -> None:
     rng = np.random.default_rng(3)
     gamma = rng.normal(1.0, 0.3, c).astype(np.float32)
     beta = rng.normal(0.0, 0.3, c).astype(np.float32)
-    layer.load_state_dict({"weights": gamma, "bias": beta})
+    layer.load_state_dict({"weight": gamma, "bias": beta})
     ref = torch.nn.LayerNorm(c, eps=1e-5, dtype=torch.float64)
     with torch.no_grad():
         ref.weight.copy_(t64(gamma))
@@ -114,13 +114,13 @@ def test_layernorm1d_matches_torch(backend, fused: bool, shape: tuple) -> None:
     out.backward(mt(g, backend))
     expected.backward(t64(g))
     assert_close(grad_of(tx, "x"), rx.grad, "LayerNorm1d grad x", floor=gfloor(g))
-    assert_close(grad_of(layer.weights.value, "weights"), ref.weight.grad, "LayerNorm1d grad weights", floor=gfloor(g))
+    assert_close(grad_of(layer.weight.value, "weight"), ref.weight.grad, "LayerNorm1d grad weight", floor=gfloor(g))
     assert_close(grad_of(layer.bias.value, "bias"), ref.bias.grad, "LayerNorm1d grad bias", floor=gfloor(g))
 
 
 def test_layernorm1d_starts_as_identity_affine() -> None:
     layer = LayerNorm1d(5)
-    np.testing.assert_array_equal(value(layer.weights), np.ones(5))
+    np.testing.assert_array_equal(value(layer.weight), np.ones(5))
     np.testing.assert_array_equal(value(layer.bias), np.zeros(5))
 
 
@@ -152,9 +152,9 @@ class Net(Module):
 
 NAMES = [
     "scale",
-    "blocks.0.linear.weights", "blocks.0.linear.bias", "blocks.0.norm.weights", "blocks.0.norm.bias",
-    "blocks.1.linear.weights", "blocks.1.linear.bias", "blocks.1.norm.weights", "blocks.1.norm.bias",
-    "head.weights", "head.bias",
+    "blocks.0.linear.weight", "blocks.0.linear.bias", "blocks.0.norm.weight", "blocks.0.norm.bias",
+    "blocks.1.linear.weight", "blocks.1.linear.bias", "blocks.1.norm.weight", "blocks.1.norm.bias",
+    "head.weight", "head.bias",
 ]
 
 
@@ -162,15 +162,15 @@ def test_registration_and_named_parameters() -> None:
     net = Net(FAST)
     assert [n for n, _ in net.named_parameters()] == NAMES
     assert len(net.parameters()) == len(NAMES)
-    assert all(p.value.requires_grad() and p.value.is_leaf() for p in net.parameters())
+    assert all(p.value.requires_grad and p.value.is_leaf for p in net.parameters())
     assert net.depth == 2 and "depth" not in dict(net.named_parameters())
     assert [type(m).__name__ for m in net.modules()] == ["ModuleList", "Linear"]
     assert len(net.blocks) == 2 and net.blocks[-1] is list(net.blocks)[1]
-    assert isinstance(net.blocks[0].linear.weights, Parameter)
+    assert isinstance(net.blocks[0].linear.weight, Parameter)
     with pytest.raises(AttributeError, match="Net has no attribute 'missing'"):
         net.missing
     text = repr(net)
-    assert "(blocks): ModuleList(" in text and "(head): Linear()" in text
+    assert "(blocks): ModuleList(" in text and "(head): Linear(in_features=4, out_features=1, bias=True)" in text
 
 
 def test_train_and_eval_reach_every_descendant() -> None:
@@ -195,7 +195,7 @@ def test_state_dict_round_trip() -> None:
     assert list(state) == NAMES and all(isinstance(v, np.ndarray) for v in state.values())
     b.load_state_dict(state)
     np.testing.assert_array_equal(b(x).to_numpy(), a(x).to_numpy())
-    assert all(p.value.requires_grad() for p in b.parameters())
+    assert all(p.value.requires_grad for p in b.parameters())
     state["scale"][0] = 100.0
     assert a.scale.value.item() == 2.0, "state_dict holds copies"
 
@@ -208,14 +208,14 @@ def test_load_state_dict_errors() -> None:
     with pytest.raises(KeyError, match=r"missing \['head.bias'\], unexpected \['extra'\]"):
         net.load_state_dict(state)
     state = net.state_dict()
-    state["head.weights"] = np.zeros((3, 1))
-    with pytest.raises(ValueError, match=r"parameter head.weights: saved shape \(3, 1\) differs from \(4, 1\)"):
+    state["head.weight"] = np.zeros((1, 3))
+    with pytest.raises(ValueError, match=r"parameter head.weight: saved shape \(1, 3\) differs from \(1, 4\)"):
         net.load_state_dict(state)
 
 
 def test_parameter_update_keeps_the_value_trainable() -> None:
     p = Parameter(mt(np.zeros(2), FAST), name="w")
-    assert p.value.requires_grad() and p.value.name == "w"
+    assert p.value.requires_grad and p.value.name == "w"
     p.update(mt(np.ones(2), FAST))
-    assert p.value.requires_grad() and p.value.name == "w"
+    assert p.value.requires_grad and p.value.name == "w"
     np.testing.assert_array_equal(p.value.to_numpy(), [1.0, 1.0])

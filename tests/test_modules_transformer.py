@@ -41,28 +41,28 @@ def right_padding(lengths: List[int], T: int) -> Tuple[np.ndarray, np.ndarray]:
     return np.where(padded, -1e9, 0.0).astype(np.float32), padded
 
 
-# ---- weight copies: minitorch Linear stores W as [in, out], torch as [out, in] -------------------
+# ---- weight copies: minitorch's parameters have torch's names and layouts -----------------------
 def copy_linear(mod: minitorch.Module, prefix: str, lin: torch.nn.Linear) -> None:
-    lin.weight.data = t64(param(mod, f"{prefix}.weights").T)
+    lin.weight.data = t64(param(mod, f"{prefix}.weight"))
     lin.bias.data = t64(param(mod, f"{prefix}.bias"))
 
 
 def copy_layernorm(mod: minitorch.Module, prefix: str, ln: torch.nn.LayerNorm) -> None:
-    ln.weight.data = t64(param(mod, f"{prefix}.weights"))
+    ln.weight.data = t64(param(mod, f"{prefix}.weight"))
     ln.bias.data = t64(param(mod, f"{prefix}.bias"))
 
 
 def copy_attention(mod: minitorch.Module, prefix: str, mha: torch.nn.MultiheadAttention) -> None:
     p = f"{prefix}." if prefix else ""
-    mha.in_proj_weight.data = t64(param(mod, f"{p}qkv_projection.weights").T)
+    mha.in_proj_weight.data = t64(param(mod, f"{p}qkv_projection.weight"))
     mha.in_proj_bias.data = t64(param(mod, f"{p}qkv_projection.bias"))
     copy_linear(mod, f"{p}out_projection", mha.out_proj)
 
 
 def attention_grads(mha: torch.nn.MultiheadAttention, prefix: str) -> Dict[str, torch.Tensor]:
     p = f"{prefix}." if prefix else ""
-    out = {f"{p}qkv_projection.weights": mha.in_proj_weight.grad.T, f"{p}qkv_projection.bias": mha.in_proj_bias.grad}
-    out[f"{p}out_projection.weights"] = mha.out_proj.weight.grad.T
+    out = {f"{p}qkv_projection.weight": mha.in_proj_weight.grad, f"{p}qkv_projection.bias": mha.in_proj_bias.grad}
+    out[f"{p}out_projection.weight"] = mha.out_proj.weight.grad
     out[f"{p}out_projection.bias"] = mha.out_proj.bias.grad
     return out
 
@@ -87,9 +87,9 @@ def layer_grads(layer: torch.nn.TransformerEncoderLayer, prefix: str) -> Dict[st
     p = f"{prefix}." if prefix else ""
     out = attention_grads(layer.self_attn, f"{p}attention")
     for name, ln in (("ln_1", layer.norm1), ("ln_2", layer.norm2)):
-        out[f"{p}{name}.weights"], out[f"{p}{name}.bias"] = ln.weight.grad, ln.bias.grad
+        out[f"{p}{name}.weight"], out[f"{p}{name}.bias"] = ln.weight.grad, ln.bias.grad
     for name, lin in (("ff.linear_in", layer.linear1), ("ff.linear_out", layer.linear2)):
-        out[f"{p}{name}.weights"], out[f"{p}{name}.bias"] = lin.weight.grad.T, lin.bias.grad
+        out[f"{p}{name}.weight"], out[f"{p}{name}.bias"] = lin.weight.grad, lin.bias.grad
     return out
 
 
@@ -183,8 +183,8 @@ def test_feedforward_matches_torch() -> None:
     assert_close(out_mt, out_t, "feed-forward output")
     assert_close(x_mt.grad, x_t.grad, "grad of input")
     check_grads(mod, {
-        "linear_in.weights": lin_in.weight.grad.T, "linear_in.bias": lin_in.bias.grad,
-        "linear_out.weights": lin_out.weight.grad.T, "linear_out.bias": lin_out.bias.grad,
+        "linear_in.weight": lin_in.weight.grad, "linear_in.bias": lin_in.bias.grad,
+        "linear_out.weight": lin_out.weight.grad, "linear_out.bias": lin_out.bias.grad,
     })
 
 
@@ -229,19 +229,19 @@ class TorchDecoderLM(torch.nn.Module):
         return self.head(self.ln(x))
 
     def copy_from(self, mod: DecoderLM) -> None:
-        self.tok.weight.data = t64(param(mod, "token_embeddings.weights"))
-        self.pos.weight.data = t64(param(mod, "position_embeddings.weights"))
+        self.tok.weight.data = t64(param(mod, "token_embeddings.weight"))
+        self.pos.weight.data = t64(param(mod, "position_embeddings.weight"))
         for i, layer in enumerate(self.layers):
             copy_layer(mod, f"layers.{i}", layer)
         copy_layernorm(mod, "ln", self.ln)
         copy_linear(mod, "lm_head", self.head)
 
     def grads(self) -> Dict[str, torch.Tensor]:
-        out = {"token_embeddings.weights": self.tok.weight.grad, "position_embeddings.weights": self.pos.weight.grad}
+        out = {"token_embeddings.weight": self.tok.weight.grad, "position_embeddings.weight": self.pos.weight.grad}
         for i, layer in enumerate(self.layers):
             out.update(layer_grads(layer, f"layers.{i}"))
-        out.update({"ln.weights": self.ln.weight.grad, "ln.bias": self.ln.bias.grad})
-        out.update({"lm_head.weights": self.head.weight.grad.T, "lm_head.bias": self.head.bias.grad})
+        out.update({"ln.weight": self.ln.weight.grad, "ln.bias": self.ln.bias.grad})
+        out.update({"lm_head.weight": self.head.weight.grad, "lm_head.bias": self.head.bias.grad})
         return out
 
 
@@ -322,7 +322,7 @@ def test_lm_structure_and_errors() -> None:
     model = small_lm(False)
     assert len(model.layers) == 2
     names = [n for n, _ in model.named_parameters()]
-    assert "layers.1.attention.qkv_projection.weights" in names and "lm_head.weights" in names
+    assert "layers.1.attention.qkv_projection.weight" in names and "lm_head.weight" in names
     assert model.hidden_states(mt(np.zeros((1, 4)), FAST)).shape == (1, 4, 16)
     with pytest.raises(ValueError, match="n_positions 10"):
         model(mt(np.zeros((1, 11)), FAST))

@@ -67,15 +67,25 @@ def test_max_and_argmax(backend, data) -> None:
     shape = data.draw(shapes(max_dims=3, max_side=4), label="shape")
     dim = data.draw(st.integers(0, len(shape) - 1), label="dim")
     x = data.draw(distinct_arrays(shape), label="x")
-    check_against_torch(backend, x, lambda t: nn.max(t, dim), lambda r: torch.amax(r, dim, keepdim=True), "max")
-    hot = nn.argmax(mt(x, backend), dim)
-    ref = F.one_hot(torch.argmax(torch.tensor(x), dim), shape[dim]).movedim(-1, dim)
-    assert_close(hot, ref.double(), "argmax", tol=1e-12, floor=1.0)
+    check_against_torch(backend, x, lambda t: t.amax(dim, keepdim=True), lambda r: torch.amax(r, dim, keepdim=True), "max")
+    check_against_torch(backend, x, lambda t: t.max(dim).values, lambda r: torch.max(r, dim).values, "max(dim).values")
+    index = mt(x, backend).argmax(dim)
+    assert index.dtype == minitorch.int64
+    np.testing.assert_array_equal(index.numpy(), torch.argmax(torch.tensor(x), dim).numpy())
+    hot = nn.one_hot(index, shape[dim])
+    ref = F.one_hot(torch.argmax(torch.tensor(x), dim), shape[dim])
+    assert_close(hot, ref.double(), "one_hot of argmax", tol=1e-12, floor=1.0)
 
 
 def test_gelu_tanh_approximation(backend) -> None:
     x = np.linspace(-6.0, 6.0, 25, dtype=np.float32).reshape(5, 5)
-    check_against_torch(backend, x, nn.gelu, lambda r: F.gelu(r, approximate="tanh"), "gelu")
+    check_against_torch(backend, x, lambda t: nn.gelu(t, approximate="tanh"), lambda r: F.gelu(r, approximate="tanh"), "gelu")
+
+
+def test_gelu_exact_by_default_as_torch(backend) -> None:
+    x = np.linspace(-6.0, 6.0, 25, dtype=np.float32).reshape(5, 5)
+    check_against_torch(backend, x, nn.gelu, F.gelu, "gelu (exact)")
+    check_against_torch(backend, x, nn.GELU(), torch.nn.GELU(), "nn.GELU()")
 
 
 def test_one_hot(backend) -> None:

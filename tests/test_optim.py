@@ -90,7 +90,7 @@ def test_parameters_without_gradients_are_left_alone() -> None:
         before = b.value.to_numpy()
         opt.step()
         np.testing.assert_array_equal(b.value.to_numpy(), before)
-        assert a.value.requires_grad() and a.value.is_leaf()
+        assert a.value.requires_grad and a.value.is_leaf
 
 
 def test_zero_grad_clears_gradients() -> None:

@@ -63,21 +63,21 @@ def test_packed_projection_computes_the_separate_form(path: str, causal: bool) -
     assert_close(x_mt.grad, x_ref.grad, "grad of x")
     params = dict(mod.named_parameters())
     floor = 1e-2 * max(float(t.grad.abs().max()) for t in ref_state.values())  # the key bias's gradient is 0
-    for part, axis in (("weights", 1), ("bias", 0)):
+    for part, old in (("weight", "weights"), ("bias", "bias")):
         packed = params[f"qkv_projection.{part}"].value.grad.to_numpy()
         for i, n in enumerate("qkv"):
-            third = np.take(packed, range(i * C, (i + 1) * C), axis=axis)
-            assert_close(third, ref_state[f"{n}_projection.{part}"].grad, f"grad of {n} {part}", floor=floor)
+            third = packed[i * C : (i + 1) * C].T  # the older layout's [in, out] (a bias: itself)
+            assert_close(third, ref_state[f"{n}_projection.{old}"].grad, f"grad of {n} {part}", floor=floor)
 
 
 def test_state_of_the_separate_form_loads_packed() -> None:
     state = separate_state(seed=6)
     mod = MultiHeadAttention(C, H, p_dropout=0.0, backend=FAST)
     assert mod.load_state_dict({k: mt(v, FAST) for k, v in state.items()}) == ([], [])  # tensors too
-    weights = mod.qkv_projection.weights.value.to_numpy()
+    weight = mod.qkv_projection.weight.value.to_numpy()
     bias = mod.qkv_projection.bias.value.to_numpy()
     for i, n in enumerate("qkv"):
-        np.testing.assert_array_equal(weights[:, i * C : (i + 1) * C], state[f"{n}_projection.weights"])
+        np.testing.assert_array_equal(weight[i * C : (i + 1) * C].T, state[f"{n}_projection.weights"])
         np.testing.assert_array_equal(bias[i * C : (i + 1) * C], state[f"{n}_projection.bias"])
     current = mod.state_dict()
     assert list(mod.upgrade_state(current)) == list(current)  # the current layout passes through
@@ -88,9 +88,13 @@ def test_state_of_the_separate_form_loads_packed() -> None:
 
 def older_layout(names: List[str], values: List[np.ndarray]) -> Dict[str, np.ndarray]:
     """Per-parameter arrays of a DecoderLM (current names, in order) rewritten as the older layout
-    would have saved them: each qkv_projection entry as three separate ones, in the older order."""
+    would have saved them: `weights` for `weight` (a Linear's as [in, out]), and each qkv_projection
+    entry as three separate ones, in the older order."""
     out = {}
     for name, value in zip(names, values):
+        if name.endswith(".weight"):
+            linear = value.ndim == 2 and "embeddings" not in name
+            name, value = name[: -len("weight")] + "weights", value.T if linear else value
         if ".qkv_projection." not in name:
             out[name] = value
             continue

@@ -24,7 +24,7 @@ def test_tensor_round_trip_keeps_values_dtype_and_grad_flag(tmp_path) -> None:
     path = tmp_path / "x.mt"
     minitorch.save(mt(x, FAST, requires_grad=True).T, path)
     loaded = minitorch.load(path)
-    assert loaded.shape == (4, 3) and loaded.requires_grad() and loaded.is_leaf()
+    assert loaded.shape == (4, 3) and loaded.requires_grad and loaded.is_leaf
     np.testing.assert_array_equal(loaded.to_numpy(), x.T)
     minitorch.save(mt(x, FAST) > 0.0, path)
     mask = minitorch.load(path, backend=SIMPLE)

@@ -42,14 +42,15 @@ def test_default_backend_is_fastops() -> None:
 
 def test_constructors(backend) -> None:
     t = minitorch.tensor([[1, 2, 3], [4, 5, 6]], backend=backend)
-    assert t.shape == (2, 3) and t.size == 6 and t.dims == 2 and len(t) == 2
-    assert t.to_numpy().dtype == np.float32
+    assert t.shape == (2, 3) and t.numel() == 6 and t.size() == (2, 3) and t.dims == 2 and len(t) == 2
+    assert t.dtype == minitorch.int64 and t.to_numpy().dtype == np.int64, "integer data is int64, as in torch"
+    assert minitorch.tensor([[1.0, 2, 3]], backend=backend).to_numpy().dtype == np.float32
     np.testing.assert_array_equal(t.to_numpy(), [[1, 2, 3], [4, 5, 6]])
     np.testing.assert_array_equal(minitorch.zeros((2, 2), backend=backend).to_numpy(), np.zeros((2, 2)))
     np.testing.assert_array_equal(minitorch.ones((3,), backend=backend).to_numpy(), np.ones(3))
     np.testing.assert_array_equal(minitorch.full((2,), 2.5, backend=backend).to_numpy(), [2.5, 2.5])
-    assert minitorch.ones((2,), backend=backend, requires_grad=True).requires_grad()
-    assert not minitorch.zeros((2,), backend=backend).requires_grad()
+    assert minitorch.ones((2,), backend=backend, requires_grad=True).requires_grad
+    assert not minitorch.zeros((2,), backend=backend).requires_grad
 
 
 def test_rand_is_uniform_and_seeded(backend) -> None:
@@ -127,9 +128,9 @@ def test_tensor_from_numpy_any_layout(backend) -> None:
 def test_requires_grad_flag_is_honoured(backend) -> None:
     x = mt(np.array([1.0, 2.0]), backend, requires_grad=True)
     w = mt(np.array([3.0, 4.0]), backend).requires_grad_(True)
-    assert x.requires_grad() and x.is_leaf() and w.requires_grad()
+    assert x.requires_grad and x.is_leaf and w.requires_grad
     assert w.requires_grad_(False) is w
-    assert not w.requires_grad() and w.is_constant()
+    assert not w.requires_grad and w.is_constant()
     y = (x * w).sum()
     y.backward()
     assert w.grad is None
@@ -170,7 +171,7 @@ def test_backward_with_an_explicit_gradient(backend) -> None:
 def test_to_moves_between_backends_as_a_new_leaf() -> None:
     x = mt(np.array([1.0, 2.0]), SIMPLE, requires_grad=True)
     y = (x * 2.0).to(FAST)
-    assert y.backend is FAST and y.is_leaf()
+    assert y.backend is FAST and y.is_leaf
     np.testing.assert_array_equal(y.to_numpy(), [2.0, 4.0])
     assert x.to(SIMPLE) is x
 

@@ -10,6 +10,7 @@ index or a missing broadcast reduction is off by O(1).
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -27,6 +28,7 @@ from minitorch_testing import (
     mt,
     mt_strided,
     shapes,
+    t64,
 )
 
 import minitorch
@@ -156,7 +158,9 @@ REDUCTIONS = [
     ("mean", lambda t, d, k: t.mean(d, keepdim=k), lambda x, d, k: np.mean(x, axis=d, keepdims=k)),
     ("var", lambda t, d, k: t.var(d, keepdim=k), lambda x, d, k: np.var(x, axis=d, keepdims=k)),
     ("var unbiased", lambda t, d, k: t.var(d, correction=1, keepdim=k), lambda x, d, k: np.var(x, axis=d, ddof=1, keepdims=k)),
-    ("max", lambda t, d, k: t.max(d, keepdim=k), lambda x, d, k: np.max(x, axis=d, keepdims=k)),
+    ("amax", lambda t, d, k: t.amax(d, keepdim=k), lambda x, d, k: np.max(x, axis=d, keepdims=k)),
+    ("max values", lambda t, d, k: t.max(d, keepdim=k).values, lambda x, d, k: np.max(x, axis=d, keepdims=k)),
+    ("min values", lambda t, d, k: t.min(d, keepdim=k).values, lambda x, d, k: np.min(x, axis=d, keepdims=k)),
 ]
 
 
@@ -181,7 +185,7 @@ def test_reduce_one_dim(backend, name, op, ref, data) -> None:
     assert_close(grad_of(t, name), grad_ref, f"{name}({dim}) grad", floor=gfloor(gout))
 
 
-@pytest.mark.parametrize("name", ["sum", "mean", "max"])
+@pytest.mark.parametrize("name", ["sum", "mean", "amax", "amin"])
 def test_reduce_several_dims(backend, name) -> None:
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
     t = mt(x, backend, requires_grad=True)
@@ -225,10 +229,18 @@ def test_all(backend, data) -> None:
     assert t.all().dtype == minitorch.bool and bool(t.all()) == bool(np.all(x != 0))
 
 
-def test_max_ties_each_take_the_gradient(backend) -> None:
-    t = mt(np.array([[1.0, 3.0, 3.0], [2.0, 0.0, -1.0]]), backend, requires_grad=True)
-    t.max(1).backward(mt(np.array([2.0, 5.0]), backend))
-    assert_close(t.grad, np.array([[0.0, 2.0, 2.0], [5.0, 0.0, 0.0]]), "max tie grad")
+def test_max_ties_take_the_gradient_as_in_torch(backend) -> None:
+    """max(dim) sends the gradient to the position it returns (the first max); amax and max() split
+    it evenly among the tied elements, as torch does."""
+    x = np.array([[1.0, 3.0, 3.0], [2.0, 0.0, -1.0]])
+    for name, op in (("max(1).values", lambda t: t.max(1).values), ("amax(1)", lambda t: t.amax(1))):
+        t, ref = mt(x, backend, requires_grad=True), t64(x, requires_grad=True)
+        op(t).backward(mt(np.array([2.0, 5.0]), backend))
+        op(ref).backward(torch.tensor([2.0, 5.0], dtype=torch.float64))
+        assert_close(t.grad, ref.grad, f"{name} tie grad")
+    t = mt(x, backend, requires_grad=True)
+    t.max().backward()
+    assert_close(t.grad, np.array([[0.0, 0.5, 0.5], [0.0, 0.0, 0.0]]), "max() tie grad")
 
 
 @given(data=st.data())

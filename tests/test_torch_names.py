@@ -163,19 +163,19 @@ def test_module_to_and_state_dict_round_trip() -> None:
     net = minitorch.Linear(4, 2, backend=FAST)
     x = mt(X[0], FAST)
     before = net(x).to_numpy()
-    weights = net.weights.value
-    assert net.to(SIMPLE) is net and net.weights.value.backend is SIMPLE and net.weights.value.requires_grad()
+    weights = net.weight.value
+    assert net.to(SIMPLE) is net and net.weight.value.backend is SIMPLE and net.weight.value.requires_grad
     assert_close(net(mt(X[0], SIMPLE)), before, "module moved to another backend")
     net.to("cpu")
     state = net.state_dict()
-    assert set(state) == {"weights", "bias"} and isinstance(state["weights"], np.ndarray)
+    assert set(state) == {"weight", "bias"} and isinstance(state["weight"], np.ndarray)
     other = minitorch.Linear(4, 2, backend=FAST)
-    kept = other.weights.value
+    kept = other.weight.value
     other.load_state_dict({k: minitorch.tensor(v) for k, v in state.items()})
-    assert other.weights.value is kept, "load_state_dict copies into the parameters in place"
+    assert other.weight.value is kept, "load_state_dict copies into the parameters in place"
     assert_close(other(x), before, "loaded module")
-    result = other.load_state_dict({"weights": state["weights"], "extra": np.zeros(1)}, strict=False)
+    result = other.load_state_dict({"weight": state["weight"], "extra": np.zeros(1)}, strict=False)
     assert result.missing_keys == ["bias"] and result.unexpected_keys == ["extra"]
     with pytest.raises(KeyError, match=r"missing \['bias'\], unexpected \['extra'\]"):
-        other.load_state_dict({"weights": state["weights"], "extra": np.zeros(1)})
+        other.load_state_dict({"weight": state["weight"], "extra": np.zeros(1)})
     assert weights.backend is FAST

@@ -20,14 +20,16 @@ from .. import operators
 from ..dtypes import DType, bfloat16, bool_, float32
 from ..tensor_data import TensorData, coalesce, prod, shape_broadcast, strides_from_shape
 from .layout import MtLayout, elementwise_plan, layout, remember
-from .runtime import BUILD_HINT, CudaShapeError, Runtime, check, empty, on_load, ptr, runtime, storage_code
+from .runtime import CudaShapeError, Runtime, check, check_names, empty, on_load, ptr, runtime, storage_code
 
-UNARY_OPS = ("id", "neg", "sigmoid", "relu", "log", "exp", "inv", "tanh", "gelu")
+UNARY_OPS = (
+    "id", "neg", "sigmoid", "relu", "log", "exp", "inv", "tanh", "gelu", "abs", "sqrt", "sin", "cos", "floor", "gelu_erf",
+)  # fmt: skip
 BINARY_OPS = (
     "add", "mul", "lt", "eq", "is_close", "max", "pow",
-    "relu_back", "log_back", "inv_back", "sigmoid_back", "tanh_back", "gelu_back",
+    "relu_back", "log_back", "inv_back", "sigmoid_back", "tanh_back", "gelu_back", "min", "div", "gelu_erf_back",
 )  # fmt: skip
-REDUCE_OPS = ("add", "mul", "max")
+REDUCE_OPS = ("add", "mul", "max", "min")
 COMPARISONS = ("lt", "eq", "is_close")  # their results are bool: float32 storage
 UNARY_CODES: Dict[Callable, int] = {getattr(operators, n): i for i, n in enumerate(UNARY_OPS)}
 BINARY_CODES: Dict[Callable, int] = {getattr(operators, n): i for i, n in enumerate(BINARY_OPS)}
@@ -55,13 +57,8 @@ def lib(rt: Runtime) -> ctypes.CDLL:
 @on_load
 def _check_opcode_tables(rt: Runtime) -> None:
     c = lib(rt)
-    for kind, names, count, name_of in (
-        ("unary", UNARY_OPS, c.minitorch_unary_op_count, c.minitorch_unary_op_name),
-        ("binary", BINARY_OPS, c.minitorch_binary_op_count, c.minitorch_binary_op_name),
-    ):
-        built = tuple(name_of(i).decode() for i in range(count()))
-        if built != names:
-            raise RuntimeError(f"combine.so's {kind} opcodes {built} differ from minitorch/cuda/combine.py's {names}; {BUILD_HINT}")
+    check_names("combine", "unary opcodes", c.minitorch_unary_op_count, c.minitorch_unary_op_name, UNARY_OPS, __name__)
+    check_names("combine", "binary opcodes", c.minitorch_binary_op_count, c.minitorch_binary_op_name, BINARY_OPS, __name__)
 
 
 def opcode(fn: Callable, table: Dict[Callable, int], kind: str, names: Sequence[str]) -> int:
@@ -175,13 +172,7 @@ def zip_op(fn: Callable[[float, float], float]) -> Callable[[TensorData, TensorD
     def ret(a: TensorData, b: TensorData) -> TensorData:
         if a.dtype.storage != b.dtype.storage:
             a, b = common_storage(a, b)
-        key = (a.shape, a.strides, b.shape, b.strides)
-        plan = _zip_plans.get(key)
-        if plan is None:
-            out_shape = shape_broadcast(a.shape, b.shape)
-            layouts = elementwise_plan(out_shape, strides_from_shape(out_shape), [(a.shape, a.strides), (b.shape, b.strides)])
-            plan = remember(_zip_plans, key, (out_shape,) + layouts)
-        out_shape, out_l, a_l, b_l = plan
+        out_shape, out_l, a_l, b_l = zip_layouts(a, b)
         o = empty(out_shape, result_dtype(a, compare))
         if o.size:
             rt = runtime()
@@ -193,6 +184,18 @@ def zip_op(fn: Callable[[float, float], float]) -> Callable[[TensorData, TensorD
     return ret
 
 
+def zip_layouts(a: TensorData, b: TensorData) -> Tuple[Tuple[int, ...], MtLayout, MtLayout, MtLayout]:
+    """(broadcast shape, out layout, a's layout, b's layout) of an elementwise op of a and b into a
+    new contiguous tensor."""
+    key = (a.shape, a.strides, b.shape, b.strides)
+    plan = _zip_plans.get(key)
+    if plan is None:
+        out_shape = shape_broadcast(a.shape, b.shape)
+        layouts = elementwise_plan(out_shape, strides_from_shape(out_shape), [(a.shape, a.strides), (b.shape, b.strides)])
+        plan = remember(_zip_plans, key, (out_shape,) + layouts)
+    return plan  # type: ignore[return-value]
+
+
 def common_storage(a: TensorData, b: TensorData) -> Tuple[TensorData, TensorData]:
     """a and b (one bfloat16, one float32 storage) in one storage: a bool operand narrowed to
     bfloat16 (a bool and a bfloat16 promote to bfloat16), else the bfloat16 one widened to float32."""
@@ -202,7 +205,7 @@ def common_storage(a: TensorData, b: TensorData) -> Tuple[TensorData, TensorData
 
 
 def reduce_op(fn: Callable[[float, float], float], start: float = 0.0) -> Callable[[TensorData, int], TensorData]:
-    """fold(fn, start) along one dim, which is kept with size 1; fn is add, mul or max.  A bfloat16
+    """fold(fn, start) along one dim, which is kept with size 1; fn is add, mul, max or min.  A bfloat16
     input gives a bfloat16 output (float32 accumulation, one rounding)."""
     op = opcode(fn, BINARY_CODES, "reduce", REDUCE_OPS)
     if BINARY_OPS[op] not in REDUCE_OPS:
@@ -232,20 +235,28 @@ def reduce_op(fn: Callable[[float, float], float], start: float = 0.0) -> Callab
     return ret
 
 
-def _reduce_plan(c: ctypes.CDLL, shape: Tuple[int, ...], strides: Tuple[int, ...], dim: int) -> tuple:
+def rows_plan(
+    shape: Tuple[int, ...], strides: Tuple[int, ...], dim: int, out_strides: Tuple[int, ...]
+) -> Tuple[MtLayout, MtLayout, int, int, int]:
+    """The rows along dim of a tensor (shape, strides) and of an output (shape with dim of size 1 or
+    kept; out_strides): (output rows' layout, input rows' layout, rows, length, stride along dim),
+    the layouts mapping a row's ordinal to the offset of its first element."""
     layout(shape, strides)  # rejects layouts beyond 32-bit offsets
-    out_shape = shape[:dim] + (1,) + shape[dim + 1 :]
-    out_strides = strides_from_shape(out_shape)
     keep = [d for d in range(len(shape)) if d != dim]
     outer_shape = [shape[d] for d in keep]
     merged_shape, (out_st, in_st) = coalesce(outer_shape, [[out_strides[d] for d in keep], [strides[d] for d in keep]])
-    reduce_len = shape[dim]
-    # A reduced dim of size 1 has an arbitrary stride; 1 keeps it on the row kernel's path.
-    reduce_stride = strides[dim] if reduce_len > 1 else 1
-    n_out = prod(outer_shape)
+    length = shape[dim]
+    # A dim of size 1 has an arbitrary stride; 1 keeps it on the row kernel's path.
+    stride = strides[dim] if length > 1 else 1
+    return layout(merged_shape, out_st), layout(merged_shape, in_st), prod(outer_shape), length, stride
+
+
+def _reduce_plan(c: ctypes.CDLL, shape: Tuple[int, ...], strides: Tuple[int, ...], dim: int) -> tuple:
+    out_shape = shape[:dim] + (1,) + shape[dim + 1 :]
+    out_l, outer_l, n_out, reduce_len, reduce_stride = rows_plan(shape, strides, dim, strides_from_shape(out_shape))
     # The workspace size depends only on the sizes and the device, so it is planned once too.
     ws_len = c.reduce_workspace_floats(n_out, reduce_len, reduce_stride) if n_out else 0
-    return out_shape, layout(merged_shape, out_st), layout(merged_shape, in_st), n_out, reduce_len, reduce_stride, ws_len
+    return out_shape, out_l, outer_l, n_out, reduce_len, reduce_stride, ws_len
 
 
 def column_sums(out: int, a: int, n_out: int, n_rows: int, row_stride: int) -> None:

@@ -10,7 +10,7 @@ from ..dtypes import DType, float32
 from ..tensor_data import TensorData
 from .combine import copy, map_layouts
 from .layout import MtLayout
-from .runtime import BUILD_HINT, Runtime, check, empty, on_load, ptr, runtime
+from .runtime import Runtime, check, check_names, empty, on_load, ptr, runtime
 
 STORAGE_CODES = ("float32", "bfloat16", "float16")  # the kernels' dtype codes, by position
 
@@ -29,9 +29,7 @@ def _lib(rt: Runtime) -> ctypes.CDLL:
 @on_load
 def _check_dtype_codes(rt: Runtime) -> None:
     c = _lib(rt)
-    built = tuple(c.minitorch_convert_dtype_name(i).decode() for i in range(c.minitorch_convert_dtype_count()))
-    if built != STORAGE_CODES:
-        raise RuntimeError(f"convert_kernel.so's dtype codes {built} differ from minitorch/cuda/convert.py's {STORAGE_CODES}; {BUILD_HINT}")
+    check_names("convert_kernel", "dtype codes", c.minitorch_convert_dtype_count, c.minitorch_convert_dtype_name, STORAGE_CODES, __name__)
 
 
 def cast(a: TensorData, dtype: DType, out: Optional[TensorData] = None) -> TensorData:

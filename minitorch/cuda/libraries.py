@@ -6,7 +6,7 @@ import ctypes
 from typing import Dict, Tuple
 
 from . import (
-    attention, beam_search, classifier, combine, convert, embedding, kv_cache, layernorm, matmul, matmul_bf16,
+    attention, beam_search, classifier, combine, convert, embedding, integer, kv_cache, layernorm, matmul, matmul_bf16,
     optimizer, random, softmax, topk,
 )  # fmt: skip
 from .runtime import ERROR_STRING, Signatures, runtime
@@ -14,6 +14,7 @@ from .runtime import ERROR_STRING, Signatures, runtime
 LIBRARIES: Dict[str, Signatures] = {
     "combine": combine.SIGNATURES,
     "convert_kernel": convert.SIGNATURES,
+    "int_kernel": integer.SIGNATURES,
     "random_kernel": random.SIGNATURES,
     "matmul_kernel": matmul.SIGNATURES,
     "matmul_bf16_kernel": matmul_bf16.SIGNATURES,

@@ -85,11 +85,12 @@ def matrix_multiply(a: TensorData, b: TensorData) -> TensorData:
 def linear_fw(
     x: TensorData, weight: TensorData, bias: Optional[TensorData], activation: Optional[str]
 ) -> Tuple[TensorData, Optional[TensorData]]:
-    """(act(x @ weight + bias), x @ weight + bias kept for backward when act is set) for x [rows, in]
-    and weight [in, out], bias [out] or None, activation None, "gelu" or "relu", all of one dtype:
-    float32, or bfloat16 (float32 sums and epilogue, both outputs rounded once to bfloat16)."""
+    """(act(x @ weight.T + bias), x @ weight.T + bias kept for backward when act is set) for x
+    [rows, in] and weight [out, in] (torch's layout, read transposed in place), bias [out] or None,
+    activation None, "gelu" or "relu", all of one dtype: float32, or bfloat16 (float32 sums and
+    epilogue, both outputs rounded once to bfloat16)."""
     rows, k = x.shape
-    n = weight.shape[1]
+    n = weight.shape[0]
     dtype = x.dtype
     if dtype is not bfloat16:
         require_float32("linear_fw", x, weight, bias)
@@ -97,8 +98,8 @@ def linear_fw(
     pre = empty((rows, n), dtype) if activation is not None else None
     if not out.size:
         return out, pre
-    strides = (x.strides[0], x.strides[1], weight.strides[0], weight.strides[1])
-    what = f"linear {x.shape} @ {weight.shape}"
+    strides = (x.strides[0], x.strides[1], weight.strides[1], weight.strides[0])
+    what = f"linear {x.shape} @ {weight.shape}.T"
     bias_ptr, pre_ptr = (None if t is None else ptr(t) for t in (bias, pre))
     if dtype is bfloat16:
         matmul_bf16.launch(ptr(out), "bfloat16", n, ptr(x), ptr(weight), rows, n, k, strides, bias=bias_ptr,
@@ -113,23 +114,23 @@ def linear_bw(
     d: TensorData, x: TensorData, weight: TensorData, has_bias: bool
 ) -> Optional[Tuple[TensorData, TensorData, Optional[TensorData]]]:
     """The products of a Linear's backward from d [rows, out], its pre-activation gradient, when d,
-    x [rows, in] and weight [in, out] are bfloat16: (dx = d @ weight^T in bfloat16, dweight = x^T @ d
-    in float32, dbias = the column sums of d in float32, or None without a bias), each one bf16
-    product with float32 sums (dbias: a row of ones @ d).  None for other dtypes: the caller composes."""
+    x [rows, in] and weight [out, in] are bfloat16: (dx = d @ weight in bfloat16, dweight = d^T @ x
+    [out, in] in float32, dbias = the column sums of d in float32, or None without a bias), each one
+    bf16 product with float32 sums (dbias: a row of ones @ d).  None for other dtypes: the caller composes."""
     if not d.dtype is x.dtype is weight.dtype is bfloat16:
         return None
     rows, k = x.shape
-    n = weight.shape[1]
-    dx, dweight = empty((rows, k), bfloat16), empty((k, n), float32)
+    n = weight.shape[0]
+    dx, dweight = empty((rows, k), bfloat16), empty((n, k), float32)
     dbias = empty((n,), float32) if has_bias else None
     shapes = f"d {d.shape}, x {x.shape}, weight {weight.shape}"
     d_rows = (d.strides[0], d.strides[1])
     if dx.size:  # n == 0 is a product over nothing: zeros, as are dweight and dbias for rows == 0
         matmul_bf16.launch(ptr(dx), "bfloat16", k, ptr(d), ptr(weight), rows, k, n,
-                           (*d_rows, weight.strides[1], weight.strides[0]), what=f"linear dx of {shapes}")  # fmt: skip
+                           (*d_rows, weight.strides[0], weight.strides[1]), what=f"linear dx of {shapes}")  # fmt: skip
     if dweight.size:
-        matmul_bf16.launch(ptr(dweight), "float32", n, ptr(x), ptr(d), k, n, rows,
-                           (x.strides[1], x.strides[0], *d_rows), what=f"linear dweight of {shapes}")  # fmt: skip
+        matmul_bf16.launch(ptr(dweight), "float32", k, ptr(d), ptr(x), n, k, rows,
+                           (d.strides[1], d.strides[0], x.strides[0], x.strides[1]), what=f"linear dweight of {shapes}")  # fmt: skip
     if dbias is not None and n and rows:
         matmul_bf16.launch(ptr(dbias), "float32", n, ptr(_ones_row(rows)), ptr(d), 1, n, rows, (rows, 1, *d_rows),
                            what=f"linear dbias of {shapes}")  # fmt: skip

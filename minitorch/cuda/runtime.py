@@ -132,6 +132,15 @@ def unavailable_reason() -> Optional[str]:
     return None
 
 
+def check_names(library: str, kind: str, count: Callable[[], int], name_of: Callable[[int], bytes],
+                expected: Tuple[str, ...], binding: str) -> None:  # fmt: skip
+    """RuntimeError naming the fix when a library's exported table (count() entries, name_of(i) each:
+    opcodes, dtype codes) differs from its binding's."""
+    built = tuple(name_of(i).decode() for i in range(count()))
+    if built != expected:
+        raise RuntimeError(f"{library}.so's {kind} {built} differ from {binding}'s {expected}; {BUILD_HINT}")
+
+
 def check(code: int, lib: ctypes.CDLL, what: str) -> None:
     """Raise CudaKernelError with the CUDA error text when a launcher returned non-zero."""
     if code:

@@ -62,8 +62,9 @@ def uploader() -> Uploader:
 
 
 def upload_storage(storage: Any, values: np.ndarray) -> None:
-    """Queue storage[:values.size] = values (float32 values, written in the storage's format: the
-    16-bit words of values already rounded to its dtype) without waiting for the GPU."""
-    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    """Queue storage[:values.size] = values (int64 values for an int64 storage, else float32 values
+    written in the storage's format: the 16-bit words of values already rounded to its dtype)
+    without waiting for the GPU."""
     dtype = storage_dtype(storage)
+    flat = np.ascontiguousarray(values, dtype=np.int64 if dtype.is_integer else np.float32).reshape(-1)
     uploader().upload(storage[: flat.size], dtype.encode(flat) if dtype.rounds else flat)

@@ -99,7 +99,7 @@ class GradientAccumulator:
         self._cuda = bool(self._backend.ops.is_cuda)
         self._check_placement()
         self.gradient_weight = 1.0
-        total = sum(p.value.size for p in self._params)
+        total = sum(p.value.numel() for p in self._params)
         cap = default_bucket_cap_mb(total) if bucket_cap_mb is None else bucket_cap_mb
         self._buckets: List[Bucket] = []
         self._slots: List[TensorData] = []
@@ -132,7 +132,7 @@ class GradientAccumulator:
         groups: List[List[int]] = [[]]
         filled = 0
         for index in reversed(range(len(self._params))):
-            size = self._params[index].value.size
+            size = self._params[index].value.numel()
             if groups[-1] and filled + size > (first_cap if len(groups) == 1 else cap_floats):
                 groups.append([])
                 filled = 0
@@ -146,7 +146,7 @@ class GradientAccumulator:
             offsets, offset = [], 0
             for index in members:
                 offsets.append(offset)
-                offset += self._params[index].value.size
+                offset += self._params[index].value.numel()
             size = -(-offset // unit) * unit
             storage = self._zeros(size)
             self._buckets.append(Bucket(members, offsets, size, storage, missing=len(members)))

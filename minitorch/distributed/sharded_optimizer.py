@@ -59,7 +59,7 @@ class ShardedAdamW(AdamW):
     @property
     def state_floats(self) -> int:
         """Floats of AdamW state this process holds (both moments of its shards)."""
-        return 2 * sum(shard.value.size for shard in self._shards)
+        return 2 * sum(shard.value.numel() for shard in self._shards)
 
     def state_dict(self) -> Dict[str, Any]:
         """Step count and moments per parameter, as AdamW's (gathered: every process calls it)."""

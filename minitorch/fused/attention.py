@@ -103,7 +103,7 @@ def attention_weights(
     if activation == "relu":
         weights = x.relu() if allowed is None else x.relu() * allowed
         return weights, q.zeros((B, H, Tq))
-    m = x.max(3, keepdim=True).clamp(min=-3.0e38)  # a row of -inf keeps a finite shift, so x - m is never nan
+    m = x.amax(3, keepdim=True).clamp(min=-3.0e38)  # a row of -inf keeps a finite shift, so x - m is never nan
     e = (x - m).exp()
     if allowed is not None:
         e = e * allowed

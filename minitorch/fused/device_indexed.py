@@ -25,7 +25,7 @@ def write_slot(buffer: "Tensor", values: "Tensor", slot: "Tensor") -> None:
     values [rows, n] and slot a one-element tensor holding s.  A slot that is not an integer in
     [0, slots) writes nothing (on CUDA the value is not seen by the host, so it cannot raise).  values
     are written in the buffer's dtype (e.g. float32 activations into a bfloat16 cache)."""
-    if buffer.dims != 3 or values.shape != (buffer.shape[0], buffer.shape[2]) or slot.size != 1:
+    if buffer.dims != 3 or values.shape != (buffer.shape[0], buffer.shape[2]) or slot.numel() != 1:
         raise IndexingError(
             f"write_slot needs buffer [rows, slots, n], values [rows, n] and a one-element slot, got {buffer.shape}, "
             f"{values.shape} and {slot.shape}"

@@ -34,7 +34,7 @@ def embedding(weight: "Tensor", ids: "Tensor", dtype: Optional[DType] = None) ->
 
 
 def _one_hot(ids: "Tensor", classes: int) -> "Tensor":
-    flat = ids.contiguous().view(ids.size, 1)
+    flat = ids.contiguous().view(ids.numel(), 1)
     return flat == ids._arange(classes).view(1, classes)
 
 
@@ -63,5 +63,5 @@ def scatter_rows(rows: "Tensor", ids: "Tensor", num_embeddings: int, dtype: Opti
     kernel = hook(rows.backend.ops, "embedding_bw")
     if kernel is None:
         C = rows.shape[-1]
-        return (_one_hot(ids, num_embeddings).transpose(0, 1) @ rows.contiguous().view(ids.size, C)).to(dtype or rows.dtype)
+        return (_one_hot(ids, num_embeddings).transpose(0, 1) @ rows.contiguous().view(ids.numel(), C)).to(dtype or rows.dtype)
     return rows._new(kernel(rows._tensor, ids._tensor, num_embeddings, dtype or rows.dtype))

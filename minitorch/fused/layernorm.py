@@ -40,7 +40,7 @@ def layernorm(x: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float = 1e-5) -
 def layernorm_reference(inp: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float) -> Tuple["Tensor", "Tensor", "Tensor"]:
     """(out [inp's dtype], mean [rows], rstd [rows]) composed from Tensor operations in float32."""
     C = inp.shape[-1]
-    rows = inp.size // C
+    rows = inp.numel() // C
     x = inp.contiguous().view(rows, C).to(float32)
     mean = x.mean(1, keepdim=True)
     xc = x - mean
@@ -54,7 +54,7 @@ def layernorm_backward_reference(
 ) -> Tuple["Tensor", "Tensor", "Tensor"]:
     """(dinp [inp's dtype], dgamma, dbeta [float32]) composed from Tensor operations in float32."""
     C = inp.shape[-1]
-    rows = inp.size // C
+    rows = inp.numel() // C
     x = inp.contiguous().view(rows, C).to(float32)
     dy = grad_out.contiguous().view(rows, C).to(float32)
     r = rstd.view(rows, 1)

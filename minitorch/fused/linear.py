@@ -1,9 +1,12 @@
-"""Linear layer with a fused epilogue: act(x @ weight + bias) for x [rows, in], weight [in, out].
+"""Linear layer with a fused epilogue: act(x @ weight.T + bias) for x [rows, in] and weight
+[out, in], torch's layout (torch.nn.functional.linear).
 
 On CUDA the bias and the activation (GELU, tanh approximation, or ReLU) run in the matmul's
-epilogue, which also keeps x @ weight + bias for the backward; elsewhere the composed reference
-below.  The backward turns the incoming gradient into the pre-activation gradient d with the
-activation's derivative, then dx = d @ weight^T, dweight = x^T @ d, dbias = column sums of d.
+epilogue, which also keeps x @ weight.T + bias for the backward; elsewhere the composed reference
+below.  weight.T is read in place (the matmul kernels take any strides, at the speed of a
+contiguous operand).  The backward turns the incoming gradient into the pre-activation gradient d
+with the activation's derivative, then dx = d @ weight, dweight = d^T @ x (made in weight's
+[out, in] layout), dbias = column sums of d.
 
 16-bit inputs (bfloat16 under minitorch.autocast) compute as the kernels do: products of the 16-bit
 values summed in float32, the bias and the activation in float32, the output and the kept
@@ -30,37 +33,38 @@ ACTIVATIONS = (None, "gelu", "relu")
 
 
 def linear(x: "Tensor", weight: "Tensor", bias: Optional["Tensor"] = None, activation: Optional[str] = None) -> "Tensor":
-    """act(x @ weight + bias) over the last dim of x [..., in] with weight [in, out], bias [out]
-    (in the autocast dtype inside minitorch.autocast; otherwise in the inputs' promoted dtype)."""
+    """act(x @ weight.T + bias) over the last dim of x [..., in] with weight [out, in], bias [out]
+    (torch.nn.functional.linear, plus a fused activation None, "gelu" (tanh approximation) or
+    "relu"); in the autocast dtype inside minitorch.autocast, otherwise in the inputs' promoted dtype."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
     weight = x._ensure(weight)
-    if weight.dims != 2 or x.dims < 1 or x.shape[-1] != weight.shape[0]:
-        raise IndexingError(f"linear: input {x.shape} and weight {weight.shape} (expected [..., in] and [in, out])")
+    if weight.dims != 2 or x.dims < 1 or x.shape[-1] != weight.shape[1]:
+        raise IndexingError(f"linear: input {x.shape} and weight {weight.shape} (expected [..., in] and [out, in])")
     if bias is not None:
         bias = x._ensure(bias)
-        if bias.shape != (weight.shape[1],):
+        if bias.shape != (weight.shape[0],):
             raise IndexingError(f"linear: bias of shape {bias.shape} for weight {weight.shape}")
     x, weight, bias = autocast_inputs("linear", x, weight, bias)
     operands = [t for t in (x, weight, bias) if t is not None]
     dtype = arithmetic(result_type(*operands))
     x, weight, bias = (t if t is None or t.dtype is dtype else t.to(dtype) for t in (x, weight, bias))
     lead = x.shape[:-1]
-    rows = x.contiguous().view(-1, weight.shape[0])
+    rows = x.contiguous().view(-1, weight.shape[1])
     out = Linear.apply(rows, weight, bias, activation)
-    return out.view(*lead, weight.shape[1])
+    return out.view(*lead, weight.shape[0])
 
 
 def linear_reference(
     x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str]
 ) -> Tuple["Tensor", Optional["Tensor"]]:
-    """(act(x @ weight + bias), x @ weight + bias when there is an activation) composed from Tensor
-    operations; for 16-bit inputs in float32, each output rounded once (see the module notes)."""
+    """(act(x @ weight.T + bias), x @ weight.T + bias when there is an activation) composed from
+    Tensor operations; for 16-bit inputs in float32, each output rounded once (see the module notes)."""
     low = x.dtype
     with autocast(enabled=False):
         if low.rounds:
             x, weight, bias = (None if t is None else t.float() for t in (x, weight, bias))
-        pre = x @ weight
+        pre = x @ weight.transpose(0, 1)
         if bias is not None:
             pre = pre + bias
         if activation is None:
@@ -73,11 +77,11 @@ def linear_backward_reference(
     d: "Tensor", x: "Tensor", weight: "Tensor", has_bias: bool
 ) -> Tuple["Tensor", "Tensor", Optional["Tensor"]]:
     """(dx, dweight, dbias or None) from d [rows, out], the pre-activation gradient, composed:
-    dx = d @ weight^T in d's dtype; dweight = x^T @ d and dbias = column sums of d in float32."""
-    dx = d @ weight.transpose(0, 1)
+    dx = d @ weight in d's dtype; dweight = d^T @ x [out, in] and dbias = column sums of d in float32."""
+    dx = d @ weight
     d32 = d.float()
-    dweight = x.float().transpose(0, 1) @ d32
-    return dx, dweight, (d32.sum(0).view(weight.shape[1]) if has_bias else None)
+    dweight = d32.transpose(0, 1) @ x.float()
+    return dx, dweight, (d32.sum(0).view(weight.shape[0]) if has_bias else None)
 
 
 def _activation_backward(grad: "Tensor", pre: "Tensor", activation: Optional[str]) -> "Tensor":
@@ -89,7 +93,7 @@ def _activation_backward(grad: "Tensor", pre: "Tensor", activation: Optional[str
 
 
 class Linear(Function):
-    """Saves x, weight and the pre-activation (when there is an activation).
+    """Saves x, weight [out, in] and the pre-activation (when there is an activation).
 
     Kernel hooks: linear_fw(x, weight, bias, activation) -> (out, pre or None) as linear_reference;
     linear_bw(d, x, weight, has_bias) -> (dx, dweight, dbias or None) as linear_backward_reference,

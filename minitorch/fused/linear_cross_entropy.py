@@ -58,8 +58,8 @@ def fused_linear_cross_entropy(
     """sum(loss * w) / sum(w), a 0-dim tensor (as nn.cross_entropy's), where loss[r] is the cross-entropy of the logits
     hidden[r] @ weight (+ bias) against targets[r], and w = token_weights.
 
-    hidden [N, C]; weight [C, V] (minitorch's Linear layout: Linear(C, V).weights); targets [N]
-    holding integral class ids; token_weights [N] (0 leaves a token out: its target may then be any
+    hidden [N, C]; weight [C, V] (Linear(C, V).weight.T, a transposed view read in place); targets [N]
+    of class ids (int64, or floats holding integers); token_weights [N] (0 leaves a token out: its target may then be any
     value, e.g. padding); bias [V] or None; chunk_size: rows of logits made at a time (any positive
     int, need not divide N; default: default_chunk_size(N, V)); label_smoothing = e in [0, 1] trains
     against (1 - e) * onehot(target) + e / V (torch's definition).  It equals
@@ -79,7 +79,7 @@ def fused_linear_cross_entropy(
             raise TypeError(
                 f"fused_linear_cross_entropy: {name} must be a tensor on {hidden.backend.ops.__name__} like hidden"
             )
-    if hidden.dims != 2 or weight.dims != 2 or hidden.shape[1] != weight.shape[0] or hidden.size == 0:
+    if hidden.dims != 2 or weight.dims != 2 or hidden.shape[1] != weight.shape[0] or hidden.numel() == 0:
         raise IndexingError(
             f"fused_linear_cross_entropy: hidden [N, C] and weight [C, V] with N, C >= 1, got {hidden.shape} "
             f"and {weight.shape}"
@@ -102,7 +102,7 @@ def fused_linear_cross_entropy(
     smoothing = check_label_smoothing("fused_linear_cross_entropy", label_smoothing)
     hidden, weight, bias = autocast_inputs("linear_cross_entropy", hidden, weight, bias)
     if not hidden.backend.cuda:
-        _check_targets(targets, token_weights, V)
+        check_targets("fused_linear_cross_entropy", targets, invalid_targets(targets, V, token_weights != 0), V)
     return FusedLinearCrossEntropy.apply(
         hidden.contiguous(), _dense(weight), None if bias is None else bias.contiguous(),
         targets, token_weights, int(chunk_size), smoothing,
@@ -120,17 +120,26 @@ def _scaled(grad: "Tensor", by: "Tensor") -> "Tensor":
     return (grad.permute(1, 0) * by).permute(1, 0) if grad._tensor.is_transposed() else grad * by
 
 
-def _check_targets(targets: "Tensor", token_weights: "Tensor", vocab: int) -> None:
-    """Targets of the tokens that count must be integers in [0, vocab) (host check, CPU backends)."""
-    ids = targets.to_numpy().astype(np.float64)
-    counted = token_weights.to_numpy() != 0
-    bad = counted & ((ids < 0) | (ids >= vocab) | (ids != np.floor(ids)))
-    if bad.any():
-        r = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"fused_linear_cross_entropy: targets must be integers in [0, {vocab}) where token_weights != 0; "
-            f"token {r} has target {ids[r]} with weight {float(token_weights.to_numpy()[r])}"
-        )
+def invalid_targets(targets: "Tensor", vocab: int, counted: Optional["Tensor"] = None) -> "Tensor":
+    """The bool mask of targets that count (where counted is true; everywhere for None) and are not
+    integers in [0, vocab): int64 ids, or floats holding integers."""
+    valid = (targets >= 0) & (targets < vocab)
+    if targets.dtype.is_floating:
+        valid = valid & (targets == targets.floor())
+    return ~valid if counted is None else counted & ~valid
+
+
+def check_targets(name: str, targets: "Tensor", bad: "Tensor", vocab: int) -> None:
+    """ValueError naming the first target that the mask bad marks (a host check, for the CPU backends)."""
+    if not bool(bad.any()):
+        return
+    i = int(np.flatnonzero(bad.numpy().reshape(-1))[0])
+    where = np.unravel_index(i, targets.shape) if targets.dims > 1 else (i,)
+    token = where[0] if len(where) == 1 else tuple(int(w) for w in where)
+    raise ValueError(
+        f"{name}: targets must be integers in [0, {vocab}) where they count; token {token} has target "
+        f"{targets.numpy().reshape(-1)[i]} (targets of shape {targets.shape})"
+    )
 
 
 def linear_cross_entropy_reference(
@@ -159,7 +168,7 @@ def linear_cross_entropy_reference(
         logits = h_rows @ weight
         if bias is not None:
             logits = logits + bias.view(1, V)
-        m = logits.max(1, keepdim=True)
+        m = logits.amax(1, keepdim=True)
         e = (logits - m).exp()
         s = e.sum(1, keepdim=True)
         one_hot = ids.narrow(0, n0, rows).view(rows, 1) == classes

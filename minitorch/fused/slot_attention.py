@@ -54,7 +54,7 @@ def slot_attention(
             f"slot_attention needs keys and values [{rows}, slots, {C}] for queries {q.shape}, got {keys.shape} and "
             f"{values.shape}"
         )
-    if not 1 <= width <= keys.shape[1] or slot.size != 1 or pads.shape != (rows, 1):
+    if not 1 <= width <= keys.shape[1] or slot.numel() != 1 or pads.shape != (rows, 1):
         raise IndexingError(
             f"slot_attention needs 1 <= width <= {keys.shape[1]}, a one-element slot and pads [{rows}, 1], got width "
             f"{width}, slot {slot.shape} and pads {pads.shape}"
@@ -72,6 +72,6 @@ def slot_attention(
     k, v = (t.contiguous().view(rows, keys.shape[1], heads, D).narrow(1, 0, width) for t in (keys, values))
     mask = slot_mask(slot, pads, width).view(rows, 1, 1, width)
     scores = (q.contiguous().view(rows, heads, 1, D) * scale) @ k.permute(0, 2, 3, 1) + mask
-    e = (scores - scores.max(3, keepdim=True)).exp() * (mask == 0.0)  # a row with no slot: e = 0, out 0
+    e = (scores - scores.amax(3, keepdim=True)).exp() * (mask == 0.0)  # a row with no slot: e = 0, out 0
     s = e.sum(3, keepdim=True)
     return ((e / (s + (s == 0.0))) @ v.permute(0, 2, 1, 3)).contiguous().view(rows, C)

@@ -40,7 +40,7 @@ def softmax_reference(x: "Tensor", mask: Optional["Tensor"], causal: bool) -> "T
     gives zeros, never NaN."""
     dtype = x.dtype
     x, allowed = masked_scores(x.to(float32), mask, causal)
-    m = x.max(3, keepdim=True)
+    m = x.amax(3, keepdim=True)
     m = m.clamp(min=-3.0e38)  # a row of -inf keeps a finite shift, so x - m is never nan
     e = (x - m).exp()
     if allowed is not None:

@@ -45,8 +45,8 @@ def _composed_top_k(scores: "Tensor", k: int) -> Tuple["Tensor", "Tensor"]:
     floor = scores.zeros((1, 1)).copy_(-math.inf)  # a fill, not a host copy (graph-safe)
     for j in range(k):
         left = floor.where(taken, scores)
-        best = left.max(1, keepdim=True)
-        at = ((left == best) * (1.0 - taken) * positions).max(1, keepdim=True)
+        best = left.amax(1, keepdim=True)
+        at = ((left == best) * (1.0 - taken) * positions).amax(1, keepdim=True)
         values.narrow(1, j, 1).copy_(best)
         indices.narrow(1, j, 1).copy_(at)
         taken = taken + (positions == at)

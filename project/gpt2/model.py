@@ -6,9 +6,9 @@ LayerNorm and an LM head tied to the token embedding: ``logits = hidden @ wte[:V
 embedding table has ``padded_vocab_size`` rows (llm.c pads V to a multiple of 128); rows V..Vp-1
 are never looked up and give no logits, so they stay as loaded (zero in a fresh model).
 
-minitorch's Linear weights are ``[in, out]`` and llm.c stores ``[out, in]``: every Linear weight is
-transposed on the way in and out. llm.c's ``qkvw`` ``[3C, C]`` holds the rows of Q, then K, then V:
-transposed, the columns of MultiHeadAttention's packed ``qkv_projection``.
+minitorch's Linear weights are ``[out, in]``, as llm.c's (and torch's): every parameter is copied
+as it is. llm.c's ``qkvw`` ``[3C, C]`` holds the rows of Q, then K, then V, as MultiHeadAttention's
+packed ``qkv_projection.weight`` does.
 """
 
 from __future__ import annotations
@@ -33,16 +33,16 @@ INIT_STD = 0.02
 LOSSES = ("naive", "fused")
 
 
-def _layer_parameters(layer: TransformerLayer) -> dict[str, tuple[Parameter, bool]]:
-    """llm.c's per-layer names -> (parameter, stored transposed in llm.c's file)."""
+def _layer_parameters(layer: TransformerLayer) -> dict[str, Parameter]:
+    """llm.c's per-layer names -> parameters."""
     attn, ff = layer.attention, layer.ff
     return {
-        "ln1w": (layer.ln_1.weights, False), "ln1b": (layer.ln_1.bias, False),
-        "qkvw": (attn.qkv_projection.weights, True), "qkvb": (attn.qkv_projection.bias, False),
-        "attprojw": (attn.out_projection.weights, True), "attprojb": (attn.out_projection.bias, False),
-        "ln2w": (layer.ln_2.weights, False), "ln2b": (layer.ln_2.bias, False),
-        "fcw": (ff.linear_in.weights, True), "fcb": (ff.linear_in.bias, False),
-        "fcprojw": (ff.linear_out.weights, True), "fcprojb": (ff.linear_out.bias, False),
+        "ln1w": layer.ln_1.weight, "ln1b": layer.ln_1.bias,
+        "qkvw": attn.qkv_projection.weight, "qkvb": attn.qkv_projection.bias,
+        "attprojw": attn.out_projection.weight, "attprojb": attn.out_projection.bias,
+        "ln2w": layer.ln_2.weight, "ln2b": layer.ln_2.bias,
+        "fcw": ff.linear_in.weight, "fcb": ff.linear_in.bias,
+        "fcprojw": ff.linear_out.weight, "fcprojb": ff.linear_out.bias,
     }  # fmt: skip
 
 
@@ -122,18 +122,18 @@ class GPT2(Module):
     @property
     def backend(self) -> Any:
         """The backend that holds the parameters."""
-        return self.wte.weights.value.backend
+        return self.wte.weight.value.backend
 
     # ---- llm.c layout --------------------------------------------------------------------------
-    def _llmc_slots(self) -> Iterator[tuple[str, int, Parameter, bool]]:
-        """(llm.c name, layer or -1, parameter, transposed) for every parameter."""
-        yield "wte", -1, self.wte.weights, False
-        yield "wpe", -1, self.wpe.weights, False
+    def _llmc_slots(self) -> Iterator[tuple[str, int, Parameter]]:
+        """(llm.c name, layer or -1, parameter) for every parameter."""
+        yield "wte", -1, self.wte.weight
+        yield "wpe", -1, self.wpe.weight
         for index, layer in enumerate(self.layers):
-            for name, (param, transposed) in _layer_parameters(layer).items():
-                yield name, index, param, transposed
-        yield "lnfw", -1, self.ln_f.weights, False
-        yield "lnfb", -1, self.ln_f.bias, False
+            for name, param in _layer_parameters(layer).items():
+                yield name, index, param
+        yield "lnfw", -1, self.ln_f.weight
+        yield "lnfb", -1, self.ln_f.bias
 
     def load_llmc_params(self, params: Mapping[str, np.ndarray]) -> None:
         """Set every parameter from llm.c-layout arrays (``read_checkpoint``'s dict) of this
@@ -148,15 +148,14 @@ class GPT2(Module):
                     f"for {self.config}"
                 )
         backend = self.backend
-        for name, layer, param, transposed in self._llmc_slots():
+        for name, layer, param in self._llmc_slots():
             value = np.asarray(params[name] if layer < 0 else params[name][layer])
-            param.update(minitorch.tensor_from_numpy(value.T if transposed else value, backend=backend))
+            param.update(minitorch.tensor_from_numpy(value, backend=backend))
 
     def _llmc_arrays(self, read: Callable[[Parameter], np.ndarray]) -> dict[str, np.ndarray]:
         out = {name: np.zeros(shape, dtype=np.float32) for name, shape in parameter_shapes(self.config).items()}
-        for name, layer, param, transposed in self._llmc_slots():
-            value = read(param)
-            (out[name] if layer < 0 else out[name][layer])[...] = value.T if transposed else value
+        for name, layer, param in self._llmc_slots():
+            (out[name] if layer < 0 else out[name][layer])[...] = read(param)
         return out
 
     def llmc_params(self) -> dict[str, np.ndarray]:
@@ -205,7 +204,7 @@ class GPT2(Module):
 
     def lm_head(self) -> Tensor:
         """The tied LM head [C, V]: the first vocab_size rows of wte, transposed (a view)."""
-        return self.wte.weights.value.narrow(0, 0, self.config.vocab_size).transpose(0, 1)
+        return self.wte.weight.value.narrow(0, 0, self.config.vocab_size).transpose(0, 1)
 
     def forward(self, idx: Tensor) -> Tensor:
         """[B, T] token ids -> logits [B, T, vocab_size]."""

@@ -100,7 +100,7 @@ def train(
     metrics = MetricsLog(out_dir / METRICS_NAME, write=parallel.is_main)
     history = metrics.restart(lambda r: r["epoch"] <= job.progress["epoch"])
 
-    n_params = sum(p.value.size for p in job.model.parameters())
+    n_params = sum(p.value.numel() for p in job.model.parameters())
     say(
         f"{'resuming in ' + job.position() if checkpoint else 'training'} "
         f"({job.model.attention_config}, loss: {config['loss']}, recompute layers: {config['recompute_layers']}, "

@@ -69,7 +69,7 @@ def batch_loss_from_tensors(
         head = model.lm_head
         bias = None if head.bias is None else head.bias.value
         return minitorch.fused_linear_cross_entropy(
-            hidden.view(B * T, C), head.weights.value, targets, weights, bias=bias, label_smoothing=label_smoothing
+            hidden.view(B * T, C), head.weight.value.T, targets, weights, bias=bias, label_smoothing=label_smoothing
         )
     if loss != "naive":
         raise ValueError(f"unknown loss {loss!r}: expected 'naive' or 'fused'")

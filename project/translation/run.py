@@ -96,7 +96,7 @@ class TranslationRun:
         line had to estimate them before the corpus was read)."""
         sizes = {"train": len(self.data["train"].sequences), "valid": len(self.data["valid"].sequences),
                  "test": len(self.data["prompts"])}  # fmt: skip
-        params = sum(p.value.size for p in self.model.parameters())
+        params = sum(p.value.numel() for p in self.model.parameters())
         state = {"progress": self.progress, "batcher": self.batcher.state_dict()}
         return plan_run(self.config, speed_of(self.backend), self.parallel, sizes, params, state)
 

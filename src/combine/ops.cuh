@@ -8,6 +8,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include "../includes/op_table.cuh"
+
 namespace {
 
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -57,6 +59,33 @@ struct OpGelu {
   }
 };
 
+struct OpAbs {
+  static constexpr const char* kName = "abs";
+  __device__ __forceinline__ float operator()(float x) const { return fabsf(x); }
+};
+struct OpSqrt {
+  static constexpr const char* kName = "sqrt";
+  __device__ __forceinline__ float operator()(float x) const { return sqrtf(x); }
+};
+struct OpSin {
+  static constexpr const char* kName = "sin";
+  __device__ __forceinline__ float operator()(float x) const { return sinf(x); }
+};
+struct OpCos {
+  static constexpr const char* kName = "cos";
+  __device__ __forceinline__ float operator()(float x) const { return cosf(x); }
+};
+struct OpFloor {
+  static constexpr const char* kName = "floor";
+  __device__ __forceinline__ float operator()(float x) const { return floorf(x); }
+};
+constexpr float kSqrtHalf = 0.7071067811865476f;   // 1 / sqrt(2)
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1 / sqrt(2 pi)
+struct OpGeluErf {
+  static constexpr const char* kName = "gelu_erf";
+  __device__ __forceinline__ float operator()(float x) const { return 0.5f * x * (1.f + erff(x * kSqrtHalf)); }
+};
+
 struct OpAdd {
   static constexpr const char* kName = "add";
   __device__ __forceinline__ float operator()(float x, float y) const { return x + y; }
@@ -79,9 +108,19 @@ struct OpIsClose {
     return fabsf(x - y) < 1e-2f ? 1.f : 0.f;
   }
 };
+// operators.max / min: NaN when either operand is NaN (as torch.max), unlike fmaxf; also the
+// combining operations of reduce's max and min.
 struct OpMax {
   static constexpr const char* kName = "max";
-  __device__ __forceinline__ float operator()(float x, float y) const { return x > y ? x : y; }
+  __device__ __forceinline__ float operator()(float x, float y) const { return (x > y || x != x) ? x : y; }
+};
+struct OpMin {
+  static constexpr const char* kName = "min";
+  __device__ __forceinline__ float operator()(float x, float y) const { return (x < y || x != x) ? x : y; }
+};
+struct OpDiv {
+  static constexpr const char* kName = "div";
+  __device__ __forceinline__ float operator()(float x, float y) const { return x / y; }
 };
 struct OpPow {
   static constexpr const char* kName = "pow";
@@ -112,6 +151,12 @@ struct OpTanhBack {
   static constexpr const char* kName = "tanh_back";
   __device__ __forceinline__ float operator()(float y, float d) const { return d * (1.f - y * y); }
 };
+struct OpGeluErfBack {
+  static constexpr const char* kName = "gelu_erf_back";
+  __device__ __forceinline__ float operator()(float x, float d) const {
+    return d * (0.5f * (1.f + erff(x * kSqrtHalf)) + x * expf(-0.5f * x * x) * kInvSqrt2Pi);
+  }
+};
 struct OpGeluBack {
   static constexpr const char* kName = "gelu_back";
   __device__ __forceinline__ float operator()(float x, float d) const {
@@ -121,40 +166,9 @@ struct OpGeluBack {
   }
 };
 
-// The operations of one table, in opcode order.
-template <class... Ops>
-struct OpTable {
-  static constexpr int kCount = sizeof...(Ops);
-
-  // launch(Op{}) for the operation Op of opcode op; cudaErrorInvalidValue when there is none.
-  template <class Launch>
-  static int dispatch(int op, Launch&& launch) {
-    int status = static_cast<int>(cudaErrorInvalidValue);
-    int code = 0;
-    // Walks the operations in order and stops at the one whose position is op.
-    (void)((code++ == op ? (status = launch(Ops{}), true) : false) || ...);
-    return status;
-  }
-
-  // The name of opcode op, nullptr when out of range.
-  static const char* name(int op) {
-    constexpr const char* kNames[] = {Ops::kName...};
-    return op >= 0 && op < kCount ? kNames[op] : nullptr;
-  }
-
-  // The opcode of Op.
-  template <class Op>
-  static constexpr int code() {
-    constexpr bool kIs[] = {std::is_same_v<Op, Ops>...};
-    for (int i = 0; i < kCount; ++i) {
-      if (kIs[i]) return i;
-    }
-    return -1;
-  }
-};
-
-using UnaryOps = OpTable<OpId, OpNeg, OpSigmoid, OpRelu, OpLog, OpExp, OpInv, OpTanh, OpGelu>;
-using BinaryOps = OpTable<OpAdd, OpMul, OpLt, OpEq, OpIsClose, OpMax, OpPow, OpReluBack, OpLogBack, OpInvBack,
-                          OpSigmoidBack, OpTanhBack, OpGeluBack>;
+using UnaryOps = mt::OpTable<OpId, OpNeg, OpSigmoid, OpRelu, OpLog, OpExp, OpInv, OpTanh, OpGelu, OpAbs, OpSqrt, OpSin,
+                              OpCos, OpFloor, OpGeluErf>;
+using BinaryOps = mt::OpTable<OpAdd, OpMul, OpLt, OpEq, OpIsClose, OpMax, OpPow, OpReluBack, OpLogBack, OpInvBack,
+                              OpSigmoidBack, OpTanhBack, OpGeluBack, OpMin, OpDiv, OpGeluErfBack>;
 
 }  // namespace

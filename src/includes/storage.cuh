@@ -58,6 +58,27 @@ __device__ __forceinline__ void store4(__nv_bfloat16* p, float4 v) {
   *reinterpret_cast<uint2*>(p) = raw;
 }
 
+template <class T>
+struct Tag {
+  using type = T;
+};
+
+// f(Tag<T>{}) for the element type T of a float format code of convert_kernel.cu: 0 float32,
+// 1 bfloat16, 2 float16; cudaErrorInvalidValue for another code.
+template <class F>
+int with_float_format(int code, F f) {
+  switch (code) {
+    case 0:
+      return f(Tag<float>{});
+    case 1:
+      return f(Tag<__nv_bfloat16>{});
+    case 2:
+      return f(Tag<__half>{});
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
 // Calls f(T{}) -- a null pointer of the element type -- for a storage code: 0 float32, 1 bfloat16
 // (the codes of minitorch/cuda/runtime.py STORAGE_CODES).
 template <class F>
