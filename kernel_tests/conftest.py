@@ -88,6 +88,32 @@ SMALL_CASES: Dict[str, Dict[str, Dict[str, List[Any]]]] = {
         "test_epilogues": {"M": [100, 37]}, "test_accumulate": {"K": [100, 20000]}, "test_strided_and_misaligned": {},
         "test_bad_input_is_refused": {},
     },
+    "test_bf16_elementwise.py": {  # combine in bf16: maps, zips, mixed storage, dropout, reductions, GELU backward
+        "test_map": {"name": ["gelu", "exp"]}, "test_zip_broadcast_and_permuted": {"name": ["add"]},
+        "test_mixed_storage_operands": {}, "test_dropout_keeps_bfloat16_and_scales_kept_values": {},
+        "test_reduce_accumulates_in_float32": {"shape": [(33, 1023), (5, 9, 11)]},
+        "test_gelu_backward_in_bfloat16": {},
+    },
+    "test_bf16_softmax.py": {"test_softmax_forward_and_backward": {"Tk": [7, 1025]}},  # softmax_kernel in bf16
+    "test_bf16_layernorm.py": {  # layernorm_kernel in bf16
+        "test_layernorm_forward_and_backward": {"hidden": [7, 768]},
+    },
+    "test_bf16_embedding.py": {  # embedding_kernel in bf16
+        "test_gather_rounds_rows_once": {"dim": [7, 64]}, "test_scatter_add_sums_bfloat16_gradients_in_float32": {"dim": [7]},
+    },
+    "test_bf16_adamw.py": {"test_working_copies_follow_the_masters": {}, "test_launcher_rejects_a_bad_working_copy": {}},
+    "test_bf16_classifier.py": {  # classifier_kernel in bf16 (through matmul_bf16_kernel)
+        "test_against_float64": {"V": [77]},
+    },
+    "test_bf16_decoding.py": {  # kv_cache_kernel in bf16
+        "test_write_slot_copies_bf16_exactly_and_casts_float32_values": {},
+        "test_slot_attention_against_float64": {"width": [37]},
+    },
+    "test_bf16_attention.py": {  # attention_bf16_kernel: every head-dim bucket, masks, odd sizes, empty rows
+        "test_lengths": {"T": [65], "mask_kind": ["inf"]}, "test_cross_lengths": {"Tq": [7]},
+        "test_odd_head_dims": {"D": [7, 65]}, "test_rows_without_keys_are_zero": {},
+        "test_packed_qkv_and_autocast": {}, "test_raw_launcher_rejects_bad_sizes": {},
+    },
     "test_torch_habits_cuda.py": {  # int_kernel: elementwise, reduce, casts, arg_reduce, cumsum, sort rows, gathers
         "test_int64_elementwise_and_reductions_are_exact": {}, "test_int64_casts_fill_arange_and_gather_rows": {},
         "test_sort_rows_of_every_length_are_stable": {"length": [3, 1000]}, "test_nan_in_argmax_argmin_and_max": {},

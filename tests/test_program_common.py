@@ -87,7 +87,7 @@ def test_the_first_line_says_backend_preset_size_steps_and_time() -> None:
 def test_the_plan_counts_the_parameters_and_steps_of_the_run(preset: str) -> None:
     config = parse(["--preset", preset, "--backend", "cpu"])[0]
     model = build_model(config, config["vocab_size"], minitorch.TensorBackend(minitorch.SimpleOps))
-    assert parameter_count(config, config["vocab_size"]) == sum(p.value.size for p in model.parameters())
+    assert parameter_count(config, config["vocab_size"]) == sum(p.value.numel() for p in model.parameters())
     assert steps_per_epoch(config, 29000, 1) == (40 if preset == "tiny" else 227)
     assert steps_per_epoch(config, 29000, 2) == (20 if preset == "tiny" else 114)
     assert PRESETS["full"] == {} and isinstance(PRESETS["tiny"], dict)
