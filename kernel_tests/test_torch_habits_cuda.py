@@ -62,7 +62,7 @@ def test_sort_rows_of_every_length_are_stable(length: int, descending: bool) -> 
     t = minitorch.tensor(x, backend=CUDA)
     for values in (x, x.astype(np.int64)) if length > 1 else (x,):
         ours = minitorch.tensor(values, backend=CUDA).sort(1, descending=descending)
-        ref = torch.tensor(values).sort(1, descending=descending, stable=True)
+        ref = torch.tensor(values).sort(dim=1, descending=descending, stable=True)
         np.testing.assert_array_equal(ours.indices.numpy(), ref.indices.numpy())
         np.testing.assert_array_equal(ours.values.numpy(), ref.values.numpy())
     with pytest.raises(minitorch.IndexingError, match="sort on CUDA handles rows of up to 4096"):

@@ -11,7 +11,7 @@ import numpy as np
 from . import tensor_functions as F
 from .autocast import autocast
 from .autodiff import Context, backpropagate, no_grad
-from .dtypes import DType, bool_, float32, int64
+from .dtypes import DType, float32, int64
 from .fast_ops import FastOps
 from .fused.layernorm import layernorm as _layernorm
 from .fused.softmax import attn_softmax as _attn_softmax
@@ -238,9 +238,9 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
             return b
         if not isinstance(b, (int, float)):
             raise TypeError(f"a tensor of shape {self.shape} cannot combine with {type(b).__name__} {b!r}")
-        dtype = bool_ if isinstance(b, bool) else int64 if isinstance(b, int) else float32
-        value = np.array([b], np.int64 if dtype is int64 else np.float32)
-        return Tensor(TensorData(self.backend.ops.storage_from_numpy(value), (), dtype=dtype), backend=self.backend)
+        from .tensor_create import full  # a fill kernel: no host-to-device copy, so CUDA graphs capture it
+
+        return full((), b, backend=self.backend)
 
     # ---- autodiff helpers --------------------------------------------------------------------
     def _sum_to(self, shape: UserShape) -> "Tensor":

@@ -10,6 +10,7 @@ eq) write float32 1.0/0.0, the storage of minitorch.bool.
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import Callable, Optional
 
 from .. import operators
@@ -127,9 +128,11 @@ def zip_op(fn: Callable) -> Callable[[TensorData, TensorData], TensorData]:
     return ret
 
 
-def reduce_op(fn: Callable, start: int) -> Callable[[TensorData, int], TensorData]:
+def reduce_op(fn: Callable, start: float) -> Callable[[TensorData, int], TensorData]:
     """fold(fn, start) along one dim of int64 a, kept with size 1; fn add, mul, max or min."""
     op = _code(fn, REDUCE_OPS)
+    if math.isinf(start):  # max's and min's float start value: the int64 extreme on that side
+        start = -(2**63) if start < 0 else 2**63 - 1
 
     def ret(a: TensorData, dim: int) -> TensorData:
         out_shape = a.shape[:dim] + (1,) + a.shape[dim + 1 :]
