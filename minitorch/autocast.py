@@ -164,7 +164,8 @@ def _lowered(t: Optional[Any], dtype: DType) -> Optional[Any]:
     if t is None or not t.dtype.is_floating or t.dtype is dtype:
         return t
     if not (t.is_leaf and t.requires_grad):
-        return t.to(dtype)
+        chain = _views_of_a_parameter(t)
+        return t.to(dtype) if chain is None else _replay_views(_lowered(chain[0], dtype), chain[1:])
     version, copy = getattr(t, "_autocast_copy", (None, None))
     if copy is None or copy.dtype is not dtype:
         buffer, stale = empty(t.backend.ops, t.shape, dtype), True
@@ -177,6 +178,40 @@ def _lowered(t: Optional[Any], dtype: DType) -> Optional[Any]:
     copy._grad_dtype = t.dtype  # gradients reach the master as they come (a 16-bit Linear's dW is float32)
     t._autocast_copy = (t._version, copy)
     return copy
+
+
+def _views_of_a_parameter(t: "Tensor") -> Optional[List["Tensor"]]:
+    """[leaf, view of it, ..., t] when t is made from a contiguous leaf that requires grad by views
+    alone (permute / transpose, view, narrow / basic slicing), else None."""
+    from .tensor_functions import Permute, View
+    from .tensor_index import StridedView
+
+    chain = [t]
+    while not chain[-1].is_leaf:
+        history = chain[-1].history
+        if history is None or history.last_fn not in (Permute, View, StridedView) or len(history.inputs) != 1:
+            return None
+        chain.append(history.inputs[0])
+    leaf = chain[-1]
+    return chain[::-1] if leaf.requires_grad and leaf.is_contiguous() else None
+
+
+def _replay_views(copy: "Tensor", views: List["Tensor"]) -> "Tensor":
+    """The views that made each of `views` from its input, applied in turn to copy (the lowered leaf):
+    a transposed head of a tied embedding reads the embedding's working copy, not a cast of its own."""
+    from .tensor_functions import Permute, View
+    from .tensor_index import StridedView
+
+    out = copy
+    for node in views:
+        fn, saved = node.history.last_fn, node.history.ctx.saved_values
+        if fn is Permute:
+            out = Permute.apply(out, saved[0])
+        elif fn is View:
+            out = View.apply(out, node.shape)
+        else:
+            out = StridedView.apply(out, saved[1])
+    return out
 
 
 class WorkingCopy(Function):

@@ -120,6 +120,29 @@ def test_a_parameters_copy_is_cached_until_it_changes(backend) -> None:
         assert third is not second and np.array_equal(third.to_numpy(), bfloat16.round(w.to_numpy()))
 
 
+def test_a_view_of_a_parameter_reads_its_working_copy(backend) -> None:
+    """A tied head (narrowed rows of an embedding, transposed) is the same view of the embedding's
+    working copy: no cast of its own, the transposed layout kept, and the gradient of a bf16 product
+    through it reaches the float32 parameter (against torch CPU float64 on the bf16-rounded values)."""
+    rng = np.random.default_rng(1)
+    table = mt(rng.standard_normal((10, 8)), backend, requires_grad=True)
+    x = mt(rng.standard_normal((5, 8)), backend)
+    with minitorch.autocast():
+        head = table.narrow(0, 0, 7).transpose(0, 1)
+        low = autocast_inputs("matmul", head)[0]
+        copy = autocast_inputs("matmul", table)[0]
+        assert low.dtype is bfloat16 and low.shape == (8, 7) and low._tensor.is_transposed()
+        assert np.shares_memory(low._tensor._storage, copy._tensor._storage)
+        np.testing.assert_array_equal(low.to_numpy(), bfloat16.round(table.to_numpy()[:7].T))
+        (x @ head).sum().backward()
+    assert table.grad.dtype is float32
+    rounded = torch.tensor(bfloat16.round(table.to_numpy()), dtype=torch.float64, requires_grad=True)
+    tx = torch.tensor(bfloat16.round(x.to_numpy()), dtype=torch.float64)
+    (tx @ rounded[:7].t()).sum().backward()
+    # the gradient of a bf16 `@` is bf16 (as torch's), so the reference's is rounded once
+    np.testing.assert_allclose(table.grad.to_numpy(), bfloat16.round(rounded.grad.numpy()), rtol=2**-8, atol=1e-6)
+
+
 def test_a_copy_made_under_no_grad_is_remade_for_grad(backend) -> None:
     x, w = _inputs(backend)
     with minitorch.autocast():
