@@ -1,14 +1,16 @@
 // classifier_kernel.cu: the fused classifier behind minitorch.fused_linear_cross_entropy.
 //
 // Softmax, cross-entropy and the gradient of the logits in one kernel, in the manner of llm.c's
-// fused classifier. Shapes: logits [rows, V] (rows ld >= V floats apart, a chunk of the tokens), one target id,
+// fused classifier. Shapes: logits [rows, V] (float32 or bf16, rows ld >= V elements apart, a chunk of the
+// tokens; float32 math either way), one target id,
 // one token weight and one loss per row; weight_sum points at sum(token weights) over ALL tokens
 // of the loss (not just this chunk), so that the loss is sum(loss_r * w_r) / sum(w).
 // Label smoothing e replaces the one-hot target by q = (1 - e) * onehot + e / V (torch's
 // definition): loss_r = logsumexp - (1 - e) * x[target] - e * mean(x), dlogits = softmax - q.
 //
-// Thread mapping: one block per row. Pass 1: every thread folds its elements of the row (lanes
-// consecutive, float4 when every row is 16-byte aligned, else scalar with four loads in flight) into
+// Thread mapping: one block per row. Pass 1: every thread folds its elements of the row (16-byte
+// groups, consecutive per lane, when the rows start 16-byte aligned, then a scalar tail for a vocab
+// that is not a whole number of groups; else scalar with four loads in flight) into
 // an online (max, sum of exp) pair plus the plain sum of the row (for label smoothing); these merge
 // across the warp with shuffles, then across the block through shared memory. Thread 0 reads the target's logit before anything is overwritten.
 // Pass 2 (when the gradient is wanted): each thread rereads its own elements (mostly from L2) and
@@ -19,7 +21,10 @@
 // 0 and its dlogits row is written as zeros. A row with a non-zero weight whose target is not an
 // integer in [0, V) gets a NaN loss (the device cannot raise; the CPU backends check on the host).
 #include <cmath>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 #include "includes/cuda_check.cuh"
 #include "includes/launch_utils.cuh"
@@ -46,122 +51,171 @@ struct RowStatsOp {
   }
 };
 
-__device__ __forceinline__ void fold4(RowStats& r, float a, float b, float c, float d) {
-  const float nm = fmaxf(r.max, fmaxf(fmaxf(a, b), fmaxf(c, d)));
-  r.sum_exp = r.sum_exp * expf(r.max - nm) + (expf(a - nm) + expf(b - nm)) + (expf(c - nm) + expf(d - nm));
-  r.max = nm;
-  r.total += (a + b) + (c + d);
-}
+// Logits are float32 or bf16 (T); all arithmetic is float32. A group is the 16 bytes one vector load
+// reads: kGroup<T> elements (4 floats, 8 bf16).
+template <class T>
+constexpr int kGroup = 16 / static_cast<int>(sizeof(T));
 
-__device__ __forceinline__ void fold1(RowStats& r, float a) {
-  const float nm = fmaxf(r.max, a);
-  r.sum_exp = r.sum_exp * expf(r.max - nm) + expf(a - nm);
-  r.max = nm;
-  r.total += a;
-}
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void store_value(float* x, float v) { *x = v; }
+__device__ __forceinline__ void store_value(__nv_bfloat16* x, float v) { *x = __float2bfloat16(v); }
 
-// Elements 4q .. 4q + 3 of the row, plus the bias when HAS_BIAS (both 16-byte aligned).
-template <bool HAS_BIAS>
-__device__ __forceinline__ float4 load4(const float* x, const float* bias, int q) {
-  float4 v = mt::load_float4(x + 4 * q);
-  if (HAS_BIAS) {
-    const float4 b = mt::load_float4(bias + 4 * q);
-    v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
+// Elements j .. j + kGroup<T> - 1 of the row (16-byte aligned), plus the bias when HAS_BIAS (16-byte
+// aligned too: j is a multiple of 4).
+template <class T, bool HAS_BIAS>
+__device__ __forceinline__ void load_group(const T* x, const float* bias, int j, float (&v)[kGroup<T>]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(x + j);
+  if constexpr (sizeof(T) == 4) {
+    const float4 f = make_float4(__uint_as_float(raw.x), __uint_as_float(raw.y), __uint_as_float(raw.z),
+                                 __uint_as_float(raw.w));
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]));
+      v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
   }
-  return v;
+  if (HAS_BIAS) {
+#pragma unroll
+    for (int i = 0; i < kGroup<T>; i += 4) {
+      const float4 b = mt::load_float4(bias + j + i);
+      v[i] += b.x, v[i + 1] += b.y, v[i + 2] += b.z, v[i + 3] += b.w;
+    }
+  }
 }
 
-// The row's elements a thread owns: VEC: float4 groups q = tid, tid + T, ... (elements 4q..4q+3);
-// scalar: elements j = tid, tid + T, ... taken four at a time (j, j+T, j+2T, j+3T) for ILP.
-template <bool VEC, bool HAS_BIAS>
-__device__ __forceinline__ RowStats row_stats(const float* x, const float* bias, int V) {
-  const int T = blockDim.x;
+template <class T>
+__device__ __forceinline__ void store_group(T* x, int j, const float (&v)[kGroup<T>]) {
+  uint4 raw;
+  if constexpr (sizeof(T) == 4) {
+    raw = make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+  } else {
+    uint32_t words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+      words[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    raw = make_uint4(words[0], words[1], words[2], words[3]);
+  }
+  *reinterpret_cast<uint4*>(x + j) = raw;
+}
+
+template <int N>
+__device__ __forceinline__ void fold(RowStats& r, const float (&v)[N]) {
+  float nm = r.max;
+#pragma unroll
+  for (int i = 0; i < N; ++i) nm = fmaxf(nm, v[i]);
+  float sum = 0.f, total = 0.f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    sum += expf(v[i] - nm);
+    total += v[i];
+  }
+  r.sum_exp = r.sum_exp * expf(r.max - nm) + sum;
+  r.max = nm;
+  r.total += total;
+}
+
+// Element j of the row plus its bias.
+template <class T, bool HAS_BIAS>
+__device__ __forceinline__ float element(const T* x, const float* bias, int j) {
+  return HAS_BIAS ? to_float(x[j]) + bias[j] : to_float(x[j]);
+}
+
+// The first element of the row's scalar tail: VEC rows are read in whole groups up to there (the
+// rest one element per thread); other rows are read one element at a time from the start.
+template <class T, bool VEC>
+__device__ __forceinline__ int tail_start(int V) {
+  return VEC ? V - V % kGroup<T> : 0;
+}
+
+// The row's elements a thread owns: VEC: groups q = tid, tid + T, ... (elements G q .. G q + G - 1),
+// then the tail; scalar: elements j = tid, tid + T, ... taken four at a time for ILP.
+template <class T, bool VEC, bool HAS_BIAS>
+__device__ __forceinline__ RowStats row_stats(const T* x, const float* bias, int V) {
+  constexpr int G = kGroup<T>;
+  const int threads = blockDim.x;
   RowStats r{-INFINITY, 0.f, 0.f};
+  int j = tail_start<T, VEC>(V) + threadIdx.x;
   if (VEC) {
-    const int V4 = V >> 2;
-    for (int q = threadIdx.x; q < V4; q += T) {
-      const float4 v = load4<HAS_BIAS>(x, bias, q);
-      fold4(r, v.x, v.y, v.z, v.w);
+    for (int q = threadIdx.x; q < V / G; q += threads) {
+      float v[G];
+      load_group<T, HAS_BIAS>(x, bias, G * q, v);
+      fold(r, v);
     }
   } else {
-    int j = threadIdx.x;
-    for (; j + 3 * T < V; j += 4 * T) {
-      float a = x[j], b = x[j + T], c = x[j + 2 * T], d = x[j + 3 * T];
-      if (HAS_BIAS) {
-        a += bias[j];
-        b += bias[j + T];
-        c += bias[j + 2 * T];
-        d += bias[j + 3 * T];
-      }
-      fold4(r, a, b, c, d);
+    for (; j + 3 * threads < V; j += 4 * threads) {
+      const float v[4] = {element<T, HAS_BIAS>(x, bias, j), element<T, HAS_BIAS>(x, bias, j + threads),
+                          element<T, HAS_BIAS>(x, bias, j + 2 * threads), element<T, HAS_BIAS>(x, bias, j + 3 * threads)};
+      fold(r, v);
     }
-    for (; j < V; j += T) fold1(r, HAS_BIAS ? x[j] + bias[j] : x[j]);
+  }
+  for (; j < V; j += threads) {
+    const float v[1] = {element<T, HAS_BIAS>(x, bias, j)};
+    fold(r, v);
   }
   return r;
 }
 
-// dlogits over the same elements row_stats read: (exp(x - max) / sum - q_j) * scale, where the
-// smoothed target q_j is on_target + off_target at the target and off_target elsewhere.
-template <bool VEC, bool HAS_BIAS>
-__device__ __forceinline__ void row_dlogits(float* x, const float* bias, int V, int target, float max,
-                                            float inv_sum, float scale, float on_target, float off_target) {
-  const int T = blockDim.x;
+// dlogits over the same elements row_stats read, in place: (exp(x - max) / sum - q_j) * scale, where
+// the smoothed target q_j is on_target + off_target at the target and off_target elsewhere.
+template <class T, bool VEC, bool HAS_BIAS>
+__device__ __forceinline__ void row_dlogits(T* x, const float* bias, int V, int target, float max, float inv_sum,
+                                            float scale, float on_target, float off_target) {
+  constexpr int G = kGroup<T>;
+  const auto grad = [&](float v, int j) {
+    return (expf(v - max) * inv_sum - (j == target ? on_target : 0.f) - off_target) * scale;
+  };
   if (VEC) {
-    const int V4 = V >> 2;
-    for (int q = threadIdx.x; q < V4; q += T) {
-      const float4 v = load4<HAS_BIAS>(x, bias, q);
-      const int j = 4 * q;
-      mt::store_float4(
-          x + j, make_float4((expf(v.x - max) * inv_sum - (j == target ? on_target : 0.f) - off_target) * scale,
-                             (expf(v.y - max) * inv_sum - (j + 1 == target ? on_target : 0.f) - off_target) * scale,
-                             (expf(v.z - max) * inv_sum - (j + 2 == target ? on_target : 0.f) - off_target) * scale,
-                             (expf(v.w - max) * inv_sum - (j + 3 == target ? on_target : 0.f) - off_target) * scale));
+    for (int q = threadIdx.x; q < V / G; q += blockDim.x) {
+      float v[G];
+      load_group<T, HAS_BIAS>(x, bias, G * q, v);
+#pragma unroll
+      for (int i = 0; i < G; ++i) v[i] = grad(v[i], G * q + i);
+      store_group(x, G * q, v);
     }
-  } else {
-    for (int j = threadIdx.x; j < V; j += T) {
-      const float v = HAS_BIAS ? x[j] + bias[j] : x[j];
-      x[j] = (expf(v - max) * inv_sum - (j == target ? on_target : 0.f) - off_target) * scale;
-    }
+  }
+  for (int j = tail_start<T, VEC>(V) + threadIdx.x; j < V; j += blockDim.x) {
+    store_value(x + j, grad(element<T, HAS_BIAS>(x, bias, j), j));
   }
 }
 
-template <bool VEC>
-__device__ __forceinline__ void row_zero(float* x, int V) {
-  if (VEC) {
-    for (int q = threadIdx.x; q < (V >> 2); q += blockDim.x) {
-      mt::store_float4(x + 4 * q, make_float4(0.f, 0.f, 0.f, 0.f));
-    }
-  } else {
-    for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = 0.f;
-  }
+template <class T>
+__device__ __forceinline__ void row_zero(T* x, int V) {
+  for (int j = threadIdx.x; j < V; j += blockDim.x) store_value(x + j, 0.f);
 }
 
 // The launcher's arguments (see launch_fused_classifier), passed to the kernel by value.
+template <class T>
 struct ClassifierArgs {
-  float* logits;
+  T* logits;
   float* losses;
   const float* bias;  // NULL: no bias
   const float* targets;
   const float* token_weights;
   const float* weight_sum;
   int vocab;
-  int ld;  // floats between rows of logits
+  int ld;  // elements between rows of logits
   float label_smoothing;
 };
 
 // Grid: one block per row; blockDim.x a multiple of 32, at most kMaxThreads.
-template <bool VEC, bool HAS_BIAS, bool WRITE_GRAD>
-__global__ void __launch_bounds__(kMaxThreads) fused_classifier_kernel(const ClassifierArgs a) {
+template <class T, bool VEC, bool HAS_BIAS, bool WRITE_GRAD>
+__global__ void __launch_bounds__(kMaxThreads) fused_classifier_kernel(const ClassifierArgs<T> a) {
   __shared__ RowStats scratch[32];
   const int row = blockIdx.x;
   const int V = a.vocab;
   const float* bias = a.bias;
-  float* x = a.logits + static_cast<long long>(row) * a.ld;
+  T* x = a.logits + static_cast<long long>(row) * a.ld;
   const float total = *a.weight_sum;
   const float scale = total != 0.f ? a.token_weights[row] / total : 0.f;
   if (scale == 0.f) {  // uniform over the block: no barrier is skipped by only some threads
     if (threadIdx.x == 0) a.losses[row] = 0.f;
-    if (WRITE_GRAD) row_zero<VEC>(x, V);
+    if (WRITE_GRAD) row_zero(x, V);
     return;
   }
   const float t = a.targets[row];
@@ -169,9 +223,9 @@ __global__ void __launch_bounds__(kMaxThreads) fused_classifier_kernel(const Cla
   float target_logit = 0.f;
   if (threadIdx.x == 0) {
     // Read before the block reduction's barriers, hence before pass 2 overwrites the row.
-    target_logit = target >= 0 ? x[target] + (HAS_BIAS ? bias[target] : 0.f) : NAN;
+    target_logit = target >= 0 ? element<T, HAS_BIAS>(x, bias, target) : NAN;
   }
-  const RowStats st = mt::block_allreduce(row_stats<VEC, HAS_BIAS>(x, bias, V), RowStatsOp{},
+  const RowStats st = mt::block_allreduce(row_stats<T, VEC, HAS_BIAS>(x, bias, V), RowStatsOp{},
                                           RowStats{-INFINITY, 0.f, 0.f}, scratch);
   const float eps = a.label_smoothing;
   const float on_target = 1.f - eps;
@@ -182,18 +236,50 @@ __global__ void __launch_bounds__(kMaxThreads) fused_classifier_kernel(const Cla
     a.losses[row] = (st.max + logf(st.sum_exp) - on_target * target_logit - smoothed) * scale;
   }
   if (WRITE_GRAD) {
-    row_dlogits<VEC, HAS_BIAS>(x, bias, V, target, st.max, 1.f / st.sum_exp, scale, on_target, off_target);
+    row_dlogits<T, VEC, HAS_BIAS>(x, bias, V, target, st.max, 1.f / st.sum_exp, scale, on_target, off_target);
   }
 }
 
-template <bool VEC, bool HAS_BIAS>
-void launch_classifier_variant(bool write_grad, int rows, int threads, const ClassifierArgs& args,
+template <class T, bool VEC, bool HAS_BIAS>
+void launch_classifier_variant(bool write_grad, int rows, int threads, const ClassifierArgs<T>& args,
                                cudaStream_t stream) {
   if (write_grad) {
-    fused_classifier_kernel<VEC, HAS_BIAS, true><<<rows, threads, 0, stream>>>(args);
+    fused_classifier_kernel<T, VEC, HAS_BIAS, true><<<rows, threads, 0, stream>>>(args);
   } else {
-    fused_classifier_kernel<VEC, HAS_BIAS, false><<<rows, threads, 0, stream>>>(args);
+    fused_classifier_kernel<T, VEC, HAS_BIAS, false><<<rows, threads, 0, stream>>>(args);
   }
+}
+
+template <class T>
+int launch_classifier(T* logits, int ld, float* losses, const float* bias, const float* targets,
+                      const float* token_weights, const float* weight_sum, int rows, int vocab, float label_smoothing,
+                      int write_grad, cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(rows < 0 || vocab <= 0 || ld < vocab || !(label_smoothing >= 0.f && label_smoothing <= 1.f));
+  MT_RETURN_IF_INVALID(logits == nullptr || losses == nullptr || targets == nullptr ||
+                       token_weights == nullptr || weight_sum == nullptr);
+  if (rows == 0) return 0;
+  // Enough threads for kElemsPerThread elements each, in whole warps, at most kMaxThreads.
+  long long threads = mt::ceil_div(mt::ceil_div(vocab, kElemsPerThread), 32) * 32;
+  if (threads > kMaxThreads) threads = kMaxThreads;
+  // Whole groups from 16-byte aligned row starts (any vocab: the rest of a row is a scalar tail).
+  const bool vec = ld % kGroup<T> == 0 && mt::is_aligned16(logits) && (bias == nullptr || mt::is_aligned16(bias));
+  const bool wg = write_grad != 0;
+  const int t = static_cast<int>(threads);
+  const ClassifierArgs<T> args{logits, losses, bias, targets, token_weights, weight_sum, vocab, ld, label_smoothing};
+  if (vec) {
+    if (bias != nullptr) {
+      launch_classifier_variant<T, true, true>(wg, rows, t, args, stream);
+    } else {
+      launch_classifier_variant<T, true, false>(wg, rows, t, args, stream);
+    }
+  } else {
+    if (bias != nullptr) {
+      launch_classifier_variant<T, false, true>(wg, rows, t, args, stream);
+    } else {
+      launch_classifier_variant<T, false, false>(wg, rows, t, args, stream);
+    }
+  }
+  return mt_launch_status();
 }
 
 }  // namespace
@@ -216,31 +302,17 @@ MT_DEFINE_ERROR_STRING()
 int launch_fused_classifier(float* logits, int ld, float* losses, const float* bias, const float* targets,
                             const float* token_weights, const float* weight_sum, int rows, int vocab,
                             float label_smoothing, int write_grad, cudaStream_t stream) {
-  MT_RETURN_IF_INVALID(rows < 0 || vocab <= 0 || ld < vocab || !(label_smoothing >= 0.f && label_smoothing <= 1.f));
-  MT_RETURN_IF_INVALID(logits == nullptr || losses == nullptr || targets == nullptr ||
-                       token_weights == nullptr || weight_sum == nullptr);
-  if (rows == 0) return 0;
-  // Enough threads for kElemsPerThread elements each, in whole warps, at most kMaxThreads.
-  long long threads = mt::ceil_div(mt::ceil_div(vocab, kElemsPerThread), 32) * 32;
-  if (threads > kMaxThreads) threads = kMaxThreads;
-  const bool vec = vocab % 4 == 0 && ld % 4 == 0 && mt::is_aligned16(logits) && (bias == nullptr || mt::is_aligned16(bias));
-  const bool wg = write_grad != 0;
-  const int t = static_cast<int>(threads);
-  const ClassifierArgs args{logits, losses, bias, targets, token_weights, weight_sum, vocab, ld, label_smoothing};
-  if (vec) {
-    if (bias != nullptr) {
-      launch_classifier_variant<true, true>(wg, rows, t, args, stream);
-    } else {
-      launch_classifier_variant<true, false>(wg, rows, t, args, stream);
-    }
-  } else {
-    if (bias != nullptr) {
-      launch_classifier_variant<false, true>(wg, rows, t, args, stream);
-    } else {
-      launch_classifier_variant<false, false>(wg, rows, t, args, stream);
-    }
-  }
-  return mt_launch_status();
+  return launch_classifier(logits, ld, losses, bias, targets, token_weights, weight_sum, rows, vocab, label_smoothing,
+                           write_grad, stream);
+}
+
+// The same over bf16 logits (float32 math; the gradient rounded to bf16 in place); the bias, losses,
+// targets and weights stay float32.
+int launch_fused_classifier_bf16(__nv_bfloat16* logits, int ld, float* losses, const float* bias,
+                                 const float* targets, const float* token_weights, const float* weight_sum, int rows,
+                                 int vocab, float label_smoothing, int write_grad, cudaStream_t stream) {
+  return launch_classifier(logits, ld, losses, bias, targets, token_weights, weight_sum, rows, vocab, label_smoothing,
+                           write_grad, stream);
 }
 
 }  // extern "C"

@@ -2,19 +2,19 @@
 fused linear cross-entropy.
 
 Everything [rows, V]-sized lives in one reused buffer: each chunk's logits, which the fused
-classifier overwrites with their gradient.  Its rows are padded to a multiple of 4 floats, and the
-weight is read in place with its own strides (the tied LM head is a transposed view, whose gradient
-is written in that layout too), so the products get the 16-byte strides of the matmul library's TMA
-path wherever the weight's own strides allow it (a contiguous [C, V] weight needs V % 4 == 0).  The
-products run through the matmul library directly, on raw pointers into row blocks of the inputs and
-outputs (no copies, no views); the library splits the long vocab dim of dhidden = dlogits @ weight^T
-itself.
+classifier overwrites with their gradient.  Its rows are a multiple of 16 bytes apart (padded to a
+multiple of 4 floats or 8 bf16), and the weight is read in place with its own strides (the tied LM
+head is a transposed view, whose gradient is written in that layout too), so the products get the
+16-byte strides of the matmul libraries' TMA paths wherever the weight's own strides allow it.  The
+float32 products run through the matmul library directly, on raw pointers into row blocks of the
+inputs and outputs (no copies, no views); the library splits the long vocab dim of
+dhidden = dlogits @ weight^T itself.
 
 bfloat16 hidden states and weight (the autocast working copy) take the bf16 matmul library
-(matmul_bf16, on torch views of the same buffers) for the three products: the logits are float32 (so
-the loss, the log-sum-exp and label smoothing see float32 values), their gradient is rounded to bf16
-once per chunk (one conversion pass into a chunk-sized bf16 buffer) as the operand of dhidden (bf16)
-and dweight (float32, accumulated over the chunks in float32).
+(matmul_bf16, on torch views of the same buffers) for the three products, with bf16 logits (as torch
+autocast's LM head gives them): the classifier reads them into float32 (the loss, the log-sum-exp,
+the bias and label smoothing are float32) and writes their gradient back rounded to bf16, the
+operand of dhidden (bf16) and dweight (float32, accumulated over the chunks in float32) as it lies.
 """
 
 from __future__ import annotations
@@ -28,31 +28,37 @@ from ..tensor_data import TensorData
 from . import matmul_bf16
 from .combine import add_into, column_sums, contiguous, reduce_op
 from .convert import cast
-from .matmul import raw_matmul
+from .matmul import _ones_row, raw_matmul
 from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, require_float32, runtime
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
-SIGNATURES = {
-    "launch_fused_classifier": (_I, [_P, _I, _P, _P, _P, _P, _P, _I, _I, ctypes.c_float, _I, _P]),
-}
+_LAUNCH = (_I, [_P, _I, _P, _P, _P, _P, _P, _I, _I, ctypes.c_float, _I, _P])
+SIGNATURES = {"launch_fused_classifier": _LAUNCH, "launch_fused_classifier_bf16": _LAUNCH}
 _F32 = 4  # bytes per element
 _sum0 = reduce_op(operators.add, 0.0)
 
 
 class _Float32Products:
-    """The chunk products in float32: the matmul library on raw pointers into the buffers."""
+    """The chunk products in float32: the matmul library on raw pointers into the buffers; float32
+    logits (rows ld apart, 16-byte aligned), their gradient in place, dbias by column sums."""
 
-    def __init__(self, h: TensorData, weight: TensorData, ld: int) -> None:
+    launcher = "launch_fused_classifier"
+
+    row_multiple = 4  # elements: 16 bytes
+
+    def __init__(self, h: TensorData, weight: TensorData, chunk: int, ld: int) -> None:
         self.hp, self.wp, self.w_strides = ptr(h), ptr(weight), weight.strides
         self.C, self.V, self.ld = h.shape[1], weight.shape[1], ld
         self.transposed = weight.is_transposed()
+        self.buffer = runtime().buffer(chunk * self.ld)  # kept referenced: every chunk reuses it
+        self.scratch: Optional[Any] = None
 
-    def logits(self, logits: Any, n0: int, rows: int) -> None:
-        raw_matmul(logits.data_ptr(), self.hp + _F32 * n0 * self.C, self.wp, rows, self.V, self.C, (self.C, 1),
+    def logits(self, n0: int, rows: int) -> None:
+        raw_matmul(self.buffer.data_ptr(), self.hp + _F32 * n0 * self.C, self.wp, rows, self.V, self.C, (self.C, 1),
                    self.w_strides, ldc=self.ld)  # fmt: skip
 
-    def gradients(self, dhidden: TensorData, dweight: TensorData, logits: Any, n0: int, rows: int) -> None:
-        C, V, ld, lg = self.C, self.V, self.ld, logits.data_ptr()
+    def gradients(self, dhidden: TensorData, dweight: TensorData, n0: int, rows: int) -> None:
+        C, V, ld, lg = self.C, self.V, self.ld, self.buffer.data_ptr()
         h_rows = self.hp + _F32 * n0 * C
         raw_matmul(ptr(dhidden) + _F32 * n0 * C, lg, self.wp, rows, C, V, (ld, 1), self.w_strides[::-1])
         if self.transposed:
@@ -60,34 +66,54 @@ class _Float32Products:
         else:
             raw_matmul(ptr(dweight), h_rows, lg, C, V, rows, (1, C), (ld, 1), accumulate=n0 > 0)
 
+    def bias_gradient(self, dbias: TensorData, n0: int, rows: int) -> None:
+        """dbias (+)= the column sums of the chunk's dlogits (later chunks through a scratch row)."""
+        if n0 == 0:
+            column_sums(ptr(dbias), self.buffer.data_ptr(), self.V, rows, self.ld)
+            return
+        if self.scratch is None:
+            self.scratch = runtime().buffer(self.V)
+        column_sums(self.scratch.data_ptr(), self.buffer.data_ptr(), self.V, rows, self.ld)
+        add_into(ptr(dbias), self.scratch.data_ptr(), self.V)
+
 
 class _Bfloat16Products:
     """The chunk products of bf16 hidden states and weight: matmul_bf16 on torch views of the buffers,
-    float32 logits, their gradient rounded to bf16 into a chunk buffer for dhidden and dweight."""
+    bf16 logits (rows a multiple of 8 elements apart, for the library's TMA path), their gradient
+    rounded to bf16 in place by the classifier and read as it lies by dhidden and dweight; dbias
+    (float32) as a product with a row of ones."""
 
-    def __init__(self, h: TensorData, weight: TensorData, ld: int, chunk: int) -> None:
+    launcher = "launch_fused_classifier_bf16"
+
+    row_multiple = 8
+
+    def __init__(self, h: TensorData, weight: TensorData, chunk: int, ld: int) -> None:
         torch = runtime().torch
         N, C = h.shape
         self.V, self.ld, self.transposed = weight.shape[1], ld, weight.is_transposed()
         self.h = h._storage[: N * C].view(N, C)
         self.w = torch.as_strided(weight._storage, weight.shape, weight.strides)
-        self.ld16 = -(-self.V // 8) * 8  # 16-byte rows for the library's TMA path
-        self.dlogits = torch.empty(chunk * self.ld16, dtype=torch.bfloat16, device=self.h.device)
+        self.buffer = torch.empty(chunk * self.ld, dtype=torch.bfloat16, device=self.h.device)
 
-    def logits(self, logits: Any, n0: int, rows: int) -> None:
-        out = logits[: rows * self.ld].view(rows, self.ld)[:, : self.V]
-        matmul_bf16.matmul(self.h[n0 : n0 + rows], self.w, out=out)
+    def _chunk(self, rows: int) -> Any:
+        return self.buffer[: rows * self.ld].view(rows, self.ld)[:, : self.V]
 
-    def gradients(self, dhidden: TensorData, dweight: TensorData, logits: Any, n0: int, rows: int) -> None:
+    def logits(self, n0: int, rows: int) -> None:
+        matmul_bf16.matmul(self.h[n0 : n0 + rows], self.w, out=self._chunk(rows))
+
+    def gradients(self, dhidden: TensorData, dweight: TensorData, n0: int, rows: int) -> None:
         V, C = self.V, self.h.shape[1]
-        cast(TensorData(logits, (rows, V), (self.ld, 1)), bfloat16, TensorData(self.dlogits, (rows, V), (self.ld16, 1), bfloat16))
-        dl = self.dlogits[: rows * self.ld16].view(rows, self.ld16)[:, :V]
-        h_rows = self.h[n0 : n0 + rows]
+        dl, h_rows = self._chunk(rows), self.h[n0 : n0 + rows]
         matmul_bf16.matmul(dl, self.w.t(), out=dhidden._storage[n0 * C : (n0 + rows) * C].view(rows, C))
         if self.transposed:
             matmul_bf16.matmul(dl.t(), h_rows, out=dweight._storage.view(V, C), accumulate=n0 > 0)
         else:
             matmul_bf16.matmul(h_rows.t(), dl, out=dweight._storage.view(C, V), accumulate=n0 > 0)
+
+    def bias_gradient(self, dbias: TensorData, n0: int, rows: int) -> None:
+        ones = _ones_row(rows)
+        matmul_bf16.launch(ptr(dbias), "float32", self.V, ptr(ones), self.buffer.data_ptr(), 1, self.V, rows,
+                           (rows, 1, self.ld, 1), accumulate=n0 > 0, what=f"fused classifier dbias [{rows}, {self.V}]")  # fmt: skip
 
 
 def linear_cross_entropy_fw(
@@ -103,49 +129,44 @@ def linear_cross_entropy_fw(
         require_float32("linear_cross_entropy_fw", hidden, weight, bias)
     require_float32("linear_cross_entropy_fw", targets, token_weights)
     rt = runtime()
-    lib = rt.lib("classifier_kernel", SIGNATURES)
     N, C = hidden.shape
     V = weight.shape[1]
-    ld = -(-V // 4) * 4  # floats between logits rows
     chunk = min(chunk_size, N)
-    if chunk * ld >= INT_LIMIT:
-        raise CudaShapeError(
-            f"fused_linear_cross_entropy: a chunk of {chunk} rows x {V} classes exceeds the kernels' 32-bit "
-            f"indexing; pass chunk_size <= {(INT_LIMIT - 1) // ld}"
-        )
     # A weight that is the transpose of a contiguous [V, C] (the tied LM head) gets its gradient in
     # the same layout: written as dweight^T [V, C], returned as a [C, V] view.
     transposed = weight.is_transposed()
     h, ids, tw = (contiguous(t) for t in (hidden, targets, token_weights))
     b = None if bias is None else (contiguous(bias) if bias.dtype == float32 else cast(bias, float32))
-    products = _Bfloat16Products(h, weight, ld, chunk) if bf16 else _Float32Products(h, weight, ld)
+    kind = _Bfloat16Products if bf16 else _Float32Products
+    ld = -(-V // kind.row_multiple) * kind.row_multiple  # elements between logits rows
+    if chunk * ld >= INT_LIMIT:
+        raise CudaShapeError(
+            f"fused_linear_cross_entropy: a chunk of {chunk} rows x {V} classes exceeds the kernels' 32-bit "
+            f"indexing; pass chunk_size <= {(INT_LIMIT - 1) // ld}"
+        )
+    products = kind(h, weight, chunk, ld)
+    lib = rt.lib("classifier_kernel", SIGNATURES)
+    launch = getattr(lib, products.launcher)
     bp = None if b is None else ptr(b)
     weight_sum = _sum0(tw, 0)
     losses = empty((N,))
-    logits = rt.buffer(chunk * ld)  # kept referenced: every chunk reuses it
-    lg = logits.data_ptr()
-    dhidden = dweight = dbias = b_scratch = None
+    dhidden = dweight = dbias = None
     if need_grad:
         dhidden, dweight = empty((N, C), hidden.dtype), empty((V, C) if transposed else (C, V))
         dbias = None if b is None else empty((V,))
-        # Later chunks' dbias contributions go through a scratch buffer and are added.
-        b_scratch = rt.buffer(V) if N > chunk and b is not None else None
     for n0 in range(0, N, chunk):
         rows = min(chunk, N - n0)
-        products.logits(logits, n0, rows)
-        code = lib.launch_fused_classifier(
-            lg, ld, ptr(losses) + _F32 * n0, bp, ptr(ids) + _F32 * n0, ptr(tw) + _F32 * n0, ptr(weight_sum),
-            rows, V, label_smoothing, int(need_grad), rt.stream(),
+        products.logits(n0, rows)
+        code = launch(
+            products.buffer.data_ptr(), products.ld, ptr(losses) + _F32 * n0, bp, ptr(ids) + _F32 * n0,
+            ptr(tw) + _F32 * n0, ptr(weight_sum), rows, V, label_smoothing, int(need_grad), rt.stream(),
         )  # fmt: skip
         check(code, lib, f"fused classifier [{rows}, {V}]")
         if dhidden is None or dweight is None:
             continue
-        products.gradients(dhidden, dweight, logits, n0, rows)
+        products.gradients(dhidden, dweight, n0, rows)
         if dbias is not None:
-            first = n0 == 0
-            column_sums(ptr(dbias) if first else b_scratch.data_ptr(), lg, V, rows, ld)
-            if not first:
-                add_into(ptr(dbias), b_scratch.data_ptr(), V)
+            products.bias_gradient(dbias, n0, rows)
     if transposed and dweight is not None:
         dweight = dweight.permute(1, 0)
     return _sum0(losses, 0), dhidden, dweight, dbias
