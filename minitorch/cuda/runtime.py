@@ -9,6 +9,7 @@ a RuntimeError that names the fix when something is missing.
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -68,6 +69,11 @@ class Runtime:
                 "the CUDA backend needs a CUDA GPU, and torch.cuda.is_available() is False here; "
                 "use the CPU backend (FastOps) on this machine"
             )
+        local_rank = os.environ.get("LOCAL_RANK", "")
+        if local_rank.isdigit() and int(local_rank) < torch.cuda.device_count():
+            # Under torchrun, this process's GPU, before anything here touches one: a program that
+            # looks at the device before joining its process group (choosing a preset) stays off GPU 0.
+            torch.cuda.set_device(int(local_rank))
         self.torch = torch
         self.float32 = torch.float32
         self.device = torch.device("cuda")
