@@ -7,6 +7,7 @@ never removes every key of a row, so torch's reference stays finite); the rows t
 tested on their own.
 """
 
+import ctypes
 import math
 
 import pytest
@@ -163,14 +164,29 @@ def test_mixed_dtypes_raise() -> None:
         CudaKernelOps.attention_fw(q._tensor, k._tensor, k._tensor, None, False, "softmax", 1.0)
 
 
-def test_raw_launcher_rejects_bad_sizes() -> None:
+def strides(*triples) -> "ctypes.Array":
+    """A launcher's strides array: the (batch, head, token) strides of each operand, in order."""
+    values = [s for t in triples for s in t]
+    return (ctypes.c_longlong * len(values))(*values)
+
+
+def test_raw_launcher_rejects_bad_sizes_and_strides() -> None:
     lib = kernel_library("attention_bf16_kernel")
     buf = torch.zeros(64, device="cuda")
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
-    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, 1, 1, 2, 2, 129, 0, 0, 1.0, stream) == 1
-    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, 1, 1, 2, 2, 4, 0, 2, 1.0, stream) == 1  # activation
-    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, 1, 1, 0, 2, 4, 0, 0, 1.0, stream) == 1
+    ok = (8, 8, 4)  # [1, 1, 2, 4] contiguous
+    fw, bw = strides(*[ok] * 4), strides(*[ok] * 8)
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, fw, 1, 1, 2, 2, 129, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, fw, 1, 1, 2, 2, 4, 0, 2, 1.0, stream) == 1  # activation
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, fw, 1, 1, 0, 2, 4, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, None, 1, 1, 2, 2, 4, 0, 0, 1.0, stream) == 1
+    negative = strides(ok, (8, 8, -4), ok, ok)  # k
+    overlapping = strides(ok, ok, ok, (8, 8, 3))  # rows of out overlap
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, negative, 1, 1, 2, 2, 4, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, overlapping, 1, 1, 2, 2, 4, 0, 0, 1.0, stream) == 1
     nulls = (None,) * 3  # out, lse, mask
-    assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, p, 1, 1, 2, 2, 4, 0, 0, 1.0, stream) == 1
-    assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, None, 1, 1, 2, 2, 4, 0, 1, 1.0, stream) == 1
+    assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, p, bw, 1, 1, 2, 2, 4, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, None, bw, 1, 1, 2, 2, 4, 0, 1, 1.0, stream) == 1
+    shared_dq_rows = strides((8, 8, 0), *[ok] * 7)
+    assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, p, shared_dq_rows, 1, 1, 2, 2, 4, 0, 1, 1.0, stream) == 1
