@@ -112,7 +112,8 @@ SMALL_CASES: Dict[str, Dict[str, Dict[str, List[Any]]]] = {
     "test_bf16_attention.py": {  # attention_bf16_kernel: every head-dim bucket, masks, odd sizes, empty rows
         "test_lengths": {"T": [65], "mask_kind": ["inf"]}, "test_cross_lengths": {"Tq": [7]},
         "test_odd_head_dims": {"D": [7, 65]}, "test_rows_without_keys_are_zero": {},
-        "test_packed_qkv_and_autocast": {}, "test_raw_launcher_rejects_bad_sizes": {},
+        "test_packed_qkv_and_autocast": {}, "test_raw_launcher_rejects_bad_sizes_and_strides": {},
+        "test_packed_path_matches_the_split_path": {"activation": ["softmax"]}, "test_packed_path_launches_no_copy": {},
     },
     "test_torch_habits_cuda.py": {  # int_kernel: elementwise, reduce, casts, arg_reduce, cumsum, sort rows, gathers
         "test_int64_elementwise_and_reductions_are_exact": {}, "test_int64_casts_fill_arange_and_gather_rows": {},

@@ -7,6 +7,7 @@ never removes every key of a row, so torch's reference stays finite); the rows t
 tested on their own.
 """
 
+import ctypes
 import math
 
 import pytest
@@ -155,6 +156,89 @@ def test_packed_qkv_and_autocast() -> None:
     assert rel_err(tqkv.grad.to_torch(), ref_grad) <= max(2 * torch_err, FLOOR)
 
 
+def run_packed(qkv, g, H: int, mask, causal: bool, activation: str):
+    """(out [B, H, T, D], its [B, T, C] view, dqkv) of fused_attention_qkv on bf16 qkv [B, T, 3C], used as
+    MultiHeadAttention uses it (out permuted back to [B, T, H, D] and viewed [B, T, C]), with the
+    gradient g [B, T, C] of that view."""
+    B, T, C3 = qkv.shape
+    x = minitorch.from_torch(qkv).requires_grad_(True)
+    tmask = None if mask is None else minitorch.from_torch(mask)
+    out = minitorch.fused_attention_qkv(x, H, tmask, causal=causal, activation=activation)
+    attended = out.permute(0, 2, 1, 3).contiguous().view(B, T, C3 // 3)
+    attended.backward(minitorch.from_torch(g))
+    return out, attended, x.grad
+
+
+def run_split(qkv, g, H: int, mask, causal: bool, activation: str):
+    """(out [B, T, C], dqkv [B, T, 3C]) of fused_attention on contiguous [B, H, T, D] heads copied out of qkv."""
+    B, T, C3 = qkv.shape
+    D = C3 // (3 * H)
+    split = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4).contiguous()
+    q, k, v = (minitorch.from_torch(split[i]).requires_grad_(True) for i in range(3))
+    tmask = None if mask is None else minitorch.from_torch(mask)
+    out = minitorch.fused_attention(q, k, v, tmask, causal=causal, activation=activation)
+    out.backward(minitorch.from_torch(g.view(B, T, H, D).permute(0, 2, 1, 3).contiguous()))
+    grads = [t.grad.to_torch().permute(0, 2, 1, 3) for t in (q, k, v)]
+    return out.to_torch().permute(0, 2, 1, 3).reshape(B, T, C3 // 3), torch.stack(grads, 2).reshape(B, T, C3)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 7])
+def test_packed_path_matches_the_split_path(D: int, causal: bool, activation: str) -> None:
+    """fused_attention_qkv on bf16 [B, T, 3C] reads q, k, v from the projection, writes out as
+    [B, T, H, D] and dq, dk, dv into one [B, T, 3C] gradient (D = 64: 16-byte loads; D = 7: element by
+    element). Only the addressing differs from fused_attention on contiguous heads: out, dk and dv are
+    bit-identical, dq (float32 atomics, summed in a varying order, then rounded) within one bf16 step.
+    The mask removes some keys of batch 1 and every key of batch 2."""
+    B, T, H = 3, 150, 3
+    gen = torch.Generator(device="cuda").manual_seed(D + 10 * causal)
+    qkv = torch.randn(B, T, 3 * H * D, generator=gen, device="cuda").to(torch.bfloat16)
+    g = torch.randn(B, T, H * D, generator=gen, device="cuda").to(torch.bfloat16)
+    mask = make_mask(gen, B, T, "inf")
+    out, attended, dqkv = run_packed(qkv, g, H, mask, causal, activation)
+    C = H * D
+    assert out.shape == (B, H, T, D) and out._tensor.strides == (T * C, D, C, 1)
+    assert dqkv.dtype == minitorch.bfloat16 and dqkv.shape == (B, T, 3 * C)
+    ref_out, ref_grad = run_split(qkv, g, H, mask, causal, activation)
+    assert torch.equal(attended.to_torch(), ref_out)
+    mine = dqkv.to_torch().view(B, T, 3, C).double()
+    ref = ref_grad.view(B, T, 3, C).double()
+    assert torch.equal(mine[:, :, 1:], ref[:, :, 1:]), "dk or dv differs"
+    floor = 1e-6 * float(ref[:, :, 0].abs().max())  # float32 order effects where the sum cancels
+    step = torch.maximum(mine[:, :, 0].abs(), ref[:, :, 0].abs()) * 2.0**-7 + floor
+    assert bool(((mine[:, :, 0] - ref[:, :, 0]).abs() <= step).all()), "dq differs by more than one bf16 step"
+
+
+def test_packed_path_launches_no_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward and backward of fused_attention_qkv in bf16, as MultiHeadAttention runs them, launch one
+    attention kernel each way and no copy or cast (convert_kernel's launch_convert, combine's launch_map)."""
+    from minitorch.cuda import attention, combine, convert
+    from minitorch.cuda.runtime import runtime
+
+    rt = runtime()
+    calls = []
+
+    def counted(name: str, launch):
+        def run(*args):
+            calls.append(name)
+            return launch(*args)
+
+        return run
+
+    bf16_lib = rt.lib("attention_bf16_kernel", attention.BF16_SIGNATURES)
+    libs = [(rt.lib("convert_kernel", convert.SIGNATURES), "launch_convert"), (combine.lib(rt), "launch_map"),
+            (bf16_lib, "launch_attention_bf16_fw"), (bf16_lib, "launch_attention_bf16_bw")]  # fmt: skip
+    for lib, name in libs:
+        monkeypatch.setattr(lib, name, counted(name, getattr(lib, name)))
+    B, T, H, D = 2, 70, 4, 64
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    qkv = torch.randn(B, T, 3 * H * D, generator=gen, device="cuda").to(torch.bfloat16)
+    g = torch.randn(B, T, H * D, generator=gen, device="cuda").to(torch.bfloat16)
+    run_packed(qkv, g, H, make_mask(gen, B, T, "finite"), True, "softmax")
+    assert calls == ["launch_attention_bf16_fw", "launch_attention_bf16_bw"], calls
+
+
 def test_mixed_dtypes_raise() -> None:
     """q in bf16 with k, v in float32: NoKernelError before any launch (fused_attention casts them alike)."""
     q = minitorch.from_torch(torch.zeros(1, 1, 4, 8, device="cuda", dtype=torch.bfloat16))
@@ -163,14 +247,29 @@ def test_mixed_dtypes_raise() -> None:
         CudaKernelOps.attention_fw(q._tensor, k._tensor, k._tensor, None, False, "softmax", 1.0)
 
 
-def test_raw_launcher_rejects_bad_sizes() -> None:
+def strides(*triples) -> "ctypes.Array":
+    """A launcher's strides array: the (batch, head, token) strides of each operand, in order."""
+    values = [s for t in triples for s in t]
+    return (ctypes.c_longlong * len(values))(*values)
+
+
+def test_raw_launcher_rejects_bad_sizes_and_strides() -> None:
     lib = kernel_library("attention_bf16_kernel")
     buf = torch.zeros(64, device="cuda")
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
-    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, 1, 1, 2, 2, 129, 0, 0, 1.0, stream) == 1
-    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, 1, 1, 2, 2, 4, 0, 2, 1.0, stream) == 1  # activation
-    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, 1, 1, 0, 2, 4, 0, 0, 1.0, stream) == 1
+    ok = (8, 8, 4)  # [1, 1, 2, 4] contiguous
+    fw, bw = strides(*[ok] * 4), strides(*[ok] * 8)
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, fw, 1, 1, 2, 2, 129, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, fw, 1, 1, 2, 2, 4, 0, 2, 1.0, stream) == 1  # activation
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, fw, 1, 1, 0, 2, 4, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, None, 1, 1, 2, 2, 4, 0, 0, 1.0, stream) == 1
+    negative = strides(ok, (8, 8, -4), ok, ok)  # k
+    overlapping = strides(ok, ok, ok, (8, 8, 3))  # rows of out overlap
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, negative, 1, 1, 2, 2, 4, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bf16_fw(p, p, p, p, p, None, overlapping, 1, 1, 2, 2, 4, 0, 0, 1.0, stream) == 1
     nulls = (None,) * 3  # out, lse, mask
-    assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, p, 1, 1, 2, 2, 4, 0, 0, 1.0, stream) == 1
-    assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, None, 1, 1, 2, 2, 4, 0, 1, 1.0, stream) == 1
+    assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, p, bw, 1, 1, 2, 2, 4, 0, 0, 1.0, stream) == 1
+    assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, None, bw, 1, 1, 2, 2, 4, 0, 1, 1.0, stream) == 1
+    shared_dq_rows = strides((8, 8, 0), *[ok] * 7)
+    assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, p, shared_dq_rows, 1, 1, 2, 2, 4, 0, 1, 1.0, stream) == 1

@@ -12,7 +12,8 @@ Dtypes: casts and copies of the float dtypes run in convert_kernel.so, those inv
 int_kernel.so; a product dispatches on its dtype in `matmul.matrix_multiply`, a Linear's in
 `matmul.linear_fw` / `linear_bw`; map/zip/reduce have float32 and bfloat16 kernels (float32 math) in
 combine.so and int64 ones in int_kernel.so (`_by_storage`); the index ops (arg_reduce, cumsum,
-sort_indices) take float32 or int64; fused attention (`attention.attention_fw/bw`), the fused linear
+sort_indices) take float32 or int64; fused attention (`attention.attention_fw/bw`, and the packed
+`attention_qkv_fw/bw` in bfloat16, None for other dtypes: the caller splits qkv), the fused linear
 cross-entropy (`classifier.linear_cross_entropy_fw`) and the KV cache (`kv_cache.slot_write` and
 `slot_attention`) dispatch in their bindings, on float32 or bfloat16; every other op has the kernels
 its entry below names and raises NoKernelError ("minitorch: no float16 CUDA kernel for 'exp' (cast
@@ -222,6 +223,8 @@ class CudaKernelOps(TensorOps):
     layernorm_bw = _activation_hook("layernorm_bw", layernorm.layernorm_bw, 2)
     attention_fw = staticmethod(attention.attention_fw)  # dispatches on dtype itself
     attention_bw = staticmethod(attention.attention_bw)
+    attention_qkv_fw = staticmethod(attention.attention_qkv_fw)  # bfloat16; None for other dtypes
+    attention_qkv_bw = staticmethod(attention.attention_qkv_bw)
     linear_cross_entropy_fw = staticmethod(_linear_cross_entropy_fw)  # dispatches on dtype in the binding
     adamw_step = _hook("adamw_step", optimizer.adamw_step)
     adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update checks the dtypes itself

@@ -112,6 +112,7 @@ class MultiHeadAttention(Module):
             out = fused_attention_qkv(
                 qkv, H, padding_mask, causal=self.causal, activation=config.activation, scale=1.0 / math.sqrt(D)
             )
+            # In bf16 on CUDA out is already laid out [B, T, H, D]: contiguous() is then no copy.
             attended = out.permute(0, 2, 1, 3).contiguous().view(B, T, C)
             return self.dropout(self.out_projection(attended))
         # Views of qkv as [B, T, 3, H, D]; the 1/sqrt(D) scale goes on q rather than on the [B, H, T, T] scores.

@@ -3,7 +3,16 @@
 // edge cases; see the top of that file). q, k, v, out, dout, dq, dk, dv are bf16; lse, D, the mask
 // and all arithmetic are float32: products run as mma.sync m16n8k16 bf16 with float32 accumulators,
 // P (and dS) are rounded to bf16 only as operands of the next product; dq is summed with float32
-// atomics into a workspace and rounded to bf16 once at the end.
+// atomics into a workspace and rounded to bf16 once at the end (round_to_bf16).
+//
+// Layouts: q, k, v, out, dout, dq, dk, dv are [B, H, T, D] with any (batch, head, token) strides in
+// elements and unit stride along D (Strides, includes/attention_common.cuh; the launchers take them
+// as an array, three per operand). A GPT-2 block passes q, k, v as the thirds of its packed [B, T, 3C]
+// projection (strides {T * 3C, D, 3C}), out and dout as [B, T, H, D] = [B, T, C] (strides {T * C, D,
+// C}) and dq, dk, dv as the thirds of one [B, T, 3C] gradient, so no layout copy runs around the
+// kernels. lse and D_i [B, H, Tq] and the float32 dq workspace [B, H, Tq, D] are contiguous. Tiles
+// load in 16-byte chunks (cp.async of 8 bf16) when D, every stride and every pointer allow it (rows
+// 16-byte aligned), element by element otherwise.
 //
 // Shared tiles are bf16 [rows][DP + 8] (DP = 32, 64 or 128, columns past head_dim zero): rows are
 // 16-byte aligned for cp.async and ldmatrix, and the 8 rows that one ldmatrix matrix reads fall in 8
@@ -143,13 +152,17 @@ __device__ __forceinline__ void add_product_nt(float (&acc)[2 * NP][4], const bf
   }
 }
 
-// Starts copying rows [row0, row0 + ROWS) of a row-major bf16 [rows, head_dim] matrix into the shared
-// tile [ROWS][DP + 8]; rows >= `rows` and columns in [head_dim, DP) are zero-filled. Without `vec`
-// (a row not 16-byte aligned) the elements are stored directly; the barrier that follows the caller's
+// Starts copying rows [row0, row0 + ROWS) of a bf16 [rows, head_dim] matrix whose row r starts at
+// src + r * ld (ld <= kMaxTokenStride: offsets within the tile fit int) into the shared tile
+// [ROWS][DP + 8]; rows >= `rows` and columns in [head_dim, DP) are zero-filled. Without `vec` (a
+// row not 16-byte aligned) the elements are stored directly; the barrier that follows the caller's
 // cp_async_wait publishes both kinds.
 template <int ROWS, int DP>
-__device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int row0, int rows, int head_dim, bool vec) {
+__device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, long long ld, int row0, int rows, int head_dim,
+                                          bool vec) {
   constexpr int LD = DP + 8;
+  const bf16* first = src + row0 * ld;  // the tile's first row
+  const int step = static_cast<int>(ld);
   if (vec) {
     constexpr int kPerRow = DP / 8;
     static_assert((ROWS * kPerRow) % kThreads == 0, "16-byte chunks must divide evenly over the block");
@@ -159,7 +172,7 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int row0,
       const int r = chunk / kPerRow;
       const int col = (chunk % kPerRow) * 8;
       const bool ok = row0 + r < rows && col < head_dim;
-      const bf16* from = ok ? src + static_cast<size_t>(row0 + r) * head_dim + col : src;
+      const bf16* from = ok ? first + (r * step + col) : src;
       mt::cp_async_16(reinterpret_cast<float*>(tile + r * LD + col), reinterpret_cast<const float*>(from), ok);
     }
   } else {
@@ -170,7 +183,7 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int row0,
       const int r = e / DP;
       const int col = e % DP;
       const bool ok = row0 + r < rows && col < head_dim;
-      tile[r * LD + col] = ok ? src[static_cast<size_t>(row0 + r) * head_dim + col] : __float2bfloat16(0.f);
+      tile[r * LD + col] = ok ? first[r * step + col] : __float2bfloat16(0.f);
     }
   }
 }
@@ -194,9 +207,9 @@ __global__ void __launch_bounds__(kThreads, Bf16Config<DP>::kFwMinBlocks) attent
   const int g = frag_g();
   const int t = frag_t();
   const Head head(p);
-  const bf16* kg = p.k + head.k_base * p.head_dim;
-  const bf16* vg = p.v + head.k_base * p.head_dim;
-  const float* mask_row = p.mask != nullptr ? p.mask + static_cast<size_t>(head.bh / p.heads) * p.k_len : nullptr;
+  const bf16* kg = p.k + head.at(p.k_strides);
+  const bf16* vg = p.v + head.at(p.v_strides);
+  const float* mask_row = p.mask != nullptr ? p.mask + static_cast<size_t>(head.batch()) * p.k_len : nullptr;
 
   int limit[2];  // keys [0, limit) are kept for the lane's rows q0 + 16 warp + g (+ 8)
 #pragma unroll
@@ -212,10 +225,10 @@ __global__ void __launch_bounds__(kThreads, Bf16Config<DP>::kFwMinBlocks) attent
   uint32_t qf[KS][4];
 
   if (num_tiles > 0) {
-    load_tile<BM, DP>(qs, p.q + head.q_base * p.head_dim, q0, p.q_len, p.head_dim, p.vec);
-    load_tile<BN, DP>(ks, kg, 0, p.k_len, p.head_dim, p.vec);
+    load_tile<BM, DP>(qs, p.q + head.at(p.q_strides), p.q_strides.token, q0, p.q_len, p.head_dim, p.vec);
+    load_tile<BN, DP>(ks, kg, p.k_strides.token, 0, p.k_len, p.head_dim, p.vec);
     mt::cp_async_commit();
-    load_tile<BN, DP>(vs, vg, 0, p.k_len, p.head_dim, p.vec);
+    load_tile<BN, DP>(vs, vg, p.v_strides.token, 0, p.k_len, p.head_dim, p.vec);
     mt::cp_async_commit();
   }
   for (int tile = 0; tile < num_tiles; ++tile) {
@@ -239,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, Bf16Config<DP>::kFwMinBlocks) attent
       }
     }
     __syncthreads();  // every warp is done with this K tile
-    if (tile + 1 < num_tiles) load_tile<BN, DP>(ks, kg, n0 + BN, p.k_len, p.head_dim, p.vec);
+    if (tile + 1 < num_tiles) load_tile<BN, DP>(ks, kg, p.k_strides.token, n0 + BN, p.k_len, p.head_dim, p.vec);
     mt::cp_async_commit();
 
     float rescale[2];
@@ -254,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, Bf16Config<DP>::kFwMinBlocks) attent
 
     add_product<BN / 16, KD, LD>(o, s, vs);  // O += P V
     __syncthreads();  // every warp is done with this V tile
-    if (tile + 1 < num_tiles) load_tile<BN, DP>(vs, vg, n0 + BN, p.k_len, p.head_dim, p.vec);
+    if (tile + 1 < num_tiles) load_tile<BN, DP>(vs, vg, p.v_strides.token, n0 + BN, p.k_len, p.head_dim, p.vec);
     mt::cp_async_commit();
   }
 
@@ -288,8 +301,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
   const int g = frag_g();
   const int t = frag_t();
   const Head head(p);
-  const bf16* qg = p.q + head.q_base * p.head_dim;
-  const bf16* dog = p.dout + head.q_base * p.head_dim;
+  const bf16* qg = p.q + head.at(p.q_strides);
+  const bf16* dog = p.dout + head.at(p.dout_strides);
 
   float mask_add[2];  // of the lane's keys n0 + 16 warp + g (C elements 0, 1) and + 8 (2, 3)
 #pragma unroll
@@ -303,10 +316,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
   float dv[KD][4] = {};
 
   if (qt_begin < qt_end) {
-    load_tile<BN, DP>(ks, p.k + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec);
-    load_tile<BN, DP>(vs, p.v + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec);
-    load_tile<BM, DP>(qs, qg, qt_begin * BM, p.q_len, p.head_dim, p.vec);
-    load_tile<BM, DP>(dos, dog, qt_begin * BM, p.q_len, p.head_dim, p.vec);
+    load_tile<BN, DP>(ks, p.k + head.at(p.k_strides), p.k_strides.token, n0, p.k_len, p.head_dim, p.vec);
+    load_tile<BN, DP>(vs, p.v + head.at(p.v_strides), p.v_strides.token, n0, p.k_len, p.head_dim, p.vec);
+    load_tile<BM, DP>(qs, qg, p.q_strides.token, qt_begin * BM, p.q_len, p.head_dim, p.vec);
+    load_tile<BM, DP>(dos, dog, p.dout_strides.token, qt_begin * BM, p.q_len, p.head_dim, p.vec);
     load_row_stats<ACT, BM>(ls, dis, p, head, qt_begin * BM);
     mt::cp_async_commit();
   }
@@ -334,8 +347,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
     add_product<BM / 16, KD, LD>(dk, dpt, qs);  // dK += dS^T Q
     __syncthreads();  // dS^T complete; every warp is done with this Q and dO tile
     if (qt + 1 < qt_end) {
-      load_tile<BM, DP>(qs, qg, m0 + BM, p.q_len, p.head_dim, p.vec);
-      load_tile<BM, DP>(dos, dog, m0 + BM, p.q_len, p.head_dim, p.vec);
+      load_tile<BM, DP>(qs, qg, p.q_strides.token, m0 + BM, p.q_len, p.head_dim, p.vec);
+      load_tile<BM, DP>(dos, dog, p.dout_strides.token, m0 + BM, p.q_len, p.head_dim, p.vec);
       load_row_stats<ACT, BM>(ls, dis, p, head, m0 + BM);
     }
     mt::cp_async_commit();
@@ -358,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
     for (int h = 0; h < 2; ++h) {
       const int query = m0 + 16 * dq_slab + g + 8 * h;
       if (query < p.q_len) {
-        float* dq_row = p.dq + (head.q_base + query) * p.head_dim;
+        float* dq_row = p.dq + (head.row() + query) * p.head_dim;
 #pragma unroll
         for (int n = 0; n < DQ_TILES; ++n) {
           atomic_add_pair(dq_row, 8 * (dq_col0 + n) + 2 * t, acc[n][2 * h], acc[n][2 * h + 1], p.head_dim,
@@ -371,9 +384,15 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
   store_key_rows(dk, dv, p, head, n0 + 16 * warp);
 }
 
-// dq[i] = bf16(acc[i]).
-__global__ void round_to_bf16(bf16* dq, const float* acc, long long n) {
-  for (long long i = mt::grid_stride_first(); i < n; i += mt::grid_stride_step()) dq[i] = __float2bfloat16(acc[i]);
+// dq[r] = bf16(acc[r]) for the rows r = (b * heads + h) * q_len + i of the float32 workspace acc
+// (contiguous [B, H, Tq, D]), written where dq_strides put them; one warp per row.
+__global__ void __launch_bounds__(kDotWarps * 32)
+    round_to_bf16(bf16* dq, Strides dq_strides, const float* acc, int heads, int q_len, int rows, int head_dim) {
+  const int row = blockIdx.x * kDotWarps + threadIdx.x / 32;
+  if (row >= rows) return;
+  bf16* dst = dq + row_offset(dq_strides, row, heads, q_len);
+  const float* src = acc + static_cast<size_t>(row) * head_dim;
+  for (int d = threadIdx.x % 32; d < head_dim; d += 32) dst[d] = __float2bfloat16(src[d]);
 }
 
 // ---- launchers ---------------------------------------------------------------------------------
@@ -402,26 +421,42 @@ int launch_variant(const Params& p, int activation, int batch_heads, cudaStream_
                                 : launch_head_dim<kRelu>(p, batch_heads, stream);
 }
 
-// Rows of head_dim bf16 elements starting 16-byte aligned at every pointer.
-bool rows_aligned(int head_dim, std::initializer_list<const void*> ptrs) {
+// Rows of head_dim bf16 elements starting 16-byte aligned at every pointer and every stride.
+bool rows_aligned(int head_dim, std::initializer_list<const void*> ptrs, std::initializer_list<Strides> strides) {
   if (head_dim % 8 != 0) return false;
   for (const void* q : ptrs) {
     if (!mt::is_aligned16(q)) return false;
   }
+  for (const Strides& s : strides) {
+    if (s.batch % 8 != 0 || s.head % 8 != 0 || s.token % 8 != 0) return false;
+  }
   return true;
 }
+
+// The strides of operand i of a launcher's strides array (three per operand: batch, head, token).
+Strides strides_of(const long long* strides, int i) { return {strides[3 * i], strides[3 * i + 1], strides[3 * i + 2]}; }
 
 }  // namespace
 
 MT_DEFINE_ERROR_STRING()
 
+// strides: 12 values, the (batch, head, token) strides in elements of q, k, v and out (see Strides).
 extern "C" int launch_attention_bf16_fw(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                                        const float* mask, int batch, int heads, int q_len, int k_len, int head_dim,
-                                        int causal, int activation, float scale, cudaStream_t stream) {
-  MT_RETURN_IF_INVALID(out == nullptr || lse == nullptr || q == nullptr || k == nullptr || v == nullptr);
+                                        const float* mask, const long long* strides, int batch, int heads, int q_len,
+                                        int k_len, int head_dim, int causal, int activation, float scale,
+                                        cudaStream_t stream) {
+  MT_RETURN_IF_INVALID(out == nullptr || lse == nullptr || q == nullptr || k == nullptr || v == nullptr ||
+                       strides == nullptr);
   MT_RETURN_IF_INVALID(!sizes_ok(batch, heads, q_len, k_len, head_dim, activation));
-  const bool vec = rows_aligned(head_dim, {out, q, k, v});
-  const FwParams<bf16> p = {out, lse, q, k, v, mask, heads, q_len, k_len, head_dim, causal != 0, scale, vec};
+  const Strides qs = strides_of(strides, 0), ks = strides_of(strides, 1), vs = strides_of(strides, 2);
+  const Strides os = strides_of(strides, 3);
+  MT_RETURN_IF_INVALID(!strides_ok(qs, batch, heads, q_len, head_dim, false) ||
+                       !strides_ok(ks, batch, heads, k_len, head_dim, false) ||
+                       !strides_ok(vs, batch, heads, k_len, head_dim, false) ||
+                       !strides_ok(os, batch, heads, q_len, head_dim, true));
+  const bool vec = rows_aligned(head_dim, {out, q, k, v}, {qs, ks, vs, os});
+  const FwParams<bf16> p = {out,   lse,   q,     k,     v,        mask,        qs,    ks,  vs,
+                            os,    heads, q_len, k_len, head_dim, causal != 0, scale, vec};
   return launch_variant(p, activation, batch * heads, stream);
 }
 
@@ -430,31 +465,46 @@ extern "C" long long attention_bf16_bw_workspace_floats(int batch, int heads, in
   return static_cast<long long>(batch) * heads * q_len * (head_dim + 1);
 }
 
-// out and lse are read only for the softmax (nullable for relu).
+// strides: 24 values, the (batch, head, token) strides in elements of dq, dk, dv, grad_out, q, k, v
+// and out (see Strides). out, its strides and lse are read only for the softmax (nullable for relu).
 extern "C" int launch_attention_bf16_bw(bf16* dq, bf16* dk, bf16* dv, const bf16* grad_out, const bf16* q,
                                         const bf16* k, const bf16* v, const bf16* out, const float* lse,
-                                        const float* mask, float* workspace, int batch, int heads, int q_len,
-                                        int k_len, int head_dim, int causal, int activation, float scale,
-                                        cudaStream_t stream) {
+                                        const float* mask, float* workspace, const long long* strides, int batch,
+                                        int heads, int q_len, int k_len, int head_dim, int causal, int activation,
+                                        float scale, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(dq == nullptr || dk == nullptr || dv == nullptr || grad_out == nullptr || q == nullptr ||
-                       k == nullptr || v == nullptr || workspace == nullptr);
+                       k == nullptr || v == nullptr || workspace == nullptr || strides == nullptr);
   MT_RETURN_IF_INVALID(!sizes_ok(batch, heads, q_len, k_len, head_dim, activation));
   MT_RETURN_IF_INVALID(activation == kSoftmax && (out == nullptr || lse == nullptr));
-  const bool vec = rows_aligned(head_dim, {dk, dv, grad_out, q, k, v});
+  const Strides dqs = strides_of(strides, 0), dks = strides_of(strides, 1), dvs = strides_of(strides, 2);
+  const Strides dos = strides_of(strides, 3), qs = strides_of(strides, 4), ks = strides_of(strides, 5);
+  const Strides vs = strides_of(strides, 6), os = strides_of(strides, 7);
+  MT_RETURN_IF_INVALID(!strides_ok(dqs, batch, heads, q_len, head_dim, true) ||
+                       !strides_ok(dks, batch, heads, k_len, head_dim, true) ||
+                       !strides_ok(dvs, batch, heads, k_len, head_dim, true) ||
+                       !strides_ok(dos, batch, heads, q_len, head_dim, false) ||
+                       !strides_ok(qs, batch, heads, q_len, head_dim, false) ||
+                       !strides_ok(ks, batch, heads, k_len, head_dim, false) ||
+                       !strides_ok(vs, batch, heads, k_len, head_dim, false) ||
+                       (activation == kSoftmax && !strides_ok(os, batch, heads, q_len, head_dim, false)));
+  const bool vec = rows_aligned(head_dim, {dk, dv, grad_out, q, k, v}, {dks, dvs, dos, qs, ks, vs});
   const int batch_heads = batch * heads;
   const int rows = batch_heads * q_len;
+  const int row_blocks = (rows + kDotWarps - 1) / kDotWarps;
   const long long elements = static_cast<long long>(rows) * head_dim;
   float* dq_acc = workspace;
   float* di = workspace + elements;
   MT_RETURN_IF_ERROR(cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(elements) * sizeof(float), stream));
   if (activation == kSoftmax) {
-    attention_bw_dot<bf16><<<(rows + kDotWarps - 1) / kDotWarps, kDotWarps * 32, 0, stream>>>(di, grad_out, out, rows,
-                                                                                             head_dim);
+    attention_bw_dot<bf16><<<row_blocks, kDotWarps * 32, 0, stream>>>(di, grad_out, dos, out, os, heads, q_len, rows,
+                                                                      head_dim);
     MT_RETURN_IF_ERROR(cudaGetLastError());
   }
-  const BwParams<bf16> p = {dq_acc, dk,    dv,    grad_out, q,        k,           v,     lse, di,
-                            mask,   heads, q_len, k_len,    head_dim, causal != 0, scale, vec};
+  const BwParams<bf16> p = {dq_acc, dk,    dv,    grad_out, q,     k,     v,        lse,         di,
+                            mask,   dks,   dvs,   dos,      qs,    ks,    vs,       heads,       q_len,
+                            k_len,  head_dim, causal != 0, scale, vec};
   const int code = launch_variant(p, activation, batch_heads, stream);
   if (code != 0) return code;
-  return mt::launch_grid_stride<round_to_bf16>(elements, stream, dq, dq_acc, elements);
+  round_to_bf16<<<row_blocks, kDotWarps * 32, 0, stream>>>(dq, dqs, dq_acc, heads, q_len, rows, head_dim);
+  return mt_launch_status();
 }

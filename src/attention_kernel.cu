@@ -11,7 +11,9 @@
 // What this kernel shares with its bf16 twin (attention_bf16_kernel.cu): includes/attention_common.cuh.
 //
 // Shapes, all contiguous row-major fp32: q, out, dq [B, H, Tq, D]; k, v, dk, dv [B, H, Tk, D];
-// lse [B, H, Tq]; mask (optional, additive) [B, Tk]. For query i and key j of one (b, h):
+// lse [B, H, Tq]; mask (optional, additive) [B, Tk] (the kernels address q, k, v, out, dout, dk and
+// dv through the strides of includes/attention_common.cuh, which the launchers set to these
+// contiguous ones). For query i and key j of one (b, h):
 //   x[i, j] = scale * q[i] . k[j] + mask[b, j],
 //   key j is kept when j <= i + (Tk - Tq) under causal (every key otherwise);
 //   softmax: out[i] = sum_j p[i, j] v[j], p = exp(x - lse[i]) over kept keys,
@@ -130,12 +132,15 @@ __device__ __forceinline__ Tf32Frag<4> c_to_a(const float (&c)[4]) {
   return a;
 }
 
-// Starts copying rows [row0, row0 + ROWS) of a row-major [rows, head_dim] matrix into the shared
-// tile [ROWS][DP + 4]; rows >= `rows` and columns in [head_dim, DP) are zero-filled.
+// Starts copying rows [row0, row0 + ROWS) of a [rows, head_dim] matrix whose row r starts at src + r * ld
+// (ld <= kMaxTokenStride: offsets within the tile fit int) into the shared tile [ROWS][DP + 4]; rows >=
+// `rows` and columns in [head_dim, DP) are zero-filled.
 template <int ROWS, int DP>
-__device__ __forceinline__ void load_tile(float* tile, const float* src, int row0, int rows, int head_dim,
-                                          bool vec4) {
+__device__ __forceinline__ void load_tile(float* tile, const float* src, long long ld, int row0, int rows,
+                                          int head_dim, bool vec4) {
   constexpr int LD = DP + 4;
+  const float* first = src + row0 * ld;  // the tile's first row
+  const int step = static_cast<int>(ld);
   if (vec4) {
     constexpr int kPerRow = DP / 4;
     static_assert((ROWS * kPerRow) % kThreads == 0, "float4 chunks must divide evenly over the block");
@@ -145,7 +150,7 @@ __device__ __forceinline__ void load_tile(float* tile, const float* src, int row
       const int r = chunk / kPerRow;
       const int col = (chunk % kPerRow) * 4;
       const bool ok = row0 + r < rows && col < head_dim;
-      mt::cp_async_16(tile + r * LD + col, ok ? src + static_cast<size_t>(row0 + r) * head_dim + col : src, ok);
+      mt::cp_async_16(tile + r * LD + col, ok ? first + (r * step + col) : src, ok);
     }
   } else {
     static_assert((ROWS * DP) % kThreads == 0, "elements must divide evenly over the block");
@@ -155,7 +160,7 @@ __device__ __forceinline__ void load_tile(float* tile, const float* src, int row
       const int r = e / DP;
       const int col = e % DP;
       const bool ok = row0 + r < rows && col < head_dim;
-      mt::cp_async_4(tile + r * LD + col, ok ? src + static_cast<size_t>(row0 + r) * head_dim + col : src, ok);
+      mt::cp_async_4(tile + r * LD + col, ok ? first + (r * step + col) : src, ok);
     }
   }
 }
@@ -199,9 +204,9 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
   const int g = frag_g();
   const int t = frag_t();
   const Head head(p);
-  const float* kg = p.k + head.k_base * p.head_dim;
-  const float* vg = p.v + head.k_base * p.head_dim;
-  const float* mask_row = p.mask != nullptr ? p.mask + static_cast<size_t>(head.bh / p.heads) * p.k_len : nullptr;
+  const float* kg = p.k + head.at(p.k_strides);
+  const float* vg = p.v + head.at(p.v_strides);
+  const float* mask_row = p.mask != nullptr ? p.mask + static_cast<size_t>(head.batch()) * p.k_len : nullptr;
 
   // The lane's rows: query q0 + 16 warp + g (C elements 0, 1) and + 8 (elements 2, 3).
   int limit[2];  // keys [0, limit) are kept for the row
@@ -216,10 +221,10 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
   RowState rows;
 
   if (num_tiles > 0) {
-    load_tile<BM, DP>(qs, p.q + head.q_base * p.head_dim, q0, p.q_len, p.head_dim, p.vec);
-    load_tile<BN, DP>(ks, kg, 0, p.k_len, p.head_dim, p.vec);
+    load_tile<BM, DP>(qs, p.q + head.at(p.q_strides), p.q_strides.token, q0, p.q_len, p.head_dim, p.vec);
+    load_tile<BN, DP>(ks, kg, p.k_strides.token, 0, p.k_len, p.head_dim, p.vec);
     mt::cp_async_commit();
-    load_tile<BN, DP>(vs, vg, 0, p.k_len, p.head_dim, p.vec);
+    load_tile<BN, DP>(vs, vg, p.v_strides.token, 0, p.k_len, p.head_dim, p.vec);
     mt::cp_async_commit();
   }
   for (int tile = 0; tile < num_tiles; ++tile) {
@@ -235,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
       for (int j = 0; j < NT; ++j) mt::mma_prec<PREC>(s[j], a, load_b_transposed<PREC, LD>(ks, 8 * j, 8 * kd));
     }
     __syncthreads();  // every warp is done with this K tile
-    if (tile + 1 < num_tiles) load_tile<BN, DP>(ks, kg, n0 + BN, p.k_len, p.head_dim, p.vec);
+    if (tile + 1 < num_tiles) load_tile<BN, DP>(ks, kg, p.k_strides.token, n0 + BN, p.k_len, p.head_dim, p.vec);
     mt::cp_async_commit();
 
     float rescale[2];  // softmax: exp2(old max - new max) of each row
@@ -245,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
 
     add_tile_product<PREC, NT, KD, LD>(o, s, vs, rescale);  // O = O * rescale + P V
     __syncthreads();  // every warp is done with this V tile
-    if (tile + 1 < num_tiles) load_tile<BN, DP>(vs, vg, n0 + BN, p.k_len, p.head_dim, p.vec);
+    if (tile + 1 < num_tiles) load_tile<BN, DP>(vs, vg, p.v_strides.token, n0 + BN, p.k_len, p.head_dim, p.vec);
     mt::cp_async_commit();
   }
 
@@ -278,8 +283,8 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
   const int g = frag_g();
   const int t = frag_t();
   const Head head(p);
-  const float* qg = p.q + head.q_base * p.head_dim;
-  const float* dog = p.dout + head.q_base * p.head_dim;
+  const float* qg = p.q + head.at(p.q_strides);
+  const float* dog = p.dout + head.at(p.dout_strides);
   // The lane's keys: n0 + 16 warp + g (C elements 0, 1) and + 8 (elements 2, 3).
   float mask_add[2];
 #pragma unroll
@@ -294,10 +299,10 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
   float dv[KD][4] = {};
 
   if (qt_begin < qt_end) {
-    load_tile<BN, DP>(ks, p.k + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec);
-    load_tile<BN, DP>(vs, p.v + head.k_base * p.head_dim, n0, p.k_len, p.head_dim, p.vec);
-    load_tile<BM, DP>(qs, qg, qt_begin * BM, p.q_len, p.head_dim, p.vec);
-    load_tile<BM, DP>(dos, dog, qt_begin * BM, p.q_len, p.head_dim, p.vec);
+    load_tile<BN, DP>(ks, p.k + head.at(p.k_strides), p.k_strides.token, n0, p.k_len, p.head_dim, p.vec);
+    load_tile<BN, DP>(vs, p.v + head.at(p.v_strides), p.v_strides.token, n0, p.k_len, p.head_dim, p.vec);
+    load_tile<BM, DP>(qs, qg, p.q_strides.token, qt_begin * BM, p.q_len, p.head_dim, p.vec);
+    load_tile<BM, DP>(dos, dog, p.dout_strides.token, qt_begin * BM, p.q_len, p.head_dim, p.vec);
     load_row_stats<ACT, BM>(ls, dis, p, head, qt_begin * BM);
     mt::cp_async_commit();
   }
@@ -334,8 +339,8 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
     add_tile_product<PREC, QT, KD, LD>(dk, dpt, qs, keep);  // dK += dS^T Q
     __syncthreads();  // dS^T complete; every warp is done with this Q and dO tile
     if (qt + 1 < qt_end) {
-      load_tile<BM, DP>(qs, qg, m0 + BM, p.q_len, p.head_dim, p.vec);
-      load_tile<BM, DP>(dos, dog, m0 + BM, p.q_len, p.head_dim, p.vec);
+      load_tile<BM, DP>(qs, qg, p.q_strides.token, m0 + BM, p.q_len, p.head_dim, p.vec);
+      load_tile<BM, DP>(dos, dog, p.dout_strides.token, m0 + BM, p.q_len, p.head_dim, p.vec);
       load_row_stats<ACT, BM>(ls, dis, p, head, m0 + BM);
     }
     mt::cp_async_commit();
@@ -355,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
     for (int h = 0; h < 2; ++h) {
       const int query = m0 + 16 * dq_slab + g + 8 * h;
       if (query < p.q_len) {
-        float* dq_row = p.dq + (head.q_base + query) * p.head_dim;
+        float* dq_row = p.dq + (head.row() + query) * p.head_dim;
 #pragma unroll
         for (int n = 0; n < DQ_TILES; ++n) {
           atomic_add_pair(dq_row, 8 * (dq_col0 + n) + 2 * t, acc[n][2 * h], acc[n][2 * h + 1], p.head_dim, p.vec);
@@ -418,7 +423,9 @@ extern "C" int launch_attention_fw(float* out, float* lse, const float* q, const
   MT_RETURN_IF_INVALID(!sizes_ok(batch, heads, q_len, k_len, head_dim, activation, precision));
   const bool vec4 = head_dim % 4 == 0 && mt::is_aligned16(out) && mt::is_aligned16(q) && mt::is_aligned16(k) &&
                     mt::is_aligned16(v);
-  const FwParams<float> p = {out, lse, q, k, v, mask, heads, q_len, k_len, head_dim, causal != 0, scale, vec4};
+  const Strides qs = contiguous_strides(heads, q_len, head_dim), ks = contiguous_strides(heads, k_len, head_dim);
+  const FwParams<float> p = {out,   lse,   q,     k,     v,        mask,        qs,    ks,  ks,
+                             qs,    heads, q_len, k_len, head_dim, causal != 0, scale, vec4};
   const int batch_heads = batch * heads;
   return launch_variant(p, activation, precision, batch_heads, stream);
 }
@@ -443,13 +450,15 @@ extern "C" int launch_attention_bw(float* dq, float* dk, float* dv, const float*
                     mt::is_aligned16(grad_out) && mt::is_aligned16(q) && mt::is_aligned16(k) && mt::is_aligned16(v);
   const int batch_heads = batch * heads;
   const int rows = batch_heads * q_len;
+  const Strides qs = contiguous_strides(heads, q_len, head_dim), ks = contiguous_strides(heads, k_len, head_dim);
   MT_RETURN_IF_ERROR(cudaMemsetAsync(dq, 0, static_cast<size_t>(rows) * head_dim * sizeof(float), stream));
   if (activation == kSoftmax) {
-    attention_bw_dot<float><<<(rows + kDotWarps - 1) / kDotWarps, kDotWarps * 32, 0, stream>>>(workspace, grad_out, out,
-                                                                                        rows, head_dim);
+    attention_bw_dot<float><<<(rows + kDotWarps - 1) / kDotWarps, kDotWarps * 32, 0, stream>>>(
+        workspace, grad_out, qs, out, qs, heads, q_len, rows, head_dim);
     MT_RETURN_IF_ERROR(cudaGetLastError());
   }
-  const BwParams<float> p = {dq,   dk,      dv,     grad_out, q,        k,      v,     lse, workspace,
-                      mask, heads, q_len, k_len,    head_dim, causal != 0, scale, vec4};
+  const BwParams<float> p = {dq,    dk,    dv,    grad_out, q,     k,     v,        lse,         workspace,
+                             mask,  ks,    ks,    qs,       qs,    ks,    ks,       heads,       q_len,
+                             k_len, head_dim, causal != 0, scale, vec4};
   return launch_variant(p, activation, precision, batch_heads, stream);
 }

@@ -1,8 +1,10 @@
 """Fused attention: one autodiff op for softmax(q k^T * scale + mask) v (or its ReLU variant).
 
-On the CUDA backend it runs src/attention_kernel.cu, which never stores the [Tq, Tk] matrix (the
-forward keeps the per-row log-sum-exp, the backward recomputes the scores tile by tile); the other
-backends run the composed reference below, which materializes the weights.
+On the CUDA backend it runs src/attention_kernel.cu (float32) or src/attention_bf16_kernel.cu
+(bfloat16), which never store the [Tq, Tk] matrix (the forward keeps the per-row log-sum-exp, the
+backward recomputes the scores tile by tile); in bfloat16 fused_attention_qkv reads and writes the
+packed [B, T, 3C] layout in place (PackedAttention). The other backends run the composed reference
+below, which materializes the weights.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def fused_attention_qkv(
     """fused_attention of the packed projections qkv [B, T, 3C] (q, then k, then v, each of n_head
     heads of D = C / n_head channels) -> [B, n_head, T, D]; mask, causal, activation and scale as
     fused_attention. Its gradient is one [B, T, 3C] tensor, so a packed q/k/v projection gets it
-    without the three slices' gradients being padded to [B, T, 3C] and summed."""
+    without the three slices' gradients being padded to [B, T, 3C] and summed. In bfloat16 on CUDA
+    the result is a view of a [B, T, n_head, D] tensor: out.permute(0, 2, 1, 3) is contiguous."""
     check_activation("fused_attention_qkv", activation)
     if qkv.dims != 3 or n_head < 1 or qkv.shape[2] % (3 * n_head):
         raise IndexingError(f"fused_attention_qkv expects qkv [B, T, 3C] with C a multiple of n_head {n_head}, got {qkv.shape}")
@@ -149,13 +152,27 @@ class FusedAttention(Function):
 
 
 class PackedAttention(Function):
-    """FusedAttention of q, k, v cut from a packed [B, T, 3C] tensor: one copy makes them contiguous
-    [B, H, T, D] heads, and backward writes dq, dk, dv straight into the thirds of one gradient."""
+    """FusedAttention of q, k, v cut from a packed [B, T, 3C] tensor.
+
+    Kernel hooks: attention_qkv_fw(qkv, heads, mask, causal, activation, scale) -> (out [B, H, T, D],
+    lse) reading qkv in place, out a view of a [B, T, H, D] tensor (so that the module's permute back
+    to [B, T, H, D] is contiguous, no copy); attention_qkv_bw(grad_output, qkv, out, lse, heads, mask,
+    causal, activation, scale) -> the [B, T, 3C] gradient, dq, dk, dv written into its thirds.  Where a
+    backend has no such hook or it returns None (e.g. float32 on CUDA), one copy makes q, k, v
+    contiguous [B, H, T, D] heads for FusedAttention, and backward copies dq, dk, dv into the thirds
+    of one gradient."""
 
     @staticmethod
     def forward(
         ctx: Context, qkv: "Tensor", heads: int, mask: Optional["Tensor"], causal: bool, activation: str, scale: float
     ) -> "Tensor":  # fmt: skip
+        kernel = hook(qkv.backend.ops, "attention_qkv_fw")
+        m = None if mask is None else mask._tensor
+        tds = None if kernel is None else kernel(qkv._tensor, heads, m, causal, activation, scale)
+        if tds is not None:
+            out, lse = (qkv._new(t) for t in tds)
+            ctx.save_for_backward(None, (qkv, out, lse, heads, mask, causal, activation, scale))
+            return out
         B, T, C3 = qkv.shape
         split = qkv.view(B, T, 3, heads, C3 // (3 * heads)).permute(2, 0, 3, 1, 4).contiguous()
         inner = Context(ctx.no_grad)
@@ -165,7 +182,14 @@ class PackedAttention(Function):
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
-        inner, (B, T, C3) = ctx.saved_values
+        inner, saved = ctx.saved_values
+        if inner is None:  # the packed kernels ran forward
+            qkv, out, lse, heads, mask, causal, activation, scale = saved
+            kernel = hook(qkv.backend.ops, "attention_qkv_bw")
+            m = None if mask is None else mask._tensor
+            tds = (grad_output._tensor, qkv._tensor, out._tensor, lse._tensor)
+            return qkv._new(kernel(*tds, heads, m, causal, activation, scale))
+        B, T, C3 = saved
         grads = FusedAttention.backward(inner, grad_output)
         dqkv = grad_output._new_empty((B, T, 3, grads[0].shape[1], grads[0].shape[3]), grad_output.dtype)
         for i, g in enumerate(grads):

@@ -1,7 +1,9 @@
 // What the fp32 (attention_kernel.cu) and bf16 (attention_bf16_kernel.cu) fused attention kernels
 // share: the parameter blocks (templated on the storage type T of q, k, v, out and their gradients;
-// lse, D and the mask stay float32), the (batch, head) of a block, the score step of the forward
-// (scale, mask, causal limit, online softmax or ReLU on a warp's C fragments) and the size checks.
+// lse, D and the mask stay float32), the strides that address q, k, v, out, dout, dk and dv (any
+// (batch, head, token) strides, unit stride along D; the fp32 launchers pass contiguous ones), the
+// (batch, head) of a block, the score step of the forward (scale, mask, causal limit, online softmax
+// or ReLU on a warp's C fragments) and the size and stride checks.
 // Both tensor-core shapes (m16n8k8 TF32, m16n8k16 bf16) have the same C fragment, c0c1 = C[g][2t..],
 // c2c3 = C[g + 8][2t..] with g = lane / 4, t = lane % 4, which is what the score step works on.
 #pragma once
@@ -9,6 +11,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 
@@ -26,8 +29,24 @@ constexpr int kBwKeys = kWarps * 16;  // keys of a backward block
 constexpr int kMaxHeadDim = 128;
 constexpr int kDotWarps = 8;  // warps (rows) per block of attention_bw_dot
 constexpr int kMaxGridY = 65535;
+constexpr long long kMaxTokenStride = (INT_MAX - kMaxHeadDim) / 64;  // a tile's row offsets fit int
 
 enum Activation { kSoftmax = 0, kRelu = 1 };
+
+// Where the rows of a [batch, heads, len, head_dim] operand are, in elements: element (b, h, t, d) at
+// b * batch + h * head + t * token + d. E.g. q of a packed [B, T, 3C] projection (C = H * D):
+// {T * 3C, D, 3C} from the projection's start (k from + C, v from + 2C).
+struct Strides {
+  long long batch;
+  long long head;
+  long long token;
+};
+
+// The strides of a contiguous [batch, heads, len, head_dim] operand.
+inline Strides contiguous_strides(int heads, int len, int head_dim) {
+  const long long row = static_cast<long long>(len) * head_dim;
+  return {row * heads, row, head_dim};
+}
 
 template <class T>
 struct FwParams {
@@ -37,13 +56,17 @@ struct FwParams {
   const T* k;
   const T* v;
   const float* mask;  // [batch, k_len] or nullptr
+  Strides q_strides;
+  Strides k_strides;
+  Strides v_strides;
+  Strides out_strides;
   int heads;
   int q_len;
   int k_len;
   int head_dim;
   int causal;
   float scale;
-  int vec;  // every row starts 16-byte aligned (head_dim and pointers): tiles load in 16-byte chunks
+  int vec;  // every row starts 16-byte aligned (head_dim, pointers, strides): tiles load in 16-byte chunks
 };
 
 template <class T>
@@ -58,6 +81,12 @@ struct BwParams {
   const float* lse;
   const float* di;
   const float* mask;
+  Strides dk_strides;
+  Strides dv_strides;
+  Strides dout_strides;
+  Strides q_strides;
+  Strides k_strides;
+  Strides v_strides;
   int heads;
   int q_len;
   int k_len;
@@ -67,20 +96,34 @@ struct BwParams {
   int vec;
 };
 
-// The (batch, head) of a block, bh = blockIdx.x = batch * heads + head, and where its rows start.
+// The (batch, head) of a block, bh = blockIdx.x = batch * heads + head, and where its rows start
+// (computed where used, from bh and the parameters: fewer values held in registers).
 struct Head {
   int bh;
-  int offset;     // k_len - q_len: under causal, query i sees the keys j <= i + offset
-  size_t q_base;  // its first row of q, out, lse, dout, dq, di
-  size_t k_base;  // its first row of k, v, dk, dv
+  int heads;
+  int q_len;
+  int offset;  // k_len - q_len: under causal, query i sees the keys j <= i + offset
 
   template <class Params>
   __device__ explicit Head(const Params& p)
-      : bh(blockIdx.x),
-        offset(p.k_len - p.q_len),
-        q_base(static_cast<size_t>(bh) * p.q_len),
-        k_base(static_cast<size_t>(bh) * p.k_len) {}
+      : bh(blockIdx.x), heads(p.heads), q_len(p.q_len), offset(p.k_len - p.q_len) {}
+
+  __device__ __forceinline__ int batch() const { return bh / heads; }
+  // Its first row of lse, di and the float32 dq (contiguous [B, H, Tq(, D)]).
+  __device__ __forceinline__ size_t row() const { return static_cast<size_t>(bh) * q_len; }
+  // Its first element (token 0, d 0) of an operand laid out by s.
+  __device__ __forceinline__ long long at(const Strides& s) const {
+    const int b = batch();
+    return b * s.batch + (bh - b * heads) * s.head;
+  }
 };
+
+// The first element of row `row` = (b * heads + h) * len + t of an operand laid out by s.
+__device__ __forceinline__ long long row_offset(const Strides& s, int row, int heads, int len) {
+  const int bh = row / len;
+  const int b = bh / heads;
+  return b * s.batch + (bh - b * heads) * s.head + (row - bh * len) * s.token;
+}
 
 __device__ __forceinline__ int frag_g() { return (threadIdx.x % 32) / 4; }
 __device__ __forceinline__ int frag_t() { return threadIdx.x % 4; }
@@ -194,7 +237,7 @@ __device__ __forceinline__ float2 prob_and_dscore(float x_raw, float dp, float m
 template <int ACT, class Params>
 __device__ __forceinline__ float key_mask(const Params& p, const Head& head, int key) {
   return p.mask != nullptr && key < p.k_len
-             ? __ldg(p.mask + static_cast<size_t>(head.bh / p.heads) * p.k_len + key) * mask_scale<ACT>()
+             ? __ldg(p.mask + static_cast<size_t>(head.batch()) * p.k_len + key) * mask_scale<ACT>()
              : 0.f;
 }
 
@@ -249,12 +292,12 @@ __device__ __forceinline__ void store_query_rows(const float (&o)[KD][4], const 
     const int query = row0 + g + 8 * h;
     const float2 fin = row_finish<ACT>(rows, h);
     if (query < p.q_len) {
-      auto* out_row = p.out + (head.q_base + query) * p.head_dim;
+      auto* out_row = p.out + head.at(p.out_strides) + query * p.out_strides.token;
 #pragma unroll
       for (int dt = 0; dt < KD; ++dt) {
         store_pair(out_row, 8 * dt + 2 * t, o[dt][2 * h] * fin.x, o[dt][2 * h + 1] * fin.x, p.head_dim, p.vec);
       }
-      if (t == 0) p.lse[head.q_base + query] = fin.y;
+      if (t == 0) p.lse[head.row() + query] = fin.y;
     }
   }
 }
@@ -272,8 +315,8 @@ __device__ __forceinline__ int2 query_tile_range(const Params& p, const Head& he
 template <int ACT, int BM, class Params>
 __device__ __forceinline__ void load_row_stats(float* ls, float* dis, const Params& p, const Head& head, int m0) {
   if constexpr (ACT == kSoftmax) {
-    load_vector(ls, p.lse + head.q_base, m0, BM, p.q_len);
-    load_vector(dis, p.di + head.q_base, m0, BM, p.q_len);
+    load_vector(ls, p.lse + head.row(), m0, BM, p.q_len);
+    load_vector(dis, p.di + head.row(), m0, BM, p.q_len);
   }
 }
 
@@ -313,8 +356,8 @@ __device__ __forceinline__ void store_key_rows(const float (&dk)[KD][4], const f
   for (int h = 0; h < 2; ++h) {
     const int key = key0 + g + 8 * h;
     if (key < p.k_len) {
-      auto* dk_row = p.dk + (head.k_base + key) * p.head_dim;
-      auto* dv_row = p.dv + (head.k_base + key) * p.head_dim;
+      auto* dk_row = p.dk + head.at(p.dk_strides) + key * p.dk_strides.token;
+      auto* dv_row = p.dv + head.at(p.dv_strides) + key * p.dv_strides.token;
 #pragma unroll
       for (int dt = 0; dt < KD; ++dt) {
         store_pair(dk_row, 8 * dt + 2 * t, dk[dt][2 * h], dk[dt][2 * h + 1], p.head_dim, p.vec);
@@ -324,16 +367,19 @@ __device__ __forceinline__ void store_key_rows(const float (&dk)[KD][4], const f
   }
 }
 
-// di[r] = sum_d dout[r, d] * out[r, d] in float32, one warp per row.
+// di[r] = sum_d dout[r, d] * out[r, d] in float32 for the rows r = (b * heads + h) * q_len + i, one
+// warp per row.
 template <class T>
 __global__ void __launch_bounds__(kDotWarps * 32)
-    attention_bw_dot(float* di, const T* dout, const T* out, int rows, int head_dim) {
+    attention_bw_dot(float* di, const T* dout, Strides dout_strides, const T* out, Strides out_strides, int heads,
+                     int q_len, int rows, int head_dim) {
   const int row = blockIdx.x * kDotWarps + threadIdx.x / 32;
   if (row >= rows) return;  // the whole warp leaves together
   const int lane = threadIdx.x % 32;
-  const size_t base = static_cast<size_t>(row) * head_dim;
+  const T* dout_row = dout + row_offset(dout_strides, row, heads, q_len);
+  const T* out_row = out + row_offset(out_strides, row, heads, q_len);
   float acc = 0.f;
-  for (int d = lane; d < head_dim; d += 32) acc = fmaf(static_cast<float>(dout[base + d]), static_cast<float>(out[base + d]), acc);
+  for (int d = lane; d < head_dim; d += 32) acc = fmaf(static_cast<float>(dout_row[d]), static_cast<float>(out_row[d]), acc);
   acc = mt::warp_allreduce(acc, mt::SumOp{});
   if (lane == 0) di[row] = acc;
 }
@@ -346,6 +392,27 @@ inline bool sizes_ok(int batch, int heads, int q_len, int k_len, int head_dim, i
   const long long bh = static_cast<long long>(batch) * heads;
   if (bh * q_len * head_dim > INT_MAX || bh * k_len * head_dim > INT_MAX) return false;
   return (q_len + kFwRows - 1) / kFwRows <= kMaxGridY && (k_len + kBwKeys - 1) / kBwKeys <= kMaxGridY;
+}
+
+// Strides every launcher accepts for a [batch, heads, len, head_dim] operand (sizes_ok already
+// holding): none negative, the token stride at most kMaxTokenStride and every offset within long
+// long; for an operand a kernel writes (`written`), also rows that never overlap: ordered by stride,
+// each dim longer than 1 steps at least over the extent of the smaller ones.
+inline bool strides_ok(const Strides& s, int batch, int heads, int len, int head_dim, bool written) {
+  if (s.token > kMaxTokenStride) return false;
+  struct Dim {
+    long long stride, size;
+  };
+  Dim dims[3] = {{s.token, len}, {s.head, heads}, {s.batch, batch}};
+  std::sort(dims, dims + 3, [](const Dim& x, const Dim& y) { return x.stride < y.stride; });
+  long long extent = head_dim;
+  for (const Dim& d : dims) {
+    if (d.stride < 0) return false;
+    if (d.size == 1) continue;
+    if ((written && d.stride < extent) || d.stride > (LLONG_MAX - extent) / (d.size - 1)) return false;
+    extent += (d.size - 1) * d.stride;
+  }
+  return true;
 }
 
 }  // namespace mt_attn
