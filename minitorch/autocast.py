@@ -30,7 +30,10 @@ values, and a training step's forward casts nothing.  On CUDA its multi-tensor u
 bfloat16 copy in the same pass as the float32 update (reading `working_copy(p)`, then calling
 `working_copy_written(p)` after bumping `p._version`), which saves the cast pass; it ends with
 `refresh_working_copies`, which casts only the copies still stale.  Reading a copy
-returns the same tensor until the parameter changes; its values are the parameter's latest.
+returns the same tensor until the parameter changes; its values are the parameter's latest.  A view
+of a parameter made by views alone (permute / transpose, view, narrow / basic slicing: a tied LM head,
+`wte.narrow(0, 0, V).transpose(0, 1)`) is read as the same view of the parameter's working copy, so it
+costs no cast of its own and keeps its layout.
 Activations are cast at each use.
 
 `low_activations=True` keeps the activations in the autocast dtype between ops, as llm.c's bf16
