@@ -201,7 +201,9 @@ def _views_of_a_parameter(t: "Tensor") -> Optional[List["Tensor"]]:
 
 def _replay_views(copy: "Tensor", views: List["Tensor"]) -> "Tensor":
     """The views that made each of `views` from its input, applied in turn to copy (the lowered leaf):
-    a transposed head of a tied embedding reads the embedding's working copy, not a cast of its own."""
+    a transposed head of a tied embedding reads the embedding's working copy, not a cast of its own,
+    and its float32 weight gradient (the fused classifier's) reaches the master without a round trip
+    through bf16."""
     from .tensor_functions import Permute, View
     from .tensor_index import StridedView
 
@@ -214,6 +216,7 @@ def _replay_views(copy: "Tensor", views: List["Tensor"]) -> "Tensor":
             out = View.apply(out, node.shape)
         else:
             out = StridedView.apply(out, saved[1])
+        out._grad_dtype = copy._grad_dtype  # as the copy's: gradients reach the master unrounded
     return out
 
 

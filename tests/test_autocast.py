@@ -16,6 +16,7 @@ import minitorch
 from minitorch import bfloat16, float16, float32, nn
 from minitorch.autocast import autocast_inputs
 from minitorch.fused.linear import linear
+from minitorch.tensor_functions import Function
 
 
 def _inputs(backend, rows: int = 6, width: int = 8):
@@ -141,6 +142,33 @@ def test_a_view_of_a_parameter_reads_its_working_copy(backend) -> None:
     (tx @ rounded[:7].t()).sum().backward()
     # the gradient of a bf16 `@` is bf16 (as torch's), so the reference's is rounded once
     np.testing.assert_allclose(table.grad.to_numpy(), bfloat16.round(rounded.grad.numpy()), rtol=2**-8, atol=1e-6)
+
+
+class _Float32Gradient(Function):
+    """sum(a), whose gradient is a float32 third everywhere: what the fused classifier hands a bf16
+    head (a float32 weight gradient of a bf16 product)."""
+
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a.shape)
+        return a.float().sum()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (shape,) = ctx.saved_values
+        return minitorch.full(shape, 1 / 3, backend=grad_output.backend)
+
+
+def test_a_float32_gradient_through_a_view_of_a_working_copy_is_not_rounded(backend) -> None:
+    """The view of a working copy passes a float32 gradient on to the master as it is (a round trip
+    through bf16 would make 1/3 into 0.333984375), zeros outside the narrowed rows."""
+    table = minitorch.tensor(np.ones((5, 3), np.float32), backend=backend).requires_grad_(True)
+    with minitorch.autocast():
+        low = autocast_inputs("matmul", table.narrow(0, 0, 4).transpose(0, 1))[0]
+    _Float32Gradient.apply(low).backward()
+    want = np.zeros((5, 3), np.float32)
+    want[:4] = np.float32(1 / 3)
+    np.testing.assert_array_equal(table.grad.to_numpy(), want)
 
 
 def test_a_copy_made_under_no_grad_is_remade_for_grad(backend) -> None:
