@@ -42,7 +42,7 @@ def program_parser(description: str, presets: Presets) -> argparse.ArgumentParse
 
 def preset_for(backend: str) -> str:
     """The preset "auto" stands for with a --backend option: "full" for a run on CUDA, else "tiny"."""
-    on_cuda = backend == "cuda" or (backend == "auto" and minitorch.cuda_unavailable_reason() is None)
+    on_cuda = backend == "cuda" or (backend == "auto" and minitorch.choose_backend("auto").name == "cuda")
     return "full" if on_cuda else "tiny"
 
 
