@@ -28,7 +28,7 @@ from ..tensor_data import TensorData
 from . import matmul_bf16
 from .combine import add_into, column_sums, contiguous, reduce_op
 from .convert import cast
-from .matmul import _ones_row, raw_matmul
+from .matmul import bf16_column_sums, raw_matmul
 from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, require_float32, runtime
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
@@ -88,12 +88,12 @@ class _Bfloat16Products:
     row_multiple = 8
 
     def __init__(self, h: TensorData, weight: TensorData, chunk: int, ld: int) -> None:
-        torch = runtime().torch
+        rt = runtime()
         N, C = h.shape
         self.V, self.ld, self.transposed = weight.shape[1], ld, weight.is_transposed()
         self.h = h._storage[: N * C].view(N, C)
-        self.w = torch.as_strided(weight._storage, weight.shape, weight.strides)
-        self.buffer = torch.empty(chunk * self.ld, dtype=torch.bfloat16, device=self.h.device)
+        self.w = rt.torch.as_strided(weight._storage, weight.shape, weight.strides)
+        self.buffer = rt.storage(chunk * ld, bfloat16)  # kept referenced: every chunk reuses it
 
     def _chunk(self, rows: int) -> Any:
         return self.buffer[: rows * self.ld].view(rows, self.ld)[:, : self.V]
@@ -111,9 +111,8 @@ class _Bfloat16Products:
             matmul_bf16.matmul(h_rows.t(), dl, out=dweight._storage.view(C, V), accumulate=n0 > 0)
 
     def bias_gradient(self, dbias: TensorData, n0: int, rows: int) -> None:
-        ones = _ones_row(rows)
-        matmul_bf16.launch(ptr(dbias), "float32", self.V, ptr(ones), self.buffer.data_ptr(), 1, self.V, rows,
-                           (rows, 1, self.ld, 1), accumulate=n0 > 0, what=f"fused classifier dbias [{rows}, {self.V}]")  # fmt: skip
+        bf16_column_sums(ptr(dbias), self.buffer.data_ptr(), self.V, rows, (self.ld, 1), accumulate=n0 > 0,
+                         what=f"fused classifier dbias [{rows}, {self.V}]")  # fmt: skip
 
 
 def linear_cross_entropy_fw(

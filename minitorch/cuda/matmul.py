@@ -132,11 +132,19 @@ def linear_bw(
         matmul_bf16.launch(ptr(dweight), "float32", k, ptr(d), ptr(x), n, k, rows,
                            (d.strides[1], d.strides[0], x.strides[0], x.strides[1]), what=f"linear dweight of {shapes}")  # fmt: skip
     if dbias is not None and n and rows:
-        matmul_bf16.launch(ptr(dbias), "float32", n, ptr(_ones_row(rows)), ptr(d), 1, n, rows, (rows, 1, *d_rows),
-                           what=f"linear dbias of {shapes}")  # fmt: skip
+        bf16_column_sums(ptr(dbias), ptr(d), n, rows, d_rows, what=f"linear dbias of {shapes}")
     elif dbias is not None and n:
         fill(dbias, 0.0)
     return dx, dweight, dbias
+
+
+def bf16_column_sums(
+    out: int, d: int, n: int, rows: int, d_strides: Tuple[int, int], accumulate: bool = False, what: str = "column sums"
+) -> None:  # fmt: skip
+    """out[j] (+)= sum over r < rows of d[r, j] for j < n: float32 out, bfloat16 d with strides (row, column),
+    raw pointers; one bf16 product of a row of ones with d, float32 sums."""
+    matmul_bf16.launch(out, "float32", n, ptr(_ones_row(rows)), d, 1, n, rows, (rows, 1, *d_strides),
+                       accumulate=accumulate, what=what)  # fmt: skip
 
 
 def _ones_row(rows: int) -> TensorData:
