@@ -10,12 +10,12 @@ eq) write float32 1.0/0.0, the storage of minitorch.bool.
 from __future__ import annotations
 
 import ctypes
-import math
 from typing import Callable, Optional
 
 from .. import operators
 from ..dtypes import DType, float32, int64, no_kernel
 from ..tensor_data import TensorData, strides_from_shape
+from ..tensor_ops import typed_start
 from .combine import map_layouts, out_layout, rows_plan, zip_layouts
 from .layout import MtLayout
 from .runtime import BUILD_HINT, CudaShapeError, Runtime, check, check_names, empty, on_load, ptr, runtime
@@ -131,8 +131,6 @@ def zip_op(fn: Callable) -> Callable[[TensorData, TensorData], TensorData]:
 def reduce_op(fn: Callable, start: float) -> Callable[[TensorData, int], TensorData]:
     """fold(fn, start) along one dim of int64 a, kept with size 1; fn add, mul, max or min."""
     op = _code(fn, REDUCE_OPS)
-    if math.isinf(start):  # max's and min's float start value: the int64 extreme on that side
-        start = -(2**63) if start < 0 else 2**63 - 1
 
     def ret(a: TensorData, dim: int) -> TensorData:
         out_shape = a.shape[:dim] + (1,) + a.shape[dim + 1 :]
@@ -140,7 +138,7 @@ def reduce_op(fn: Callable, start: float) -> Callable[[TensorData, int], TensorD
         o = empty(out_shape, int64)
         if n_out:
             rt = runtime()
-            code = _lib(rt).launch_int_reduce(op, ptr(o), out_l, ptr(a), outer_l, length, stride, int(start), rt.stream())
+            code = _lib(rt).launch_int_reduce(op, ptr(o), out_l, ptr(a), outer_l, length, stride, typed_start(start, a), rt.stream())
             check(code, _lib(rt), f"int64 reduce({fn.__name__}) of {a.shape} along {dim}")
         return o
 
