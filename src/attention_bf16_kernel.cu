@@ -2,7 +2,8 @@
 // ReLU activation: the bf16 twin of attention_kernel.cu (same shapes, masks, causal rule, lse and
 // edge cases; see the top of that file). q, k, v, out, dout, dq, dk, dv are bf16; lse, D, the mask
 // and all arithmetic are float32: products run as mma.sync m16n8k16 bf16 with float32 accumulators,
-// P (and dS) are rounded to bf16 only as operands of the next product; dq is summed with float32
+// P (and dS) are rounded to bf16 only as operands of the next product (in the head-dim bucket of 32,
+// dS enters dK = dS^T Q as a hi/lo pair of bf16, add_product's SPLIT); dq is summed with float32
 // atomics into a workspace and rounded to bf16 once at the end (round_to_bf16).
 //
 // Layouts: q, k, v, out, dout, dq, dk, dv are [B, H, T, D] with any (batch, head, token) strides in
@@ -117,19 +118,37 @@ __device__ __forceinline__ void c_pair_to_a(uint32_t (&a)[4], const float (&c0)[
   a[3] = pack_bf16(c1[2], c1[3]);
 }
 
+// The A fragment of what c_pair_to_a rounds away: c - bf16(c), itself rounded to bf16 (the low half of
+// a hi/lo split, so A_hi + A_lo carries c to about 16 bits).
+__device__ __forceinline__ void c_pair_residual_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  const auto low = [](float x) { return x - __bfloat162float(__float2bfloat16(x)); };
+  a[0] = pack_bf16(low(c0[0]), low(c0[1]));
+  a[1] = pack_bf16(low(c0[2]), low(c0[3]));
+  a[2] = pack_bf16(low(c1[0]), low(c1[1]));
+  a[3] = pack_bf16(low(c1[2]), low(c1[3]));
+}
+
 // acc[16 x 8 ND] += A B, A the C fragments a[2 KT] (16 x 16 KT), B = tile[row0 + k][n] (16 KT x 8 ND).
-template <int KT, int ND, int LD>
+// SPLIT adds the product of A's rounding residual too (twice the mma work), so A enters with ~16 bits
+// instead of bf16's 8: the small head dims, whose few products per output leave A's rounding as the
+// largest error term, use it for dK = dS^T Q.
+template <int KT, int ND, int LD, bool SPLIT = false>
 __device__ __forceinline__ void add_product(float (&acc)[ND][4], const float (&a)[2 * KT][4], const bf16* tile) {
 #pragma unroll
   for (int kk = 0; kk < KT; ++kk) {
-    uint32_t frag[4];
+    uint32_t frag[4], low[4];
     c_pair_to_a(frag, a[2 * kk], a[2 * kk + 1]);
+    if constexpr (SPLIT) c_pair_residual_to_a(low, a[2 * kk], a[2 * kk + 1]);
 #pragma unroll
     for (int nn = 0; nn < ND / 2; ++nn) {
       uint32_t b[4];
       load_b_cols<LD>(b, tile, 16 * kk, 16 * nn);
       mma_bf16(acc[2 * nn], frag, b[0], b[1]);
       mma_bf16(acc[2 * nn + 1], frag, b[2], b[3]);
+      if constexpr (SPLIT) {
+        mma_bf16(acc[2 * nn], low, b[0], b[1]);
+        mma_bf16(acc[2 * nn + 1], low, b[2], b[3]);
+      }
     }
   }
 }
@@ -344,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
     }
 
     add_product<BM / 16, KD, LD>(dv, st, dos);  // dV += P^T dO
-    add_product<BM / 16, KD, LD>(dk, dpt, qs);  // dK += dS^T Q
+    add_product<BM / 16, KD, LD, DP == 32>(dk, dpt, qs);  // dK += dS^T Q
     __syncthreads();  // dS^T complete; every warp is done with this Q and dO tile
     if (qt + 1 < qt_end) {
       load_tile<BM, DP>(qs, qg, p.q_strides.token, m0 + BM, p.q_len, p.head_dim, p.vec);
