@@ -5,6 +5,8 @@ graph reads the weights' working copies, which each replayed update rewrites).""
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ import torch
 import minitorch
 from minitorch import DecoderLM
 from minitorch.fused.linear import linear
+from minitorch.graphs import StepGraphs
 from project.common.precision import compute_precision
 from project.translation.batches import Batch
 from project.translation.model import batch_loss
@@ -117,6 +120,35 @@ def test_bf16_working_copies_are_current_after_graph_replays() -> None:
     with minitorch.no_grad(), compute_precision("bf16"):
         trained, loaded = (batch_loss(m, batches[0], CUDA).item() for m in (model, fresh))
     assert trained == loaded
+
+
+def test_a_collection_during_a_capture_cannot_destroy_an_earlier_graph() -> None:
+    """A dead cycle holding a captured graph (a dropped trainer's) becomes garbage while another step
+    is captured, with the collector set to run at every allocation: the capture still succeeds (the
+    collector waits until it ends) and replays."""
+    x = minitorch.rand((64,), backend=CUDA)
+    old = StepGraphs(enabled=True)
+    old.run("old", lambda: x * 2.0)
+    box: list = [old]
+    box.append(box)  # a cycle: only the collector frees it
+    holder = [box]
+    del old, box
+    thresholds = gc.get_threshold()
+
+    def step() -> None:
+        if torch.cuda.is_current_stream_capturing() and holder:
+            holder.clear()  # the cycle is now garbage
+            gc.set_threshold(1, 1, 1)
+            assert len([[] for _ in range(1000)]) == 1000  # container allocations: a collection's trigger
+        (x * 3.0).sum()
+
+    graphs = StepGraphs(enabled=True)
+    try:
+        graphs.run("new", step)
+    finally:
+        gc.set_threshold(*thresholds)
+    gc.collect()
+    assert graphs.captured == 1 and graphs.run("new", step)
 
 
 def test_a_host_sync_cannot_hide_in_a_captured_step() -> None:

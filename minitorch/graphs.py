@@ -29,6 +29,7 @@ concurrently (they replay one at a time on the current stream).
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Any, Callable, ContextManager, Dict, Hashable, Mapping, Tuple
 
 import numpy as np
@@ -67,7 +68,7 @@ class StepGraphs:
         if self.enabled and capture:
             torch = runtime().torch
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with _no_garbage_collection(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 step()
             self._pool = graph.pool()
             self._graphs[key] = graph
@@ -82,6 +83,22 @@ class StepGraphs:
             graph.reset()
         self._graphs.clear()
         self._pool = None
+
+
+@contextlib.contextmanager
+def _no_garbage_collection() -> Any:
+    """Python's cyclic garbage collector paused for a capture.  A collection inside it can free a
+    dead cycle that holds an earlier CUDA graph (a dropped trainer's), whose destruction is a CUDA
+    call the capturing stream forbids: the capture fails with "operation failed due to a previous
+    error during capture".  (PyTorch's torch.cuda.graph no longer collects before a capture unless
+    torch.compiler.config.force_cudagraph_gc is set.)"""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class StepInputs:
