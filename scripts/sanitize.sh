@@ -5,8 +5,9 @@
 #
 #   bash scripts/sanitize.sh [OUT_DIR]          # default OUT_DIR: sanitize-logs
 #
-# Environment: SANITIZE_TOOLS (default "memcheck racecheck initcheck"), SANITIZE_JOBS (processes at
-# once, default: CPU count), SANITIZE_TIMEOUT (seconds per process, default 900), COMPUTE_SANITIZER
+# Environment: SANITIZE_TOOLS (default "memcheck racecheck initcheck"), SANITIZE_LIBS (rows to run,
+# default all: library names and mt_program_all_libs), SANITIZE_JOBS (processes at once, default: CPU
+# count), SANITIZE_TIMEOUT (seconds per process, default 900), COMPUTE_SANITIZER
 # (its path, default: PATH, $CUDA_HOME/bin, /usr/local/cuda/bin). Every tensor gets its own
 # cudaMalloc (PYTORCH_NO_CUDA_MEMORY_CACHING=1), so memcheck sees an overrun past a tensor's end.
 # Exit status 0 only when every cell of the table is clean.
@@ -60,6 +61,14 @@ for lib in "${!TESTS_OF[@]}"; do
   fi
 done
 LIBRARY_TESTS+=("$PROGRAM_ROW")
+if [[ -n "${SANITIZE_LIBS:-}" ]]; then
+  CHOSEN=()
+  for group in "${LIBRARY_TESTS[@]}"; do
+    [[ " $SANITIZE_LIBS " == *" ${group%%|*} "* ]] && CHOSEN+=("$group")
+  done
+  (( ${#CHOSEN[@]} > 0 )) || { echo "sanitize.sh: SANITIZE_LIBS names no row: $SANITIZE_LIBS" >&2; exit 2; }
+  LIBRARY_TESTS=("${CHOSEN[@]}")
+fi
 
 SANITIZER="${COMPUTE_SANITIZER:-}"
 for candidate in "$(command -v compute-sanitizer 2>/dev/null)" "${CUDA_HOME:-/nonexistent}/bin/compute-sanitizer" \
@@ -71,16 +80,19 @@ if [[ -z "$SANITIZER" ]]; then
   exit 2
 fi
 
-# PyTorch's own kernels (the tests' references: cuDNN and flash attention, cuBLAS, ATen, Triton) run
-# unchecked: the verdicts are about this project's kernels. (cuDNN's SDPA backward reads memory it has
-# not written, which initcheck reports.)
-FOREIGN_KERNELS='cudnn|at::native|cutlass|cublas|nvjet|gemm|xmma|fmha|flash|triton|sm80_|sm90_'
+# The verdicts are about this project's kernels, not PyTorch's own (the tests' references: cuDNN and
+# flash attention, cuBLAS, ATen, Triton; cuDNN's SDPA backward reads memory it has not written, which
+# initcheck reports). memcheck and racecheck leave those kernels uninstrumented (the regex matches
+# mangled names there). initcheck instruments every kernel, since a kernel it skips would leave its
+# output looking uninitialized to the next reader, and its reports are told apart afterwards by the
+# kernel they name (scripts/sanitizer_report.py, on demangled names).
+FOREIGN_KERNELS='cudnn|native|cutlass|cublas|nvjet|gemm|xmma|fmha|flash|triton|sm80_|sm90_'
 
 run_one() {  # tool library files k-expression
-  local tool="$1" lib="$2" files="$3" kexpr="$4" extra=(--kernel-name-exclude "regex=$FOREIGN_KERNELS") paths=()
+  local tool="$1" lib="$2" files="$3" kexpr="$4" extra=() paths=()
   case "$tool" in
-    memcheck) extra+=(--leak-check no --padding 512) ;;
-    racecheck) extra+=(--racecheck-report analysis) ;;
+    memcheck) extra+=(--kernel-name-exclude "regex=$FOREIGN_KERNELS" --leak-check no --padding 512) ;;
+    racecheck) extra+=(--kernel-name-exclude "regex=$FOREIGN_KERNELS" --racecheck-report analysis) ;;
   esac
   for f in $files; do paths+=("kernel_tests/$f"); done
   local args=(-q -p no:cacheprovider -m small "${paths[@]}")
@@ -111,11 +123,12 @@ verdict() {  # tool library -> one cell of the table
   status="$(cat "$OUT/$tool.$lib.status" 2>/dev/null || echo missing)"
   summary="$(grep -E '^[0-9]+ (passed|failed|skipped|deselected|error)|no tests ran' "$OUT/$tool.$lib.pytest.log" | tail -n 1)"
   summary="${summary%% in *}"
-  # memcheck/initcheck end with "ERROR SUMMARY: N errors", racecheck with "(N errors, M warnings)".
-  errors="$(count "$log" 'ERROR SUMMARY: [0-9]+ error')"
-  (( errors < $(count "$log" '\([0-9]+ errors?') )) && errors="$(count "$log" '\([0-9]+ errors?')"
+  # The reports naming this project's kernels (or none), and those in PyTorch's; racecheck's summary
+  # "(N errors, M warnings)" gives the hazard warnings.
+  read -r errors foreign < <(python3 "$ROOT/scripts/sanitizer_report.py" "$log" "$FOREIGN_KERNELS")
   warnings="$(count "$log" '[0-9]+ warnings?\)')"
   (( warnings > 0 )) && summary="$summary; $warnings hazard warnings"
+  (( foreign > 0 )) && summary="$summary; $foreign in PyTorch's kernels"
   if [[ "$status" == 124 ]]; then echo "TIMEOUT after ${TIMEOUT}s"
   elif (( errors > 0 )); then echo "${errors} ERRORS"
   elif [[ "$status" == 0 ]]; then echo "clean (${summary})"
