@@ -90,6 +90,11 @@ fi
 # them printed (initcheck without host backtraces: thousands of PyTorch reports would take minutes).
 FOREIGN_KERNELS='cudnn|at::native|cutlass|cublas|nvjet|gemm|xmma|fmha|flash|triton|sm80_|sm90_'
 
+# Tests initcheck leaves out: there PyTorch's batched cuBLAS output, which the test's reference reads,
+# gives ~600k reports (initcheck does not see cuBLAS's stores) and takes over 7 minutes; memcheck and
+# racecheck run them, and the same kernels run under initcheck in the other bf16 matmul tests.
+INITCHECK_DESELECT=(kernel_tests/test_matmul_bf16.py::test_batch_broadcast)
+
 SANITIZER_HELP="$("$SANITIZER" --help 2>&1)"
 offers() { [[ "$SANITIZER_HELP" == *"$1"* ]]; }  # whether this compute-sanitizer has the option
 
@@ -104,6 +109,7 @@ run_one() {  # tool library files k-expression
   for f in $files; do paths+=("kernel_tests/$f"); done
   local args=(-q -p no:cacheprovider -m small "${paths[@]}")
   [[ -n "$kexpr" ]] && args+=(-k "$kexpr")
+  if [[ "$tool" == initcheck ]]; then for test in "${INITCHECK_DESELECT[@]}"; do args+=(--deselect "$test"); done; fi
   (cd "$ROOT" && PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
     timeout "$TIMEOUT" "$SANITIZER" --tool "$tool" "${extra[@]}" --log-file "$OUT/$tool.$lib.sanitizer.log" \
     python -m pytest "${args[@]}" > "$OUT/$tool.$lib.pytest.log" 2>&1)
