@@ -17,8 +17,14 @@ calls (queued behind a spin kernel, so launch gaps stay hidden), after warm-up; 
 twice in L2 the calls rotate over several sets so that they do not run from cache. Each variant's error
 against a float64 product of the same inputs (torch on the GPU) is reported as max|out - ref| / max|ref|.
 
-Usage: python benchmarks/bench_matmul.py [--out DIR] [--reps N] [--quick] [--dtypes fp32,bf16]
-Writes DIR/bench_matmul.json and DIR/bench_matmul.png (default DIR: benchmarks/results/bench_matmul).
+--k-sweep runs instead the fc layer's forward product (M 4096, N 3072) at K = 768 .. 6144 and fits each
+variant's time as a line in the number of 64-wide K tiles: the slope is the cost of a K tile of the
+whole product, the intercept what its output tiles cost besides their K tiles (prologue, epilogue,
+wave tails), the part that weighs most at GPT-2's K = 768.
+
+Usage: python benchmarks/bench_matmul.py [--out DIR] [--reps N] [--quick | --k-sweep] [--dtypes fp32,bf16]
+Writes DIR/bench_matmul.json and DIR/bench_matmul.png (default DIR: benchmarks/results/bench_matmul;
+with --k-sweep, bench_matmul_k_sweep.json and .png).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import argparse
 import sys
 from typing import Any, Callable, Dict, List, Tuple
 
+import numpy as np
 import torch
 
 from common import Column, Panel, Table, buffer_sets, out_option, rotating, write_results
@@ -66,6 +73,21 @@ def shapes() -> List[Tuple[str, Tuple[int, int, int], str, str, str]]:
     out.append(("lm head dX", (T, VOCAB, C), "p", "n", "n"))  # dY @ E
     out.append(("lm head dE", (VOCAB, T, C), "pt", "n", "n"))  # dY^T @ X
     return out
+
+
+K_SWEEP = (768, 1536, 3072, 6144)
+
+
+def k_sweep_shapes() -> List[Tuple[str, Tuple[int, int, int], str, str, str]]:
+    """The fc layer's forward product X @ W (M = T, N = 4C) at every K of K_SWEEP, row-major."""
+    return [(f"fc fwd K {k}", (T, k, 4 * C), "n", "n", "n") for k in K_SWEEP]
+
+
+def line_fit(ks: List[int], ms: List[float]) -> Dict[str, float]:
+    """Least-squares ms = intercept + slope * (K / 64): us per K tile of the whole product, and the
+    intercept in us (what the output tiles cost besides their K tiles)."""
+    slope, intercept = np.polyfit(np.asarray(ks, dtype=float) / 64.0, np.asarray(ms, dtype=float), 1)
+    return {"us_per_k_tile": 1000.0 * float(slope), "intercept_us": 1000.0 * float(intercept)}
 
 
 def padded(shape: Tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
@@ -177,7 +199,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     out_option(parser, "bench_matmul")
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--quick", action="store_true", help="only the square shape and the GPT-2 fc layer")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_true", help="only the square shape and the GPT-2 fc layer")
+    which.add_argument("--k-sweep", action="store_true", help="fc fwd at K = 768 .. 6144 and each variant's line fit")
     parser.add_argument("--dtypes", default="fp32,bf16", help="input dtypes to run, of fp32 and bf16")
     args = parser.parse_args()
     dtypes = [d for d in args.dtypes.split(",") if d]
@@ -186,7 +210,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU visible to torch")
     libs = load_libraries(dtypes)
-    todo = shapes()
+    todo = k_sweep_shapes() if args.k_sweep else shapes()
     if args.quick:
         todo = [s for s in todo if s[0].startswith(("square", "fc "))]
     results = []
@@ -198,7 +222,13 @@ def main() -> None:
         printed.row(r)
         print(" " * 36 + "errors: " + "  ".join(f"{v} {r[v]['rel_err']:.2e}" for d in dtypes for v in VARIANTS[d]), flush=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "reps": args.reps, "dtypes": dtypes}
-    write_results(args.out, "bench_matmul", {"meta": meta, "results": results}, panels(results, dtypes),
+    report: Dict[str, Any] = {"meta": meta, "results": results}
+    if args.k_sweep:
+        ks = [r["K"] for r in results]
+        report["fits"] = {v: line_fit(ks, [r[v]["ms"] for r in results]) for d in dtypes for v in VARIANTS[d]}
+        for v, fit in report["fits"].items():
+            print(f"{v:14s} {fit['us_per_k_tile']:7.2f} us per K tile, intercept {fit['intercept_us']:7.1f} us")
+    write_results(args.out, "bench_matmul_k_sweep" if args.k_sweep else "bench_matmul", report, panels(results, dtypes),
                   title=f"matmul on {meta['device']}", size=(14, 5 * len(dtypes)), columns=1)
 
 

@@ -7,7 +7,7 @@
 #            tokens/s and wall time of each (the bf16/fp32 speed ratio)
 #   gpt2     bench_gpt2 at B 4 and B 16 (needs LLMC_SRC): minitorch bf16 against torch.compile bf16,
 #            llm.c bf16 and PyTorch bf16 eager, then the profile of our bf16 step
-#   matmul   bench_matmul's bf16 rows against torch.matmul (cuBLAS)
+#   matmul   bench_matmul's bf16 rows against torch.matmul (cuBLAS), then its K sweep (per-tile cost)
 #   DATA_DIR=.data/multi30k [LLMC_SRC=.wt/llmc] bash scripts/gpu_check_bf16.sh [parity] [mt] [gpt2] [matmul]
 source "$(dirname "$0")/gpu_check_setup.sh"
 PARTS=${*:-parity mt gpt2 matmul}
@@ -43,4 +43,6 @@ fi
 if has matmul; then
   python benchmarks/bench_matmul.py --dtypes bf16 --out "$OUT/matmul" > "$OUT/bench_matmul.log" 2>&1
   step bench_matmul
+  python benchmarks/bench_matmul.py --dtypes bf16 --k-sweep --out "$OUT/matmul" > "$OUT/bench_matmul_k_sweep.log" 2>&1
+  step bench_matmul_k_sweep "per K tile"
 fi
