@@ -19,7 +19,7 @@ from ..precision import precision_code
 from ..tensor_data import TensorData
 from . import matmul_bf16
 from .combine import fill
-from .convert import cast
+from .convert import cast, constant
 from .layout import MtLayout, layout, product_plan, remember
 from .runtime import check, empty, ptr, require_float32, runtime
 
@@ -33,7 +33,6 @@ _SINGLE = layout((1,), (0,))  # the batch layout of one product
 
 _plans: Dict[tuple, Tuple[Tuple[int, ...], Tuple[int, int, int, int], MtLayout, MtLayout]] = {}
 _workspace: Dict[tuple, int] = {}  # (M, N, K, batch, strides, precision) -> the library's workspace floats
-_ones: Dict[int, TensorData] = {}  # rows -> a bfloat16 row of ones (the left operand of column sums)
 
 
 def _launch(
@@ -143,19 +142,8 @@ def bf16_column_sums(
 ) -> None:  # fmt: skip
     """out[j] (+)= sum over r < rows of d[r, j] for j < n: float32 out, bfloat16 d with strides (row, column),
     raw pointers; one bf16 product of a row of ones with d, float32 sums."""
-    matmul_bf16.launch(out, "float32", n, ptr(_ones_row(rows)), d, 1, n, rows, (rows, 1, *d_strides),
+    matmul_bf16.launch(out, "float32", n, ptr(constant(1.0, rows, bfloat16)), d, 1, n, rows, (rows, 1, *d_strides),
                        accumulate=accumulate, what=what)  # fmt: skip
-
-
-def _ones_row(rows: int) -> TensorData:
-    """A bfloat16 row of `rows` ones, made once per length and kept (never evicted: a captured graph
-    may read it; a program's first step, eager, makes it before any capture)."""
-    found = _ones.get(rows)
-    if found is None:
-        ones = empty((rows,))
-        fill(ones, 1.0)
-        found = _ones[rows] = cast(ones, bfloat16)
-    return found
 
 
 def raw_matmul(
