@@ -13,9 +13,9 @@
 //                     tile's are issued, and a slot is released (its `empty` barrier, one arrival per
 //                     consumer warp) once the products reading it are done. At the end of a unit the
 //                     epilogue (store_tile): 64 columns at a time, each warpgroup writes its float32 sums
-//                     into a staging buffer in shared memory, then every thread takes runs of 4 columns
-//                     of a row from it to store_run (bias, activation, pre-activation, accumulation, the
-//                     output's dtype, or a K split's partial sums), a half warp per row.
+//                     into a staging buffer in shared memory, then every thread takes one run of 4
+//                     columns of every 8th row from it (bias, activation, pre-activation, accumulation,
+//                     the output's dtype, or a K split's partial sums), a 16-thread group per row.
 // setmaxnreg gives the producer warpgroup's registers to the consumers (24 / 240 a thread: at 232 the
 // 256-wide consumers spilled).
 //
@@ -204,16 +204,67 @@ __device__ __forceinline__ void stage_piece(const float (&acc)[BN / 2], uint32_t
   }
 }
 
+// Rows i = 0, 8, .., 56 (those below `rows`) of one thread's 4-column run in a staged piece, from the
+// staging buffer at src (the thread's first row; rows 8 apart lie 2048 bytes apart and share the
+// swizzle), through the epilogue EPI into out (the first row's run at out + first, rows ld elements
+// apart, OUT_BF16 or float32), each run one 4-wide access: the loop the common products take, with no
+// per-element branches (the epilogue and the dtype are template arguments, the rest uniform flags).
+template <int EPI, bool OUT_BF16>
+__device__ __forceinline__ void store_rows(uint32_t src, void* out, void* pre_act, bool accumulate, long long first,
+                                           long long ld, int rows, const float (&bias)[4]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    if (8 * i >= rows) break;
+    float x[4];
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
+                 : "r"(src + 2048 * i)
+                 : "memory");
+    const long long at = first + 8 * i * ld;
+    if constexpr (EPI != kNone) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[j] += bias[j];
+    }
+    if constexpr (EPI == kBiasGelu || EPI == kBiasRelu) {
+      if (pre_act != nullptr) store_vec<4>(pre_act, at, x, OUT_BF16);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[j] = EPI == kBiasGelu ? gelu(x[j]) : fmaxf(x[j], 0.f);
+    }
+    if (accumulate) {
+      float y[4];
+      load_vec<4>(out, at, OUT_BF16, y);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[j] += y[j];
+    }
+    store_vec<4>(out, at, x, OUT_BF16);
+  }
+}
+
+template <int EPI>
+__device__ __forceinline__ void store_rows_dtype(const Params& p, uint32_t src, long long first, int rows,
+                                                 const float (&bias)[4]) {
+  if (p.out_bf16) {
+    store_rows<EPI, true>(src, p.out, p.pre_act, p.accumulate, first, p.ldc, rows, bias);
+  } else {
+    store_rows<EPI, false>(src, p.out, p.pre_act, p.accumulate, first, p.ldc, rows, bias);
+  }
+}
+
 // The epilogue of one consumer warpgroup's 64 rows (kernel rows row0.., columns col0.. of batch matrix
 // bi), 64 columns at a time through the staging buffer at `stage`; barrier bar_id is the warpgroup's.
-// Only the staging is unrolled (the accumulators' indices must be constants); the stores are one loop
-// for every kind of epilogue, which keeps the kernel's code at an eighth of what fully unrolled
-// epilogues took (26 KB against 224 KB), at the same speed (bf16_notes.md, v3). wq: the warp in the
-// warpgroup; g, t: lane / 4, lane % 4.
+// Thread k of the warpgroup takes the 4-column run k % 16 of rows k / 16 + 8 i: through store_rows
+// where the run is whole and 4-wide accesses fit the layout, else store_run per row. Only the staging
+// is unrolled over the accumulators (their indices must be constants). wq: the warp in the warpgroup;
+// g, t: lane / 4, lane % 4.
 template <int BN>
 __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[BN / 2], uint32_t stage, int bar_id,
                                            int split, int bi, int row0, int col0, int wq, int g, int t) {
   const uint32_t base = stage + (wq * 16 + g) * 256 + 8 * (t & 1), y = ((g ^ (t >> 1)) & 7) << 4;
+  const int q = threadIdx.x % 16, rr = threadIdx.x % 128 / 16;
+  const int rows = p.M - row0 - rr;  // the thread's rows rr + 8 i below M: 8 i < rows
+  const uint32_t src = stage + rr * 256 + ((q ^ rr) << 4);
+  const bool partials = p.partials != nullptr;
+  const bool whole_runs = partials ? p.N % 4 == 0 : p.vec4;
 #pragma unroll 1
   for (int piece = 0; piece < BN / 64; ++piece) {
     warpgroup_sync(bar_id);  // the previous piece has been read
@@ -224,16 +275,34 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[B
       default: stage_piece<BN, 3>(acc, base, y); break;
     }
     warpgroup_sync(bar_id);
+    const int c = col0 + 64 * piece + 4 * q;
+    if (c >= p.N || rows <= 0) continue;
+    const long long row = static_cast<long long>(bi) * p.M + row0 + rr;
+    if (c + 4 <= p.N && whole_runs) {
+      float bias[4] = {0.f, 0.f, 0.f, 0.f};
+      if (partials) {
+        store_rows<kNone, false>(src, p.partials + split * p.split_stride, nullptr, false, row * p.N + c, p.N, rows,
+                                 bias);
+        continue;
+      }
+      if (p.epilogue != kNone && p.bias != nullptr) load_vec<4>(p.bias, c, p.out_bf16 != 0, bias);
+      const long long first = row * p.ldc + c;
+      switch (p.epilogue) {
+        case kNone: store_rows_dtype<kNone>(p, src, first, rows, bias); break;
+        case kBias: store_rows_dtype<kBias>(p, src, first, rows, bias); break;
+        case kBiasGelu: store_rows_dtype<kBiasGelu>(p, src, first, rows, bias); break;
+        default: store_rows_dtype<kBiasRelu>(p, src, first, rows, bias); break;
+      }
+      continue;
+    }
 #pragma unroll 1
-    for (int k = threadIdx.x % 128; k < 64 * 16; k += 128) {
-      const int rr = k >> 4, q = k & 15, r = row0 + rr, c = col0 + 64 * piece + 4 * q;
-      if (r >= p.M || c >= p.N) continue;
+    for (int i = 0; 8 * i < rows && i < 8; ++i) {
       float x[4];
       asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                    : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
-                   : "r"(stage + rr * 256 + ((q ^ (rr & 7)) << 4))
+                   : "r"(src + 2048 * i)
                    : "memory");
-      store_run<4>(p, split, bi, r, c, x, min(4, p.N - c));
+      store_run<4>(p, split, bi, row0 + rr + 8 * i, c, x, min(4, p.N - c));
     }
   }
 }
