@@ -6,7 +6,8 @@
 #   mt       the default translation run in bf16 and in fp32, one after the other: BLEU, median step
 #            tokens/s and wall time of each (the bf16/fp32 speed ratio)
 #   gpt2     bench_gpt2 at B 4 and B 16 (needs LLMC_SRC): minitorch bf16 against torch.compile bf16,
-#            llm.c bf16 and PyTorch bf16 eager, then the profile of our bf16 step
+#            llm.c bf16 and PyTorch bf16 eager, with minitorch's TF32 and fp32-accurate steps in the
+#            same run, then the profile of our bf16 step
 #   matmul   bench_matmul's bf16 rows against torch.matmul (cuBLAS), then its K sweep (per-tile cost)
 #   DATA_DIR=.data/multi30k [LLMC_SRC=.wt/llmc] bash scripts/gpu_check_bf16.sh [parity] [mt] [gpt2] [matmul]
 source "$(dirname "$0")/gpu_check_setup.sh"
@@ -30,8 +31,10 @@ fi
 
 if has gpt2 && [ -n "${LLMC_SRC:-}" ]; then
   python benchmarks/bench_gpt2.py --llmc-src "$LLMC_SRC" --batch-sizes 4,16 --work /tmp/bf16_check_gpt2 --out "$OUT/gpt2" \
-    --contenders "minitorch bf16,torch bf16 compile,llm.c bf16,torch bf16" > "$OUT/bench_gpt2.log" 2>&1
-  step bench_gpt2 "minitorch bf16|torch bf16 compile|llm.c bf16"
+    --timeout 120 \
+    --contenders "minitorch bf16,torch bf16 compile,llm.c bf16,torch bf16,minitorch all-fused tf32,minitorch all-fused" \
+    > "$OUT/bench_gpt2.log" 2>&1
+  step bench_gpt2 "minitorch|torch bf16|llm.c bf16"
   W=/tmp/bf16_check_gpt2/B4
   python benchmarks/profile_kernels.py --top 30 --out "$OUT/profile_bf16.json" -- project/train_gpt2.py \
     --backend cuda --init-from "$W/gpt2_124M.bin" --train-shards "$W/bench_train_*.bin" --batch-size 4 --steps 12 \
