@@ -209,9 +209,19 @@ __device__ __forceinline__ void stage_piece(const float (&acc)[BN / 2], uint32_t
 // swizzle), through the epilogue EPI into out (the first row's run at out + first, rows ld elements
 // apart, OUT_BF16 or float32), each run one 4-wide access: the loop the common products take, with no
 // per-element branches (the epilogue and the dtype are template arguments, the rest uniform flags).
+// An accumulating product reads all its rows' old values first, so that the 8 reads wait for memory
+// once, not one after another behind the stores (the weight gradients accumulated over the LM head's
+// chunks: bf16_notes.md, v6).
 template <int EPI, bool OUT_BF16>
 __device__ __forceinline__ void store_rows(uint32_t src, void* out, void* pre_act, bool accumulate, long long first,
                                            long long ld, int rows, const float (&bias)[4]) {
+  float old[8][4];
+  if (accumulate) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (8 * i < rows) load_vec<4>(out, first + 8 * i * ld, OUT_BF16, old[i]);
+    }
+  }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     if (8 * i >= rows) break;
@@ -231,10 +241,8 @@ __device__ __forceinline__ void store_rows(uint32_t src, void* out, void* pre_ac
       for (int j = 0; j < 4; ++j) x[j] = EPI == kBiasGelu ? gelu(x[j]) : fmaxf(x[j], 0.f);
     }
     if (accumulate) {
-      float y[4];
-      load_vec<4>(out, at, OUT_BF16, y);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) x[j] += y[j];
+      for (int j = 0; j < 4; ++j) x[j] += old[i][j];
     }
     store_vec<4>(out, at, x, OUT_BF16);
   }
