@@ -4,8 +4,10 @@ The model is GPT-2 in llm.c's layout (torch's Linear weights are [out, in] like 
 checkpoint loads without transposes; qkv is one Linear of width 3C; the LM head is the first V
 rows of wte), attention through torch's scaled_dot_product_attention (causal), GELU tanh, LayerNorm
 eps 1e-5. It trains on the shards in order (project.gpt2.shards.ShardLoader) with torch.optim.AdamW
-(0.9, 0.999, eps 1e-8) at the programs' learning-rate schedule (warm-up, cosine), reading the loss
-every step, and writes per-step losses and milliseconds plus torch's allocator peak to a JSON file.
+(0.9, 0.999, eps 1e-8) at the programs' learning-rate schedule (warm-up, cosine), and writes per-step
+losses and milliseconds plus torch's allocator peak to a JSON file. As train_gpt2.py does, it queues
+step i before it reads step i - 1's loss (copied to pinned memory behind that step), so that its host
+work overlaps the GPU's; a step's time runs from the previous step's loss to its own.
 Float32 by default (TF32 with --tf32 true); --dtype bf16 runs the forward pass under
 torch.autocast(bfloat16) with float32 master weights (SDPA then takes its flash kernel), --compile
 adds torch.compile, --fused-adamw torch's fused AdamW. This is a reference to measure against (torch
@@ -133,9 +135,21 @@ def main(argv: Any = None) -> dict:
     precision = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if args.dtype == "bf16" else contextlib.nullcontext
     torch.cuda.reset_peak_memory_stats()
     losses, ms = [], []
+    pending = None  # (pinned host copy of the previous step's loss, the event after that copy)
+    finished = time.perf_counter()
+
+    def finish() -> None:
+        nonlocal finished
+        host, event = pending
+        event.synchronize()
+        now = time.perf_counter()
+        losses.append(float(host[0]))
+        ms.append((now - finished) * 1e3)
+        finished = now
+        print(f"step {len(losses):4d}/{args.steps}: train loss {losses[-1]:.6f} ({ms[-1]:.1f} ms)", flush=True)
+
     for step in range(args.steps):
-        start = time.perf_counter()
-        inputs, targets = (torch.from_numpy(a).cuda() for a in loader.next_batch())
+        inputs, targets = (torch.from_numpy(a).cuda(non_blocking=True) for a in loader.next_batch())
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, args.lr, args.warmup_steps, args.steps, args.final_lr_frac)
         with precision():
@@ -145,9 +159,15 @@ def main(argv: Any = None) -> dict:
         if args.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
-        losses.append(loss.item())
-        ms.append((time.perf_counter() - start) * 1e3)
-        print(f"step {step + 1:4d}/{args.steps}: train loss {losses[-1]:.6f} ({ms[-1]:.1f} ms)", flush=True)
+        host = torch.empty(1, pin_memory=True)
+        host.copy_(loss.detach().float().reshape(1), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        if pending is not None:
+            finish()
+        pending = (host, event)
+    if pending is not None:
+        finish()
     result = {"losses": losses, "ms": ms, "allocator_peak_mib": torch.cuda.max_memory_allocated() / 2**20}
     write_json(args.out, result)
     return result

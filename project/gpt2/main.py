@@ -48,8 +48,8 @@ from project.gpt2.model import GPT2
 from project.gpt2.options import parse_args, resume_command
 from project.gpt2.sample import generate
 from project.gpt2.training import (
-    LLMC_DTYPES, STATE_MODEL, GPT2Step, checkpoint_directory, load_training_state, plot_losses, prune_checkpoints,
-    save_training_state, validation_loss,
+    LLMC_DTYPES, STATE_MODEL, GPT2Step, QueuedStep, checkpoint_directory, load_training_state, plot_losses,
+    prune_checkpoints, save_training_state, validation_loss,
 )  # fmt: skip
 
 METRICS_NAME = "metrics.jsonl"
@@ -195,19 +195,54 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
             log({"step": step, **memory})
         return {"args": args, "records": records, "model": model, "out_dir": out_dir, "stopped": stopped, **memory}
 
+    # Step i is queued before step i - 1's loss is read, so the host's work between steps (the next
+    # batch, the log line) overlaps the GPU's; a step's time is from the previous step's result to its own.
+    pending: Optional[tuple[int, float, QueuedStep]] = None  # (step, lr, the queued step)
+    finished = time.perf_counter()
+
+    def finish() -> None:
+        """Wait for the pending step, then log and print it."""
+        nonlocal pending, finished
+        if pending is None:
+            return
+        done, lr, queued = pending
+        pending = None
+        loss, norm = queued.result()
+        now = time.perf_counter()
+        seconds, finished = now - finished, now
+        loss = parallel.sum(loss)[0]  # the step's loss over all B x T tokens (each process's is weighted)
+        pace.step()
+        tokens_per_s = B * T / seconds
+        record = {"step": done, "loss": loss, "lr": lr, "ms": seconds * 1e3, "tokens_per_s": tokens_per_s}
+        if norm is not None:
+            record["grad_norm"] = norm
+        log(record)
+        left = estimate.remaining(total_steps - done, plan(args, inputs, backend, b, done + 1, total_steps).other_s,
+                                  pace.seconds_per_step)  # fmt: skip
+        parallel.print(
+            f"step {done:5d}/{total_steps} | loss {loss:.6f} | lr {lr:.3e} | {seconds * 1e3:8.1f} ms | "
+            f"{tokens_per_s:10,.0f} tok/s" + (f" | grad norm {norm:.3f}" if norm is not None else "")
+            + f" | {format_duration(left)} left",
+            flush=True,
+        )
+
     with GracefulStop() as stop:
         while True:
             last = step == total_steps
-            if val and args.val_every and (step % args.val_every == 0 or last):
+            validating = bool(val and args.val_every and (step % args.val_every == 0 or last))
+            sampling = bool(args.sample_every and step > 0 and (step % args.sample_every == 0 or last))
+            stopping, saving = parallel.agree(True, stop.requested, step > first_step and schedule.due(step))
+            if validating or sampling or stopping or saving or last:
+                finish()
+            if validating:
                 with precision:
                     val_loss = parallel.sum(validation_loss(model, val, val_batches, args.loss))[0] / N
                 parallel.print(f"step {step:5d} | val loss {val_loss:.6f} ({N * val_batches} batches)", flush=True)
                 log({"step": step, "val_loss": val_loss})
-            if args.sample_every and step > 0 and (step % args.sample_every == 0 or last) and parallel.is_main:
+            if sampling and parallel.is_main:
                 with precision:
                     text = sample(model, args, inputs.tokenizer, args.seed + step)
                 print(f"step {step:5d} | sample: {text!r}", flush=True)
-            stopping, saving = parallel.agree(True, stop.requested, step > first_step and schedule.due(step))
             if stopping or saving:
                 directory = save()
                 if stopping and not last:
@@ -218,27 +253,14 @@ def train(args: argparse.Namespace, parallel: DataParallel, argv: Optional[Seque
                 parallel.print(f"step {step:5d} | saved {directory}", flush=True)
             if last:
                 break
-            started = time.perf_counter()
+            if pending is None:
+                finished = time.perf_counter()  # the steps' clock restarts after a pause (validation, saving)
             ids, targets = train.next_batch()
             lr = learning_rate(step, peak_lr, args.warmup_steps, total_steps, args.final_lr_frac)
-            loss, norm = train_step(ids, targets, lr)
-            seconds = time.perf_counter() - started
-            loss = parallel.sum(loss)[0]  # the step's loss over all B x T tokens (each process's is weighted)
+            queued = train_step.queue(ids, targets, lr)
+            finish()
             step += 1
-            pace.step()
-            tokens_per_s = B * T / seconds
-            record = {"step": step, "loss": loss, "lr": lr, "ms": seconds * 1e3, "tokens_per_s": tokens_per_s}
-            if norm is not None:
-                record["grad_norm"] = norm
-            log(record)
-            left = estimate.remaining(total_steps - step, plan(args, inputs, backend, b, step + 1, total_steps).other_s,
-                                      pace.seconds_per_step)  # fmt: skip
-            parallel.print(
-                f"step {step:5d}/{total_steps} | loss {loss:.6f} | lr {lr:.3e} | {seconds * 1e3:8.1f} ms | "
-                f"{tokens_per_s:10,.0f} tok/s" + (f" | grad norm {norm:.3f}" if norm is not None else "")
-                + f" | {format_duration(left)} left",
-                flush=True,
-            )
+            pending = (step, lr, queued)
 
     outcome = result(None)
     if parallel.is_main:

@@ -29,7 +29,7 @@ from minitorch.graphs import StepInputs
 from project.common.checkpoint import CheckpointError, load_checkpoint, restore_optimizer, save_checkpoint
 from project.common import evaluation
 from project.common.metrics import Panel, Series, plot_records
-from project.common.train_step import TrainStep
+from project.common.train_step import StepReadout, TrainStep
 from project.gpt2.model import GPT2
 from project.gpt2.shards import ShardLoader
 
@@ -64,6 +64,12 @@ class GPT2Step(TrainStep):
         self.micro_slices, self.weight = micro_slices, weight
 
     def __call__(self, inputs: np.ndarray, targets: np.ndarray, lr: float) -> Tuple[float, Optional[float]]:
+        """Run one step and wait for it: (loss, gradient norm or None)."""
+        return self.queue(inputs, targets, lr).result()
+
+    def queue(self, inputs: np.ndarray, targets: np.ndarray, lr: float) -> "QueuedStep":
+        """Queue one step without waiting for the GPU; its result() waits for it (so a caller that
+        prepares and queues the next step first keeps the GPU busy through its own host work)."""
         rows = inputs.shape[0]
         micro = []
         for part in self.micro_slices or [slice(0, rows)]:
@@ -71,14 +77,26 @@ class GPT2Step(TrainStep):
             micro.append({"ids": self.model.check_ids(inputs[part]), "targets": self.model.check_ids(targets[part]),
                           "weight": np.array([share])})  # fmt: skip
         self.run(micro, lr)
-        loss = self.loss_total()
+        clipping = bool(self.optimizer.max_grad_norm)
+        readout = StepReadout([self.loss_sum, self.optimizer.grad_norm()] if clipping else [self.loss_sum])
         self.reset_loss()
-        norm = self.optimizer.grad_norm().item() if self.optimizer.max_grad_norm else None
-        return loss, norm
+        return QueuedStep(readout, clipping)
 
     def _loss(self, inputs: StepInputs) -> Tuple[Tensor, Tensor]:
         loss = self.model.loss(inputs["ids"], inputs["targets"], self.loss_kind) * inputs["weight"]
         return loss, loss
+
+
+class QueuedStep:
+    """A queued GPT2Step: result() waits for it and gives (its loss, gradient norm before clipping or
+    None when the optimizer does not clip)."""
+
+    def __init__(self, readout: StepReadout, clipping: bool):
+        self._readout, self._clipping = readout, clipping
+
+    def result(self) -> Tuple[float, Optional[float]]:
+        values = self._readout.values()
+        return values[0], values[1] if self._clipping else None
 
 
 def validation_loss(model: GPT2, loader: ShardLoader, batches: int, loss_kind: str) -> float:
