@@ -1,7 +1,8 @@
 """The host-loop pieces on CUDA: the multi-tensor gradient norm, clip and AdamW against torch, the
 fused Linear epilogue against torch, and CUDA-graph replays of the translation program's training
 step equal to eager steps (with dropout) over 20 steps, in float32 and in bf16 (--dtype bf16: the
-graph reads the weights' working copies, which each replayed update rewrites)."""
+graph reads the weights' working copies, which each replayed update rewrites), and step readouts
+read past the readback ring's length."""
 
 from __future__ import annotations
 
@@ -158,3 +159,18 @@ def test_a_host_sync_cannot_hide_in_a_captured_step() -> None:
     with pytest.raises(RuntimeError):
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             (x * 2.0).sum().item()
+
+
+def test_step_readouts_keep_their_values_past_the_ring() -> None:
+    """More queued readouts than the readback ring has slots, none read until the end: each gives the
+    values its tensors held when it was queued (a slot's values are taken out before it is rewritten),
+    and 0-dim tensors read as one value."""
+    from minitorch.cuda.staging import SLOTS
+    from minitorch.graphs import StepReadout
+
+    counter = minitorch.zeros((1,), backend=CUDA)
+    readouts = []
+    for i in range(SLOTS + 7):
+        counter.copy_(counter + 1.0)
+        readouts.append(StepReadout([counter, (counter * 2.0).view(())]))
+    assert [r.values() for r in readouts] == [[float(i + 1), float(2 * (i + 1))] for i in range(SLOTS + 7)]

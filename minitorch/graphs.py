@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Any, Callable, ContextManager, Dict, Hashable, Mapping, Tuple
+from typing import Any, Callable, ContextManager, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .cuda.runtime import runtime
-from .cuda.staging import uploader
+from .cuda.staging import reader, uploader
 from .rng import next_seed, seeds_from_device
 from .tensor import Tensor
 from .tensor_create import zeros
@@ -158,6 +158,25 @@ class StepInputs:
                 )
             self._host[self._ranges[name]] = array.reshape(-1)
         self._flat.copy_(self._host)
+
+
+class StepReadout:
+    """One-element tensors (a step's loss sum, its gradient norm) as they are once the work queued so
+    far has run, read later: on CUDA copied into pinned host memory behind that work
+    (minitorch.cuda.staging.Reader), so the host goes on queueing the next step and waits only when it
+    asks for values(); on the CPU read at once."""
+
+    def __init__(self, tensors: Sequence[Tensor]):
+        self._values: Optional[List[float]] = None
+        self._pending: Any = None
+        if tensors[0].backend.cuda:
+            self._pending = reader().read_later([t.to_torch() for t in tensors])
+        else:
+            self._values = [float(t.item()) for t in tensors]
+
+    def values(self) -> List[float]:
+        """The values (on CUDA: waits for the work queued before this readout)."""
+        return self._values if self._pending is None else self._pending.values()
 
 
 class StepSeed:

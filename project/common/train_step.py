@@ -120,33 +120,6 @@ class TrainStep:
                 self.loss_sum.copy_(self.loss_sum + tally.detach())
 
 
-class StepReadout:
-    """Device scalars as they are once the steps queued so far have run, read later: on CUDA copied
-    into pinned host memory behind those steps with an event after the copy, so that the host goes
-    on queueing the next step and waits only when it asks for the values (the GPT-2 trainer prints a
-    step's loss while the next step runs); on the CPU read at once."""
-
-    def __init__(self, tensors: Sequence[Tensor]):
-        self._values: Optional[List[float]] = None
-        if not tensors[0].backend.cuda:
-            self._values = [float(t.item()) for t in tensors]
-            return
-        import torch  # the copies queue on torch's current stream, behind minitorch's kernels
-
-        self._host = torch.empty(len(tensors), dtype=torch.float32, pin_memory=True)
-        for i, t in enumerate(tensors):
-            self._host[i : i + 1].copy_(t.to_torch().reshape(1), non_blocking=True)
-        self._event = torch.cuda.Event()
-        self._event.record()
-
-    def values(self) -> List[float]:
-        """The values (waits for the steps queued before this readout, on CUDA)."""
-        if self._values is None:
-            self._event.synchronize()
-            self._values = self._host.tolist()
-        return self._values
-
-
 class StepTimer:
     """Per-step times without host waits: CUDA events recorded after each step (read at the end),
     or the host clock on the CPU. Steps marked not steady (eager first runs and captures of a new

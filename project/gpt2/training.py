@@ -25,11 +25,11 @@ import numpy as np
 import minitorch
 from minitorch import Tensor
 from minitorch.distributed import GradientAccumulator
-from minitorch.graphs import StepInputs
+from minitorch.graphs import StepInputs, StepReadout
 from project.common.checkpoint import CheckpointError, load_checkpoint, restore_optimizer, save_checkpoint
 from project.common import evaluation
 from project.common.metrics import Panel, Series, plot_records
-from project.common.train_step import StepReadout, TrainStep
+from project.common.train_step import TrainStep
 from project.gpt2.model import GPT2
 from project.gpt2.shards import ShardLoader
 
