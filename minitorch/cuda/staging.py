@@ -61,6 +61,7 @@ class PendingRead:
         self._values: Optional[List[float]] = None
 
     def values(self) -> List[float]:
+        """The copied values (the first call waits for the copy)."""
         if self._values is None:
             self._event.synchronize()
             self._values = self._buffer[: self._n].tolist()
@@ -72,6 +73,7 @@ class Reader:
 
     def __init__(self) -> None:
         self._buffers: List[Optional[Any]] = [None] * SLOTS
+        self._events: List[Optional[Any]] = [None] * SLOTS
         self._reads: List[Optional[PendingRead]] = [None] * SLOTS
         self._next = 0
 
@@ -89,7 +91,9 @@ class Reader:
             buffer = self._buffers[slot] = torch.empty(max(len(sources), 16), dtype=torch.float32, pin_memory=True)
         for i, source in enumerate(sources):
             buffer[i : i + 1].copy_(source.reshape(1), non_blocking=True)
-        event = torch.cuda.Event()
+        event = self._events[slot]
+        if event is None:
+            event = self._events[slot] = torch.cuda.Event()
         event.record()
         count_transfer("d2h", 4 * len(sources))
         read = self._reads[slot] = PendingRead(buffer, event, len(sources))
