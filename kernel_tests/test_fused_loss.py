@@ -93,25 +93,39 @@ def test_fused_loss_matches_torch_float64(vocab: int, hidden_size: int, chunk_si
 
 
 @pytest.mark.parametrize("vocab", [1000, 50257])
-def test_tied_head_is_read_in_place_and_gets_its_gradient_in_its_layout(vocab: int) -> None:
-    """GPT-2's head: the first `vocab` rows of a padded [V', C] embedding table, transposed (a view).
-    The loss reads it in place (the TMA path of the matmul library takes its 16-byte strides) and its
-    gradient, written as [vocab, C], reaches the table's rows; the padding rows' gradient is zero."""
+@pytest.mark.parametrize("padded_classes", [False, True])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_tied_head_is_read_in_place_and_gets_its_gradient_in_its_layout(
+    vocab: int, padded_classes: bool, bf16: bool
+) -> None:
+    """GPT-2's head: the first `vocab` rows of a padded [V', C] embedding table, transposed (a view),
+    or (padded_classes) the whole table with classes=vocab, as GPT-2's model passes it.  The loss
+    reads it in place (the TMA path of the matmul library takes its 16-byte strides) and its
+    gradient, written in the table's layout, reaches the table's rows; the padding rows (which hold
+    values here) get a zero gradient.  bf16: under autocast, the head a bf16 working copy, the
+    dweight float32; the bound is bf16's."""
     C, padded = 64, -(-vocab // 64) * 64
     hidden, weight, _, targets, weights = problem(N_TOKENS, C, vocab, seed=vocab + 5, with_bias=False)
-    table = torch.zeros(padded, C, device="cuda")
+    table = torch.randn(padded, C, device="cuda")
     table[:vocab] = weight.t()
     h = minitorch.from_torch(hidden.clone()).requires_grad_(True)
     wte = minitorch.from_torch(table).requires_grad_(True)
-    head = wte[:vocab].permute(1, 0)
+    head = wte.permute(1, 0) if padded_classes else wte[:vocab].permute(1, 0)
     ids, token_weights = minitorch.from_torch(targets), minitorch.from_torch(weights)
-    loss = fused_linear_cross_entropy(h, head, ids, token_weights, chunk_size=97)
+    with minitorch.autocast(dtype=minitorch.bfloat16, enabled=bf16):
+        loss = fused_linear_cross_entropy(
+            h, head, ids, token_weights, chunk_size=97, classes=vocab if padded_classes else None
+        )
     (loss * GRAD_SCALE).backward()
+    if bf16:
+        hidden, weight = hidden.bfloat16().float(), weight.bfloat16().float()
     ref_loss, (ref_dh, ref_dw) = reference(hidden, weight, None, targets, weights)
-    assert abs(loss.item() - ref_loss) / abs(ref_loss) < LOSS_TOL
-    assert rel_err(h.grad.to_numpy(), ref_dh) < GRAD_TOL
+    loss_tol, grad_tol = (1e-3, 2e-2) if bf16 else (LOSS_TOL, GRAD_TOL)
+    assert abs(loss.item() - ref_loss) / abs(ref_loss) < loss_tol
+    assert rel_err(h.grad.to_numpy(), ref_dh) < grad_tol
     grad = wte.grad.to_numpy()
-    assert rel_err(grad[:vocab], ref_dw.T) < GRAD_TOL
+    assert wte.grad.dtype is minitorch.float32
+    assert rel_err(grad[:vocab], ref_dw.T) < grad_tol
     assert np.all(grad[vocab:] == 0.0)
 
 
@@ -197,10 +211,14 @@ def test_memory_stays_within_one_chunk_of_logits() -> None:
 @pytest.mark.parametrize("write_grad", [True, False])
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
 @pytest.mark.parametrize("pad", [0, 4])
-def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool, label_smoothing: float, pad: int) -> None:
-    """losses and dlogits (written over the logits) of the raw launcher, incl. a row offset by one
-    float (scalar path), rows `pad` floats longer than the vocab, a NaN-poisoned loss buffer, an ignored
-    row, a bias and label smoothing."""
+@pytest.mark.parametrize("out_of_place", [False, True])
+def test_classifier_launcher(
+    vocab: int, misaligned: bool, write_grad: bool, label_smoothing: float, pad: int, out_of_place: bool
+) -> None:
+    """losses and dlogits (written over the logits, or out_of_place into rows of another buffer, 8
+    floats longer than the vocab; the columns past the vocab zeros) of the raw launcher, incl. a row
+    offset by one float (scalar path), rows `pad` floats longer than the vocab, a NaN-poisoned loss
+    buffer, an ignored row, a bias and label smoothing."""
     rows = 37
     ld = vocab + pad
     gen = torch.Generator(device="cuda").manual_seed(vocab)
@@ -224,21 +242,27 @@ def test_classifier_launcher(vocab: int, misaligned: bool, write_grad: bool, lab
     ref_grad = torch.softmax(x, 1) - smoothed
     ref_grad = ref_grad * (weights.double() / total.double())[:, None]
     before = logits.clone()
+    ld_grad = vocab + 8 if out_of_place else ld
+    grad_store = torch.full((rows * ld_grad,), sentinel, device="cuda")
+    dlogits = grad_store.view(rows, ld_grad)[:, :vocab] if out_of_place else logits
     stream = torch.cuda.current_stream().cuda_stream
     code = kernel_library("classifier_kernel").launch_fused_classifier(
-        logits.data_ptr(), ld, losses.data_ptr(), bias.data_ptr(), targets.data_ptr(), weights.data_ptr(), total.data_ptr(),
-        rows, vocab, label_smoothing, int(write_grad), stream,
+        logits.data_ptr(), ld, dlogits.data_ptr(), ld_grad, losses.data_ptr(), bias.data_ptr(), targets.data_ptr(),
+        weights.data_ptr(), total.data_ptr(), rows, vocab, label_smoothing, int(write_grad), stream,
     )
     assert code == 0
     torch.cuda.synchronize()
     assert rel_err(losses.cpu().numpy(), ref_losses.cpu().numpy()) < 1e-5
     if write_grad:
-        assert rel_err(logits.cpu().numpy(), ref_grad.cpu().numpy()) < 1e-5
-        assert torch.all(logits[3] == 0.0)
-    else:
-        assert torch.equal(logits, before), "the loss-only launch wrote over the logits"
+        assert rel_err(dlogits.cpu().numpy(), ref_grad.cpu().numpy()) < 1e-5
+        assert torch.all(dlogits[3] == 0.0)
+    if not write_grad or out_of_place:
+        assert torch.equal(logits, before), "the launch wrote over the logits"
+    if write_grad:
+        grad_rows = grad_store.view(rows, ld_grad) if out_of_place else store[off : off + rows * ld].view(rows, ld)
+        assert torch.all(grad_rows[:, vocab:] == 0.0), "the columns past the vocab must get zeros"
     inside = torch.zeros_like(store, dtype=torch.bool)
-    inside[off : off + rows * ld].view(rows, ld)[:, :vocab] = True
+    inside[off : off + rows * ld].view(rows, ld)[:, : ld if write_grad and not out_of_place else vocab] = True
     assert torch.all(store[~inside] == sentinel), "the launcher wrote outside the rows"
 
 
@@ -247,10 +271,38 @@ def test_classifier_launcher_rejects_bad_sizes() -> None:
     buf = torch.zeros(16, device="cuda")
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
-    assert lib.launch_fused_classifier(p, 4, p, None, p, p, p, 2, 0, 0.0, 1, stream) != 0
-    assert lib.launch_fused_classifier(p, 4, p, None, p, p, p, -1, 4, 0.0, 1, stream) != 0
-    assert lib.launch_fused_classifier(None, 4, p, None, p, p, p, 2, 4, 0.0, 1, stream) != 0
-    assert lib.launch_fused_classifier(p, 4, p, None, p, p, p, 2, 4, 1.5, 1, stream) != 0
-    assert lib.launch_fused_classifier(p, 4, p, None, p, p, p, 2, 4, float("nan"), 1, stream) != 0
-    assert lib.launch_fused_classifier(p, 3, p, None, p, p, p, 2, 4, 0.0, 1, stream) != 0  # rows shorter than V
-    assert lib.launch_fused_classifier(p, 4, p, None, p, p, p, 0, 4, 0.0, 1, stream) == 0
+
+    def launch(logits, ld, dlogits, ld_grad, rows, vocab, smoothing=0.0, write_grad=1):
+        return lib.launch_fused_classifier(logits, ld, dlogits, ld_grad, p, None, p, p, p, rows, vocab, smoothing,
+                                           write_grad, stream)  # fmt: skip
+
+    assert launch(p, 4, p, 4, 2, 0) != 0
+    assert launch(p, 4, p, 4, -1, 4) != 0
+    assert launch(None, 4, p, 4, 2, 4) != 0
+    assert launch(p, 4, p, 4, 2, 4, 1.5) != 0
+    assert launch(p, 4, p, 4, 2, 4, float("nan")) != 0
+    assert launch(p, 3, p, 3, 2, 4) != 0  # rows shorter than V
+    assert launch(p, 4, None, 4, 2, 4) != 0  # a gradient wanted and nowhere to write it
+    assert launch(p, 4, p, 3, 2, 4) != 0  # gradient rows shorter than V
+    assert launch(p, 4, None, 0, 2, 4, write_grad=0) == 0  # the losses alone need no gradient rows
+    assert launch(p, 4, p, 4, 0, 4) == 0
+
+
+def test_classifier_launcher_without_weights_gives_the_plain_rows() -> None:
+    """NULL token weights and weight sum stand for weights of 1 and a sum of 1: the unscaled
+    cross-entropy of each row, and softmax - onehot as its gradient."""
+    rows, vocab = 5, 33
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    logits = torch.randn(rows, vocab, device="cuda", generator=gen) * 3.0
+    targets = torch.randint(0, vocab, (rows,), device="cuda", generator=gen)
+    losses, dlogits = torch.empty(rows, device="cuda"), torch.empty(rows, vocab, device="cuda")
+    code = kernel_library("classifier_kernel").launch_fused_classifier(
+        logits.data_ptr(), vocab, dlogits.data_ptr(), vocab, losses.data_ptr(), None, targets.float().data_ptr(), None,
+        None, rows, vocab, 0.0, 1, torch.cuda.current_stream().cuda_stream,
+    )  # fmt: skip
+    assert code == 0
+    x = logits.double()
+    ref = torch.nn.functional.cross_entropy(x, targets, reduction="none")
+    assert rel_err(losses.cpu().numpy(), ref.cpu().numpy()) < 1e-5
+    ref_grad = torch.softmax(x, 1) - torch.nn.functional.one_hot(targets, vocab)
+    assert rel_err(dlogits.cpu().numpy(), ref_grad.cpu().numpy()) < 1e-5

@@ -141,10 +141,15 @@ def autocast_inputs(op: str, *tensors: Any) -> Tuple[Any, ...]:
     if op in LOW_PRECISION_OPS:
         return tuple(_lowered(t, state.dtype) for t in tensors) if state.enabled else tensors
     if op in FLOAT32_OPS:
-        if not state.enabled or (state.low_activations and op in STATISTICS_OPS):
-            return tensors
-        return tuple(_raised(t) for t in tensors)
+        return tuple(_raised(t) for t in tensors) if raised_to_float32(op) else tensors
     raise ValueError(f"autocast has no rule for {op!r}; rules: {sorted(LOW_PRECISION_OPS | FLOAT32_OPS)}")
+
+
+def raised_to_float32(op: str) -> bool:
+    """Whether autocast_inputs(op, ...) now gives op its 16-bit floating inputs as float32 (op one of
+    FLOAT32_OPS): a kernel that reads 16-bit values into float32 math may then take them as they are."""
+    state = autocast_state()
+    return state.enabled and not (state.low_activations and op in STATISTICS_OPS)
 
 
 def activation_dtype(dtype: DType) -> DType:

@@ -14,7 +14,8 @@ int_kernel.so; a product dispatches on its dtype in `matmul.matrix_multiply`, a 
 combine.so and int64 ones in int_kernel.so (`_by_storage`); the index ops (arg_reduce, cumsum,
 sort_indices) take float32 or int64; fused attention (`attention.attention_fw/bw`, and the packed
 `attention_qkv_fw/bw` in bfloat16, None for other dtypes: the caller splits qkv), the fused linear
-cross-entropy (`classifier.linear_cross_entropy_fw`) and the KV cache (`kv_cache.slot_write` and
+cross-entropy (`classifier.linear_cross_entropy_fw`), the cross-entropy rows of nn.cross_entropy
+(`classifier.softmax_loss_fw/bw`) and the KV cache (`kv_cache.slot_write` and
 `slot_attention`) dispatch in their bindings, on float32 or bfloat16; every other op has the kernels
 its entry below names and raises NoKernelError ("minitorch: no float16 CUDA kernel for 'exp' (cast
 with .float() first)") for a tensor stored in another format, before anything runs: nothing is
@@ -182,6 +183,17 @@ def _linear_cross_entropy_fw(hidden: TensorData, weight: TensorData, bias: Any, 
     return classifier.linear_cross_entropy_fw(hidden, weight, bias, targets, *rest)
 
 
+def _softmax_loss_fw(logits: TensorData, targets: TensorData, label_smoothing: float) -> TensorData:
+    require_storage("cross_entropy", KERNEL_STORAGE, logits)
+    return classifier.softmax_loss_fw(logits, _float_ids(targets, logits.shape[1], "cross_entropy targets"), label_smoothing)
+
+
+def _softmax_loss_bw(logits: TensorData, targets: TensorData, grad: TensorData, label_smoothing: float) -> TensorData:
+    require_storage("cross_entropy", KERNEL_STORAGE, logits)
+    ids = _float_ids(targets, logits.shape[1], "cross_entropy targets")
+    return classifier.softmax_loss_bw(logits, ids, grad, label_smoothing)
+
+
 def _cast(a: TensorData, dtype: DType, out: Optional[TensorData] = None) -> TensorData:
     target = dtype if out is None else out.dtype
     if "int64" in (a.dtype.storage, target.storage):
@@ -226,6 +238,8 @@ class CudaKernelOps(TensorOps):
     attention_qkv_fw = staticmethod(attention.attention_qkv_fw)  # bfloat16; None for other dtypes
     attention_qkv_bw = staticmethod(attention.attention_qkv_bw)
     linear_cross_entropy_fw = staticmethod(_linear_cross_entropy_fw)  # dispatches on dtype in the binding
+    softmax_loss_fw = staticmethod(_softmax_loss_fw)  # float32 or bfloat16 logits, float32 losses
+    softmax_loss_bw = staticmethod(_softmax_loss_bw)
     adamw_step = _hook("adamw_step", optimizer.adamw_step)
     adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update checks the dtypes itself
     gradient_pack = _hook("gradient_pack", optimizer.gradient_pack)

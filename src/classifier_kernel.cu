@@ -14,8 +14,11 @@
 // an online (max, sum of exp) pair plus the plain sum of the row (for label smoothing); these merge
 // across the warp with shuffles, then across the block through shared memory. Thread 0 reads the target's logit before anything is overwritten.
 // Pass 2 (when the gradient is wanted): each thread rereads its own elements (mostly from L2) and
-// writes, IN PLACE over the logits, dlogits = (softmax - q) * w_r / sum(w). Nothing of
-// size [rows, V] besides the logits buffer itself is ever allocated.
+// writes dlogits = (softmax - q) * w_r / sum(w) into the gradient rows, which may be the logits
+// themselves (the fused linear cross-entropy writes IN PLACE, so nothing of size [rows, V] besides
+// the logits buffer is ever allocated) or another buffer (nn.cross_entropy's backward, which must
+// leave the logits as they are). Columns V .. ld_grad - 1 of a gradient row get zeros: a weight with
+// padding columns that are not classes (llm.c's padded vocabulary) gets no gradient from them.
 //
 // A row whose scale w_r / sum(w) is 0 (an ignored token, or sum(w) == 0) reads nothing: its loss is
 // 0 and its dlogits row is written as zeros. A row with a non-zero weight whose target is not an
@@ -161,11 +164,12 @@ __device__ __forceinline__ RowStats row_stats(const T* x, const float* bias, int
   return r;
 }
 
-// dlogits over the same elements row_stats read, in place: (exp(x - max) / sum - q_j) * scale, where
-// the smoothed target q_j is on_target + off_target at the target and off_target elsewhere.
+// dlogits over the same elements row_stats read, into out (x itself, or another row of the same
+// alignment): (exp(x - max) / sum - q_j) * scale, where the smoothed target q_j is on_target +
+// off_target at the target and off_target elsewhere.
 template <class T, bool VEC, bool HAS_BIAS>
-__device__ __forceinline__ void row_dlogits(T* x, const float* bias, int V, int target, float max, float inv_sum,
-                                            float scale, float on_target, float off_target) {
+__device__ __forceinline__ void row_dlogits(const T* x, T* out, const float* bias, int V, int target, float max,
+                                            float inv_sum, float scale, float on_target, float off_target) {
   constexpr int G = kGroup<T>;
   const auto grad = [&](float v, int j) {
     return (expf(v - max) * inv_sum - (j == target ? on_target : 0.f) - off_target) * scale;
@@ -176,30 +180,33 @@ __device__ __forceinline__ void row_dlogits(T* x, const float* bias, int V, int 
       load_group<T, HAS_BIAS>(x, bias, G * q, v);
 #pragma unroll
       for (int i = 0; i < G; ++i) v[i] = grad(v[i], G * q + i);
-      store_group(x, G * q, v);
+      store_group(out, G * q, v);
     }
   }
   for (int j = tail_start<T, VEC>(V) + threadIdx.x; j < V; j += blockDim.x) {
-    store_value(x + j, grad(element<T, HAS_BIAS>(x, bias, j), j));
+    store_value(out + j, grad(element<T, HAS_BIAS>(x, bias, j), j));
   }
 }
 
+// Zeros into elements from .. to - 1 of a row.
 template <class T>
-__device__ __forceinline__ void row_zero(T* x, int V) {
-  for (int j = threadIdx.x; j < V; j += blockDim.x) store_value(x + j, 0.f);
+__device__ __forceinline__ void row_zero(T* x, int from, int to) {
+  for (int j = from + threadIdx.x; j < to; j += blockDim.x) store_value(x + j, 0.f);
 }
 
 // The launcher's arguments (see launch_fused_classifier), passed to the kernel by value.
 template <class T>
 struct ClassifierArgs {
-  T* logits;
+  const T* logits;
+  T* dlogits;  // the gradient rows (may be logits itself); read only when the gradient is wanted
   float* losses;
   const float* bias;  // NULL: no bias
   const float* targets;
-  const float* token_weights;
-  const float* weight_sum;
+  const float* token_weights;  // NULL: every weight 1
+  const float* weight_sum;     // NULL: 1
   int vocab;
-  int ld;  // elements between rows of logits
+  int ld;       // elements between rows of logits
+  int ld_grad;  // elements between rows of dlogits
   float label_smoothing;
 };
 
@@ -210,19 +217,21 @@ __global__ void __launch_bounds__(kMaxThreads) fused_classifier_kernel(const Cla
   const int row = blockIdx.x;
   const int V = a.vocab;
   const float* bias = a.bias;
-  T* x = a.logits + static_cast<long long>(row) * a.ld;
-  const float total = *a.weight_sum;
-  const float scale = total != 0.f ? a.token_weights[row] / total : 0.f;
+  const T* x = a.logits + static_cast<long long>(row) * a.ld;
+  T* out = a.dlogits + static_cast<long long>(row) * a.ld_grad;
+  const float total = a.weight_sum != nullptr ? *a.weight_sum : 1.f;
+  const float weight = a.token_weights != nullptr ? a.token_weights[row] : 1.f;
+  const float scale = total != 0.f ? weight / total : 0.f;
   if (scale == 0.f) {  // uniform over the block: no barrier is skipped by only some threads
     if (threadIdx.x == 0) a.losses[row] = 0.f;
-    if (WRITE_GRAD) row_zero(x, V);
+    if (WRITE_GRAD) row_zero(out, 0, a.ld_grad);
     return;
   }
   const float t = a.targets[row];
   const int target = (t >= 0.f && t < static_cast<float>(V) && t == floorf(t)) ? static_cast<int>(t) : -1;
   float target_logit = 0.f;
   if (threadIdx.x == 0) {
-    // Read before the block reduction's barriers, hence before pass 2 overwrites the row.
+    // Read before the block reduction's barriers, hence before pass 2 may overwrite the row.
     target_logit = target >= 0 ? element<T, HAS_BIAS>(x, bias, target) : NAN;
   }
   const RowStats st = mt::block_allreduce(row_stats<T, VEC, HAS_BIAS>(x, bias, V), RowStatsOp{},
@@ -236,7 +245,8 @@ __global__ void __launch_bounds__(kMaxThreads) fused_classifier_kernel(const Cla
     a.losses[row] = (st.max + logf(st.sum_exp) - on_target * target_logit - smoothed) * scale;
   }
   if (WRITE_GRAD) {
-    row_dlogits<T, VEC, HAS_BIAS>(x, bias, V, target, st.max, 1.f / st.sum_exp, scale, on_target, off_target);
+    row_dlogits<T, VEC, HAS_BIAS>(x, out, bias, V, target, st.max, 1.f / st.sum_exp, scale, on_target, off_target);
+    row_zero(out, V, a.ld_grad);
   }
 }
 
@@ -251,21 +261,23 @@ void launch_classifier_variant(bool write_grad, int rows, int threads, const Cla
 }
 
 template <class T>
-int launch_classifier(T* logits, int ld, float* losses, const float* bias, const float* targets,
+int launch_classifier(const T* logits, int ld, T* dlogits, int ld_grad, float* losses, const float* bias, const float* targets,
                       const float* token_weights, const float* weight_sum, int rows, int vocab, float label_smoothing,
                       int write_grad, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(rows < 0 || vocab <= 0 || ld < vocab || !(label_smoothing >= 0.f && label_smoothing <= 1.f));
-  MT_RETURN_IF_INVALID(logits == nullptr || losses == nullptr || targets == nullptr ||
-                       token_weights == nullptr || weight_sum == nullptr);
+  MT_RETURN_IF_INVALID(logits == nullptr || losses == nullptr || targets == nullptr);
+  MT_RETURN_IF_INVALID(write_grad != 0 && (dlogits == nullptr || ld_grad < vocab));
   if (rows == 0) return 0;
   // Enough threads for kElemsPerThread elements each, in whole warps, at most kMaxThreads.
   long long threads = mt::ceil_div(mt::ceil_div(vocab, kElemsPerThread), 32) * 32;
   if (threads > kMaxThreads) threads = kMaxThreads;
   // Whole groups from 16-byte aligned row starts (any vocab: the rest of a row is a scalar tail).
-  const bool vec = ld % kGroup<T> == 0 && mt::is_aligned16(logits) && (bias == nullptr || mt::is_aligned16(bias));
   const bool wg = write_grad != 0;
+  const bool vec = ld % kGroup<T> == 0 && mt::is_aligned16(logits) && (bias == nullptr || mt::is_aligned16(bias)) &&
+                   (!wg || (ld_grad % kGroup<T> == 0 && mt::is_aligned16(dlogits)));
   const int t = static_cast<int>(threads);
-  const ClassifierArgs<T> args{logits, losses, bias, targets, token_weights, weight_sum, vocab, ld, label_smoothing};
+  const ClassifierArgs<T> args{logits, dlogits, losses, bias, targets, token_weights, weight_sum,
+                               vocab,  ld,      ld_grad, label_smoothing};
   if (vec) {
     if (bias != nullptr) {
       launch_classifier_variant<T, true, true>(wg, rows, t, args, stream);
@@ -295,24 +307,30 @@ MT_DEFINE_ERROR_STRING()
 // when bias is not NULL), with
 // e = label_smoothing in [0, 1] and q = (1 - e) * onehot(targets[r]) + e / vocab:
 //   losses[r] = (logsumexp(row) - sum_j q_j row_j) * token_weights[r] / *weight_sum
-// and, when write_grad != 0, the row is overwritten with
-//   (softmax(row) - q) * token_weights[r] / *weight_sum.
-// weight_sum is a device pointer (no host read); a zero sum gives zero losses and gradients.
-// targets hold integral floats. All pointers are device pointers to float32, contiguous but the logits.
-int launch_fused_classifier(float* logits, int ld, float* losses, const float* bias, const float* targets,
-                            const float* token_weights, const float* weight_sum, int rows, int vocab,
-                            float label_smoothing, int write_grad, cudaStream_t stream) {
-  return launch_classifier(logits, ld, losses, bias, targets, token_weights, weight_sum, rows, vocab, label_smoothing,
-                           write_grad, stream);
+// and, when write_grad != 0, row r of dlogits [rows, vocab] (row r at dlogits + r * ld_grad; dlogits may
+// be logits itself, with ld_grad == ld, to write in place) gets
+//   (softmax(row) - q) * token_weights[r] / *weight_sum,
+// and its columns vocab .. ld_grad - 1 zeros (the gradient of padding columns that are not classes,
+// such as llm.c's padded vocabulary: a product over all ld_grad columns then gives them none).
+// weight_sum is a device pointer (no host read); a zero sum gives zero losses and gradients. A NULL
+// token_weights stands for weights of 1, a NULL weight_sum for a sum of 1 (the unscaled losses).
+// targets hold integral floats. All pointers are device pointers to float32, contiguous but the
+// logits and dlogits (NULL when write_grad == 0).
+int launch_fused_classifier(const float* logits, int ld, float* dlogits, int ld_grad, float* losses, const float* bias,
+                            const float* targets, const float* token_weights, const float* weight_sum, int rows,
+                            int vocab, float label_smoothing, int write_grad, cudaStream_t stream) {
+  return launch_classifier(logits, ld, dlogits, ld_grad, losses, bias, targets, token_weights, weight_sum, rows, vocab,
+                           label_smoothing, write_grad, stream);
 }
 
-// The same over bf16 logits (float32 math; the gradient rounded to bf16 in place); the bias, losses,
-// targets and weights stay float32.
-int launch_fused_classifier_bf16(__nv_bfloat16* logits, int ld, float* losses, const float* bias,
-                                 const float* targets, const float* token_weights, const float* weight_sum, int rows,
-                                 int vocab, float label_smoothing, int write_grad, cudaStream_t stream) {
-  return launch_classifier(logits, ld, losses, bias, targets, token_weights, weight_sum, rows, vocab, label_smoothing,
-                           write_grad, stream);
+// The same over bf16 logits (float32 math; the gradient rounded to bf16); the bias, losses, targets
+// and weights stay float32.
+int launch_fused_classifier_bf16(const __nv_bfloat16* logits, int ld, __nv_bfloat16* dlogits, int ld_grad,
+                                 float* losses, const float* bias, const float* targets, const float* token_weights,
+                                 const float* weight_sum, int rows, int vocab, float label_smoothing, int write_grad,
+                                 cudaStream_t stream) {
+  return launch_classifier(logits, ld, dlogits, ld_grad, losses, bias, targets, token_weights, weight_sum, rows, vocab,
+                           label_smoothing, write_grad, stream);
 }
 
 }  // extern "C"

@@ -125,6 +125,37 @@ def test_fused_loss_checks_its_inputs() -> None:
         fused_linear_cross_entropy(h, mt(weight, minitorch.SimpleBackend), t, tw)
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_loss_over_padded_classes(with_bias: bool) -> None:
+    """classes=7 of a weight with 10 columns (llm.c's padded vocabulary): the loss and gradients of
+    the first 7 columns alone, zero gradients for the 3 padding columns, whatever they hold, and a
+    target of 7 (a padding column) is out of range."""
+    hidden, weight, bias, targets, weights = loss_problem(9, 5, 7, seed=8, with_bias=with_bias)
+    rng = np.random.default_rng(9)
+    padded = np.concatenate([weight, rng.standard_normal((5, 3)).astype(np.float32)], 1)
+    padded_bias = None if bias is None else np.concatenate([bias, rng.standard_normal(3).astype(np.float32)])
+    h, w = mt(hidden, FAST, True), mt(padded, FAST, True)
+    b = None if bias is None else mt(padded_bias, FAST, True)
+    loss = fused_linear_cross_entropy(h, w, mt(targets, FAST), mt(weights, FAST), chunk_size=4, bias=b, classes=7)
+    (loss * GRAD_SCALE).backward()
+    ref_loss, ref_dh, ref_dw, ref_db = torch_loss(hidden, weight, bias, targets, weights)
+    assert_close(loss, ref_loss, "loss over the first 7 classes")
+    assert_close(h.grad, ref_dh, "dhidden")
+    dw = w.grad.to_numpy()
+    assert_close(dw[:, :7], ref_dw, "dweight of the classes")
+    assert np.all(dw[:, 7:] == 0.0), "a padding column got a gradient"
+    if b is not None:
+        assert_close(b.grad.to_numpy()[:7], ref_db, "dbias of the classes")
+        assert np.all(b.grad.to_numpy()[7:] == 0.0)
+    bad = targets.copy()
+    bad[-1] = 7.0
+    with pytest.raises(ValueError, match=r"targets must be integers in \[0, 7\)"):
+        fused_linear_cross_entropy(h, w, mt(bad, FAST), mt(weights, FAST), classes=7)
+    for classes in (0, 11, 2.0):
+        with pytest.raises(ValueError, match=r"classes must be an int in \[1, 10\]"):
+            fused_linear_cross_entropy(h, w, mt(targets, FAST), mt(weights, FAST), classes=classes)
+
+
 def test_default_chunk_size() -> None:
     assert default_chunk_size(16384, 50257) == (DEFAULT_CHUNK_FLOATS // 50257) // 128 * 128
     assert default_chunk_size(100, 50257) == 100

@@ -32,7 +32,7 @@ from .matmul import bf16_column_sums, raw_matmul
 from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, require_float32, runtime
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
-_LAUNCH = (_I, [_P, _I, _P, _P, _P, _P, _P, _I, _I, ctypes.c_float, _I, _P])
+_LAUNCH = (_I, [_P, _I, _P, _I, _P, _P, _P, _P, _P, _I, _I, ctypes.c_float, _I, _P])
 SIGNATURES = {"launch_fused_classifier": _LAUNCH, "launch_fused_classifier_bf16": _LAUNCH}
 _F32 = 4  # bytes per element
 _sum0 = reduce_op(operators.add, 0.0)
@@ -121,10 +121,13 @@ class _Bfloat16Products:
 def linear_cross_entropy_fw(
     hidden: TensorData, weight: TensorData, bias: Optional[TensorData], targets: TensorData,
     token_weights: TensorData, chunk_size: int, need_grad: bool, label_smoothing: float = 0.0,
+    classes: Optional[int] = None,
 ) -> Tuple[TensorData, Optional[TensorData], Optional[TensorData], Optional[TensorData]]:  # fmt: skip
-    """(loss (1,), dhidden, dweight, dbias) chunk by chunk; a target outside [0, V) on a token with a
-    non-zero weight makes the loss NaN (checking would need a device-to-host copy).  label_smoothing:
-    see minitorch.fused_linear_cross_entropy.  hidden and weight both float32, or both bfloat16 (then
+    """(loss (1,), dhidden, dweight, dbias) chunk by chunk; a target outside [0, classes) on a token
+    with a non-zero weight makes the loss NaN (checking would need a device-to-host copy).
+    label_smoothing and classes (default: all V columns of weight): see
+    minitorch.fused_linear_cross_entropy; the products run over all V columns, the classifier over
+    the first `classes` (the others' gradient columns zeros).  hidden and weight both float32, or both bfloat16 (then
     dhidden is bfloat16; the loss, dweight and dbias are float32 either way; a bias is read as float32)."""
     bf16 = hidden.dtype == bfloat16 and weight.dtype == bfloat16
     if not bf16:
@@ -133,6 +136,7 @@ def linear_cross_entropy_fw(
     rt = runtime()
     N, C = hidden.shape
     V = weight.shape[1]
+    classes = V if classes is None else classes
     chunk = min(chunk_size, N)
     # A weight that is the transpose of a contiguous [V, C] (the tied LM head) gets its gradient in
     # the same layout: written as dweight^T [V, C], returned as a [C, V] view.
@@ -159,11 +163,12 @@ def linear_cross_entropy_fw(
     for n0 in range(0, N, chunk):
         rows = min(chunk, N - n0)
         products.logits(n0, rows)
+        logits = products.buffer.data_ptr()  # the gradient overwrites it in place
         code = launch(
-            products.buffer.data_ptr(), products.ld, ptr(losses) + _F32 * n0, bp, ptr(ids) + _F32 * n0,
-            ptr(tw) + _F32 * n0, ptr(weight_sum), rows, V, label_smoothing, int(need_grad), rt.stream(),
+            logits, products.ld, logits, products.ld, ptr(losses) + _F32 * n0, bp, ptr(ids) + _F32 * n0,
+            ptr(tw) + _F32 * n0, ptr(weight_sum), rows, classes, label_smoothing, int(need_grad), rt.stream(),
         )  # fmt: skip
-        check(code, lib, f"fused classifier [{rows}, {V}]")
+        check(code, lib, f"fused classifier [{rows}, {classes} of {V}]")
         if dhidden is None or dweight is None:
             continue
         products.gradients(dhidden, dweight, n0, rows)
@@ -172,3 +177,41 @@ def linear_cross_entropy_fw(
     if transposed and dweight is not None:
         dweight = dweight.permute(1, 0)
     return _sum0(losses, 0), dhidden, dweight, dbias
+
+
+def softmax_loss_fw(logits: TensorData, targets: TensorData, label_smoothing: float) -> TensorData:
+    """The cross-entropy of each row of logits [N, V] (float32 or bfloat16; float32 math) against the
+    float32 ids targets [N], smoothed by label_smoothing (see launch_fused_classifier): [N] float32,
+    NaN where a target is not an integer in [0, V).  One read of the logits."""
+    losses, _ = _softmax_loss(logits, targets, None, label_smoothing)
+    return losses
+
+
+def softmax_loss_bw(logits: TensorData, targets: TensorData, grad: TensorData, label_smoothing: float) -> TensorData:
+    """The gradient of sum_r grad[r] * loss_r (softmax_loss_fw's rows) with respect to logits:
+    (softmax(row) - q) * grad[r], in the logits' dtype (float32 math, rounded once); a row whose grad
+    is 0 is zeros without being read.  The logits stay as they are."""
+    _, dlogits = _softmax_loss(logits, targets, grad, label_smoothing)
+    return dlogits
+
+
+def _softmax_loss(
+    logits: TensorData, targets: TensorData, grad: Optional[TensorData], label_smoothing: float
+) -> Tuple[TensorData, Optional[TensorData]]:
+    """(losses, dlogits or None) from one classifier launch: the losses scaled by grad (weights of 1
+    when None: the forward losses) and, with a grad, the rows' gradients written to a new buffer."""
+    rt = runtime()
+    N, V = logits.shape
+    require_float32("softmax_loss", targets, grad)
+    x, ids = contiguous(logits), contiguous(targets)
+    losses = empty((N,))
+    dlogits = None if grad is None else empty((N, V), logits.dtype)
+    lib = rt.lib("classifier_kernel", SIGNATURES)
+    launch = getattr(lib, _Bfloat16Products.launcher if x.dtype == bfloat16 else _Float32Products.launcher)
+    code = launch(
+        ptr(x), V, None if dlogits is None else ptr(dlogits), V, ptr(losses), None, ptr(ids),
+        None if grad is None else ptr(contiguous(grad)), None, N, V, label_smoothing, int(dlogits is not None),
+        rt.stream(),
+    )  # fmt: skip
+    check(code, lib, f"cross-entropy rows [{N}, {V}]")
+    return losses, dlogits

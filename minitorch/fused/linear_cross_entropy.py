@@ -16,6 +16,7 @@ import numpy as np
 
 from ..autocast import autocast_inputs
 from ..autodiff import Context
+from ..tensor_combine import cat
 from ..tensor_data import IndexingError
 from ..tensor_functions import Function
 from ..tensor_ops import hook
@@ -54,6 +55,7 @@ def fused_linear_cross_entropy(
     chunk_size: Optional[int] = None,
     bias: Optional["Tensor"] = None,
     label_smoothing: float = 0.0,
+    classes: Optional[int] = None,
 ) -> "Tensor":
     """sum(loss * w) / sum(w), a 0-dim tensor (as nn.cross_entropy's), where loss[r] is the cross-entropy of the logits
     hidden[r] @ weight (+ bias) against targets[r], and w = token_weights.
@@ -64,6 +66,11 @@ def fused_linear_cross_entropy(
     int, need not divide N; default: default_chunk_size(N, V)); label_smoothing = e in [0, 1] trains
     against (1 - e) * onehot(target) + e / V (torch's definition).  It equals
     nn.cross_entropy(hidden @ weight + bias, targets, token_weights, label_smoothing) up to float rounding.
+    classes: only the first `classes` columns of weight (and bias) are classes (default all V); the
+    others are padding, as in llm.c's padded vocabulary (GPT-2's 50257 words in a 50304-row table):
+    their logits are left out of the softmax, and their weight columns get a zero gradient.  The
+    whole padded weight is then the operand (a tied head needs no narrowed view, whose gradient would
+    be a zero-filled table plus a copy).
 
     Gradients flow to hidden, weight and bias; they are computed during this call (when any of them
     requires grad), so backward is a cheap scaling.  All-zero weights (sum(w) == 0) give a loss of 0
@@ -95,6 +102,11 @@ def fused_linear_cross_entropy(
         )
     if bias is not None and bias.shape != (V,):
         raise IndexingError(f"fused_linear_cross_entropy: bias must have shape ({V},), got {bias.shape}")
+    if classes is None:
+        classes = V
+    elif isinstance(classes, bool) or not isinstance(classes, (int, np.integer)) or not 1 <= classes <= V:
+        raise ValueError(f"fused_linear_cross_entropy: classes must be an int in [1, {V}] (weight {weight.shape}), "
+                         f"got {classes!r}")  # fmt: skip
     if chunk_size is None:
         chunk_size = default_chunk_size(N, V)
     elif isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
@@ -102,10 +114,12 @@ def fused_linear_cross_entropy(
     smoothing = check_label_smoothing("fused_linear_cross_entropy", label_smoothing)
     hidden, weight, bias = autocast_inputs("linear_cross_entropy", hidden, weight, bias)
     if not hidden.backend.cuda:
-        check_targets("fused_linear_cross_entropy", targets, invalid_targets(targets, V, token_weights != 0), V)
+        check_targets(
+            "fused_linear_cross_entropy", targets, invalid_targets(targets, classes, token_weights != 0), classes
+        )
     return FusedLinearCrossEntropy.apply(
         hidden.contiguous(), _dense(weight), None if bias is None else bias.contiguous(),
-        targets, token_weights, int(chunk_size), smoothing,
+        targets, token_weights, int(chunk_size), smoothing, int(classes),
     ).view(())  # fmt: skip
 
 
@@ -188,6 +202,29 @@ def linear_cross_entropy_reference(
     return loss.view(1), dhidden, dweight, dbias
 
 
+def _padded_reference(
+    hidden: "Tensor", weight: "Tensor", bias: Optional["Tensor"], targets: "Tensor", token_weights: "Tensor",
+    chunk_size: int, need_grad: bool, label_smoothing: float, classes: int,
+) -> Tuple["Tensor", Optional["Tensor"], Optional["Tensor"], Optional["Tensor"]]:  # fmt: skip
+    """linear_cross_entropy_reference over the first `classes` columns of weight (and bias), the
+    gradients of the padding columns zeros."""
+    V = weight.shape[1]
+    if classes == V:
+        return linear_cross_entropy_reference(
+            hidden, weight, bias, targets, token_weights, chunk_size, need_grad, label_smoothing
+        )
+    narrow_bias = None if bias is None else bias.narrow(0, 0, classes)
+    loss, dhidden, dweight, dbias = linear_cross_entropy_reference(
+        hidden, weight.narrow(1, 0, classes), narrow_bias, targets, token_weights, chunk_size, need_grad,
+        label_smoothing,
+    )  # fmt: skip
+    if dweight is not None:
+        dweight = cat([dweight, dweight.zeros((weight.shape[0], V - classes))], 1)
+    if dbias is not None:
+        dbias = cat([dbias, dbias.zeros((V - classes,))], 0)
+    return loss, dhidden, dweight, dbias
+
+
 class FusedLinearCrossEntropy(Function):
     """Token-weighted cross-entropy of hidden @ weight (+ bias), with its gradients computed in the
     forward pass (chunk by chunk, so the [tokens, vocab] logits never exist).  The saved dhidden,
@@ -196,18 +233,18 @@ class FusedLinearCrossEntropy(Function):
     @staticmethod
     def forward(
         ctx: Context, hidden: "Tensor", weight: "Tensor", bias: Optional["Tensor"], targets: "Tensor",
-        token_weights: "Tensor", chunk_size: int, label_smoothing: float,
+        token_weights: "Tensor", chunk_size: int, label_smoothing: float, classes: int,
     ) -> "Tensor":  # fmt: skip
         need_grad = not ctx.no_grad
         kernel = hook(hidden.backend.ops, "linear_cross_entropy_fw")
         if kernel is None:
-            loss, dhidden, dweight, dbias = linear_cross_entropy_reference(
-                hidden, weight, bias, targets, token_weights, chunk_size, need_grad, label_smoothing
+            loss, dhidden, dweight, dbias = _padded_reference(
+                hidden, weight, bias, targets, token_weights, chunk_size, need_grad, label_smoothing, classes
             )
         else:
             tds = kernel(
                 hidden._tensor, weight._tensor, None if bias is None else bias._tensor, targets._tensor,
-                token_weights._tensor, chunk_size, need_grad, label_smoothing,
+                token_weights._tensor, chunk_size, need_grad, label_smoothing, classes,
             )  # fmt: skip
             loss, dhidden, dweight, dbias = (None if t is None else hidden._new(t) for t in tds)
         ctx.save_for_backward(dhidden, dweight, dbias)

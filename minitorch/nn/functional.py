@@ -16,6 +16,7 @@ from ..autocast import autocast_inputs
 from ..fused.embedding import embedding as _embedding
 from ..fused.linear import linear
 from ..fused.linear_cross_entropy import check_label_smoothing, check_targets, invalid_targets
+from ..fused.softmax_loss import softmax_loss_rows
 from ..tensor import Tensor
 from ..tensor_create import rand
 from ..tensor_data import IndexingError
@@ -128,12 +129,16 @@ def softmax_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -
 
 def _per_token(logits: Tensor, target: Tensor, label_smoothing: float, counted: Optional[Tensor], name: str) -> Tensor:
     """softmax_loss's rows, with the targets checked where counted (everywhere for None): an error
-    on the CPU backends, NaN rows on CUDA."""
-    (logits,) = autocast_inputs("cross_entropy", logits)
+    on the CPU backends, NaN rows on CUDA (there from one kernel, fused.softmax_loss, for float32
+    logits and bfloat16 ones under autocast)."""
     target = logits._ensure(target)
     if logits.shape[:-1] != target.shape:
         raise IndexingError(f"{name}: logits {logits.shape} need targets of shape {logits.shape[:-1]}, got {target.shape}")
     smoothing = check_label_smoothing(name, label_smoothing)
+    fused = softmax_loss_rows(logits, target, smoothing)
+    if fused is not None:
+        return fused
+    (logits,) = autocast_inputs("cross_entropy", logits)
     V = logits.shape[-1]
     bad = invalid_targets(target, V, counted)
     if not logits.backend.cuda:
