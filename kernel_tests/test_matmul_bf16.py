@@ -118,10 +118,11 @@ def test_sizes(aligned: bool, M: int, N: int, K: int) -> None:
 
 @pytest.mark.parametrize("out_dtype", DTYPES)
 @pytest.mark.parametrize("aligned", [False, True])
-@pytest.mark.parametrize("M, N, K", [(64, 64, 16384), (200, 130, 16384), (768, 768, 4096)])
+@pytest.mark.parametrize("M, N, K", [(64, 64, 16384), (200, 130, 16384), (768, 768, 4096), (768, 3072, 4096)])
 def test_long_k(out_dtype, aligned: bool, M: int, N: int, K: int) -> None:
-    """Few output tiles and long K: K splits (partial sums added in order by split_k_reduce), and the same
-    product without workspace (no splits). A rerun gives the same bits."""
+    """Few output tiles and long K: K splits (partial sums added in order by split_k_reduce; 768 x 3072
+    has more units than blocks), and the same product without workspace (no splits). A rerun gives the
+    same bits."""
     gen = torch.Generator(device="cuda").manual_seed(K + M + aligned)
     a, b = operand(gen, (M, K), M == 768, aligned), operand(gen, (K, N), False, aligned)
     check_product(a, b, out_dtype)
