@@ -78,6 +78,7 @@ class Runtime:
         self.float32 = torch.float32
         self.device = torch.device("cuda")
         self.libs: Dict[str, ctypes.CDLL] = {}
+        self._side: Dict[int, Any] = {}
         self.sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         get_device = getattr(torch._C, "_cuda_getDevice", None)
@@ -102,9 +103,33 @@ class Runtime:
         """An uninitialized device buffer of `size` elements in dtype's storage format."""
         return self.torch.empty(size, dtype=getattr(self.torch, dtype.storage), device=self.device)
 
+    def side_stream(self) -> Any:
+        """A second stream of the current device (made once), for work that may run beside the
+        current stream's (see fork_join)."""
+        device = self.torch.cuda.current_device()
+        found = self._side.get(device)
+        if found is None:
+            found = self._side[device] = self.torch.cuda.Stream(device=device)
+        return found
+
 
 _rt: List[Runtime] = []
 _checks: List[Callable[[Runtime], None]] = []
+
+
+def fork_join(beside: Callable[[], None], then: Callable[[], None]) -> None:
+    """beside() queued on the runtime's side stream and then() on the current stream, to run at the
+    same time: the side stream first waits for everything queued on the current stream so far, and the
+    current stream waits for the side stream's work before anything queued after this call.  Inside a
+    CUDA graph capture the fork and the join become edges of the graph.  Buffers beside() allocates
+    come from the side stream's pool (PyTorch's caching allocator keeps them until its work is done)."""
+    rt = runtime()
+    main, side = rt.torch.cuda.current_stream(), rt.side_stream()
+    side.wait_stream(main)
+    with rt.torch.cuda.stream(side):
+        beside()
+    then()
+    main.wait_stream(side)
 
 
 def on_load(check: Callable[[Runtime], None]) -> Callable[[Runtime], None]:
