@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -299,6 +300,27 @@ def test_sharded_adamw_equals_adamw_and_saves_the_same_state(group_of_one) -> No
     fresh = distributed.ShardedAdamW(ddp, **hyper)
     fresh.load_state_dict({"t": 3, "m": {str(i): v for i, v in want["m"].items()}, "v": want["v"]})
     assert_close(fresh.state_dict()["v"][0], want["v"][0], "reloaded")
+
+
+def test_sharded_adamw_leaves_the_working_copies_current(group_of_one) -> None:
+    """Under autocast the update rewrites every bf16 working copy from the gathered weights, so
+    nothing is left for the next forward to cast: a captured CUDA graph replays a cast only where the
+    capture saw the copy stale, and with micro-batches that was the last micro-batch's forward."""
+    model = TwoLayers()
+    ddp = distributed.DistributedDataParallel(model, bucket_cap_mb=40 / 2**20, shard=True)
+    ddp.gradient_weight = 1.0
+    optimizer = distributed.ShardedAdamW(ddp, lr=0.05)
+    for seed in range(2):
+        optimizer.zero_grad()
+        with minitorch.autocast(dtype=minitorch.bfloat16):
+            loss = loss_of(model, seed)
+        loss.backward()
+        optimizer.step()
+        for name, p in model.named_parameters():
+            version, copy = p.value._autocast_copy
+            assert version == p.value._version, f"{name}: its working copy is stale after the update"
+            want = p.value.to_numpy().astype(ml_dtypes.bfloat16).astype(np.float32)
+            assert np.array_equal(copy.float().to_numpy(), want), f"{name}: the copy is not the new weight in bf16"
 
 
 def test_overlap_profile_reports_each_reducing_round(group_of_one) -> None:

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..autocast import refresh_working_copies
 from ..module import Parameter
 from ..optim import AdamW
 from ..tensor_create import tensor_from_numpy
@@ -52,9 +53,15 @@ class ShardedAdamW(AdamW):
         return list(enumerate(self._shards))
 
     def update(self) -> None:
-        """This process's shards updated, then every weight all-gathered."""
+        """This process's shards updated, then every weight all-gathered, then the weights' autocast
+        working copies rewritten from them.  The shards have no working copies for the update to
+        write, and a copy left stale until the next forward reads it would be cast wherever that read
+        happens to be: under CUDA graphs, in whichever captured body saw it stale at capture time (with
+        micro-batches the last one, so that every later step's first micro-batch read the weights of
+        the step before).  Here the casts belong to the update, in the graph that captures it."""
         super().update()
         self.ddp.gather_parameters()
+        refresh_working_copies(p.value for p in self.parameters)
 
     @property
     def state_floats(self) -> int:
