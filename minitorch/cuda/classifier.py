@@ -127,8 +127,9 @@ def linear_cross_entropy_fw(
     with a non-zero weight makes the loss NaN (checking would need a device-to-host copy).
     label_smoothing and classes (default: all V columns of weight): see
     minitorch.fused_linear_cross_entropy; the products run over all V columns, the classifier over
-    the first `classes` (the others' gradient columns zeros).  hidden and weight both float32, or both bfloat16 (then
-    dhidden is bfloat16; the loss, dweight and dbias are float32 either way; a bias is read as float32)."""
+    the first `classes` (the others' gradient columns zeros).  hidden and weight both float32, or both
+    bfloat16 (then dhidden is bfloat16; the loss, dweight and dbias are float32 either way; a bias is
+    read as float32)."""
     bf16 = hidden.dtype == bfloat16 and weight.dtype == bfloat16
     if not bf16:
         require_float32("linear_cross_entropy_fw", hidden, weight, bias)
