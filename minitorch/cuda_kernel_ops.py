@@ -49,11 +49,9 @@ from .cuda.runtime import (
     transfer_stats,
     unavailable_reason,
 )
-from .dtypes import DType, float32, int64, no_kernel
+from .dtypes import FLOAT32_EXACT_INTEGERS, DType, float32, int64, no_kernel
 from .tensor_data import TensorData
 from .tensor_ops import TensorOps
-
-EXACT_IDS = 1 << 24  # float32 holds every integer up to here
 
 __all__ = [
     "CudaKernelOps", "CudaKernelError", "CudaShapeError", "cuda_memory_stats", "transfer_stats",
@@ -143,8 +141,10 @@ def _float_ids(t: TensorData, addressed: int, what: str) -> TensorData:
     size they address is checked to be at most 2^24); float32 ids as they are."""
     if not t.dtype.is_integer:
         return t
-    if addressed > EXACT_IDS:
-        raise CudaShapeError(f"{what}: int64 ids addressing {addressed} rows (more than {EXACT_IDS}) have no CUDA kernel")
+    if addressed > FLOAT32_EXACT_INTEGERS:
+        raise CudaShapeError(
+            f"{what}: int64 ids addressing {addressed} rows (more than {FLOAT32_EXACT_INTEGERS}) have no CUDA kernel"
+        )
     return integer.cast(t, float32)
 
 

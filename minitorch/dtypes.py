@@ -25,6 +25,7 @@ import numpy as np
 Array = np.ndarray
 
 KINDS = "bif"  # categories, lowest first: bool, integer, floating
+FLOAT32_EXACT_INTEGERS = 1 << 24  # float32 holds every integer of magnitude up to here
 
 
 def _bf16_bits(values: Array) -> Array:

@@ -36,13 +36,13 @@ import numpy as np
 
 from .cuda.runtime import runtime
 from .cuda.staging import reader, uploader
+from .dtypes import FLOAT32_EXACT_INTEGERS
 from .rng import next_seed, seeds_from_device
 from .tensor import Tensor
 from .tensor_create import zeros
 from .tensor_data import prod
 from .tensor_ops import TensorBackend
 
-EXACT_INTEGERS = 1 << 24  # float32 holds every integer up to here
 
 
 class StepGraphs:
@@ -151,10 +151,10 @@ class StepInputs:
                 raise ValueError(
                     f"StepInputs.upload: part {name!r} takes numbers of shape {shape}, got {array.dtype} {array.shape}"
                 )
-            if array.dtype.kind in "iu" and array.size and np.abs(array).max() > EXACT_INTEGERS:
+            if array.dtype.kind in "iu" and array.size and np.abs(array).max() > FLOAT32_EXACT_INTEGERS:
                 raise ValueError(
                     f"StepInputs.upload: part {name!r} holds the integer {np.abs(array).max()}, beyond "
-                    f"{EXACT_INTEGERS} (float32 would round it)"
+                    f"{FLOAT32_EXACT_INTEGERS} (float32 would round it)"
                 )
             self._host[self._ranges[name]] = array.reshape(-1)
         self._flat.copy_(self._host)

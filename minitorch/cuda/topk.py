@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 from typing import Optional, Tuple
 
+from ..dtypes import FLOAT32_EXACT_INTEGERS
 from ..tensor_data import TensorData
 from .combine import contiguous
 from .runtime import BUILD_HINT, Runtime, check, empty, on_load, ptr, runtime
@@ -15,7 +16,7 @@ SIGNATURES = {
     "launch_topk_rows": (_I, [_P, _P, _P, _I, _I, _I, _P]),
 }
 MAX_K = 32  # the kernel's largest k (kMaxK in the source; checked when the library loads)
-MAX_WIDTH = 2**24  # indices come back as float32, exact below this
+MAX_WIDTH = FLOAT32_EXACT_INTEGERS  # indices come back as float32, exact below this
 
 
 def top_k(scores: TensorData, k: int) -> Optional[Tuple[TensorData, TensorData]]:

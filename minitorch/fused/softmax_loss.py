@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 
 from ..autocast import raised_to_float32
 from ..autodiff import Context
-from ..dtypes import bfloat16, float32
+from ..dtypes import FLOAT32_EXACT_INTEGERS, bfloat16, float32
 from ..tensor_functions import Function
 from ..tensor_ops import hook
 
@@ -28,13 +28,14 @@ if TYPE_CHECKING:
 
 def softmax_loss_rows(logits: "Tensor", target: "Tensor", label_smoothing: float) -> Optional["Tensor"]:
     """The float32 cross-entropy of each row of logits [..., V] against target [...] (checked by the
-    caller) from the backend's kernel, shaped as target; None where the backend has no kernel or the
-    logits' dtype is not one the loss runs in there (float32, or bfloat16 raised by autocast)."""
-    if hook(logits.backend.ops, "softmax_loss_fw") is None or logits.shape[-1] == 0:
+    caller) from the backend's kernel, shaped as target; None where the backend has no kernel, the
+    logits' dtype is not one the loss runs in there (float32, or bfloat16 raised by autocast), or V
+    is beyond the ids a float32 holds exactly (the kernel reads them as float32)."""
+    V = logits.shape[-1]
+    if hook(logits.backend.ops, "softmax_loss_fw") is None or not 0 < V <= FLOAT32_EXACT_INTEGERS:
         return None
     if not (logits.dtype is float32 or (logits.dtype is bfloat16 and raised_to_float32("cross_entropy"))):
         return None
-    V = logits.shape[-1]
     rows = SoftmaxLoss.apply(logits.contiguous().view(-1, V), target.contiguous().view(-1), float(label_smoothing))
     return rows.view(*target.shape)
 
