@@ -183,17 +183,6 @@ def _linear_cross_entropy_fw(hidden: TensorData, weight: TensorData, bias: Any, 
     return classifier.linear_cross_entropy_fw(hidden, weight, bias, targets, *rest)
 
 
-def _softmax_loss_fw(logits: TensorData, targets: TensorData, label_smoothing: float) -> TensorData:
-    require_storage("cross_entropy", KERNEL_STORAGE, logits)
-    return classifier.softmax_loss_fw(logits, _float_ids(targets, logits.shape[1], "cross_entropy targets"), label_smoothing)
-
-
-def _softmax_loss_bw(logits: TensorData, targets: TensorData, grad: TensorData, label_smoothing: float) -> TensorData:
-    require_storage("cross_entropy", KERNEL_STORAGE, logits)
-    ids = _float_ids(targets, logits.shape[1], "cross_entropy targets")
-    return classifier.softmax_loss_bw(logits, ids, grad, label_smoothing)
-
-
 def _cast(a: TensorData, dtype: DType, out: Optional[TensorData] = None) -> TensorData:
     target = dtype if out is None else out.dtype
     if "int64" in (a.dtype.storage, target.storage):
@@ -238,8 +227,8 @@ class CudaKernelOps(TensorOps):
     attention_qkv_fw = staticmethod(attention.attention_qkv_fw)  # bfloat16; None for other dtypes
     attention_qkv_bw = staticmethod(attention.attention_qkv_bw)
     linear_cross_entropy_fw = staticmethod(_linear_cross_entropy_fw)  # dispatches on dtype in the binding
-    softmax_loss_fw = staticmethod(_softmax_loss_fw)  # float32 or bfloat16 logits, float32 losses
-    softmax_loss_bw = staticmethod(_softmax_loss_bw)
+    softmax_loss_fw = _activation_hook("cross_entropy", classifier.softmax_loss_fw, 1)  # float32 ids and losses
+    softmax_loss_bw = _activation_hook("cross_entropy", classifier.softmax_loss_bw, 1)
     adamw_step = _hook("adamw_step", optimizer.adamw_step)
     adamw_multi = staticmethod(optimizer.MultiTensorAdamW)  # its update checks the dtypes itself
     gradient_pack = _hook("gradient_pack", optimizer.gradient_pack)

@@ -44,7 +44,6 @@ from .tensor_data import prod
 from .tensor_ops import TensorBackend
 
 
-
 class StepGraphs:
     """run(key, step) replays key's graph, or runs step() and captures it (see the module docstring);
     with enabled False every step runs eagerly.  captured / replayed count graphs made and replays."""

@@ -51,10 +51,10 @@ class TensorOps:
 
     Optional kernel hooks, looked up by name with `hook(ops, name)` (absent: the Function runs its
     composed reference): linear_fw/bw, attn_softmax_fw/bw, layernorm_fw/bw, attention_fw/bw, attention_qkv_fw/bw
-    (fused.attention.PackedAttention), embedding_fw/bw, linear_cross_entropy_fw, softmax_loss_fw/bw (fused.softmax_loss), adamw_step, adamw_multi
-    (multi-tensor AdamW state, see optim.AdamW), slot_write and gather_rows (fused.device_indexed), slot_attention
-    (fused.slot_attention), top_k (fused.topk), beam_search_step (beam_search).  Their contracts are documented
-    where the Function that calls them lives.
+    (fused.attention.PackedAttention), embedding_fw/bw, linear_cross_entropy_fw, softmax_loss_fw/bw
+    (fused.softmax_loss), adamw_step, adamw_multi (multi-tensor AdamW state, see optim.AdamW), slot_write and
+    gather_rows (fused.device_indexed), slot_attention (fused.slot_attention), top_k (fused.topk),
+    beam_search_step (beam_search).  Their contracts are documented where the Function that calls them lives.
     Inputs reach a hook already checked (shapes, values) by the public entry; a hook only rejects what its
     kernels cannot do (sizes beyond their limits), or returns None where its contract says the caller composes.
     """

@@ -198,7 +198,7 @@ __device__ __forceinline__ void row_zero(T* x, int from, int to) {
 template <class T>
 struct ClassifierArgs {
   const T* logits;
-  T* dlogits;  // the gradient rows (may be logits itself); read only when the gradient is wanted
+  T* dlogits;  // the gradient rows (may be logits itself); written only when the gradient is wanted
   float* losses;
   const float* bias;  // NULL: no bias
   const float* targets;

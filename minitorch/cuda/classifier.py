@@ -27,7 +27,7 @@ from ..dtypes import bfloat16, float32
 from ..tensor_data import TensorData
 from . import matmul_bf16
 from .combine import add_into, column_sums, contiguous, reduce_op
-from .convert import cast, constant
+from .convert import cast
 from .matmul import bf16_column_sums, raw_matmul
 from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, require_float32, runtime
 
@@ -93,10 +93,9 @@ class _Bfloat16Products:
         self.V, self.ld, self.transposed = weight.shape[1], ld, weight.is_transposed()
         self.h = h._storage[: N * C].view(N, C)
         self.w = rt.torch.as_strided(weight._storage, weight.shape, weight.strides)
-        self.buffer = rt.storage(chunk * ld, bfloat16)  # kept referenced: every chunk reuses it
-        if ld > self.V:  # zero pad columns: the 16-byte reads of a row's last columns (dbias) cross them
-            pad = TensorData(self.buffer[self.V :], (chunk, ld - self.V), (ld, 1), dtype=bfloat16)
-            cast(constant(0.0, 1, float32), bfloat16, out=pad)
+        # kept referenced: every chunk reuses it; the classifier zeros each gradient row's pad columns,
+        # which the 16-byte reads of a row's last columns (dbias) cross
+        self.buffer = rt.storage(chunk * ld, bfloat16)
 
     def _chunk(self, rows: int) -> Any:
         return self.buffer[: rows * self.ld].view(rows, self.ld)[:, : self.V]

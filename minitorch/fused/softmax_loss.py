@@ -36,12 +36,15 @@ def softmax_loss_rows(logits: "Tensor", target: "Tensor", label_smoothing: float
         return None
     if not (logits.dtype is float32 or (logits.dtype is bfloat16 and raised_to_float32("cross_entropy"))):
         return None
-    rows = SoftmaxLoss.apply(logits.contiguous().view(-1, V), target.contiguous().view(-1), float(label_smoothing))
+    ids = target.contiguous().view(-1)
+    if not ids.dtype.is_floating:  # the kernel reads float32 ids: converted once for both passes (exact up to V)
+        ids = ids.float()
+    rows = SoftmaxLoss.apply(logits.contiguous().view(-1, V), ids, float(label_smoothing))
     return rows.view(*target.shape)
 
 
 class SoftmaxLoss(Function):
-    """Cross-entropy rows of logits [N, V] against ids target [N] (no gradient); saves the logits."""
+    """Cross-entropy rows of logits [N, V] against float32 ids target [N] (no gradient); saves the logits."""
 
     @staticmethod
     def forward(ctx: Context, logits: "Tensor", target: "Tensor", label_smoothing: float) -> "Tensor":
