@@ -273,3 +273,49 @@ def test_raw_launcher_rejects_bad_sizes_and_strides() -> None:
     assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, None, bw, 1, 1, 2, 2, 4, 0, 1, 1.0, stream) == 1
     shared_dq_rows = strides((8, 8, 0), *[ok] * 7)
     assert lib.launch_attention_bf16_bw(p, p, p, p, p, p, p, *nulls, p, shared_dq_rows, 1, 1, 2, 2, 4, 0, 1, 1.0, stream) == 1
+
+
+@pytest.mark.parametrize("shifted", ["grad_out", "out", "dq", "workspace"])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_backward_passes_off_the_16_byte_path(activation: str, shifted: str) -> None:
+    """D = 64 with one operand one element past 16-byte alignment: the passes around the backward
+    kernel (zeroing the float32 dq workspace and forming D_i before it, rounding dq after it) run element
+    by element where that operand's rows are involved (grad_out, out: D_i, and grad_out the kernel's
+    tiles too; dq: the rounding; workspace: both passes) and must agree with the 16-byte path of the
+    aligned call: dk, dv and dq within one bf16 step (D_i summed in another order, dq's atomics in a
+    varying one). The workspace starts as NaN, so a row the zeroing misses shows. 420 query rows: the
+    last block of the passes is partly past the end."""
+    B, H, T, D = 2, 3, 70, 64
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v, g = (torch.randn(B, H, T, D, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(4))
+    scale = 1.0 / math.sqrt(D)
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    lse = torch.logsumexp(scores, -1).contiguous()
+    out = (torch.softmax(scores, -1) @ v.float()).to(torch.bfloat16)
+    lib = kernel_library("attention_bf16_kernel")
+    floats = lib.attention_bf16_bw_workspace_floats(B, H, T, D)
+    stream = torch.cuda.current_stream().cuda_stream
+    contiguous = (H * T * D, T * D, D)
+
+    def placed(t, shift: bool):
+        """t's values in a fresh buffer, starting one element past its (16-byte aligned) start if shift."""
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")
+        view = buf[int(shift) :][: t.numel()].view(t.shape)
+        view.copy_(t)
+        return view
+
+    def run(shift: str):
+        grad_out, o = placed(g, shift == "grad_out"), placed(out, shift == "out")
+        dq = placed(torch.zeros_like(q), shift == "dq")
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        ws = placed(torch.full((floats,), math.nan, device="cuda"), shift == "workspace")
+        ptrs = [t.data_ptr() for t in (dq, dk, dv, grad_out, q, k, v, o, lse)]
+        code = lib.launch_attention_bf16_bw(*ptrs, None, ws.data_ptr(), strides(*[contiguous] * 8), B, H, T, T, D,
+                                            1, ACTIVATIONS.index(activation), scale, stream)  # fmt: skip
+        assert code == 0
+        return tuple(t.double() for t in (dq, dk, dv))
+
+    for name, mine, ref in zip(("dq", "dk", "dv"), run(shifted), run("")):
+        assert bool(torch.isfinite(mine).all()), f"{name} has a non-finite value"
+        step = torch.maximum(mine.abs(), ref.abs()) * 2.0**-7 + 1e-6 * float(ref.abs().max())
+        assert bool(((mine - ref).abs() <= step).all()), f"{name} differs by more than one bf16 step"

@@ -4,7 +4,7 @@
 // and all arithmetic are float32: products run as mma.sync m16n8k16 bf16 with float32 accumulators,
 // P (and dS) are rounded to bf16 only as operands of the next product (in the head-dim bucket of 32,
 // dS enters dK = dS^T Q as a hi/lo pair of bf16, add_product's SPLIT); dq is summed with float32
-// atomics into a workspace and rounded to bf16 once at the end (round_to_bf16).
+// atomics into a workspace and rounded to bf16 once at the end.
 //
 // Layouts: q, k, v, out, dout, dq, dk, dv are [B, H, T, D] with any (batch, head, token) strides in
 // elements and unit stride along D (Strides, includes/attention_common.cuh; the launchers take them
@@ -34,6 +34,9 @@
 // see them: S^T = K Q^T, dP^T = V dO^T, (P^T, dS^T) elementwise, dV += P^T dO, dK += dS^T Q (P^T and
 // dS^T from C to A fragments), dS^T to shared memory, dQ += dS K (dS by ldmatrix.trans) added to the
 // float32 workspace with atomics (float2 on sm_90). The next Q and dO tiles load during dQ.
+// Around it two memory-bound passes, 8 lanes per query row and 16-byte accesses where the rows allow:
+// attention_bf16_bw_prepass zeroes the row's float32 dq workspace and (softmax) forms D_i = dO_i . O_i,
+// round_to_bf16 rounds the workspace into dq afterwards.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -403,15 +406,124 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
   store_key_rows(dk, dv, p, head, n0 + 16 * warp);
 }
 
-// dq[r] = bf16(acc[r]) for the rows r = (b * heads + h) * q_len + i of the float32 workspace acc
-// (contiguous [B, H, Tq, D]), written where dq_strides put them; one warp per row.
-__global__ void __launch_bounds__(kDotWarps * 32)
+// ---- passes around the backward kernel -----------------------------------------------------------
+// Row r = (b * heads + h) * q_len + i (of D_i, of the float32 dq workspace, contiguous [B, H, Tq, D],
+// and of dO, O, dq where their strides put it) gets a group of kRowLanes lanes: at D = 64 one 16-byte
+// chunk of 8 bf16 per lane is the row, so each access of a warp moves 4 rows instead of a warp per row
+// in 2-byte pieces, which left these passes far from the memory bandwidth.
+constexpr int kRowLanes = 8;
+constexpr int kPassThreads = 256;
+constexpr int kPassRows = kPassThreads / kRowLanes;  // rows of a block
+
+// The float32 values of the two bf16 packed in w (bf16 -> float32 is exact: the bits move up 16).
+__device__ __forceinline__ float2 unpack_bf16(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
+// acc + the float32 products of the 8 bf16 pairs of a and b (16 bytes each).
+__device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc) {
+  const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = unpack_bf16(wa[i]), y = unpack_bf16(wb[i]);
+    acc = fmaf(x.y, y.y, fmaf(x.x, y.x, acc));
+  }
+  return acc;
+}
+
+// Before the backward kernel: zeroes row r of the float32 dq workspace `acc` (it takes atomics) and,
+// for the softmax (DOT), writes di[r] = sum_d dout[r, d] out[r, d] in float32. VEC: head_dim % 8 == 0
+// and 16-byte aligned rows of acc and (DOT) of dout and out, so float4 stores and 16-byte loads of 8
+// bf16; else element by element.
+template <bool DOT, bool VEC>
+__global__ void __launch_bounds__(kPassThreads)
+    attention_bf16_bw_prepass(float* acc, float* di, const bf16* dout, Strides dout_strides, const bf16* out,
+                              Strides out_strides, int heads, int q_len, int rows, int head_dim) {
+  const int row = blockIdx.x * kPassRows + threadIdx.x / kRowLanes;
+  const int lane = threadIdx.x % kRowLanes;
+  // A row past the end stays for the shuffles (full mask) and only skips its memory accesses.
+  const bool live = row < rows;
+  float sum = 0.f;
+  if (live) {
+    float* acc_row = acc + static_cast<size_t>(row) * head_dim;
+    if constexpr (VEC) {
+      // Lane by lane over the row's float4s: each store of the group covers 128 contiguous bytes.
+#pragma unroll
+      for (int i = 0; i < kMaxHeadDim / (4 * kRowLanes); ++i) {
+        const int c = 4 * (lane + i * kRowLanes);
+        if (c < head_dim) mt::store_float4(acc_row + c, make_float4(0.f, 0.f, 0.f, 0.f));
+      }
+    } else {
+      for (int d = lane; d < head_dim; d += kRowLanes) acc_row[d] = 0.f;
+    }
+    if constexpr (DOT) {
+      const bf16* dout_row = dout + row_offset(dout_strides, row, heads, q_len);
+      const bf16* out_row = out + row_offset(out_strides, row, heads, q_len);
+      if constexpr (VEC) {
+        // All loads issue before the first product (D = 128: two chunks a lane).
+        constexpr int kChunks = kMaxHeadDim / (8 * kRowLanes);
+        uint4 g[kChunks], o[kChunks];
+#pragma unroll
+        for (int i = 0; i < kChunks; ++i) {
+          const int c = 8 * (lane + i * kRowLanes);
+          if (c < head_dim) {
+            g[i] = __ldg(reinterpret_cast<const uint4*>(dout_row + c));
+            o[i] = __ldg(reinterpret_cast<const uint4*>(out_row + c));
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kChunks; ++i) {
+          if (8 * (lane + i * kRowLanes) < head_dim) sum = dot8(g[i], o[i], sum);
+        }
+      } else {
+        for (int d = lane; d < head_dim; d += kRowLanes) {
+          sum = fmaf(__bfloat162float(dout_row[d]), __bfloat162float(out_row[d]), sum);
+        }
+      }
+    }
+  }
+  if constexpr (DOT) {
+    sum = mt::warp_allreduce<kRowLanes>(sum, mt::SumOp{});
+    if (live && lane == 0) di[row] = sum;
+  }
+}
+
+// After the backward kernel: dq[r] = bf16(acc[r]), written where dq_strides put row r. VEC: head_dim
+// % 8 == 0 and 16-byte aligned rows of acc and dq, so two float4 loads and one 16-byte store per 8
+// elements; else element by element.
+template <bool VEC>
+__global__ void __launch_bounds__(kPassThreads)
     round_to_bf16(bf16* dq, Strides dq_strides, const float* acc, int heads, int q_len, int rows, int head_dim) {
-  const int row = blockIdx.x * kDotWarps + threadIdx.x / 32;
+  const int row = blockIdx.x * kPassRows + threadIdx.x / kRowLanes;
   if (row >= rows) return;
+  const int lane = threadIdx.x % kRowLanes;
   bf16* dst = dq + row_offset(dq_strides, row, heads, q_len);
   const float* src = acc + static_cast<size_t>(row) * head_dim;
-  for (int d = threadIdx.x % 32; d < head_dim; d += 32) dst[d] = __float2bfloat16(src[d]);
+  if constexpr (VEC) {
+    // All loads issue before the first store (D = 128: two chunks a lane).
+    constexpr int kChunks = kMaxHeadDim / (8 * kRowLanes);
+    float4 lo[kChunks], hi[kChunks];
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = 8 * (lane + i * kRowLanes);
+      if (c < head_dim) {
+        lo[i] = mt::load_float4(src + c);
+        hi[i] = mt::load_float4(src + c + 4);
+      }
+    }
+    // __stcg (st.global.cg, kept in L2 for dq's reader): nvcc 13 splits the plain 16-byte store of the
+    // unrolled first chunk into four 4-byte stores.
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = 8 * (lane + i * kRowLanes);
+      if (c < head_dim) {
+        __stcg(reinterpret_cast<uint4*>(dst + c), make_uint4(pack_bf16(lo[i].x, lo[i].y), pack_bf16(lo[i].z, lo[i].w),
+                                                            pack_bf16(hi[i].x, hi[i].y), pack_bf16(hi[i].z, hi[i].w)));
+      }
+    }
+  } else {
+    for (int d = lane; d < head_dim; d += kRowLanes) dst[d] = __float2bfloat16(src[d]);
+  }
 }
 
 // ---- launchers ---------------------------------------------------------------------------------
@@ -509,21 +621,25 @@ extern "C" int launch_attention_bf16_bw(bf16* dq, bf16* dk, bf16* dv, const bf16
   const bool vec = rows_aligned(head_dim, {dk, dv, grad_out, q, k, v}, {dks, dvs, dos, qs, ks, vs});
   const int batch_heads = batch * heads;
   const int rows = batch_heads * q_len;
-  const int row_blocks = (rows + kDotWarps - 1) / kDotWarps;
-  const long long elements = static_cast<long long>(rows) * head_dim;
+  const int pass_blocks = (rows + kPassRows - 1) / kPassRows;
   float* dq_acc = workspace;
-  float* di = workspace + elements;
-  MT_RETURN_IF_ERROR(cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(elements) * sizeof(float), stream));
-  if (activation == kSoftmax) {
-    attention_bw_dot<bf16><<<row_blocks, kDotWarps * 32, 0, stream>>>(di, grad_out, dos, out, os, heads, q_len, rows,
-                                                                      head_dim);
-    MT_RETURN_IF_ERROR(cudaGetLastError());
-  }
+  float* di = workspace + static_cast<long long>(rows) * head_dim;
+  // The passes take 16-byte steps where every row they touch allows: the float32 workspace rows (with
+  // head_dim % 8 == 0, multiples of 32 bytes), dout and out (softmax), dq.
+  const bool acc_vec = rows_aligned(head_dim, {workspace}, {});
+  const bool dot = activation == kSoftmax;
+  const bool pre_vec = acc_vec && (!dot || rows_aligned(head_dim, {grad_out, out}, {dos, os}));
+  const auto prepass = dot ? (pre_vec ? attention_bf16_bw_prepass<true, true> : attention_bf16_bw_prepass<true, false>)
+                       : pre_vec ? attention_bf16_bw_prepass<false, true>
+                                 : attention_bf16_bw_prepass<false, false>;
+  prepass<<<pass_blocks, kPassThreads, 0, stream>>>(dq_acc, di, grad_out, dos, out, os, heads, q_len, rows, head_dim);
+  MT_RETURN_IF_ERROR(cudaGetLastError());
   const BwParams<bf16> p = {dq_acc, dk,    dv,    grad_out, q,     k,     v,        lse,         di,
                             mask,   dks,   dvs,   dos,      qs,    ks,    vs,       heads,       q_len,
                             k_len,  head_dim, causal != 0, scale, vec};
   const int code = launch_variant(p, activation, batch_heads, stream);
   if (code != 0) return code;
-  round_to_bf16<<<row_blocks, kDotWarps * 32, 0, stream>>>(dq, dqs, dq_acc, heads, q_len, rows, head_dim);
+  const auto finish = acc_vec && rows_aligned(head_dim, {dq}, {dqs}) ? round_to_bf16<true> : round_to_bf16<false>;
+  finish<<<pass_blocks, kPassThreads, 0, stream>>>(dq, dqs, dq_acc, heads, q_len, rows, head_dim);
   return mt_launch_status();
 }
