@@ -1,7 +1,9 @@
 """bfloat16 LayerNorm kernels (layernorm_kernel.cu) against torch float64 on the same bfloat16
 inputs: output and input gradient (bfloat16) within twice torch's own bfloat16 error, statistics
 and gamma/beta gradients float32; every path: team sizes, the streaming kernels (hidden > 16384
-forward, > 8192 backward), scalar accesses (odd hidden, misaligned rows)."""
+forward, > 8192 backward), scalar accesses (odd hidden, rows 2-byte aligned), the backward's 16-byte
+buckets (hidden % 8 == 0 up to 768: full and partly filled rows, several rows a warp) and the
+8-byte ones instead (rows 8-byte aligned only, hidden % 8 == 4, hidden > 768)."""
 
 from __future__ import annotations
 
@@ -18,31 +20,34 @@ from fused_testing import CUDA, gpu, on_tensors, rng_for  # noqa: E402
 F = torch.nn.functional
 
 
-def _case(rows: int, hidden: int, misaligned: bool):
-    rng = rng_for("layernorm", rows, hidden, misaligned)
+def _case(rows: int, hidden: int, start: int):
+    rng = rng_for("layernorm", rows, hidden, start)
     # gamma and beta bfloat16-exact, so that torch's bfloat16 layer_norm (which needs bfloat16
     # weights) reads the same values as our float32 ones.
     gamma = bfloat16.round(rng.normal(1.0, 0.5, hidden).astype(np.float32))
     beta = bfloat16.round(rng.normal(0.0, 0.5, hidden).astype(np.float32))
-    x, xt = bf16_pair(rng.normal(2.0, 3.0, rows * hidden + 1))
-    dy, dyt = bf16_pair(rng.normal(size=rows * hidden + 1))
-    start = 1 if misaligned else 0
+    x, xt = bf16_pair(rng.normal(2.0, 3.0, rows * hidden + start))
+    dy, dyt = bf16_pair(rng.normal(size=rows * hidden + start))
     x, xt = x[start : start + rows * hidden].view(rows, hidden), xt[start : start + rows * hidden].view(rows, hidden)
     dy, dyt = dy[start : start + rows * hidden].view(rows, hidden), dyt[start : start + rows * hidden].view(rows, hidden)
     return x, xt, dy, dyt, gamma, beta
 
 
-@pytest.mark.parametrize("rows, hidden", [(33, 1), (33, 7), (65, 64), (17, 768), (9, 1000), (5, 12288), (3, 20000)])
-@pytest.mark.parametrize("misaligned", [False, True])
-def test_layernorm_forward_and_backward(rows: int, hidden: int, misaligned: bool) -> None:
-    x, xt, dy, dyt, gamma, beta = _case(rows, hidden, misaligned)
+@pytest.mark.parametrize(
+    "rows, hidden",
+    [(33, 1), (33, 7), (40, 8), (65, 64), (33, 128), (2500, 512), (17, 520), (17, 764), (17, 768), (4500, 768),
+     (17, 776), (9, 1000), (5, 12288), (3, 20000)],
+)  # fmt: skip
+@pytest.mark.parametrize("start", [0, 1, 4])  # elements: rows 16-, 2- and 8-byte aligned
+def test_layernorm_forward_and_backward(rows: int, hidden: int, start: int) -> None:
+    x, xt, dy, dyt, gamma, beta = _case(rows, hidden, start)
     g, b = gpu(gamma), gpu(beta)
     out, mean, rstd = on_tensors(CUDA.ops.layernorm_fw, x, g, b, 1e-5)
     assert out.dtype is bfloat16 and mean.dtype is float32 and rstd.dtype is float32
     gt, bt = torch.from_numpy(gamma).cuda(), torch.from_numpy(beta).cuda()
     ref = F.layer_norm(xt.double(), (hidden,), gt.double(), bt.double(), 1e-5)
     theirs = F.layer_norm(xt, (hidden,), gt.bfloat16(), bt.bfloat16(), 1e-5)
-    what = f"[{rows}, {hidden}]{' misaligned' if misaligned else ''}"
+    what = f"[{rows}, {hidden}]{f' from element {start}' if start else ''}"
     assert_bf16_bound(out, theirs, ref, f"layernorm forward {what}")
     x64 = xt.double()
     np.testing.assert_allclose(values(mean), x64.mean(1).cpu().numpy(), rtol=1e-5, atol=1e-5)

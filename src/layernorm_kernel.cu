@@ -2,7 +2,8 @@
 //
 // Shapes: inp, out, dout, dinp [rows, hidden]; gamma, beta, dgamma, dbeta [hidden]; mean, rstd
 // [rows]. VEC = 4 (4-element vector accesses) when hidden % 4 == 0 and every pointer is aligned to
-// them, else 1 (scalar accesses, any hidden size).
+// them, else 1 (scalar accesses, any hidden size); the backward of bfloat16 rows takes VEC = 8
+// (16-byte accesses) when hidden % 8 == 0 and the rows are 16-byte aligned too.
 // Storage: inp, out, dout and dinp are T, float or bfloat16 (the activations); gamma and beta are
 // float32 (the master weights themselves: two rows read once per block from cache, so a bfloat16
 // copy would save nothing), and so are mean, rstd, dgamma, dbeta and all the math.
@@ -37,11 +38,15 @@
 //     <= 32 lanes share 256-thread blocks; LANES > 32: the block is the team). Each thread owns the
 //     same columns in every row, so it accumulates dgamma/dbeta for them in registers while it
 //     writes dinp; at the end the block's teams are summed (shuffles, then shared memory across
-//     warps) into row p of workspace partial[parts][2 * hidden] (dgamma then dbeta). x and dout
-//     are read once. Buckets (VEC 4): 4..64 (1..16 lanes x 1), 128/256 (32 lanes x 1/2),
-//     512/768/1024/2048/4096/8192 (64/96/128/256/512/1024 threads x 2); (VEC 1): 1..32 (1..32
-//     lanes x 1), 64/128 (32 lanes x 2/4), 256/512 (64/128 threads x 4),
-//     1024/2048/4096/8192 (128/256/512/1024 threads x 8).
+//     warps, one of the two at a time) into row p of workspace partial[parts][2 * hidden] (dgamma
+//     then dbeta). x and dout are read once, and held as loaded (bfloat16 two to a register)
+//     until each pass widens them. Buckets (VEC 8, bfloat16): 8..128 (1..16 lanes x 1),
+//     256/512/768 (32 lanes x 1/2/3): a warp or less per row, so no barrier per row, and 16-byte
+//     loads; the 512 and 768 buckets (16 and 24 columns a thread) run 512 threads an SM at up to
+//     128 registers and load gamma again for the second pass; longer rows take the VEC 4 buckets.
+//     (VEC 4): 4..64 (1..16 lanes x 1), 128/256 (32 lanes x 1/2), 512/768/1024/2048/4096/8192
+//     (64/96/128/256/512/1024 threads x 2); (VEC 1): 1..32 (1..32 lanes x 1), 64/128 (32 lanes x
+//     2/4), 256/512 (64/128 threads x 4), 1024/2048/4096/8192 (128/256/512/1024 threads x 8).
 //   hidden > 8192: layernorm_bw_dinp_stream<VEC> (one block per row, two reads; it also stores d
 //     per row in the workspace) and layernorm_bw_params_stream (32 x 32 threads per tile of 32
 //     columns and a slab of rows: each thread sums a column down its rows, the tile is transposed
@@ -72,6 +77,75 @@ constexpr int kTile = 32;            // columns per block of the dgamma/dbeta co
 using fused::kStreamChunk;
 using fused::kStreamThreads;
 using fused::Team;
+
+// fused::load_vec / store_vec, plus VEC 8 for the 16-byte vectors of bfloat16 rows: the float32
+// gamma of 8 columns as two float4, and 8 bfloat16 in one 16-byte store (Held loads them); the
+// addresses 16-byte aligned.
+template <int VEC, class T>
+__device__ __forceinline__ void load_vec(float (&dst)[VEC], const T* src) {
+  if constexpr (VEC == 8) {
+    static_assert(std::is_same_v<T, float>, "VEC 8 loads of bfloat16 are Held's");
+    const float4 lo = mt::load4(src);
+    const float4 hi = mt::load4(src + 4);
+    dst[0] = lo.x, dst[1] = lo.y, dst[2] = lo.z, dst[3] = lo.w;
+    dst[4] = hi.x, dst[5] = hi.y, dst[6] = hi.z, dst[7] = hi.w;
+  } else {
+    fused::load_vec<VEC>(dst, src);
+  }
+}
+
+template <int VEC, class T>
+__device__ __forceinline__ void store_vec(T* dst, const float (&src)[VEC]) {
+  if constexpr (VEC == 8) {
+    static_assert(std::is_same_v<T, mt::bf16>, "VEC 8 rows are bfloat16");
+    unsigned words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(src[2 * i], src[2 * i + 1]);
+      words[i] = *reinterpret_cast<const unsigned*>(&h);
+    }
+    *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+  } else {
+    fused::store_vec<VEC>(dst, src);
+  }
+}
+
+// A vector of VEC elements of a row as loaded (load_vec's access), widened to float only where it
+// is used: bfloat16 stays two elements to a register, which is what lets the backward's 16-byte
+// warp buckets hold 24 columns of x and dout a thread.
+template <class T, int VEC>
+struct Held {
+  float v[VEC];
+
+  __device__ __forceinline__ void load(const T* src) { load_vec<VEC>(v, src); }
+  __device__ __forceinline__ void unpack(float (&dst)[VEC]) const {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) dst[c] = v[c];
+  }
+};
+
+template <int VEC>
+struct Held<mt::bf16, VEC> {
+  unsigned w[(VEC + 1) / 2];  // element c in the low (c even) or high half of w[c / 2]
+
+  __device__ __forceinline__ void load(const mt::bf16* src) {
+    if constexpr (VEC == 8) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(src);
+      w[0] = raw.x, w[1] = raw.y, w[2] = raw.z, w[3] = raw.w;
+    } else if constexpr (VEC == 4) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(src);
+      w[0] = raw.x, w[1] = raw.y;
+    } else {
+      static_assert(VEC == 1, "VEC is 1, 4 or 8");
+      w[0] = *reinterpret_cast<const unsigned short*>(src);
+    }
+  }
+  // A bfloat16 is the top half of the float it widens to.
+  __device__ __forceinline__ void unpack(float (&dst)[VEC]) const {
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) dst[c] = __uint_as_float(c % 2 ? w[c / 2] & 0xffff0000u : w[c / 2] << 16);
+  }
+};
 
 // Count, mean and sum of squared deviations of a set of values. The merge is symmetric bit for bit
 // (explicitly rounded products, no contraction across the two sides), so every lane of a butterfly
@@ -213,7 +287,7 @@ __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
   for (int it = 0; it < ITERS; ++it) {
     const int j = (it * LANES + lane) * VEC;
     live[it] = j < n;
-    fused::load_vec<VEC>(z[it], x + (live[it] ? j : 0));
+    load_vec<VEC>(z[it], x + (live[it] ? j : 0));
   }
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
@@ -233,11 +307,11 @@ __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
   for (int it = 0; it < ITERS; ++it) {
     const int j = live[it] ? (it * LANES + lane) * VEC : 0;
     float g[VEC], b[VEC];
-    fused::load_vec<VEC>(g, a.gamma + j);
-    fused::load_vec<VEC>(b, a.beta + j);
+    load_vec<VEC>(g, a.gamma + j);
+    load_vec<VEC>(b, a.beta + j);
 #pragma unroll
     for (int c = 0; c < VEC; ++c) z[it][c] = fmaf((z[it][c] - st.mean) * r, g[c], b[c]);
-    if (live[it]) fused::store_vec<VEC>(a.out + offset + j, z[it]);
+    if (live[it]) store_vec<VEC>(a.out + offset + j, z[it]);
   }
 }
 
@@ -250,7 +324,7 @@ __device__ __forceinline__ void load_shifted_chunk(float (&z)[kStreamChunk][VEC]
   for (int k = 0; k < kStreamChunk; ++k) {
     const long long v = v0 + k * kStreamThreads + threadIdx.x;
     live[k] = v < vecs;
-    if (live[k]) fused::load_vec<VEC>(z[k], x + v * VEC);
+    if (live[k]) load_vec<VEC>(z[k], x + v * VEC);
   }
 #pragma unroll
   for (int k = 0; k < kStreamChunk; ++k) {
@@ -292,11 +366,11 @@ __global__ void __launch_bounds__(kStreamThreads) layernorm_fw_stream(const FwAr
       if (live[k]) {
         const long long j = (v0 + k * kStreamThreads + threadIdx.x) * VEC;
         float g[VEC], b[VEC];
-        fused::load_vec<VEC>(g, a.gamma + j);
-        fused::load_vec<VEC>(b, a.beta + j);
+        load_vec<VEC>(g, a.gamma + j);
+        load_vec<VEC>(b, a.beta + j);
 #pragma unroll
         for (int c = 0; c < VEC; ++c) z[k][c] = fmaf((z[k][c] - st.mean) * r, g[c], b[c]);
-        fused::store_vec<VEC>(a.out + offset + j, z[k]);
+        store_vec<VEC>(a.out + offset + j, z[k]);
       }
     }
   }
@@ -307,12 +381,17 @@ template <int LANES>
 constexpr int kBwBlockThreads = LANES > 32 ? LANES : 256;
 
 // Blocks per SM the backward grid is sized for (and the register budget is capped for): about
-// 1024 resident threads, i.e. at most 64 registers per thread.
-template <int LANES>
-constexpr int kBwBlocksPerSm = 1024 / kBwBlockThreads<LANES> > 0 ? 1024 / kBwBlockThreads<LANES> : 1;
+// 1024 resident threads, i.e. at most 64 registers per thread, for up to 8 columns a thread; 512
+// threads (128 registers) for the 16 or 24 columns of the 16-byte warp buckets, whose dgamma and
+// dbeta accumulators alone take 2 registers a column.
+template <int COLS>
+constexpr int kBwThreadsPerSm = COLS <= 8 ? 1024 : 512;
+template <int LANES, int COLS>
+constexpr int kBwBlocksPerSm =
+    kBwThreadsPerSm<COLS> / kBwBlockThreads<LANES> > 0 ? kBwThreadsPerSm<COLS> / kBwBlockThreads<LANES> : 1;
 
 template <class T, int VEC, int LANES, int ITERS>
-__global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES>)
+__global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES, ITERS * VEC>)
     layernorm_bw_rows(const BwArgs<T> a) {
   constexpr int kThreads = kBwBlockThreads<LANES>;
   constexpr int kTeams = kThreads / LANES;
@@ -339,35 +418,61 @@ __global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES>)
     const float mu = a.mean[active ? row : 0];
     const float rs = a.rstd[active ? row : 0];
 
-    float dy[ITERS][VEC], z[ITERS][VEC], g[ITERS][VEC];
+    // x and dout as loaded (Held), and gamma: kept for the second pass up to 8 columns a thread,
+    // loaded again (an L1 hit) by the 16-byte warp buckets, which have no registers to spare.
+    constexpr bool kKeepGamma = ITERS * VEC <= 8;
+    Held<T, VEC> dy_held[ITERS], x_held[ITERS];
+    float gamma[ITERS][VEC];
     bool live[ITERS];
+    const auto load_gamma = [&](int it) {
+      const int j = (it * LANES + lane) * VEC;
+      load_vec<VEC>(gamma[it], a.gamma + (j < n ? j : 0));
+    };
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const int j = (it * LANES + lane) * VEC;
       live[it] = j < n;
       const int jl = live[it] ? j : 0;  // unpredicated loads, as in the forward
-      fused::load_vec<VEC>(dy[it], a.dout + offset + jl);
-      fused::load_vec<VEC>(z[it], a.inp + offset + jl);
-      fused::load_vec<VEC>(g[it], a.gamma + jl);
+      dy_held[it].load(a.dout + offset + jl);
+      x_held[it].load(a.inp + offset + jl);
+      load_gamma(it);
     }
+    // Vector it's terms (as bw_terms), widened again in each pass. A dead vector holds a live one's
+    // values (the loads are unpredicated), so once its dy is zero so is g = dy * gamma, with no
+    // select: selecting g would let the compiler sink gamma's load into a branch behind the use of
+    // the vectors before it, and so serialize the row's loads.
+    const auto terms = [&](int it, float(&dy)[VEC], float(&z)[VEC], float(&g)[VEC]) {
+      dy_held[it].unpack(dy);
+      x_held[it].unpack(z);
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) {
+        dy[c] = live[it] ? dy[c] : 0.f;
+        z[c] = live[it] ? z[c] - mu : 0.f;
+        g[c] = dy[c] * gamma[it][c];
+      }
+    };
     Sum3 s = {0.f, 0.f, 0.f};
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      bw_terms<VEC>(dy[it], z[it], g[it], live[it], mu);
-      s.add<VEC>(z[it], g[it]);
+      float dy[VEC], z[VEC], g[VEC];
+      terms(it, dy, z, g);
+      s.add<VEC>(z, g);
     }
     const BwRow r(fused::team_allreduce<LANES>(s, Sum3Op{}, Sum3{0.f, 0.f, 0.f}, scratch), rs, a.inv_hidden);
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
+      if constexpr (!kKeepGamma) load_gamma(it);
+      float dy[VEC], z[VEC], g[VEC];
+      terms(it, dy, z, g);
 #pragma unroll
       for (int c = 0; c < VEC; ++c) {
-        const float xhat = r.xhat(z[it][c]);
-        acc_g[it][c] = fmaf(dy[it][c], xhat, acc_g[it][c]);
-        acc_b[it][c] += dy[it][c];
-        g[it][c] = r.dinp(xhat, g[it][c]);
+        const float xhat = r.xhat(z[c]);
+        acc_g[it][c] = fmaf(dy[c], xhat, acc_g[it][c]);
+        acc_b[it][c] += dy[c];
+        g[c] = r.dinp(xhat, g[c]);
       }
       if (live[it]) {
-        fused::store_vec<VEC>(a.dinp + offset + (it * LANES + lane) * VEC, g[it]);
+        store_vec<VEC>(a.dinp + offset + (it * LANES + lane) * VEC, g);
       }
     }
   }
@@ -379,8 +484,8 @@ __global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES>)
     for (int it = 0; it < ITERS; ++it) {
       const int j = (it * LANES + lane) * VEC;
       if (j < a.hidden) {
-        fused::store_vec<VEC>(part + j, acc_g[it]);
-        fused::store_vec<VEC>(part + a.hidden + j, acc_b[it]);
+        store_vec<VEC>(part + j, acc_g[it]);
+        store_vec<VEC>(part + a.hidden + j, acc_b[it]);
       }
     }
   } else {
@@ -396,33 +501,43 @@ __global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES>)
         }
       }
     }
-    // Then sum the warps, in warp order, through shared memory.
+    // Then sum the warps, in warp order, through shared memory: dgamma, then dbeta through the
+    // same buffer (both at once would pass the 48 KB of static shared memory at 768 columns).
+    // Threads store their columns 4 at a time, column c at c ^ ((c >> 3) & 4): with VEC 8 the
+    // lanes of a quarter warp are 32 bytes apart, and the swizzle sends them to distinct banks; it
+    // permutes only within aligned groups of 32 columns, which the column-wise reads then take
+    // conflict-free.
     constexpr int kWarps = kThreads / 32;
     constexpr int kCap = LANES * ITERS * VEC;
-    __shared__ float warp_part[kWarps][2][kCap];
+    constexpr int kChunk = VEC < 4 ? VEC : 4;
+    static_assert(kCap < 32 || kCap % 8 == 0, "the swizzle stays inside the buffer");
+    __shared__ alignas(16) float warp_part[kWarps][kCap];
     const int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 < LANES) {
+    const auto slot = [](int col) { return col ^ ((col >> 3) & 4); };
+    const auto sum_warps = [&](const float(&acc)[ITERS][VEC], float* out) {
+      if (threadIdx.x % 32 < LANES) {
 #pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        const int j = (it * LANES + lane) * VEC;
+        for (int it = 0; it < ITERS; ++it) {
 #pragma unroll
-        for (int c = 0; c < VEC; ++c) {
-          warp_part[warp][0][j + c] = acc_g[it][c];
-          warp_part[warp][1][j + c] = acc_b[it][c];
+          for (int h = 0; h < VEC; h += kChunk) {
+            float chunk[kChunk];
+#pragma unroll
+            for (int c = 0; c < kChunk; ++c) chunk[c] = acc[it][h + c];
+            store_vec<kChunk>(&warp_part[warp][slot((it * LANES + lane) * VEC + h)], chunk);
+          }
         }
       }
-    }
-    __syncthreads();
-    for (int col = threadIdx.x; col < a.hidden; col += kThreads) {
-      float sg = 0.f, sb = 0.f;
+      __syncthreads();
+      for (int col = threadIdx.x; col < a.hidden; col += kThreads) {
+        float sum = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        sg += warp_part[w][0][col];
-        sb += warp_part[w][1][col];
+        for (int w = 0; w < kWarps; ++w) sum += warp_part[w][slot(col)];
+        out[col] = sum;
       }
-      part[col] = sg;
-      part[a.hidden + col] = sb;
-    }
+    };
+    sum_warps(acc_g, part);
+    __syncthreads();  // every thread has read the dgamma sums before the buffer takes dbeta's
+    sum_warps(acc_b, part + a.hidden);
   }
 }
 
@@ -439,9 +554,9 @@ __device__ __forceinline__ void load_bw_chunk(float (&dy)[kStreamChunk][VEC],
     const long long v = v0 + k * kStreamThreads + threadIdx.x;
     live[k] = v < vecs;
     if (live[k]) {
-      fused::load_vec<VEC>(dy[k], a.dout + offset + v * VEC);
-      fused::load_vec<VEC>(z[k], a.inp + offset + v * VEC);
-      fused::load_vec<VEC>(g[k], a.gamma + v * VEC);
+      load_vec<VEC>(dy[k], a.dout + offset + v * VEC);
+      load_vec<VEC>(z[k], a.inp + offset + v * VEC);
+      load_vec<VEC>(g[k], a.gamma + v * VEC);
     }
   }
 #pragma unroll
@@ -478,7 +593,7 @@ __global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const
       if (live[k]) {
 #pragma unroll
         for (int c = 0; c < VEC; ++c) g[k][c] = r.dinp(r.xhat(z[k][c]), g[k][c]);
-        fused::store_vec<VEC>(a.dinp + offset + (v0 + k * kStreamThreads + threadIdx.x) * VEC, g[k]);
+        store_vec<VEC>(a.dinp + offset + (v0 + k * kStreamThreads + threadIdx.x) * VEC, g[k]);
       }
     }
   }
@@ -548,7 +663,7 @@ __global__ void __launch_bounds__(kTile * kTile)
 
 // ---- launchers -------------------------------------------------------------------------------
 // The size buckets (see the top of the file). The backward's rows stop at 8192 floats: it also keeps
-// dgamma/dbeta partials per thread.
+// dgamma/dbeta partials per thread; its 16-byte (VEC 8, bfloat16) buckets stop at one warp's 768.
 using FwVec4Buckets = fused::Buckets<4, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
                                      Team<32, 2>, Team<32, 4>, Team<32, 6>, Team<32, 8>, Team<128, 4>, Team<256, 4>,
                                      Team<512, 4>, Team<768, 4>, Team<1024, 4>>;
@@ -561,6 +676,8 @@ using BwVec4Buckets = fused::Buckets<4, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team
 using BwScalarBuckets = fused::Buckets<1, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
                                        Team<32, 2>, Team<32, 4>, Team<64, 4>, Team<128, 4>, Team<128, 8>,
                                        Team<256, 8>, Team<512, 8>, Team<1024, 8>>;
+using BwVec8Buckets = fused::Buckets<8, Team<1, 1>, Team<2, 1>, Team<4, 1>, Team<8, 1>, Team<16, 1>, Team<32, 1>,
+                                     Team<32, 2>, Team<32, 3>>;
 
 // The forward kernels fused::LaunchRows launches.
 template <class T>
@@ -584,25 +701,35 @@ int launch_bw_rows(const BwArgs<T>& a, unsigned parts, cudaStream_t stream) {
   return mt_launch_status();
 }
 
-// The pick of fused::walk_buckets that names a backward bucket's kernel; none (launch == nullptr) for
-// rows too long for registers (the streaming path).
+// The pick of fused::walk_buckets that names a backward bucket's kernel for a row of n elements:
+// rows too long for the 16-byte buckets take the 8-byte ones, rows too long for registers none
+// (launch == nullptr: the streaming path).
 template <class T>
 struct BwSelect {
+  int n;
+
   template <int VEC, int LANES, int ITERS>
   BwRowsKernel<T> bucket() const {
-    return {kBwBlockThreads<LANES> / LANES, kBwBlocksPerSm<LANES>, &launch_bw_rows<T, VEC, LANES, ITERS>};
+    return {kBwBlockThreads<LANES> / LANES, kBwBlocksPerSm<LANES, ITERS * VEC>, &launch_bw_rows<T, VEC, LANES, ITERS>};
   }
   template <int VEC>
   BwRowsKernel<T> beyond() const {
-    return {0, 0, nullptr};
+    if constexpr (VEC == 8) {
+      return fused::walk_buckets(n, *this, BwVec4Buckets{});
+    } else {
+      return {0, 0, nullptr};
+    }
   }
 };
 
-// The bucket for a row of `n` elements.
+// The bucket for a row of `n` elements accessed `vec` at a time (8 only for bfloat16).
 template <class T>
-BwRowsKernel<T> select_bw_rows(int n, bool vec4) {
-  return vec4 ? fused::walk_buckets(n, BwSelect<T>{}, BwVec4Buckets{})
-              : fused::walk_buckets(n, BwSelect<T>{}, BwScalarBuckets{});
+BwRowsKernel<T> select_bw_rows(int n, int vec) {
+  const BwSelect<T> pick{n};
+  if constexpr (std::is_same_v<T, mt::bf16>) {
+    if (vec == 8) return fused::walk_buckets(n, pick, BwVec8Buckets{});
+  }
+  return vec >= 4 ? fused::walk_buckets(n, pick, BwVec4Buckets{}) : fused::walk_buckets(n, pick, BwScalarBuckets{});
 }
 
 // How the backward splits its work: `parts` partial rows of dgamma/dbeta (blocks of the row kernel,
@@ -616,10 +743,10 @@ struct BwPlan {
 };
 
 template <class T>
-int plan_bw(int rows, int hidden, bool vec4, BwPlan<T>* plan) {
+int plan_bw(int rows, int hidden, int vec, BwPlan<T>* plan) {
   int sms = 0;
   MT_RETURN_IF_ERROR(mt::sm_count(&sms));
-  plan->rows_kernel = select_bw_rows<T>(hidden, vec4);
+  plan->rows_kernel = select_bw_rows<T>(hidden, vec);
   if (plan->rows_kernel.launch != nullptr) {
     // Parts: as many blocks as stay resident, each summing at least kRowsPerPartMin rows so the
     // partials stay small next to the rows; but at least two per SM (rows permitting, two rows per
@@ -643,16 +770,16 @@ int plan_bw(int rows, int hidden, bool vec4, BwPlan<T>* plan) {
   return static_cast<int>(cudaSuccess);
 }
 
-// The workspace must fit whichever path the launcher takes: the vector one, or the scalar one
-// when a pointer turns out not to be aligned. The plan does not depend on the storage type.
+// The workspace must fit whichever path the launcher takes: a vector one, or a narrower one when a
+// pointer turns out not to be aligned. The plan depends on the storage type only through VEC 8,
+// which only bfloat16 rows take, so bfloat16's plans cover float32's.
 int workspace_floats(int rows, int hidden, long long* floats) {
-  BwPlan<float> scalar_plan;
-  MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, false, &scalar_plan)));
-  *floats = scalar_plan.workspace_floats;
-  if (hidden % 4 == 0) {
-    BwPlan<float> vec_plan;
-    MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, true, &vec_plan)));
-    if (vec_plan.workspace_floats > *floats) *floats = vec_plan.workspace_floats;
+  *floats = 0;
+  for (const int vec : {1, 4, 8}) {
+    if (hidden % vec != 0) continue;
+    BwPlan<mt::bf16> plan;
+    MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, vec, &plan)));
+    *floats = std::max(*floats, plan.workspace_floats);
   }
   return static_cast<int>(cudaSuccess);
 }
@@ -673,15 +800,18 @@ int layernorm_bw(T* dinp, float* dgamma, float* dbeta, const T* dout, const T* i
                  const float* mean, const float* rstd, float* workspace, int rows, int hidden, cudaStream_t stream) {
   const bool vec4 = hidden % 4 == 0 && mt::is_aligned4(dinp) && mt::is_aligned4(dout) && mt::is_aligned4(inp) &&
                     mt::is_aligned16(gamma) && mt::is_aligned16(workspace);
+  const bool vec8 = std::is_same_v<T, mt::bf16> && vec4 && hidden % 8 == 0 && mt::is_aligned16(dinp) &&
+                    mt::is_aligned16(dout) && mt::is_aligned16(inp);
+  const int vec = vec8 ? 8 : vec4 ? 4 : 1;
   BwPlan<T> plan;
-  MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, vec4, &plan)));
+  MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, vec, &plan)));
   BwArgs<T> a = {dinp, workspace, nullptr, dout, inp, gamma, mean, rstd, rows, hidden, 1.f / static_cast<float>(hidden)};
   if (plan.rows_kernel.launch != nullptr) {
     MT_RETURN_IF_ERROR(static_cast<cudaError_t>(
         plan.rows_kernel.launch(a, static_cast<unsigned>(plan.parts), stream)));
   } else {
     a.resid = workspace + static_cast<size_t>(plan.parts) * 2 * hidden;
-    if (vec4) {
+    if (vec >= 4) {
       layernorm_bw_dinp_stream<T, 4><<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(a);
     } else {
       layernorm_bw_dinp_stream<T, 1><<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(a);
