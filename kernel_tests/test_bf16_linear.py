@@ -17,7 +17,7 @@ import pytest
 
 import minitorch
 from minitorch import bfloat16, float32
-from minitorch.fused.linear import linear
+from minitorch.fused.linear import feed_forward, linear
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -126,10 +126,14 @@ def test_linear_under_autocast_matches_torch_autocast(rows: int, n_in: int, n_ou
         within(rel_err(mine[name].to_torch(), ref.detach()), rel_err(theirs[name].detach(), ref.detach()), name)
 
 
-def test_linear_gelu_linear_block_under_autocast_matches_torch_autocast() -> None:
-    """The block of an MLP, x -> Linear + GELU -> Linear, under autocast: output and every gradient
-    within 2x torch autocast's bf16 error, and as far from torch autocast's result."""
+@pytest.mark.parametrize("activation, fused", [("gelu", False), ("gelu", True), ("relu", True)])
+def test_linear_gelu_linear_block_under_autocast_matches_torch_autocast(activation: str, fused: bool) -> None:
+    """The block of an MLP, x -> Linear + activation -> Linear, under autocast, as two linear calls and
+    as feed_forward (whose second product's input gradient goes through the activation's derivative
+    in its epilogue): output and every gradient within 2x torch autocast's bf16 error, and as far from
+    torch autocast's result."""
     gen = torch.Generator(device="cuda").manual_seed(11)
+    act = {"gelu": lambda h: torch.nn.functional.gelu(h, approximate="tanh"), "relu": torch.relu}[activation]
     B, C, M = 512, 384, 1536
     inputs = {"x": bf16_normal(gen, (B, C)), "w1": bf16_normal(gen, (C, M), C**-0.5), "b1": bf16_normal(gen, (M,), 0.1),
               "w2": bf16_normal(gen, (M, C), M**-0.5), "b2": bf16_normal(gen, (C,), 0.1), "g": bf16_normal(gen, (B, C))}  # fmt: skip
@@ -137,7 +141,7 @@ def test_linear_gelu_linear_block_under_autocast_matches_torch_autocast() -> Non
     def torch_block(dtype, autocast: bool):
         t = {k: v.to(dtype).detach().requires_grad_(k != "g") for k, v in inputs.items()}
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            h = torch.nn.functional.gelu(torch.nn.functional.linear(t["x"], t["w1"].T, t["b1"]), approximate="tanh")
+            h = act(torch.nn.functional.linear(t["x"], t["w1"].T, t["b1"]))
             y = torch.nn.functional.linear(h, t["w2"].T, t["b2"])
         y.backward(t["g"].to(y.dtype))
         return [y] + [t[k].grad for k in ("x", "w1", "b1", "w2", "b2")]
@@ -145,7 +149,10 @@ def test_linear_gelu_linear_block_under_autocast_matches_torch_autocast() -> Non
     exact, theirs = torch_block(torch.float64, False), torch_block(torch.float32, True)
     leaves = {k: minitorch.from_torch(v.float().contiguous()).requires_grad_(k != "g") for k, v in inputs.items()}
     with minitorch.autocast():
-        y = linear(linear(leaves["x"], leaves["w1"].T, leaves["b1"], "gelu"), leaves["w2"].T, leaves["b2"])
+        if fused:
+            y = feed_forward(leaves["x"], leaves["w1"].T, leaves["b1"], leaves["w2"].T, leaves["b2"], activation)
+        else:
+            y = linear(linear(leaves["x"], leaves["w1"].T, leaves["b1"], activation), leaves["w2"].T, leaves["b2"])
     y.backward(leaves["g"].to(bfloat16))
     mine = [y] + [leaves[k].grad for k in ("x", "w1", "b1", "w2", "b2")]
     for name, m, t, ref in zip(("y", "dx", "dw1", "db1", "dw2", "db2"), mine, theirs, exact):

@@ -156,6 +156,44 @@ def test_epilogues(out_dtype, activation: Optional[str], aligned: bool, M: int, 
     check_product(a, b, out_dtype, bias=True, activation=activation)
 
 
+def act_grad64(pre: "torch.Tensor", activation: str) -> "torch.Tensor":
+    """The derivative of GELU (tanh form) or ReLU at pre, in float64."""
+    x = pre.double()
+    if activation == "relu":
+        return (x > 0).double()
+    c = (2.0 / torch.pi) ** 0.5
+    t = torch.tanh(c * (x + 0.044715 * x**3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("M, N, K", [(100, 132, 70), (37, 45, 8192), (300, 520, 200), (256, 3072, 768)])
+def test_activation_grad_epilogues(out_dtype, activation: str, aligned: bool, M: int, N: int, K: int) -> None:
+    """out = (a @ b) * act'(pre_act), pre_act read (a Linear's input gradient through the activation
+    that made its input), on direct and split-K products: within 2x torch's bf16 error (its matmul,
+    then its own activation backward in bf16) against float64; pre_act left as it was."""
+    gen = torch.Generator(device="cuda").manual_seed(K + N + 3 * aligned)
+    a, b = operand(gen, (M, K), False, aligned), operand(gen, (K, N), M == 300, aligned)
+    pre = (torch.randn((M, N), generator=gen, device="cuda") * 2).to(out_dtype)
+    kept = pre.clone()
+    out = torch.full((M, N), float("nan"), dtype=out_dtype, device="cuda")
+    matmul_bf16.matmul(a, b, out=out, pre_act=pre, activation_grad=activation)
+    ref = (a.double() @ b.double()) * act_grad64(pre, activation)
+    product = torch.matmul(a, b)
+    pre16 = pre.to(torch.bfloat16)
+    if activation == "gelu":
+        theirs = torch.ops.aten.gelu_backward(product, pre16, approximate="tanh")
+    else:
+        theirs = torch.ops.aten.threshold_backward(product, pre16, 0.0)
+    ours, torch_err = rel_err(out, ref), rel_err(theirs, ref)
+    assert ours <= max(2 * torch_err, FLOOR), f"error {ours:.3g} > 2 x torch's {torch_err:.3g}"
+    assert torch.equal(pre, kept)
+    with pytest.raises(ValueError, match="activation_grad"):
+        matmul_bf16.matmul(a, b, out=out, pre_act=pre, activation_grad=activation, bias=out[0])
+
+
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
 def test_activation_without_bias_and_empty_k(activation: str) -> None:
     gen = torch.Generator(device="cuda").manual_seed(3)

@@ -20,6 +20,7 @@ from . import nn
 from .attention_config import AttentionConfig, resolve_attention_config
 from .checkpoint import checkpoint
 from .fused.attention import fused_attention_qkv
+from .fused.linear import feed_forward
 from .fused.masks import masked_scores
 from .kv_cache import KVCache, LayerCache
 from .module import Module, ModuleList
@@ -168,7 +169,12 @@ class FeedForward(Module):
         self.dropout = Dropout(p_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.linear_out(self.linear_in(x, activation="gelu")))
+        first, second = self.linear_in, self.linear_out
+        out = feed_forward(
+            x, first.weight.value, None if first.bias is None else first.bias.value, second.weight.value,
+            None if second.bias is None else second.bias.value, "gelu",
+        )  # fmt: skip
+        return self.dropout(out)
 
 
 class TransformerLayer(Module):

@@ -3,7 +3,8 @@
 // A[i][r, k] = a[a_off(i) + r * a_row_stride + k * a_k_stride], B[i][k, c] = b[b_off(i) + k * b_k_stride +
 // c * b_col_stride] (any strides: transposed views are read in place), out[i] [M, N] in float32 or bf16
 // with rows ldc apart. Epilogues (matmul/bf16_common.cuh): none, + bias, GELU (tanh form) or ReLU of
-// x + bias with the pre-activation stored, out += result.
+// x + bias with the pre-activation stored, out += result, and the backward ones: x times GELU's or
+// ReLU's derivative at a pre-activation read beside the output.
 //
 // Two kernels:
 //   matmul/bf16_wgmma.cuh (sm_90a builds, on products whose operands TMA can read: a unit-stride dim,
@@ -75,7 +76,8 @@ long long matmul_bf16_workspace_bytes(int M, int N, int K, int batch, int a_row_
 // locate A[i] and B[i], 0 = broadcast); out[i] is [M, N] with rows ldc >= N elements apart, at
 // out + i * M * ldc. a, b: bf16. out_dtype: 0 float32, 1 bf16; bias [N] and pre_act (like out) have the
 // output's dtype. epilogue: 0 none, 1 + bias[c], 2 gelu(x + bias[c]), 3 relu(x + bias[c]) (bias may be
-// NULL for 2 and 3). pre_act (epilogues 2, 3; may be NULL): receives x + bias. accumulate: out += result
+// NULL for 2 and 3), 4 x * gelu'(pre_act), 5 x * relu'(pre_act) (no bias). pre_act (epilogues 2, 3; may
+// be NULL): receives x + bias; (epilogues 4, 5; required) is read. accumulate: out += result
 // (epilogue 0 only). workspace: device scratch of workspace_bytes bytes; with fewer than
 // matmul_bf16_workspace_bytes(...) the product runs without K splits.
 int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const void* b, int M, int N, int K,
@@ -85,8 +87,10 @@ int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const v
   MT_RETURN_IF_INVALID(M < 0 || N < 0 || K < 0 || ldc < N);
   MT_RETURN_IF_INVALID(out_dtype != bf16mm::kOutF32 && out_dtype != bf16mm::kOutBf16);
   MT_RETURN_IF_INVALID(!mt::valid_layout(a_batch) || !mt::valid_layout(b_batch) || !mt::same_shape(a_batch, b_batch));
-  MT_RETURN_IF_INVALID(epilogue < bf16mm::kNone || epilogue > bf16mm::kBiasRelu || (accumulate && epilogue != bf16mm::kNone));
+  MT_RETURN_IF_INVALID(epilogue < bf16mm::kNone || epilogue > bf16mm::kReluBack || (accumulate && epilogue != bf16mm::kNone));
   MT_RETURN_IF_INVALID(epilogue == bf16mm::kBias && bias == nullptr);
+  const bool backward = epilogue == bf16mm::kGeluBack || epilogue == bf16mm::kReluBack;
+  MT_RETURN_IF_INVALID(backward && (pre_act == nullptr || bias != nullptr));
   const long long batch = mt::layout_numel(a_batch);
   MT_RETURN_IF_INVALID(batch > mt::kMaxInt);
   if (batch == 0 || M == 0 || N == 0) return 0;
@@ -98,7 +102,7 @@ int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const v
   p.b = static_cast<const __nv_bfloat16*>(b);
   p.out = out;
   p.bias = bias;
-  p.pre_act = (epilogue == bf16mm::kBiasGelu || epilogue == bf16mm::kBiasRelu) ? pre_act : nullptr;
+  p.pre_act = (epilogue == bf16mm::kBiasGelu || epilogue == bf16mm::kBiasRelu || backward) ? pre_act : nullptr;
   p.ldc = ldc;
   p.a_batch = a_batch;
   p.b_batch = b_batch;
@@ -106,7 +110,7 @@ int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const v
   p.epilogue = epilogue;
   p.accumulate = accumulate;
   const int bytes = p.out_bf16 ? 2 : 4;
-  const void* used_bias = epilogue != bf16mm::kNone ? bias : nullptr;
+  const void* used_bias = epilogue != bf16mm::kNone && !backward ? bias : nullptr;
   const auto vec = [&](int w) {
     return ldc % w == 0 && aligned(out, w, bytes) && aligned(p.pre_act, w, bytes) && aligned(used_bias, w, bytes);
   };

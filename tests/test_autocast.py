@@ -15,7 +15,7 @@ from minitorch_testing import FAST, mt, rel_err
 import minitorch
 from minitorch import bfloat16, float16, float32, nn
 from minitorch.autocast import autocast_inputs
-from minitorch.fused.linear import linear
+from minitorch.fused.linear import feed_forward, linear
 from minitorch.tensor_functions import Function
 
 
@@ -260,3 +260,34 @@ def test_linear_gelu_linear_block_against_torch_float64_and_torch_autocast() -> 
         assert rel_err(mine, ref) <= 2.0 * bound, f"{name}: error {rel_err(mine, ref):.3g} vs torch's bf16 {bound:.3g}"
         apart = rel_err(mine, theirs.float().detach().numpy().astype(np.float64))
         assert apart <= 2.0 * bound, f"{name}: {apart:.3g} from torch autocast's result, whose own error is {bound:.3g}"
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_feed_forward_equals_its_two_linears(autocast: bool, activation: str, bias: bool) -> None:
+    """feed_forward is linear(linear(x, w1, b1, act), w2, b2) as one Function: the same output and
+    gradients bit for bit on the CPU (both compose the same ops), in float32 and under autocast; shapes
+    that do not chain raise IndexingError naming them."""
+    inputs = _block_inputs()
+
+    def run(fused: bool):
+        leaves = {k: mt(v, FAST, requires_grad=k != "g") for k, v in inputs.items()}
+        b1, b2 = (leaves[k] if bias else None for k in ("b1", "b2"))
+        with minitorch.autocast(enabled=autocast):
+            if fused:
+                y = feed_forward(leaves["x"], leaves["w1"], b1, leaves["w2"], b2, activation)
+            else:
+                y = linear(linear(leaves["x"], leaves["w1"], b1, activation), leaves["w2"], b2)
+        y.backward(leaves["g"].to(y.dtype))
+        names = ("x", "w1", "b1", "w2", "b2") if bias else ("x", "w1", "w2")
+        return [y] + [leaves[k].grad for k in names]
+
+    for got, want in zip(run(True), run(False)):
+        assert got.dtype is want.dtype
+        np.testing.assert_array_equal(got.to_numpy(), want.to_numpy())
+    x, w1, w2 = (mt(inputs[k], FAST) for k in ("x", "w1", "w2"))
+    with pytest.raises(minitorch.IndexingError, match=r"weight_out \(96, 96\)"):
+        feed_forward(x, w1, None, w2.narrow(1, 0, 96), None)
+    with pytest.raises(ValueError, match="activation"):
+        feed_forward(x, w1, None, w2, None, "tanh")

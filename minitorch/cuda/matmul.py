@@ -110,18 +110,23 @@ def linear_fw(
 
 
 def linear_bw(
-    d: TensorData, x: TensorData, weight: TensorData, has_bias: bool
+    d: TensorData, x: TensorData, weight: TensorData, has_bias: bool, x_pre: Optional[TensorData] = None,
+    x_activation: Optional[str] = None,
 ) -> Optional[Tuple[TensorData, TensorData, Optional[TensorData]]]:
     """The products of a Linear's backward from d [rows, out], its pre-activation gradient, when d,
     x [rows, in] and weight [out, in] are bfloat16: (dx = d @ weight in bfloat16, dweight = d^T @ x
     [out, in] in float32, dbias = the column sums of d in float32, or None without a bias), each one
     bf16 product with float32 sums (dbias: a row of ones @ d).  None for other dtypes: the caller composes.
+    With x_pre [rows, in] (bfloat16) and x_activation "gelu" or "relu", where x = x_activation(x_pre), dx
+    is x_pre's gradient: the product times the activation's derivative at x_pre, in its epilogue.
 
     dweight and dbias run on a side stream beside dx (runtime.fork_join): the weight gradient's
     tiles rarely fill the GPU in whole waves (96 to 108 tiles of GPT-2's layers for 132 SMs), and
     dx's blocks take the SMs its last wave leaves idle."""
     if not d.dtype is x.dtype is weight.dtype is bfloat16:
         return None
+    if x_pre is not None and (x_pre.dtype is not bfloat16 or not x_pre.is_contiguous()):
+        return None  # the epilogue reads x_pre laid out as dx
     rows, k = x.shape
     n = weight.shape[0]
     dx, dweight = empty((rows, k), bfloat16), empty((n, k), float32)
@@ -132,7 +137,9 @@ def linear_bw(
     def input_gradient() -> None:
         if dx.size:  # n == 0 is a product over nothing: zeros, as are dweight and dbias for rows == 0
             matmul_bf16.launch(ptr(dx), "bfloat16", k, ptr(d), ptr(weight), rows, k, n,
-                               (*d_rows, weight.strides[0], weight.strides[1]), what=f"linear dx of {shapes}")  # fmt: skip
+                               (*d_rows, weight.strides[0], weight.strides[1]),
+                               pre_act=None if x_pre is None else ptr(x_pre), activation_grad=x_activation,
+                               what=f"linear dx of {shapes}")  # fmt: skip
 
     def weight_gradients() -> None:
         if dweight.size:

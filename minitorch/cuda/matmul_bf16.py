@@ -1,7 +1,8 @@
 """Bindings of matmul_bf16_kernel.so (src/matmul_bf16_kernel.cu): bf16 products on the tensor cores
 (wgmma on sm_90a, mma.sync elsewhere) with float32 sums, over any strides and broadcast batch dims,
-with bias / GELU / ReLU epilogues, the pre-activation stored, or accumulation into the output; the
-output in float32 or bf16.
+with bias / GELU / ReLU epilogues, the pre-activation stored, accumulation into the output, or the
+product times GELU's or ReLU's derivative at a stored pre-activation (a backward through the
+activation); the output in float32 or bf16.
 
 Two levels: `launch` takes raw device pointers, strides and batch layouts (what a backend holds);
 `matmul` takes torch CUDA tensors, checks them and returns the output.  Few-tile products split K
@@ -26,6 +27,7 @@ SIGNATURES = {
     ),
 }  # fmt: skip
 EPILOGUES = {None: 0, "bias": 1, "gelu": 2, "relu": 3}
+GRAD_EPILOGUES = {"gelu": 4, "relu": 5}  # activation_grad: x * act'(pre_act)
 OUT_DTYPES = {"float32": 0, "bfloat16": 1}
 _SINGLE = layout((1,), (0,))  # the batch layout of one product
 
@@ -50,7 +52,7 @@ def launch(
     out: int, out_dtype: str, ldc: int, a: int, b: int, M: int, N: int, K: int, strides: Tuple[int, int, int, int],
     a_batch: MtLayout = _SINGLE, b_batch: MtLayout = _SINGLE, *, bias: Optional[int] = None,
     activation: Optional[str] = None, pre_act: Optional[int] = None, accumulate: bool = False,
-    workspace: Optional[Any] = None, what: str = "matmul_bf16",
+    activation_grad: Optional[str] = None, workspace: Optional[Any] = None, what: str = "matmul_bf16",
 ) -> None:  # fmt: skip
     """out[i] (+)= act(A[i] @ B[i] + bias) on raw device pointers, on the current stream: A[i][r, k] at
     a + offset_i + r * strides[0] + k * strides[1], B[i][k, c] at b + offset_i + k * strides[2] +
@@ -58,6 +60,8 @@ def launch(
     out[i] row r at out + (i * M + r) * ldc elements of out_dtype ("float32" or "bfloat16"), as are
     bias [N] and pre_act (which receives A @ B + bias where activation is "gelu" or "relu").
     activation None with a bias adds the bias; accumulate (no bias, no activation) adds to out.
+    activation_grad "gelu" or "relu" (no bias, activation or accumulation): out = (A @ B) * act'(pre_act),
+    pre_act read (laid out as out): the gradient through act of a product's input.
     workspace: a torch CUDA tensor of at least workspace_bytes(...) bytes, or None (allocated here)."""
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"{what}: out_dtype {out_dtype!r} is not one of {sorted(OUT_DTYPES)}")
@@ -65,7 +69,14 @@ def launch(
         raise ValueError(f"{what}: activation {activation!r} is not None, 'gelu' or 'relu'")
     if accumulate and (bias is not None or activation is not None):
         raise ValueError(f"{what}: accumulate=True takes no bias or activation")
-    epilogue = EPILOGUES[activation if activation is not None else ("bias" if bias is not None else None)]
+    if activation_grad is not None:
+        if activation_grad not in GRAD_EPILOGUES:
+            raise ValueError(f"{what}: activation_grad {activation_grad!r} is not 'gelu' or 'relu'")
+        if bias is not None or activation is not None or accumulate or pre_act is None:
+            raise ValueError(f"{what}: activation_grad reads pre_act and takes no bias, activation or accumulate")
+        epilogue = GRAD_EPILOGUES[activation_grad]
+    else:
+        epilogue = EPILOGUES[activation if activation is not None else ("bias" if bias is not None else None)]
     batch = 1
     for d in range(a_batch.ndim):
         batch *= a_batch.shape[d]
@@ -119,13 +130,14 @@ def _check_output(x: Any, name: str, shape: Tuple[int, ...], dtype: Any, what: s
 def matmul(
     a: Any, b: Any, *, out: Optional[Any] = None, out_dtype: Optional[Any] = None, bias: Optional[Any] = None,
     activation: Optional[str] = None, pre_act: Optional[Any] = None, accumulate: bool = False,
-    workspace: Optional[Any] = None,
+    activation_grad: Optional[str] = None, workspace: Optional[Any] = None,
 ) -> Any:  # fmt: skip
     """act(a @ b + bias) for bf16 torch CUDA tensors a [..., M, K], b [..., K, N] (any strides, batch
     dims broadcast), float32 sums, into `out` (a new contiguous tensor of out_dtype, default bfloat16,
     when None; else out's dtype, float32 or bfloat16, with unit column stride, rows at least N apart and
     batch matrices one after another).  bias [N] and pre_act (receives a @ b + bias, with activation
-    "gelu" or "relu") share out's dtype.  accumulate: out += a @ b.  Returns out."""
+    "gelu" or "relu") share out's dtype.  accumulate: out += a @ b.  activation_grad "gelu" or "relu":
+    out = (a @ b) * act'(pre_act), pre_act read.  Returns out."""
     rt = runtime()
     torch = rt.torch
     what = "matmul_bf16"
@@ -150,8 +162,8 @@ def matmul(
         if bias.dtype != dtype or not bias.is_cuda or bias.stride(0) != 1:
             raise ValueError(f"{what}: bias must be a contiguous {dtype} CUDA tensor, got {bias.dtype} on {bias.device}")
     if pre_act is not None:
-        if activation is None:
-            raise ValueError(f"{what}: pre_act is stored only with activation 'gelu' or 'relu'")
+        if activation is None and activation_grad is None:
+            raise ValueError(f"{what}: pre_act is stored with activation or read with activation_grad 'gelu' or 'relu'")
         _require(_check_output(pre_act, "pre_act", tuple(out_shape), dtype, what) == ldc,
                  f"{what}: pre_act rows are {pre_act.stride(-2)} apart, out's {ldc}")  # fmt: skip
     M, K, N = out_shape[-2], a.shape[-1], out_shape[-1]
@@ -159,7 +171,7 @@ def matmul(
         launch(
             out.data_ptr(), "bfloat16" if dtype == torch.bfloat16 else "float32", ldc, a.data_ptr(), b.data_ptr(), M, N,
             K, strides, a_batch, b_batch, bias=None if bias is None else bias.data_ptr(), activation=activation,
-            pre_act=None if pre_act is None else pre_act.data_ptr(), accumulate=accumulate, workspace=workspace,
-            what=what,
+            pre_act=None if pre_act is None else pre_act.data_ptr(), accumulate=accumulate,
+            activation_grad=activation_grad, workspace=workspace, what=what,
         )  # fmt: skip
     return out

@@ -11,11 +11,12 @@ from .adamw import adamw_step
 from .attention import fused_attention, fused_attention_qkv
 from .embedding import embedding
 from .layernorm import layernorm
+from .linear import feed_forward
 from .linear_cross_entropy import fused_linear_cross_entropy
 from .softmax import attn_softmax
 from .topk import top_k
 
 __all__ = [
-    "adamw_step", "attn_softmax", "embedding", "fused_attention", "fused_attention_qkv",
+    "adamw_step", "attn_softmax", "embedding", "feed_forward", "fused_attention", "fused_attention_qkv",
     "fused_linear_cross_entropy", "layernorm", "top_k",
 ]

@@ -13,6 +13,11 @@ values summed in float32, the bias and the activation in float32, the output and
 pre-activation rounded once to the 16-bit dtype; dx is 16-bit, while dweight and dbias are float32
 (weight gradients accumulate in float32: a float32 master weight read through its 16-bit copy gets
 them as they are).
+
+feed_forward is two Linears with an activation between them as one Function, so that the second
+product's input gradient comes out of its kernel already multiplied by the activation's derivative
+(the matmul's backward epilogue reads the kept pre-activation): the [rows, middle] gradient of the
+activation's output is never written, and no pass of its own turns it into the pre-activation's.
 """
 
 from __future__ import annotations
@@ -38,21 +43,62 @@ def linear(x: "Tensor", weight: "Tensor", bias: Optional["Tensor"] = None, activ
     "relu"); in the autocast dtype inside minitorch.autocast, otherwise in the inputs' promoted dtype."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
-    weight = x._ensure(weight)
-    if weight.dims != 2 or x.dims < 1 or x.shape[-1] != weight.shape[1]:
-        raise IndexingError(f"linear: input {x.shape} and weight {weight.shape} (expected [..., in] and [out, in])")
-    if bias is not None:
-        bias = x._ensure(bias)
-        if bias.shape != (weight.shape[0],):
-            raise IndexingError(f"linear: bias of shape {bias.shape} for weight {weight.shape}")
-    x, weight, bias = autocast_inputs("linear", x, weight, bias)
-    operands = [t for t in (x, weight, bias) if t is not None]
-    dtype = arithmetic(result_type(*operands))
-    x, weight, bias = (t if t is None or t.dtype is dtype else t.to(dtype) for t in (x, weight, bias))
+    weight, bias = _checked(x, weight, bias, "linear", "weight", "bias")
+    x, weight, bias = _promoted(x, weight, bias)
     lead = x.shape[:-1]
     rows = x.contiguous().view(-1, weight.shape[1])
     out = Linear.apply(rows, weight, bias, activation)
     return out.view(*lead, weight.shape[0])
+
+
+def feed_forward(
+    x: "Tensor", weight_in: "Tensor", bias_in: Optional["Tensor"], weight_out: "Tensor",
+    bias_out: Optional["Tensor"], activation: str = "gelu",
+) -> "Tensor":  # fmt: skip
+    """linear(linear(x, weight_in, bias_in, activation), weight_out, bias_out) as one Function (a
+    transformer's feed-forward block): x [..., in], weight_in [middle, in], weight_out [out, middle],
+    biases [middle] / [out] or None, activation "gelu" (tanh approximation) or "relu".  Same values as
+    the two linear calls; on CUDA in bfloat16 the backward multiplies by the activation's derivative
+    inside the second product's input-gradient kernel (see the module notes)."""
+    if activation not in ("gelu", "relu"):
+        raise ValueError(f"feed_forward: activation must be 'gelu' or 'relu', got {activation!r}")
+    weight_in, bias_in = _checked(x, weight_in, bias_in, "feed_forward", "weight_in", "bias_in")
+    if weight_out.dims != 2 or weight_out.shape[1] != weight_in.shape[0]:
+        raise IndexingError(
+            f"feed_forward: weight_out {weight_out.shape} does not take weight_in's {weight_in.shape[0]} outputs "
+            f"(expected [out, {weight_in.shape[0]}])"
+        )
+    weight_out, bias_out = _checked(x, weight_out, bias_out, "feed_forward", "weight_out", "bias_out", check_x=False)
+    x, weight_in, bias_in, weight_out, bias_out = _promoted(x, weight_in, bias_in, weight_out, bias_out)
+    lead = x.shape[:-1]
+    rows = x.contiguous().view(-1, weight_in.shape[1])
+    out = FeedForward.apply(rows, weight_in, bias_in, weight_out, bias_out, activation)
+    return out.view(*lead, weight_out.shape[0])
+
+
+def _checked(
+    x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], op: str, weight_name: str, bias_name: str,
+    check_x: bool = True,
+) -> Tuple["Tensor", Optional["Tensor"]]:  # fmt: skip
+    """weight and bias as tensors of x's backend, with IndexingError for shapes that do not fit."""
+    weight = x._ensure(weight)
+    if weight.dims != 2 or (check_x and (x.dims < 1 or x.shape[-1] != weight.shape[1])):
+        raise IndexingError(
+            f"{op}: input {x.shape} and {weight_name} {weight.shape} (expected [..., in] and [out, in])"
+        )
+    if bias is not None:
+        bias = x._ensure(bias)
+        if bias.shape != (weight.shape[0],):
+            raise IndexingError(f"{op}: {bias_name} of shape {bias.shape} for {weight_name} {weight.shape}")
+    return weight, bias
+
+
+def _promoted(*tensors: Optional["Tensor"]) -> Tuple[Optional["Tensor"], ...]:
+    """tensors under autocast's rule for linear (its dtype inside minitorch.autocast), then all in their
+    promoted arithmetic dtype."""
+    tensors = autocast_inputs("linear", *tensors)
+    dtype = arithmetic(result_type(*(t for t in tensors if t is not None)))
+    return tuple(t if t is None or t.dtype is dtype else t.to(dtype) for t in tensors)
 
 
 def linear_reference(
@@ -92,24 +138,47 @@ def _activation_backward(grad: "Tensor", pre: "Tensor", activation: Optional[str
     return grad._new(back(pre._tensor, grad._tensor))
 
 
+def _forward(
+    x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str]
+) -> Tuple["Tensor", Optional["Tensor"]]:
+    """(out, pre or None) of one Linear: the backend's linear_fw kernel, else linear_reference."""
+    kernel = hook(x.backend.ops, "linear_fw")
+    if kernel is None:
+        return linear_reference(x, weight, bias, activation)
+    out_td, pre_td = kernel(x._tensor, weight._tensor, None if bias is None else bias._tensor, activation)
+    return x._new(out_td), None if pre_td is None else x._new(pre_td)
+
+
+def _backward(
+    d: "Tensor", x: "Tensor", weight: "Tensor", has_bias: bool, x_pre: Optional["Tensor"] = None,
+    x_activation: Optional[str] = None,
+) -> Tuple["Tensor", "Tensor", Optional["Tensor"]]:  # fmt: skip
+    """(dx, dweight, dbias or None) of one Linear from its pre-activation gradient d; with x_pre and
+    x_activation (x = x_activation(x_pre)), dx is the gradient of x_pre instead.  The backend's
+    linear_bw kernel where it has one for these dtypes, else composed."""
+    kernel = hook(x.backend.ops, "linear_bw")
+    x_pre_td = None if x_pre is None else x_pre._tensor
+    tds = None if kernel is None else kernel(d._tensor, x._tensor, weight._tensor, has_bias, x_pre_td, x_activation)
+    if tds is None:
+        dx, dweight, dbias = linear_backward_reference(d, x, weight, has_bias)
+        return (dx if x_pre is None else _activation_backward(dx, x_pre, x_activation)), dweight, dbias
+    dx, dweight, dbias = (None if t is None else x._new(t) for t in tds)
+    return dx, dweight, dbias
+
+
 class Linear(Function):
     """Saves x, weight [out, in] and the pre-activation (when there is an activation).
 
     Kernel hooks: linear_fw(x, weight, bias, activation) -> (out, pre or None) as linear_reference;
-    linear_bw(d, x, weight, has_bias) -> (dx, dweight, dbias or None) as linear_backward_reference,
-    or None where the backend composes them (e.g. float32 on CUDA)."""
+    linear_bw(d, x, weight, has_bias, x_pre, x_activation) -> (dx, dweight, dbias or None) as
+    linear_backward_reference (dx through x_activation's derivative at x_pre when given), or None where
+    the backend composes them (e.g. float32 on CUDA)."""
 
     @staticmethod
     def forward(
         ctx: Context, x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str]
     ) -> "Tensor":
-        kernel = hook(x.backend.ops, "linear_fw")
-        if kernel is None:
-            out, pre = linear_reference(x, weight, bias, activation)
-        else:
-            out_td, pre_td = kernel(x._tensor, weight._tensor, None if bias is None else bias._tensor, activation)
-            out = x._new(out_td)
-            pre = None if pre_td is None else x._new(pre_td)
+        out, pre = _forward(x, weight, bias, activation)
         ctx.save_for_backward(x, weight, pre, activation, bias is not None)
         return out
 
@@ -117,10 +186,27 @@ class Linear(Function):
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
         x, weight, pre, activation, has_bias = ctx.saved_values
         d = _activation_backward(grad_output.contiguous(), pre, activation)
-        kernel = hook(x.backend.ops, "linear_bw")
-        tds = None if kernel is None else kernel(d._tensor, x._tensor, weight._tensor, has_bias)
-        if tds is None:
-            dx, dweight, dbias = linear_backward_reference(d, x, weight, has_bias)
-        else:
-            dx, dweight, dbias = (None if t is None else x._new(t) for t in tds)
+        dx, dweight, dbias = _backward(d, x, weight, has_bias)
         return (dx, dweight, dbias) if has_bias else (dx, dweight)
+
+
+class FeedForward(Function):
+    """feed_forward's two products; saves x, both weights, the middle pre-activation and activation."""
+
+    @staticmethod
+    def forward(
+        ctx: Context, x: "Tensor", weight_in: "Tensor", bias_in: Optional["Tensor"], weight_out: "Tensor",
+        bias_out: Optional["Tensor"], activation: str,
+    ) -> "Tensor":  # fmt: skip
+        middle, pre = _forward(x, weight_in, bias_in, activation)
+        out, _ = _forward(middle, weight_out, bias_out, None)
+        ctx.save_for_backward(x, weight_in, bias_in is not None, middle, pre, weight_out, bias_out is not None, activation)
+        return out
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
+        x, weight_in, has_bias_in, middle, pre, weight_out, has_bias_out, activation = ctx.saved_values
+        d_pre, dweight_out, dbias_out = _backward(grad_output.contiguous(), middle, weight_out, has_bias_out, pre, activation)
+        dx, dweight_in, dbias_in = _backward(d_pre, x, weight_in, has_bias_in)
+        grads = (dx, dweight_in) + ((dbias_in,) if has_bias_in else ())
+        return grads + (dweight_out,) + ((dbias_out,) if has_bias_out else ())

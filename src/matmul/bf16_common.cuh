@@ -5,7 +5,10 @@
 // float32 sums, the output in float32 or bf16 (rounded to nearest even once, after the epilogue).
 // Epilogues as matmul_kernel.cu's: none, + bias[c], gelu(x + bias[c]) (tanh form, as
 // minitorch.operators.gelu), relu(x + bias[c]); the pre-activation x + bias can be stored too, and
-// out += result instead of out = result. bias and pre_act have the output's dtype.
+// out += result instead of out = result. bias and pre_act have the output's dtype. The backward
+// epilogues multiply by an activation's derivative at a pre-activation read from pre_act (same layout
+// as out): x * gelu'(pre) or x * relu'(pre), the input gradient of a Linear whose input was
+// act(pre), so that the gradient through the activation needs no pass of its own.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,7 +24,7 @@ namespace bf16mm {
 
 using mt::ceil_div;
 
-enum Epilogue { kNone = 0, kBias = 1, kBiasGelu = 2, kBiasRelu = 3 };
+enum Epilogue { kNone = 0, kBias = 1, kBiasGelu = 2, kBiasRelu = 3, kGeluBack = 4, kReluBack = 5 };
 enum OutDtype { kOutF32 = 0, kOutBf16 = 1 };
 constexpr int kTileGroup = 8;  // tile rows per group of the grouped tile order
 constexpr int kMaxSplits = 16;
@@ -34,7 +37,7 @@ struct Params {
   const __nv_bfloat16* b;
   void* out;  // float or bf16 (out_bf16), batch matrix i at out + i * M * ldc elements
   const void* bias;
-  void* pre_act;
+  void* pre_act;  // written by kBiasGelu / kBiasRelu, read by kGeluBack / kReluBack
   int M, N, K;
   int ldc;  // elements between output rows (>= N)
   int a_row_stride, a_k_stride, b_k_stride, b_col_stride;
@@ -113,8 +116,20 @@ __device__ __forceinline__ float activate(int epilogue, float x) {
   return epilogue == kBiasGelu ? gelu(x) : epilogue == kBiasRelu ? fmaxf(x, 0.f) : x;
 }
 
+__device__ __forceinline__ bool backward_epilogue(int epilogue) { return epilogue == kGeluBack || epilogue == kReluBack; }
+
+// d times the derivative at pre-activation x of GELU (kGeluBack; tanh form, as combine's gelu_back) or
+// ReLU (kReluBack: d where x > 0, else 0, as relu_back).
+__device__ __forceinline__ float activation_grad(int epilogue, float x, float d) {
+  if (epilogue == kReluBack) return x > 0.f ? d : 0.f;
+  const float t = tanhf(kGeluC * (x + kGeluA * x * x * x));
+  const float dinner = kGeluC * (1.f + 3.f * kGeluA * x * x);
+  return d * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * dinner);
+}
+
 // Output elements (r, c .. c + n - 1) of batch matrix bi (n <= W; c a multiple of W) from their float32
-// sums x: bias, pre-activation, activation, accumulation, in the output's dtype, as one W-wide access
+// sums x: bias, pre-activation, activation (or an activation's derivative), accumulation, in the
+// output's dtype, as one W-wide access
 // each where all W are inside and the layout allows (Params::vec2 / vec4); a split-K product writes its
 // partial sums of split `split` instead.
 template <int W>
@@ -134,9 +149,15 @@ __device__ __forceinline__ void store_run(const Params& p, int split, int bi, in
   const bool bf16 = p.out_bf16 != 0;
   const long long idx = (static_cast<long long>(bi) * p.M + r) * p.ldc + c;
   const bool act = p.epilogue == kBiasGelu || p.epilogue == kBiasRelu;
-  const bool bias = p.epilogue != kNone && p.bias != nullptr;
+  const bool back = backward_epilogue(p.epilogue);
+  const bool bias = p.epilogue != kNone && !back && p.bias != nullptr;
   if (n == W && (W == 4 ? p.vec4 : p.vec2)) {
     float y[W];
+    if (back) {
+      load_vec<W>(p.pre_act, idx, bf16, y);
+#pragma unroll
+      for (int j = 0; j < W; ++j) x[j] = activation_grad(p.epilogue, y[j], x[j]);
+    }
     if (bias) {
       load_vec<W>(p.bias, c, bf16, y);
 #pragma unroll
@@ -157,6 +178,7 @@ __device__ __forceinline__ void store_run(const Params& p, int split, int bi, in
   for (int j = 0; j < W; ++j) {
     if (j >= n) break;
     float v = x[j];
+    if (back) v = activation_grad(p.epilogue, load_elem(p.pre_act, idx + j, bf16), v);
     if (bias) v += load_elem(p.bias, c + j, bf16);
     if (act && p.pre_act != nullptr) store_elem(p.pre_act, idx + j, v, bf16);
     v = activate(p.epilogue, v);

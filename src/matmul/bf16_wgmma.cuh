@@ -211,15 +211,16 @@ __device__ __forceinline__ void stage_piece(const float (&acc)[BN / 2], uint32_t
 // per-element branches (the epilogue and the dtype are template arguments, the rest uniform flags).
 // An accumulating product reads all its rows' old values first, so that the 8 reads wait for memory
 // once, not one after another behind the stores (the weight gradients accumulated over the LM head's
-// chunks: bf16_notes.md, v6).
+// chunks: bf16_notes.md, v6); a backward epilogue reads its pre-activations the same way.
 template <int EPI, bool OUT_BF16>
 __device__ __forceinline__ void store_rows(uint32_t src, void* out, void* pre_act, bool accumulate, long long first,
                                            long long ld, int rows, const float (&bias)[4]) {
-  float old[8][4];
-  if (accumulate) {
+  constexpr bool kBack = EPI == kGeluBack || EPI == kReluBack;
+  float old[8][4];  // the old output values (accumulate) or the pre-activations (kBack)
+  if (accumulate || kBack) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      if (8 * i < rows) load_vec<4>(out, first + 8 * i * ld, OUT_BF16, old[i]);
+      if (8 * i < rows) load_vec<4>(kBack ? pre_act : out, first + 8 * i * ld, OUT_BF16, old[i]);
     }
   }
 #pragma unroll
@@ -231,7 +232,10 @@ __device__ __forceinline__ void store_rows(uint32_t src, void* out, void* pre_ac
                  : "r"(src + 2048 * i)
                  : "memory");
     const long long at = first + 8 * i * ld;
-    if constexpr (EPI != kNone) {
+    if constexpr (kBack) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[j] = activation_grad(EPI, old[i][j], x[j]);
+    } else if constexpr (EPI != kNone) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) x[j] += bias[j];
     }
@@ -240,7 +244,7 @@ __device__ __forceinline__ void store_rows(uint32_t src, void* out, void* pre_ac
 #pragma unroll
       for (int j = 0; j < 4; ++j) x[j] = EPI == kBiasGelu ? gelu(x[j]) : fmaxf(x[j], 0.f);
     }
-    if (accumulate) {
+    if (accumulate && !kBack) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) x[j] += old[i][j];
     }
@@ -293,13 +297,17 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[B
                                  bias);
         continue;
       }
-      if (p.epilogue != kNone && p.bias != nullptr) load_vec<4>(p.bias, c, p.out_bf16 != 0, bias);
+      if (p.epilogue != kNone && !backward_epilogue(p.epilogue) && p.bias != nullptr) {
+        load_vec<4>(p.bias, c, p.out_bf16 != 0, bias);
+      }
       const long long first = row * p.ldc + c;
       switch (p.epilogue) {
         case kNone: store_rows_dtype<kNone>(p, src, first, rows, bias); break;
         case kBias: store_rows_dtype<kBias>(p, src, first, rows, bias); break;
         case kBiasGelu: store_rows_dtype<kBiasGelu>(p, src, first, rows, bias); break;
-        default: store_rows_dtype<kBiasRelu>(p, src, first, rows, bias); break;
+        case kBiasRelu: store_rows_dtype<kBiasRelu>(p, src, first, rows, bias); break;
+        case kGeluBack: store_rows_dtype<kGeluBack>(p, src, first, rows, bias); break;
+        default: store_rows_dtype<kReluBack>(p, src, first, rows, bias); break;
       }
       continue;
     }
