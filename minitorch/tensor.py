@@ -55,6 +55,10 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
     grad_ready_hooks: Tuple[Callable[["Tensor"], None], ...] = ()  # see register_grad_ready_hook
     _version = 0  # bumped by in-place writes; autocast's cached casts of a parameter check it
     _grad_dtype: Optional[DType] = None  # the dtype of its gradients where not its own (autocast's working copies)
+    # True on the 1 that backward() starts from when given no gradient: a Function that gets it as its
+    # output's gradient may take it as the multiplicative identity (fused_linear_cross_entropy then
+    # hands over the gradients it made in forward without a scaling pass).
+    is_unit_seed = False
 
     def __init__(
         self,
@@ -299,6 +303,7 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
                 raise RuntimeError(f"backward() without a gradient needs a one-element tensor, got shape {self.shape}")
             grad_output = self._new_empty(self.shape, self.dtype)
             self.backend.fill(grad_output._tensor, 1.0)
+            grad_output.is_unit_seed = True
         elif grad_output.shape != self.shape:
             raise IndexingError(f"backward gradient of shape {grad_output.shape} for a tensor of shape {self.shape}")
         with no_grad(), autocast(enabled=False):

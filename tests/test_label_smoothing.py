@@ -92,3 +92,24 @@ def test_label_smoothing_outside_0_1_is_rejected(bad: float) -> None:
         fused_linear_cross_entropy(h, w, t, tw, label_smoothing=bad)
     with pytest.raises(ValueError, match="label_smoothing must be in \\[0, 1\\]"):
         nn.cross_entropy(h @ w, mt(np.abs(targets) % 5, FAST), label_smoothing=bad)
+
+
+def test_fused_linear_cross_entropy_from_the_unit_seed_and_from_a_gradient(backend) -> None:
+    """backward() started at the loss (its implicit 1: the gradients made in forward handed over as
+    they are) and backward(g) (scaled by g) both give torch's float64 gradients, a tied head's
+    transposed weight included."""
+    hidden, weight, bias, targets, weights = problem(9, 4, 7, seed=6)
+    rh, rw, rb = t64(hidden, True), t64(weight, True), t64(bias, True)
+    ref = torch_smoothed(rh @ rw + rb, targets, weights, 0.0)
+    ref.backward()
+    for g in (None, 0.5):
+        h, b = mt(hidden, backend, True), mt(bias, backend, True)
+        table = mt(np.ascontiguousarray(weight.T), backend, True)  # [V, C], read as its transpose
+        loss = fused_linear_cross_entropy(h, table.transpose(0, 1), mt(targets, backend), mt(weights, backend), bias=b)
+        assert loss.shape == ()
+        loss.backward(None if g is None else mt(np.array(g), backend))
+        scale = 1.0 if g is None else g
+        what = f"backward({g})"
+        assert_close(h.grad, rh.grad * scale, f"{what} dhidden")
+        assert_close(table.grad, rw.grad.T * scale, f"{what} dweight (tied)")
+        assert_close(b.grad, rb.grad * scale, f"{what} dbias")

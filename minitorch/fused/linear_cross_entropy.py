@@ -120,7 +120,7 @@ def fused_linear_cross_entropy(
     return FusedLinearCrossEntropy.apply(
         hidden.contiguous(), _dense(weight), None if bias is None else bias.contiguous(),
         targets, token_weights, int(chunk_size), smoothing, int(classes),
-    ).view(())  # fmt: skip
+    )  # fmt: skip
 
 
 def _dense(weight: "Tensor") -> "Tensor":
@@ -226,9 +226,11 @@ def _padded_reference(
 
 
 class FusedLinearCrossEntropy(Function):
-    """Token-weighted cross-entropy of hidden @ weight (+ bias), with its gradients computed in the
-    forward pass (chunk by chunk, so the [tokens, vocab] logits never exist).  The saved dhidden,
-    dweight (and dbias) are the gradients for an incoming gradient of 1; backward only scales them."""
+    """Token-weighted cross-entropy of hidden @ weight (+ bias), a 0-dim tensor, with its gradients
+    computed in the forward pass (chunk by chunk, so the [tokens, vocab] logits never exist).  The
+    saved dhidden, dweight (and dbias) are the gradients for an incoming gradient of 1; backward scales
+    them, or hands them over as they are when backward() started at this loss (Tensor.is_unit_seed):
+    a tied head's [V, C] gradient then costs no pass of its own."""
 
     @staticmethod
     def forward(
@@ -248,10 +250,15 @@ class FusedLinearCrossEntropy(Function):
             )  # fmt: skip
             loss, dhidden, dweight, dbias = (None if t is None else hidden._new(t) for t in tds)
         ctx.save_for_backward(dhidden, dweight, dbias)
-        return loss
+        return loss.view(())
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
         dhidden, dweight, dbias = ctx.saved_values
-        grads = (dhidden * grad_output, _scaled(dweight, grad_output))
-        return grads if dbias is None else grads + (dbias * grad_output,)
+        if grad_output.is_unit_seed:
+            grads = (dhidden, dweight)
+        else:
+            grads = (dhidden * grad_output, _scaled(dweight, grad_output))
+        if dbias is None:
+            return grads
+        return grads + (dbias if grad_output.is_unit_seed else dbias * grad_output,)

@@ -62,6 +62,9 @@ class GPT2Step(TrainStep):
         super().__init__(optimizer, model.backend, self._loss, use_graphs, gradient_sync, dtype)
         self.model, self.loss_kind = model, loss_kind
         self.micro_slices, self.weight = micro_slices, weight
+        # One pass with weight 1 (one process): backward starts at the loss itself, whose gradients the
+        # fused head hands over as it made them (no scaling pass over the [V, C] head gradient).
+        self._scaled = weight != 1.0 or (micro_slices is not None and len(micro_slices) > 1)
 
     def __call__(self, inputs: np.ndarray, targets: np.ndarray, lr: float) -> Tuple[float, Optional[float]]:
         """Run one step and wait for it: (loss, gradient norm or None)."""
@@ -83,7 +86,9 @@ class GPT2Step(TrainStep):
         return QueuedStep(readout, clipping)
 
     def _loss(self, inputs: StepInputs) -> Tuple[Tensor, Tensor]:
-        loss = self.model.loss(inputs["ids"], inputs["targets"], self.loss_kind) * inputs["weight"]
+        loss = self.model.loss(inputs["ids"], inputs["targets"], self.loss_kind)
+        if self._scaled:
+            loss = loss * inputs["weight"]
         return loss, loss
 
 
