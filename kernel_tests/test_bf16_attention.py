@@ -278,7 +278,8 @@ def test_raw_launcher_rejects_bad_sizes_and_strides() -> None:
 @pytest.mark.parametrize("shifted", ["grad_out", "out", "dq", "workspace"])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_backward_passes_off_the_16_byte_path(activation: str, shifted: str) -> None:
-    """D = 64 with one operand one element past 16-byte alignment: the passes around the backward
+    """D = 64 with one operand off 16-byte alignment (one element; the float32 workspace two, as its
+    float2 atomics need 8-byte alignment, which the launcher checks): the passes around the backward
     kernel (zeroing the float32 dq workspace and forming D_i before it, rounding dq after it) run element
     by element where that operand's rows are involved (grad_out, out: D_i, and grad_out the kernel's
     tiles too; dq: the rounding; workspace: both passes) and must agree with the 16-byte path of the
@@ -297,23 +298,29 @@ def test_backward_passes_off_the_16_byte_path(activation: str, shifted: str) -> 
     stream = torch.cuda.current_stream().cuda_stream
     contiguous = (H * T * D, T * D, D)
 
-    def placed(t, shift: bool):
-        """t's values in a fresh buffer, starting one element past its (16-byte aligned) start if shift."""
-        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")
-        view = buf[int(shift) :][: t.numel()].view(t.shape)
+    def placed(t, shift: int):
+        """t's values in a fresh buffer, starting `shift` elements past its (16-byte aligned) start."""
+        buf = torch.empty(t.numel() + 2, dtype=t.dtype, device="cuda")
+        view = buf[shift:][: t.numel()].view(t.shape)
         view.copy_(t)
         return view
 
     def run(shift: str):
-        grad_out, o = placed(g, shift == "grad_out"), placed(out, shift == "out")
-        dq = placed(torch.zeros_like(q), shift == "dq")
+        grad_out, o = placed(g, int(shift == "grad_out")), placed(out, int(shift == "out"))
+        dq = placed(torch.zeros_like(q), int(shift == "dq"))
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        ws = placed(torch.full((floats,), math.nan, device="cuda"), shift == "workspace")
+        ws = placed(torch.full((floats,), math.nan, device="cuda"), 2 * (shift == "workspace"))
         ptrs = [t.data_ptr() for t in (dq, dk, dv, grad_out, q, k, v, o, lse)]
         code = lib.launch_attention_bf16_bw(*ptrs, None, ws.data_ptr(), strides(*[contiguous] * 8), B, H, T, T, D,
                                             1, ACTIVATIONS.index(activation), scale, stream)  # fmt: skip
         assert code == 0
         return tuple(t.double() for t in (dq, dk, dv))
+
+    ws = placed(torch.zeros(floats, device="cuda"), 1)  # 4-byte aligned only: refused, not a fault
+    ptrs = [t.data_ptr() for t in (q, k, v, g, q, k, v, out, lse)]
+    code = lib.launch_attention_bf16_bw(*ptrs, None, ws.data_ptr(), strides(*[contiguous] * 8), B, H, T, T, D, 1,
+                                        ACTIVATIONS.index(activation), scale, stream)  # fmt: skip
+    assert code == 1
 
     for name, mine, ref in zip(("dq", "dk", "dv"), run(shifted), run("")):
         assert bool(torch.isfinite(mine).all()), f"{name} has a non-finite value"

@@ -598,6 +598,7 @@ extern "C" long long attention_bf16_bw_workspace_floats(int batch, int heads, in
 
 // strides: 24 values, the (batch, head, token) strides in elements of dq, dk, dv, grad_out, q, k, v
 // and out (see Strides). out, its strides and lse are read only for the softmax (nullable for relu).
+// workspace: attention_bf16_bw_workspace_floats floats, 8-byte aligned (16 for the passes' vector path).
 extern "C" int launch_attention_bf16_bw(bf16* dq, bf16* dk, bf16* dv, const bf16* grad_out, const bf16* q,
                                         const bf16* k, const bf16* v, const bf16* out, const float* lse,
                                         const float* mask, float* workspace, const long long* strides, int batch,
@@ -607,6 +608,7 @@ extern "C" int launch_attention_bf16_bw(bf16* dq, bf16* dk, bf16* dv, const bf16
                        k == nullptr || v == nullptr || workspace == nullptr || strides == nullptr);
   MT_RETURN_IF_INVALID(!sizes_ok(batch, heads, q_len, k_len, head_dim, activation));
   MT_RETURN_IF_INVALID(activation == kSoftmax && (out == nullptr || lse == nullptr));
+  MT_RETURN_IF_INVALID(reinterpret_cast<uintptr_t>(workspace) % 8 != 0);  // dq's float2 atomics
   const Strides dqs = strides_of(strides, 0), dks = strides_of(strides, 1), dvs = strides_of(strides, 2);
   const Strides dos = strides_of(strides, 3), qs = strides_of(strides, 4), ks = strides_of(strides, 5);
   const Strides vs = strides_of(strides, 6), os = strides_of(strides, 7);

@@ -268,6 +268,23 @@ __device__ __forceinline__ void store_rows_dtype(const Params& p, uint32_t src, 
 // where the run is whole and 4-wide accesses fit the layout, else store_run per row. Only the staging
 // is unrolled over the accumulators (their indices must be constants). wq: the warp in the warpgroup;
 // g, t: lane / 4, lane % 4.
+// A backward epilogue reads its tile's pre-activations (the warpgroup's 64 rows from row0, BN columns
+// from col0) only after the products: asking L2 for them as the tile starts takes their memory latency
+// out of the epilogue, where the tensor cores wait. One prefetch per 128-byte line, the warpgroup's
+// threads taking turns.
+template <int BN>
+__device__ __forceinline__ void prefetch_pre_act(const Params& p, int bi, int row0, int col0) {
+  const int bytes = p.out_bf16 ? 2 : 4;
+  const int per_row = BN * bytes / 128;
+  for (int i = threadIdx.x % 128; i < 64 * per_row; i += 128) {
+    const int r = row0 + i / per_row, c = col0 + (i % per_row) * (128 / bytes);
+    if (r < p.M && c < p.N) {
+      const long long at = ((static_cast<long long>(bi) * p.M + r) * p.ldc + c) * bytes;
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char*>(p.pre_act) + at));
+    }
+  }
+}
+
 template <int BN>
 __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[BN / 2], uint32_t stage, int bar_id,
                                            int split, int bi, int row0, int col0, int wq, int g, int t) {
@@ -386,8 +403,10 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS, 1)
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
   int it = 0;
+  const bool prefetch = backward_epilogue(p.epilogue) && p.partials == nullptr;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = unit_of(p, u, BN);
+    if (prefetch) prefetch_pre_act<BN>(p, w.bi, w.row0 + cw * 64, w.col0);
     for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
       const int s = it % S;
       mbar_wait(full(s), (it / S) & 1);
