@@ -153,7 +153,9 @@ class View(Function):
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> "Tensor":
         (shape,) = ctx.saved_values
-        return grad_output.contiguous()._view(shape)
+        grad = grad_output.contiguous()._view(shape)
+        grad.is_unit_seed = grad_output.is_unit_seed  # backward's own 1, reshaped, is still it
+        return grad
 
 
 class Expand(Function):

@@ -120,7 +120,7 @@ def fused_linear_cross_entropy(
     return FusedLinearCrossEntropy.apply(
         hidden.contiguous(), _dense(weight), None if bias is None else bias.contiguous(),
         targets, token_weights, int(chunk_size), smoothing, int(classes),
-    )  # fmt: skip
+    ).view(())  # fmt: skip
 
 
 def _dense(weight: "Tensor") -> "Tensor":
@@ -226,7 +226,7 @@ def _padded_reference(
 
 
 class FusedLinearCrossEntropy(Function):
-    """Token-weighted cross-entropy of hidden @ weight (+ bias), a 0-dim tensor, with its gradients
+    """Token-weighted cross-entropy of hidden @ weight (+ bias), of shape (1,), with its gradients
     computed in the forward pass (chunk by chunk, so the [tokens, vocab] logits never exist).  The
     saved dhidden, dweight (and dbias) are the gradients for an incoming gradient of 1; backward scales
     them, or hands them over as they are when backward() started at this loss (Tensor.is_unit_seed):
@@ -250,7 +250,7 @@ class FusedLinearCrossEntropy(Function):
             )  # fmt: skip
             loss, dhidden, dweight, dbias = (None if t is None else hidden._new(t) for t in tds)
         ctx.save_for_backward(dhidden, dweight, dbias)
-        return loss.view(())
+        return loss
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
