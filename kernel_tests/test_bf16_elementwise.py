@@ -78,6 +78,22 @@ def test_mixed_storage_operands() -> None:
     np.testing.assert_array_equal(values(less.float().to_torch()), (values(xt) < 0.25).astype(np.float64))
 
 
+def test_a_zero_dim_float32_operand_keeps_bfloat16_and_its_values() -> None:
+    """bfloat16 [3, 1001] times a 0-dim float32 (the 0-dim rule: bfloat16), through the backend op
+    itself (as autodiff calls it) and through Tensor *: torch's bf16 values (products in float32,
+    rounded once); and the gradient of a float32 leaf read through a bfloat16 cast, times a 0-dim
+    float32, is that scalar (the float32 products were once relabelled as bfloat16 bytes)."""
+    rng = rng_for("zero-dim")
+    x, xt = bf16_pair(rng.normal(size=(3, 1001)))
+    half = gpu(np.array(0.5, np.float32))
+    for out in (x * half, x._new(x.backend.mul_zip(x._tensor, half._tensor))):
+        assert out.dtype is bfloat16
+        np.testing.assert_array_equal(values(out), values(xt * torch.tensor(0.5, device="cuda")))
+    leaf = gpu(rng.normal(size=(300, 64)).astype(np.float32)).requires_grad_(True)
+    (leaf.to(bfloat16) * gpu(np.array(0.25, np.float32))).sum().backward()
+    np.testing.assert_array_equal(leaf.grad.to_numpy(), np.full((300, 64), 0.25, np.float32))
+
+
 def test_dropout_keeps_bfloat16_and_scales_kept_values() -> None:
     x, xt = bf16_pair(rng_for("dropout").normal(size=(64, 257)))
     minitorch.manual_seed(3)

@@ -181,7 +181,12 @@ class TensorBackend:
     def _finish(self, t: TensorData, dtype: DType) -> TensorData:
         if self.ops.emulates_dtypes:
             return emulated(t, dtype)
-        return t if t.dtype is dtype else t.with_dtype(dtype)
+        if t.dtype is dtype:
+            return t
+        # A kernel that computed in a wider storage than the result's (float32 for bfloat16 times a 0-dim
+        # float32, whose product is bfloat16 by the 0-dim rule) hands its values over rounded: relabelling
+        # float32 storage as bfloat16 read its bytes as other numbers.
+        return t.with_dtype(dtype) if t.dtype.storage == dtype.storage else self.cast(t, dtype)
 
     def _operand(self, t: TensorData, compute: DType) -> TensorData:
         """t ready for an op computing in `compute`: cast where int64 meets another dtype (the other
