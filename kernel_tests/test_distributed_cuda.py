@@ -100,8 +100,10 @@ def test_a_killed_process_ends_the_other_with_a_message(tmp_path) -> None:
 
 
 # bf16: the two runs' products see other row counts (micro-batches of 2 rows against 8), so their float32
-# sums round to other bf16 activations; after 6 AdamW steps of 3e-3 that noise stays within a few lr.
-DTYPE_TOLERANCE = {"fp32": TOLERANCE, "bf16": 3e-2}
+# sums round to other bf16 activations, and AdamW turns a weight whose gradient is near 0 into a step of
+# about lr either way: after 6 steps of lr 3e-3 the runs stay within a few lr of each other, absolute
+# (2 x H100: fcw 0.034 of its largest value apart). The defect below left wte 0.238 (relative) apart.
+LR = 3e-3
 
 
 # bf16 found a defect (2026-11-27, 2 x H200): ZeRO-1 and micro-batches together left wte 0.238 (relative)
@@ -120,15 +122,22 @@ def test_gpt2_trains_alike_on_two_gpus_with_zero_1_micro_batches(tmp_path, dtype
     write_shard(tmp_path / "t_train_000000.bin", rng.integers(0, 64, 20000))
     common = ["--backend", "cuda", "--train-shards", str(tmp_path / "t_train_*.bin"), "--depth", "2", "--channels",
               "64", "--heads", "4", "--max-seq-len", "32", "--vocab-size", "64", "--batch-size", "8", "--seq-len", "32",
-              "--steps", "6", "--val-every", "0", "--grad-clip", "1", "--lr", "3e-3", "--dtype", dtype]  # fmt: skip
+              "--steps", "6", "--val-every", "0", "--grad-clip", "1", "--lr", str(LR), "--dtype", dtype]  # fmt: skip
     finish(start(["gpt2", "--", *common, "--out-dir", str(tmp_path / "one")], 1, **NCCL))
     log = finish(start(["gpt2", "--", *common, "--out-dir", str(tmp_path / "two"), "--zero", "1", "--micro-batch-size",
                         "2"], 2, **NCCL))  # fmt: skip
     assert "2 processes x 4 (data parallel, ZeRO-1), micro-batches of up to 2" in log
     want, got = (read_checkpoint(tmp_path / run / "model.bin")[1] for run in ("one", "two"))
+    apart = {}
     for name, value in want.items():
         mine, value = np.asarray(got[name], np.float32), np.asarray(value, np.float32)
         if name == "qkvb":  # [layers, 3C]: the key bias [:, C:2C] only holds rounding noise (ddp_programs)
             mine, value = np.delete(mine, np.s_[64:128], axis=1), np.delete(value, np.s_[64:128], axis=1)
-        err = float(np.abs(mine - value).max() / np.abs(value).max())
-        assert err <= DTYPE_TOLERANCE[dtype], f"{name}: relative difference {err:.3g}"
+        largest = float(np.abs(mine - value).max())
+        apart[name] = (largest / np.abs(value).max(), largest / LR)
+    print({name: f"{rel:.3g} relative, {steps:.2f} lr" for name, (rel, steps) in apart.items()})
+    for name, (rel, steps) in apart.items():
+        if dtype == "fp32":
+            assert rel <= TOLERANCE, f"{name}: relative difference {rel:.3g}"
+        else:
+            assert steps <= 3.0, f"{name}: {steps:.2f} lr apart ({rel:.3g} relative)"
