@@ -83,6 +83,11 @@ UNARY = [
 ]
 
 
+# The size of the terms an op's result is a difference of, where it cancels: float32 rounds the terms,
+# so the result's error scales with them, not with the result (composite is ~0 near one root).
+TERMS = {"composite": lambda x: np.abs(np.log(x * x + 1.0) * sigmoid_np(x)) + np.abs(np.exp(x) / 10.0)}
+
+
 @pytest.mark.parametrize("name,op,ref,elements", UNARY, ids=[u[0] for u in UNARY])
 @given(data=st.data())
 def test_unary(backend, name, op, ref, elements, data) -> None:
@@ -91,7 +96,8 @@ def test_unary(backend, name, op, ref, elements, data) -> None:
     gout = data.draw(arrays(shape), label="grad_out")
     t = leaf(x, backend, data.draw(layouts, label="layout"))
     out = op(t)
-    assert_close(out, ref(f32(x)), f"{name} forward")
+    floor = float(np.max(TERMS[name](f32(x)), initial=1e-12)) if name in TERMS else 1e-12
+    assert_close(out, ref(f32(x)), f"{name} forward", floor=floor)
     out.backward(mt(gout, backend))
     assert_close(grad_of(t, name), central_grad(ref, [f32(x)], 0, f32(gout)), f"{name} grad", floor=gfloor(gout))
 
