@@ -262,12 +262,6 @@ __device__ __forceinline__ void store_rows_dtype(const Params& p, uint32_t src, 
   }
 }
 
-// The epilogue of one consumer warpgroup's 64 rows (kernel rows row0.., columns col0.. of batch matrix
-// bi), 64 columns at a time through the staging buffer at `stage`; barrier bar_id is the warpgroup's.
-// Thread k of the warpgroup takes the 4-column run k % 16 of rows k / 16 + 8 i: through store_rows
-// where the run is whole and 4-wide accesses fit the layout, else store_run per row. Only the staging
-// is unrolled over the accumulators (their indices must be constants). wq: the warp in the warpgroup;
-// g, t: lane / 4, lane % 4.
 // A backward epilogue reads its tile's pre-activations (the warpgroup's 64 rows from row0, BN columns
 // from col0) only after the products: asking L2 for them as the tile starts takes their memory latency
 // out of the epilogue, where the tensor cores wait. One prefetch per 128-byte line, the warpgroup's
@@ -285,6 +279,12 @@ __device__ __forceinline__ void prefetch_pre_act(const Params& p, int bi, int ro
   }
 }
 
+// The epilogue of one consumer warpgroup's 64 rows (kernel rows row0.., columns col0.. of batch matrix
+// bi), 64 columns at a time through the staging buffer at `stage`; barrier bar_id is the warpgroup's.
+// Thread k of the warpgroup takes the 4-column run k % 16 of rows k / 16 + 8 i: through store_rows
+// where the run is whole and 4-wide accesses fit the layout, else store_run per row. Only the staging
+// is unrolled over the accumulators (their indices must be constants). wq: the warp in the warpgroup;
+// g, t: lane / 4, lane % 4.
 template <int BN>
 __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[BN / 2], uint32_t stage, int bar_id,
                                            int split, int bi, int row0, int col0, int wq, int g, int t) {
