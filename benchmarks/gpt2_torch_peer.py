@@ -135,6 +135,10 @@ def main(argv: Any = None) -> dict:
     precision = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if args.dtype == "bf16" else contextlib.nullcontext
     torch.cuda.reset_peak_memory_stats()
     losses, ms = [], []
+    # Two pinned slots for the losses, used in turn: step i's slot was last read by step i - 2's
+    # finish(), which ran during step i - 1.
+    hosts = [torch.empty(1, pin_memory=True) for _ in range(2)]
+    events = [torch.cuda.Event() for _ in range(2)]
     pending = None  # (pinned host copy of the previous step's loss, the event after that copy)
     finished = time.perf_counter()
 
@@ -159,9 +163,8 @@ def main(argv: Any = None) -> dict:
         if args.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
-        host = torch.empty(1, pin_memory=True)
+        host, event = hosts[step % 2], events[step % 2]
         host.copy_(loss.detach().float().reshape(1), non_blocking=True)
-        event = torch.cuda.Event()
         event.record()
         if pending is not None:
             finish()
