@@ -43,7 +43,7 @@ def linear(x: "Tensor", weight: "Tensor", bias: Optional["Tensor"] = None, activ
     "relu"); in the autocast dtype inside minitorch.autocast, otherwise in the inputs' promoted dtype."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
-    weight, bias = _checked(x, weight, bias, "linear", "weight", "bias")
+    weight, bias = _checked(x, x.shape, weight, bias, "linear", "input", "weight", "bias")
     x, weight, bias = _promoted(x, weight, bias)
     lead = x.shape[:-1]
     rows = x.contiguous().view(-1, weight.shape[1])
@@ -62,13 +62,11 @@ def feed_forward(
     inside the second product's input-gradient kernel (see the module notes)."""
     if activation not in ("gelu", "relu"):
         raise ValueError(f"feed_forward: activation must be 'gelu' or 'relu', got {activation!r}")
-    weight_in, bias_in = _checked(x, weight_in, bias_in, "feed_forward", "weight_in", "bias_in")
-    if weight_out.dims != 2 or weight_out.shape[1] != weight_in.shape[0]:
-        raise IndexingError(
-            f"feed_forward: weight_out {weight_out.shape} does not take weight_in's {weight_in.shape[0]} outputs "
-            f"(expected [out, {weight_in.shape[0]}])"
-        )
-    weight_out, bias_out = _checked(x, weight_out, bias_out, "feed_forward", "weight_out", "bias_out", check_x=False)
+    weight_in, bias_in = _checked(x, x.shape, weight_in, bias_in, "feed_forward", "input", "weight_in", "bias_in")
+    middle = (*x.shape[:-1], weight_in.shape[0])
+    weight_out, bias_out = _checked(
+        x, middle, weight_out, bias_out, "feed_forward", "weight_in's output", "weight_out", "bias_out"
+    )
     x, weight_in, bias_in, weight_out, bias_out = _promoted(x, weight_in, bias_in, weight_out, bias_out)
     lead = x.shape[:-1]
     rows = x.contiguous().view(-1, weight_in.shape[1])
@@ -77,14 +75,15 @@ def feed_forward(
 
 
 def _checked(
-    x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], op: str, weight_name: str, bias_name: str,
-    check_x: bool = True,
+    x: "Tensor", shape: Tuple[int, ...], weight: "Tensor", bias: Optional["Tensor"], op: str, input_name: str,
+    weight_name: str, bias_name: str,
 ) -> Tuple["Tensor", Optional["Tensor"]]:  # fmt: skip
-    """weight and bias as tensors of x's backend, with IndexingError for shapes that do not fit."""
+    """weight and bias as tensors of x's backend for a product of an input of `shape`, with
+    IndexingError for shapes that do not fit."""
     weight = x._ensure(weight)
-    if weight.dims != 2 or (check_x and (x.dims < 1 or x.shape[-1] != weight.shape[1])):
+    if weight.dims != 2 or len(shape) < 1 or shape[-1] != weight.shape[1]:
         raise IndexingError(
-            f"{op}: input {x.shape} and {weight_name} {weight.shape} (expected [..., in] and [out, in])"
+            f"{op}: {input_name} {tuple(shape)} and {weight_name} {weight.shape} (expected [..., in] and [out, in])"
         )
     if bias is not None:
         bias = x._ensure(bias)
