@@ -4,7 +4,9 @@ Our kernels are launched through ctypes on PyTorch's current stream, so CUPTI (w
 reads) records them next to PyTorch's own, by their C++ names, including those replayed from CUDA
 graphs. The table gives each kernel's total GPU time, launches, mean time and share of all kernel
 time, then the program's wall time and the part of it the GPU spent in kernels (the rest is host
-time or idle GPU).
+time or idle GPU), and the GPU's idle gaps between kernels: a CUDA graph's kernels start one after
+another, and each boundary costs the drain of one kernel's last blocks and the launch of the next,
+so the short gaps (under --gap-us) add up what launches cost a program that is otherwise GPU-bound.
 
 Usage: python benchmarks/profile_kernels.py [--top 25] [--out FILE.json] -- program.py [its arguments]
 (benchmarks/results/profile_kernels/ keeps the tables quoted in the README and the notes.)
@@ -39,12 +41,42 @@ def kernel_rows(profiler: Any) -> List[Dict[str, Any]]:
     return ordered
 
 
+def idle_gaps(profiler: Any, short_us: float) -> Dict[str, float]:
+    """The union of all device activity and the idle gaps inside it: busy_ms, and the count, total
+    and median of the gaps shorter than short_us (those between launches, not host pauses)."""
+    from torch.autograd import DeviceType
+
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in profiler.events()
+        if e.device_type == DeviceType.CUDA and e.device_time > 0
+    )
+    busy, gaps, end = 0.0, [], None
+    for start, stop in spans:
+        if end is None or start > end:
+            if end is not None:
+                gaps.append(start - end)
+            busy += stop - start
+            end = stop
+        elif stop > end:
+            busy += stop - end
+            end = stop
+    short = sorted(g for g in gaps if g < short_us)
+    return {
+        "busy_ms": busy / 1e3,
+        "short_gaps": len(short),
+        "short_gap_ms": sum(short) / 1e3,
+        "median_short_gap_us": short[len(short) // 2] if short else 0.0,
+    }
+
+
 def main(argv: List[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--top", type=int, default=25, help="kernels to print")
     parser.add_argument("--out", default=None, help="write the whole table as JSON here")
+    parser.add_argument("--gap-us", type=float, default=50.0, help="idle gaps shorter than this count as launch gaps")
     args = parser.parse_args(argv[:split])
     program = argv[split + 1 :]
     if not program:
@@ -81,8 +113,11 @@ def main(argv: List[str] | None = None) -> None:
         table.row(r)
     print(f"{len(rows)} kernels, {total / 1e3:.1f} ms of kernel time in {wall:.2f} s of wall time "
           f"({100 * total / 1e6 / wall:.1f}% of the wall time)")  # fmt: skip
+    gaps = idle_gaps(prof, args.gap_us)
+    print(f"GPU busy (union of all device activity) {gaps['busy_ms']:.1f} ms; {gaps['short_gaps']} idle gaps under "
+          f"{args.gap_us:g} us add up to {gaps['short_gap_ms']:.2f} ms (median {gaps['median_short_gap_us']:.2f} us)")
     if args.out:
-        write_json(args.out, {"program": program, "wall_s": wall, "kernels": rows})
+        write_json(args.out, {"program": program, "wall_s": wall, "kernels": rows, "gaps": gaps})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from minitorch_testing import FAST, assert_close, mt, t64
 import minitorch
 from minitorch import AdamW, DecoderLM, Parameter, checkpoint, fused_linear_cross_entropy, nn
 from minitorch.checkpoint import Checkpoint
-from minitorch.fused.linear_cross_entropy import DEFAULT_CHUNK_FLOATS, default_chunk_size
+from minitorch.fused.linear_cross_entropy import DEFAULT_CHUNK_BYTES, default_chunk_size
 
 GRAD_SCALE = 1.7  # backward starts from d(loss * GRAD_SCALE), so the incoming gradient is not 1
 
@@ -157,9 +157,17 @@ def test_fused_loss_over_padded_classes(with_bias: bool) -> None:
 
 
 def test_default_chunk_size() -> None:
-    assert default_chunk_size(16384, 50257) == (DEFAULT_CHUNK_FLOATS // 50257) // 128 * 128
+    # the fewest chunks within DEFAULT_CHUNK_BYTES of logits, as even as multiples of 128 rows allow
+    most = lambda vocab, itemsize: DEFAULT_CHUNK_BYTES // (vocab * itemsize) // 128 * 128  # noqa: E731
+    assert most(50304, 4) == 1280 and most(50304, 2) == 2560
+    assert default_chunk_size(4096, 50304) == 1024  # 4 chunks, not 3 x 1280 + 256
+    assert default_chunk_size(4096, 50304, itemsize=2) == 2048
+    assert default_chunk_size(16384, 50304, itemsize=2) == 2432  # 7 chunks: 6 x 2432 + 1792
     assert default_chunk_size(100, 50257) == 100
-    assert default_chunk_size(10**8, 7) == (DEFAULT_CHUNK_FLOATS // 7) // 128 * 128
+    for n, vocab, itemsize in ((16384, 50257, 4), (10**8, 7, 4), (5000, 50304, 2), (129, 50304, 4)):
+        rows = default_chunk_size(n, vocab, itemsize)
+        assert (rows % 128 == 0 or rows == n) and rows * vocab * itemsize <= DEFAULT_CHUNK_BYTES
+        assert -(-n // rows) == -(-n // most(vocab, itemsize))  # no more chunks than the largest would take
     assert default_chunk_size(10**6, 10**9) == 1
 
 

@@ -24,19 +24,24 @@ from ..tensor_ops import hook
 if TYPE_CHECKING:
     from ..tensor import Tensor
 
-# Floats of logits per chunk when chunk_size is not given (256 MiB of float32).
-DEFAULT_CHUNK_FLOATS = 1 << 26
+# Bytes of logits per chunk when chunk_size is not given (256 MiB: 2^26 float32 or 2^27 bfloat16 logits).
+DEFAULT_CHUNK_BYTES = 1 << 28
 # Default chunks are a multiple of this many rows (the tile height of the CUDA matmul).
 CHUNK_ROW_MULTIPLE = 128
 
 
-def default_chunk_size(n_tokens: int, vocab: int) -> int:
-    """Rows per chunk when none is given: as many as keep a chunk of logits within
-    DEFAULT_CHUNK_FLOATS, rounded down to a multiple of CHUNK_ROW_MULTIPLE, at most n_tokens."""
-    rows = max(1, DEFAULT_CHUNK_FLOATS // max(vocab, 1))
-    if rows > CHUNK_ROW_MULTIPLE:
-        rows -= rows % CHUNK_ROW_MULTIPLE
-    return max(1, min(rows, n_tokens))
+def default_chunk_size(n_tokens: int, vocab: int, itemsize: int = 4) -> int:
+    """Rows per chunk when none is given, for logits of `itemsize` bytes: the fewest chunks whose
+    logits stay within DEFAULT_CHUNK_BYTES each, made as even as multiples of CHUNK_ROW_MULTIPLE
+    allow (4,096 rows of 50,304 float32 logits: four chunks of 1,024, not three of 1,280 and a
+    256-row tail), at most n_tokens."""
+    rows = max(1, DEFAULT_CHUNK_BYTES // max(vocab * itemsize, 1))
+    if rows <= CHUNK_ROW_MULTIPLE:
+        return max(1, min(rows, n_tokens))
+    rows -= rows % CHUNK_ROW_MULTIPLE
+    chunks = -(-n_tokens // rows)
+    even = -(-n_tokens // chunks)
+    return min(-(-even // CHUNK_ROW_MULTIPLE) * CHUNK_ROW_MULTIPLE, n_tokens)
 
 
 def check_label_smoothing(op: str, label_smoothing: float) -> float:
@@ -63,7 +68,7 @@ def fused_linear_cross_entropy(
     hidden [N, C]; weight [C, V] (Linear(C, V).weight.T, a transposed view read in place); targets [N]
     of class ids (int64, or floats holding integers); token_weights [N] (0 leaves a token out: its target may then be any
     value, e.g. padding); bias [V] or None; chunk_size: rows of logits made at a time (any positive
-    int, need not divide N; default: default_chunk_size(N, V)); label_smoothing = e in [0, 1] trains
+    int, need not divide N; default: default_chunk_size(N, V, itemsize of the logits)); label_smoothing = e in [0, 1] trains
     against (1 - e) * onehot(target) + e / V (torch's definition).  It equals
     nn.cross_entropy(hidden @ weight + bias, targets, token_weights, label_smoothing) up to float rounding.
     classes: only the first `classes` columns of weight (and bias) are classes (default all V); the
@@ -107,12 +112,14 @@ def fused_linear_cross_entropy(
     elif isinstance(classes, bool) or not isinstance(classes, (int, np.integer)) or not 1 <= classes <= V:
         raise ValueError(f"fused_linear_cross_entropy: classes must be an int in [1, {V}] (weight {weight.shape}), "
                          f"got {classes!r}")  # fmt: skip
-    if chunk_size is None:
-        chunk_size = default_chunk_size(N, V)
-    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1
+    ):
         raise ValueError(f"fused_linear_cross_entropy: chunk_size must be a positive int, got {chunk_size!r}")
     smoothing = check_label_smoothing("fused_linear_cross_entropy", label_smoothing)
     hidden, weight, bias = autocast_inputs("linear_cross_entropy", hidden, weight, bias)
+    if chunk_size is None:
+        chunk_size = default_chunk_size(N, V, hidden.dtype.itemsize)
     if not hidden.backend.cuda:
         check_targets(
             "fused_linear_cross_entropy", targets, invalid_targets(targets, classes, token_weights != 0), classes
