@@ -9,7 +9,11 @@ For each shape [B, H, T, D] (self-attention, fp32, no mask; --causal for causal 
   torch sdpa       torch.nn.functional.scaled_dot_product_attention;
   torch sdpa tf32  the same with torch.backends.cuda.matmul.allow_tf32 = True.
 TF32 is off for PyTorch otherwise (torch.backends.cuda.matmul.allow_tf32 = False, cudnn too), so
-every other path computes in fp32.
+every other path computes in fp32.  With --dtype bf16 the inputs are bfloat16 and the paths are
+  fused            minitorch.fused_attention (src/attention_bf16_kernel.cu);
+  torch sdpa flash scaled_dot_product_attention on its FlashAttention-2 backend;
+  torch sdpa cudnn the same on cuDNN's fused attention (what torch.compile's GPT-2 step runs);
+and the first shape is GPT-2 124M's at B 4.
 Times: median GPU milliseconds of one forward (no autograd graph) and of one forward + backward,
 from minitorch.cuda.timer.gpu_ms: CUDA events around back-to-back iterations (batches of about
 100 ms, at most 20) queued behind a spin kernel (Python overhead hidden as long as the GPU is the
@@ -20,9 +24,8 @@ run a shape (out of memory, or minitorch's 32-bit element indexing for a [B, H, 
 skipped with the reason. TFLOP/s counts 4 B H T^2 D flops forward and 2.5x that backward (halved
 when causal), the usual FlashAttention convention.
 
-Usage: python benchmarks/bench_attention.py [--out DIR] [--causal] [--quick]
-Writes DIR/bench_attention.json and .png, with --causal DIR/bench_attention_causal.json and .png
-(default DIR: benchmarks/results/bench_attention).
+Usage: python benchmarks/bench_attention.py [--out DIR] [--causal] [--quick] [--dtype fp32|bf16]
+Writes DIR/bench_attention[_bf16][_causal].json and .png (default DIR: benchmarks/results/bench_attention).
 """
 
 from __future__ import annotations
@@ -37,17 +40,20 @@ from minitorch.cuda.timer import gpu_ms
 
 SHAPES = [(8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64)]
 METHODS = ["fused", "fused high", "minitorch naive", "torch naive", "torch sdpa", "torch sdpa tf32"]
+BF16_SHAPES = [(4, 12, 1024, 64)] + SHAPES
+BF16_METHODS = ["fused", "torch sdpa flash", "torch sdpa cudnn"]
 INT_LIMIT = 2**31  # minitorch's CUDA kernels index tensors with 32-bit ints
 
 
-def make_paths(torch: Any, minitorch: Any, shape: tuple, causal: bool) -> Dict[str, Any]:
+def make_paths(torch: Any, minitorch: Any, shape: tuple, causal: bool, bf16: bool = False) -> Dict[str, Any]:
     """For each method: (forward-only fn, forward+backward fn) on shared inputs, or a skip reason."""
     import torch.nn.functional as F
 
     B, H, T, D = shape
     scale = 1.0 / math.sqrt(D)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, g = (torch.randn(shape, device="cuda", generator=gen) for _ in range(4))
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    q, k, v, g = (torch.randn(shape, device="cuda", generator=gen).to(dtype) for _ in range(4))
     paths: Dict[str, Any] = {}
 
     mq, mk, mv = (minitorch.from_torch(t).requires_grad_(True) for t in (q, k, v))
@@ -64,6 +70,10 @@ def make_paths(torch: Any, minitorch: Any, shape: tuple, causal: bool) -> Dict[s
         minitorch.fused_attention(mq, mk, mv, causal=causal).backward(mg)
 
     paths["fused"] = (fused_fw, fused_fwbw)
+    if bf16:
+        paths.update(sdpa_paths(torch, q, k, v, g, causal))
+        paths["_leaves"] = (mq, mk, mv, q, k, v)
+        return paths
 
     def high(fn: Any) -> Any:
         def run() -> None:
@@ -138,6 +148,30 @@ def make_paths(torch: Any, minitorch: Any, shape: tuple, causal: bool) -> Dict[s
     return paths
 
 
+def sdpa_paths(torch: Any, q: Any, k: Any, v: Any, g: Any, causal: bool) -> Dict[str, Any]:
+    """torch sdpa flash / cudnn: scaled_dot_product_attention pinned to one backend (q, k, v become leaves)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    paths: Dict[str, Any] = {}
+    for name, backend in (("torch sdpa flash", SDPBackend.FLASH_ATTENTION), ("torch sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):
+
+        def fw(backend: Any = backend) -> None:
+            with torch.no_grad(), sdpa_kernel(backend):
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        def fwbw(backend: Any = backend) -> None:
+            for t in (q, k, v):
+                t.grad = None
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(g)
+
+        paths[name] = (fw, fwbw)
+    return paths
+
+
 def timed(fn: Any, reps: int) -> float:
     """Median GPU ms of fn() over batches of back-to-back calls lasting about 100 ms (at most 20)."""
     return gpu_ms(fn, warmup=1, reps=reps, batch_ms=100.0, max_inner=20)
@@ -151,12 +185,12 @@ def clear_grads(leaves: tuple) -> None:
             t.grad = None
 
 
-def run_shape(torch: Any, minitorch: Any, reps: int, shape: tuple, causal: bool) -> List[Dict[str, Any]]:
+def run_shape(torch: Any, minitorch: Any, reps: int, shape: tuple, causal: bool, bf16: bool = False) -> List[Dict[str, Any]]:
     B, H, T, D = shape
     fw_flops = 4.0 * B * H * T * T * D * (0.5 if causal else 1.0)
-    paths = make_paths(torch, minitorch, shape, causal)
+    paths = make_paths(torch, minitorch, shape, causal, bf16)
     rows = []
-    for method in METHODS:
+    for method in BF16_METHODS if bf16 else METHODS:
         row: Dict[str, Any] = {"method": method, "shape": list(shape), "causal": causal}
         path = paths[method]
         if isinstance(path, str):
@@ -182,6 +216,8 @@ def run_shape(torch: Any, minitorch: Any, reps: int, shape: tuple, causal: bool)
             row["fwbw_tflops"] = 3.5 * fw_flops / (row["fwbw_ms"] * 1e-3) / 1e12
         except torch.cuda.OutOfMemoryError:
             row = {"method": method, "shape": list(shape), "causal": causal, "skipped": "out of GPU memory"}
+        except RuntimeError as e:  # an sdpa backend that does not take this shape or device
+            row = {"method": method, "shape": list(shape), "causal": causal, "skipped": str(e).splitlines()[0][:80]}
         rows.append(row)
         torch.cuda.empty_cache()
     del paths
@@ -220,8 +256,10 @@ def panels(results: List[Dict[str, Any]]) -> List[Panel]:
     shapes = sorted({tuple(r["shape"]) for r in results}, key=lambda s: s[2])
     ran = {(r["method"], tuple(r["shape"])): r for r in results if "skipped" not in r}
 
+    methods = list(dict.fromkeys(r["method"] for r in results))
+
     def series(value: Any) -> Dict[str, List[Optional[float]]]:
-        return {m: [value(ran[m, s]) if (m, s) in ran else None for s in shapes] for m in METHODS}
+        return {m: [value(ran[m, s]) if (m, s) in ran else None for s in shapes] for m in methods}
 
     labels = ["x".join(str(v) for v in s) for s in shapes]
     return [
@@ -235,7 +273,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     out_option(parser, "bench_attention")
     parser.add_argument("--causal", action="store_true", help="causal masking (default: none)")
     parser.add_argument("--quick", action="store_true", help="only the first shape, fewer repeats")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="inputs' dtype (default fp32)")
     args = parser.parse_args(argv)
+    bf16 = args.dtype == "bf16"
 
     import torch
 
@@ -248,12 +288,14 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     reps = 3 if args.quick else 7
     device = torch.cuda.get_device_name(0)
-    print(f"device: {device}; torch {torch.__version__}; float32, TF32 off except the tf32 / high rows; causal={args.causal}")
+    precision = "bfloat16" if bf16 else "float32, TF32 off except the tf32 / high rows"
+    print(f"device: {device}; torch {torch.__version__}; {precision}; causal={args.causal}")
     print("fused speedup = this path's fw+bw time / fused's; fused mem = fused peak / this path's peak")
     TABLE.header()
     results: List[Dict[str, Any]] = []
-    for shape in SHAPES[:1] if args.quick else SHAPES:
-        rows = run_shape(torch, minitorch, reps, shape, args.causal)
+    shapes = BF16_SHAPES if bf16 else SHAPES
+    for shape in shapes[:1] if args.quick else shapes:
+        rows = run_shape(torch, minitorch, reps, shape, args.causal, bf16)
         for r in rows:
             print_row(r)
         results += rows
@@ -262,12 +304,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         "device": device,
         "torch": torch.__version__,
         "causal": args.causal,
+        "dtype": args.dtype,
         "timing": "minitorch.cuda.timer.gpu_ms: median GPU ms per call (events around back-to-back calls behind a spin kernel)",
         "memory": "torch.cuda.max_memory_allocated during one fw+bw; peak_beyond_inputs subtracts q, k, v, grad",
         "results": results,
     }
-    title = f"Attention fp32{' causal' if args.causal else ''}, {device} (missing bar: skipped)"
-    write_results(args.out, "bench_attention_causal" if args.causal else "bench_attention", report, panels(results),
+    title = f"Attention {args.dtype}{' causal' if args.causal else ''}, {device} (missing bar: skipped)"
+    name = "bench_attention" + ("_bf16" if bf16 else "") + ("_causal" if args.causal else "")
+    write_results(args.out, name, report, panels(results),
                   title=title, columns=1, size=(10, 9))
     return 0
 

@@ -33,7 +33,8 @@
 // + 15 and keeps their dK, dV in C fragments over the query tiles of BM (64; 32 for DP = 128) that
 // see them: S^T = K Q^T, dP^T = V dO^T, (P^T, dS^T) elementwise, dV += P^T dO, dK += dS^T Q (P^T and
 // dS^T from C to A fragments), dS^T to shared memory, dQ += dS K (dS by ldmatrix.trans) added to the
-// float32 workspace with atomics (float2 on sm_90). The next Q and dO tiles load during dQ.
+// float32 workspace with atomics (float4 where the rows allow, float2 otherwise, on sm_90). The Q and
+// dO tiles (with their lse and D) are double-buffered: tile qt + 1 loads during all of tile qt's products.
 // Around it two memory-bound passes, 8 lanes per query row and 16-byte accesses where the rows allow:
 // attention_bf16_bw_prepass zeroes the row's float32 dq workspace and (softmax) forms D_i = dO_i . O_i,
 // round_to_bf16 rounds the workspace into dq afterwards.
@@ -64,7 +65,8 @@ struct Bf16Config {
   static constexpr int kFwMinBlocks = DP == 128 ? 2 : 3;
   static constexpr int kFwBytes = (kFwRows + 2 * kKeys) * kLd * 2;
   static constexpr int kLdT = kQueries + 8;  // row pitch of dS^T
-  static constexpr int kBwBytes = 2 * kQueries * 4 + ((2 * kBwKeys + 2 * kQueries) * kLd + kBwKeys * kLdT) * 2;
+  // two stages of the query tile (lse and D, Q and dO) beside K, V and dS^T
+  static constexpr int kBwBytes = 4 * kQueries * 4 + ((2 * kBwKeys + 4 * kQueries) * kLd + kBwKeys * kLdT) * 2;
 };
 
 // ldmatrix (x4, plain or .trans) and mma.sync m16n8k16 bf16 with float32 accumulators: the matmul
@@ -297,6 +299,42 @@ __global__ void __launch_bounds__(kThreads, Bf16Config<DP>::kFwMinBlocks) attent
 }
 
 // ---- backward ------------------------------------------------------------------------------------
+// Adds a warp's dQ C fragments acc[n] (rows row0 + g, + 8; columns col0 + 8 n + 2 t, + 1) into the
+// float32 workspace with atomics. With p.dq_vec4 (head_dim % 4 == 0, 16-byte aligned rows) lanes t and
+// t ^ 1 trade halves first, so that each holds 4 adjacent columns of one row (even t: row g, odd t:
+// row g + 8) and one float4 atomic replaces two float2 ones: half the atomic traffic to L2.
+template <int TILES>
+__device__ __forceinline__ void add_dq_tiles(const float (&acc)[TILES][4], const BwParams<bf16>& p, const Head& head,
+                                             int row0, int col0) {
+  const int g = frag_g();
+  const int t = frag_t();
+  if (p.dq_vec4) {
+    const bool odd = t & 1;
+    const int query = row0 + g + (odd ? 8 : 0);
+    float* dq_row = p.dq + (head.row() + query) * p.head_dim;
+#pragma unroll
+    for (int n = 0; n < TILES; ++n) {
+      const float x = __shfl_xor_sync(0xffffffffu, odd ? acc[n][0] : acc[n][2], 1);
+      const float y = __shfl_xor_sync(0xffffffffu, odd ? acc[n][1] : acc[n][3], 1);
+      const float4 v = odd ? make_float4(x, y, acc[n][2], acc[n][3]) : make_float4(acc[n][0], acc[n][1], x, y);
+      const int col = col0 + 8 * n + 2 * (t & ~1);
+      if (query < p.q_len && col < p.head_dim) atomicAdd(reinterpret_cast<float4*>(dq_row + col), v);
+    }
+    return;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int query = row0 + g + 8 * h;
+    if (query < p.q_len) {
+      float* dq_row = p.dq + (head.row() + query) * p.head_dim;
+#pragma unroll
+      for (int n = 0; n < TILES; ++n) {
+        atomic_add_pair(dq_row, col0 + 8 * n + 2 * t, acc[n][2 * h], acc[n][2 * h + 1], p.head_dim, p.head_dim % 2 == 0);
+      }
+    }
+  }
+}
+
 template <int DP, int ACT>
 __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<bf16> p) {
   constexpr int BN = kBwKeys;
@@ -310,13 +348,11 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
   constexpr int LDT = Bf16Config<DP>::kLdT;
   static_assert(DQ_TILES * kWarps == KD * MT && DQ_TILES % 2 == 0, "dQ tile pairs must divide evenly over the warps");
   extern __shared__ float4 smem_f4[];
-  float* ls = reinterpret_cast<float*>(smem_f4);  // lse of the query tile
-  float* dis = ls + BM;                           // D of the query tile
-  bf16* ks = reinterpret_cast<bf16*>(dis + BM);
+  float* stats = reinterpret_cast<float*>(smem_f4);  // per stage: lse, then D, of the query tile
+  bf16* ks = reinterpret_cast<bf16*>(stats + 4 * BM);
   bf16* vs = ks + BN * LD;
-  bf16* qs = vs + BN * LD;
-  bf16* dos = qs + BM * LD;
-  bf16* dst = dos + BM * LD;  // dS^T [BN][LDT]
+  bf16* dst = vs + BN * LD;    // dS^T [BN][LDT]
+  bf16* qdo = dst + BN * LDT;  // per stage: the Q tile, then the dO tile, [BM][LD] each
 
   const int n0 = blockIdx.y * BN;
   const int warp = threadIdx.x / 32;
@@ -325,6 +361,12 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
   const Head head(p);
   const bf16* qg = p.q + head.at(p.q_strides);
   const bf16* dog = p.dout + head.at(p.dout_strides);
+  // Starts loading the query tile at m0 (Q, dO and their row statistics) into stage s.
+  const auto load_query_tile = [&](int s, int m0) {
+    load_tile<BM, DP>(qdo + 2 * s * BM * LD, qg, p.q_strides.token, m0, p.q_len, p.head_dim, p.vec);
+    load_tile<BM, DP>(qdo + (2 * s + 1) * BM * LD, dog, p.dout_strides.token, m0, p.q_len, p.head_dim, p.vec);
+    load_row_stats<ACT, BM>(stats + 2 * s * BM, stats + (2 * s + 1) * BM, p, head, m0);
+  };
 
   float mask_add[2];  // of the lane's keys n0 + 16 warp + g (C elements 0, 1) and + 8 (2, 3)
 #pragma unroll
@@ -340,22 +382,26 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
   if (qt_begin < qt_end) {
     load_tile<BN, DP>(ks, p.k + head.at(p.k_strides), p.k_strides.token, n0, p.k_len, p.head_dim, p.vec);
     load_tile<BN, DP>(vs, p.v + head.at(p.v_strides), p.v_strides.token, n0, p.k_len, p.head_dim, p.vec);
-    load_tile<BM, DP>(qs, qg, p.q_strides.token, qt_begin * BM, p.q_len, p.head_dim, p.vec);
-    load_tile<BM, DP>(dos, dog, p.dout_strides.token, qt_begin * BM, p.q_len, p.head_dim, p.vec);
-    load_row_stats<ACT, BM>(ls, dis, p, head, qt_begin * BM);
+    load_query_tile(0, qt_begin * BM);
     mt::cp_async_commit();
   }
   for (int qt = qt_begin; qt < qt_end; ++qt) {
     const int m0 = qt * BM;
+    const int s = (qt - qt_begin) & 1;
     mt::cp_async_wait<0>();
-    __syncthreads();
+    __syncthreads();  // stage s holds this tile; every warp is done with the previous one (stage s ^ 1)
+    if (qt + 1 < qt_end) load_query_tile(s ^ 1, m0 + BM);  // lands during this whole tile's products
+    mt::cp_async_commit();
+    const bf16* qs = qdo + 2 * s * BM * LD;
+    const bf16* dos = qs + BM * LD;
 
     float st[QT][4] = {};
     float dpt[QT][4] = {};
     add_product_nt<KS, QT / 2, LD>(st, ks, 16 * warp, qs);    // S^T = K Q^T
     add_product_nt<KS, QT / 2, LD>(dpt, vs, 16 * warp, dos);  // dP^T = V dO^T
 
-    probs_and_dscores<ACT>(st, dpt, p, head, n0 + 16 * warp, m0, mask_add, ls, dis);
+    probs_and_dscores<ACT>(st, dpt, p, head, n0 + 16 * warp, m0, mask_add, stats + 2 * s * BM,
+                           stats + (2 * s + 1) * BM);
 #pragma unroll
     for (int j = 0; j < QT; ++j) {
 #pragma unroll
@@ -367,13 +413,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
 
     add_product<BM / 16, KD, LD>(dv, st, dos);  // dV += P^T dO
     add_product<BM / 16, KD, LD, DP == 32>(dk, dpt, qs);  // dK += dS^T Q
-    __syncthreads();  // dS^T complete; every warp is done with this Q and dO tile
-    if (qt + 1 < qt_end) {
-      load_tile<BM, DP>(qs, qg, p.q_strides.token, m0 + BM, p.q_len, p.head_dim, p.vec);
-      load_tile<BM, DP>(dos, dog, p.dout_strides.token, m0 + BM, p.q_len, p.head_dim, p.vec);
-      load_row_stats<ACT, BM>(ls, dis, p, head, m0 + BM);
-    }
-    mt::cp_async_commit();
+    __syncthreads();  // dS^T complete
 
     // dQ[16 dq_slab + r][8 (dq_col0 + n) + c] of this tile: A = dS = dst^T, B = K.
     float acc[DQ_TILES][4] = {};
@@ -389,18 +429,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<
         mma_bf16(acc[2 * nn + 1], a, b[2], b[3]);
       }
     }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int query = m0 + 16 * dq_slab + g + 8 * h;
-      if (query < p.q_len) {
-        float* dq_row = p.dq + (head.row() + query) * p.head_dim;
-#pragma unroll
-        for (int n = 0; n < DQ_TILES; ++n) {
-          atomic_add_pair(dq_row, 8 * (dq_col0 + n) + 2 * t, acc[n][2 * h], acc[n][2 * h + 1], p.head_dim,
-                          p.head_dim % 2 == 0);
-        }
-      }
-    }
+    add_dq_tiles<DQ_TILES>(acc, p, head, m0 + 16 * dq_slab, 8 * dq_col0);
   }
 
   store_key_rows(dk, dv, p, head, n0 + 16 * warp);
@@ -638,7 +667,7 @@ extern "C" int launch_attention_bf16_bw(bf16* dq, bf16* dk, bf16* dv, const bf16
   MT_RETURN_IF_ERROR(cudaGetLastError());
   const BwParams<bf16> p = {dq_acc, dk,    dv,    grad_out, q,     k,     v,        lse,         di,
                             mask,   dks,   dvs,   dos,      qs,    ks,    vs,       heads,       q_len,
-                            k_len,  head_dim, causal != 0, scale, vec};
+                            k_len,  head_dim, causal != 0, scale, vec,   acc_vec};
   const int code = launch_variant(p, activation, batch_heads, stream);
   if (code != 0) return code;
   const auto finish = acc_vec && rows_aligned(head_dim, {dq}, {dqs}) ? round_to_bf16<true> : round_to_bf16<false>;

@@ -94,6 +94,7 @@ struct BwParams {
   int causal;
   float scale;
   int vec;
+  int dq_vec4;  // bf16: float4 atomics into the dq workspace (head_dim % 4 == 0, 16-byte aligned rows)
 };
 
 // The (batch, head) of a block, bh = blockIdx.x = batch * heads + head, and where its rows start
