@@ -159,3 +159,63 @@ def test_linear_gelu_linear_block_under_autocast_matches_torch_autocast(activati
         bound = rel_err(t.detach(), ref.detach())
         within(rel_err(m.to_torch(), ref.detach()), bound, name)
         within(rel_err(m.to_torch(), t.detach().double()), bound, f"{name} from torch autocast's")
+
+
+@pytest.mark.parametrize("rows, n_in, n_out", [(300, 96, 130), (65, 7, 33), (4096, 768, 768)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_residual_is_added_in_the_epilogue(rows: int, n_in: int, n_out: int, bias: bool) -> None:
+    """linear(x, w, b, residual=r) in bf16: r + x @ w + b rounded once (the epilogue adds r as it
+    writes), within 2x the error of torch's bf16 (x @ w + b) + r against float64; r's gradient is the
+    output's, the others those of linear without the residual."""
+    gen = torch.Generator(device="cuda").manual_seed(rows + n_out)
+    x, w, r, g = (bf16_normal(gen, s, sc) for s, sc in (((rows, n_in), 1.0), ((n_in, n_out), n_in**-0.5),
+                                                           ((rows, n_out), 1.0), ((rows, n_out), 1.0)))  # fmt: skip
+    b = bf16_normal(gen, (n_out,), 0.5) if bias else None
+    ref = x.double() @ w.double() + r.double() + (0 if b is None else b.double())
+    theirs = torch.nn.functional.linear(x, w.T, b) + r
+    leaves = [minitorch.from_torch(t).requires_grad_(True) for t in (x, w, r)]
+    tb = None if b is None else minitorch.from_torch(b).requires_grad_(True)
+    y = linear(leaves[0], leaves[1].T, tb, residual=leaves[2])
+    assert y.dtype is bfloat16
+    within(rel_err(y.to_torch(), ref), rel_err(theirs, ref), "y")
+    y.backward(minitorch.from_torch(g))
+    assert torch.equal(leaves[2].grad.to_torch(), g)
+    plain = [minitorch.from_torch(t).requires_grad_(True) for t in (x, w)]
+    linear(plain[0], plain[1].T, None if b is None else minitorch.from_torch(b)).backward(minitorch.from_torch(g))
+    for mine, same in zip(leaves[:2], plain):
+        assert torch.equal(mine.grad.to_torch(), same.grad.to_torch())
+
+
+def test_feed_forward_residual_and_the_float32_path() -> None:
+    """feed_forward(..., residual=r) in bf16 equals the kernel-made block plus r within bf16's rounding
+    of the sum; in float32 on CUDA (the matmul, then r added in place) it equals the composed sum."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x, w1, w2, r = (bf16_normal(gen, s, sc) for s, sc in (((256, 64), 1.0), ((256, 64), 0.125), ((64, 256), 0.0625),
+                                                            ((256, 64), 1.0)))  # fmt: skip
+    mx, mw1, mw2, mr = (minitorch.from_torch(t) for t in (x, w1, w2, r))
+    fused = feed_forward(mx, mw1, None, mw2, None, "gelu", residual=mr).to_torch().double()
+    block = feed_forward(mx, mw1, None, mw2, None, "gelu").to_torch().double()
+    assert (fused - (block + r.double())).abs().max() <= 2 * 2**-8 * (block + r.double()).abs().max()
+    fx, fw1, fw2, fr = (minitorch.from_torch(t.float()) for t in (x, w1, w2, r))
+    out = feed_forward(fx, fw1, None, fw2, None, "gelu", residual=fr)
+    assert out.dtype is float32
+    expected = feed_forward(fx, fw1, None, fw2, None, "gelu") + fr
+    assert torch.allclose(out.to_torch(), expected.to_torch(), rtol=0, atol=1e-6)
+
+
+def test_matmul_bf16_addend_with_a_bias() -> None:
+    """matmul_bf16.matmul(a, b, bias=, addend=): a @ b + bias + addend in one epilogue, float32 and bf16
+    out, the K-split path included (few tiles, long K); an addend of another dtype is refused."""
+    from minitorch.cuda import matmul_bf16
+
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    for (M, K, N), dtype in (((300, 96, 130), torch.bfloat16), ((64, 8192, 96), torch.float32)):
+        a, b = bf16_normal(gen, (M, K)), bf16_normal(gen, (K, N), K**-0.5)
+        bias = torch.randn(N, generator=gen, device="cuda").to(dtype)
+        add = torch.randn(M, N, generator=gen, device="cuda").to(dtype)
+        out = matmul_bf16.matmul(a, b, bias=bias, addend=add, out_dtype=dtype)
+        ref = a.double() @ b.double() + bias.double() + add.double()
+        theirs = (a @ b).to(dtype) + bias + add if dtype == torch.bfloat16 else a.float() @ b.float() + bias + add
+        within(rel_err(out, ref), rel_err(theirs, ref), f"addend {dtype} [{M}, {K}] @ [{K}, {N}]")
+    with pytest.raises(ValueError, match="addend must be a torch.bfloat16"):
+        matmul_bf16.matmul(a, b, addend=add)

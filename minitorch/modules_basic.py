@@ -63,12 +63,13 @@ class Linear(Module):
             Parameter(tensor_from_numpy(rng.uniform(-bound, bound, (out_features,)), backend=backend)) if bias else None
         )
 
-    def forward(self, x: Tensor, activation: Optional[str] = None) -> Tensor:
+    def forward(self, x: Tensor, activation: Optional[str] = None, residual: Optional[Tensor] = None) -> Tensor:
         """act(x @ weight.T + bias) over the last dim; activation None, "gelu" (tanh approximation)
-        or "relu" (fused into the matmul's epilogue on CUDA)."""
+        or "relu" (fused into the matmul's epilogue on CUDA); plus residual [..., out_features] when
+        given (no activation; in the epilogue too: minitorch.fused.linear)."""
         if x.shape[-1] != self.in_features:
             raise IndexingError(f"Linear({self.in_features}, {self.out_features}) got input of shape {x.shape}")
-        return linear(x, self.weight.value, None if self.bias is None else self.bias.value, activation)
+        return linear(x, self.weight.value, None if self.bias is None else self.bias.value, activation, residual)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -165,6 +166,11 @@ class Dropout(Module):
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
             raise ValueError(f"dropout probability must be in [0, 1], got {p!r}")
         self.p = float(p)
+
+    @property
+    def active(self) -> bool:
+        """Whether forward changes anything: training with p > 0."""
+        return self.training and self.p > 0.0
 
     def forward(self, x: Tensor) -> Tensor:
         return F.dropout(x, self.p, training=self.training)

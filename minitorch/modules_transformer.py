@@ -38,9 +38,10 @@ class MultiHeadAttention(Module):
     load_state_dict also takes the older layout of three Linears q_projection, k_projection and
     v_projection (see upgrade_state).
 
-    forward(x [B, T, C], padding_mask=None) -> [B, T, C]. padding_mask is additive, shape [B, T]:
-    0 for a real key, a large negative value (-1e9) or -inf for a padded one. causal=True keeps
-    key j of query i only when j <= i.
+    forward(x [B, T, C], padding_mask=None, cache=None, residual=None) -> [B, T, C]. padding_mask is
+    additive, shape [B, T]: 0 for a real key, a large negative value (-1e9) or -inf for a padded one.
+    causal=True keeps key j of query i only when j <= i.  residual [B, T, C] is added to the output
+    (a block's x + attention(...)), inside the output projection's epilogue when dropout is off.
 
     config (minitorch.AttentionConfig; default: from_flags of the keywords use_fused_kernel,
     attention and activation) chooses the path.  attention "fused" runs the whole of
@@ -96,7 +97,10 @@ class MultiHeadAttention(Module):
                 arrays = [v.to_numpy() if hasattr(v, "to_numpy") else np.asarray(v, dtype=np.float32) for v in values]
                 state[f"{prefix}qkv_projection.{part}"] = np.concatenate(arrays, axis=-1)
 
-    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, cache: Optional[LayerCache] = None) -> Tensor:
+    def forward(
+        self, x: Tensor, padding_mask: Optional[Tensor] = None, cache: Optional[LayerCache] = None,
+        residual: Optional[Tensor] = None,
+    ) -> Tensor:  # fmt: skip
         if x.dims != 3 or x.shape[2] != self.n_embd:
             raise IndexingError(f"MultiHeadAttention(n_embd={self.n_embd}) expects [B, T, {self.n_embd}], got {x.shape}")
         B, T, C = x.shape
@@ -106,7 +110,7 @@ class MultiHeadAttention(Module):
         if cache is not None:
             if padding_mask is not None:
                 raise ValueError("MultiHeadAttention: with a cache, padding comes from the cache's key mask")
-            return self._forward_cached(x, cache)
+            return self._forward_cached(x, cache, residual)
         qkv = self.qkv_projection(x)
         config = self.attention_config
         if config.attention == "fused":
@@ -115,7 +119,7 @@ class MultiHeadAttention(Module):
             )
             # In bf16 on CUDA out is already laid out [B, T, H, D]: contiguous() is then no copy.
             attended = out.permute(0, 2, 1, 3).contiguous().view(B, T, C)
-            return self.dropout(self.out_projection(attended))
+            return self._project(attended, residual)
         # Views of qkv as [B, T, 3, H, D]; the 1/sqrt(D) scale goes on q rather than on the [B, H, T, T] scores.
         heads = qkv.view(B, T, 3, H, D)
         q = (heads[:, :, 0] * (1.0 / math.sqrt(D))).permute(0, 2, 1, 3)
@@ -123,16 +127,24 @@ class MultiHeadAttention(Module):
         v = heads[:, :, 2].permute(0, 2, 1, 3)
         probs = self._probabilities(q @ k_t, padding_mask, self.causal, config.fused_softmax)
         attended = (probs @ v).permute(0, 2, 1, 3).contiguous().view(B, T, C)
-        return self.dropout(self.out_projection(attended))
+        return self._project(attended, residual)
 
-    def _forward_cached(self, x: Tensor, cache: LayerCache) -> Tensor:
+    def _project(self, attended: Tensor, residual: Optional[Tensor]) -> Tensor:
+        """dropout(out_projection(attended)), plus residual when given: in the product's epilogue
+        when dropout is off, else added after it."""
+        if residual is not None and not self.dropout.active:
+            return self.out_projection(attended, residual=residual)
+        out = self.dropout(self.out_projection(attended))
+        return out if residual is None else residual + out
+
+    def _forward_cached(self, x: Tensor, cache: LayerCache, residual: Optional[Tensor]) -> Tensor:
         B, T, C = x.shape
         H, D = self.n_head, self.head_dim
         qkv = self.qkv_projection(x)
         keys, values = cache.append(qkv[:, :, C : 2 * C], qkv[:, :, 2 * C :], H)
         if cache.cache.slot is not None and self.attention_config.activation == "softmax":
             attended = cache.attend(qkv.view(B, 3 * C)[:, :C], H, 1.0 / math.sqrt(D))
-            return self.dropout(self.out_projection(attended.view(B, T, C)))
+            return self._project(attended.view(B, T, C), residual)
         q = (qkv[:, :, :C] * (1.0 / math.sqrt(D))).view(B, T, H, D).permute(0, 2, 1, 3)
         mask = cache.cache.key_mask(keys.shape[1])
         fused = self.attention_config.decode_fused_softmax
@@ -140,7 +152,7 @@ class MultiHeadAttention(Module):
         attended = probs @ values.permute(0, 2, 1, 3)
         if T > 1:
             attended = attended.permute(0, 2, 1, 3).contiguous()
-        return self.dropout(self.out_projection(attended.view(B, T, C)))
+        return self._project(attended.view(B, T, C), residual)
 
     def _probabilities(self, scores: Tensor, mask: Optional[Tensor], causal: bool, fused: bool) -> Tensor:
         """The attention weights of scores [B, H, Tq, Tk] under the additive key mask [B, Tk] and the
@@ -153,7 +165,9 @@ class MultiHeadAttention(Module):
 
 
 class FeedForward(Module):
-    """Linear(n_embd, middle_dim) -> GELU (tanh approximation) -> Linear(middle_dim, n_embd) -> dropout."""
+    """Linear(n_embd, middle_dim) -> GELU (tanh approximation) -> Linear(middle_dim, n_embd) -> dropout.
+    forward(x, residual=None): residual is added to the output (a block's x + ff(...)), inside the
+    second product's epilogue when dropout is off."""
 
     def __init__(
         self,
@@ -168,13 +182,17 @@ class FeedForward(Module):
         self.linear_out = Linear(middle_dim, n_embd, bias=bias, backend=backend)
         self.dropout = Dropout(p_dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, residual: Optional[Tensor] = None) -> Tensor:
         first, second = self.linear_in, self.linear_out
+        fused = None if self.dropout.active else residual
         out = feed_forward(
             x, first.weight.value, None if first.bias is None else first.bias.value, second.weight.value,
-            None if second.bias is None else second.bias.value, "gelu",
+            None if second.bias is None else second.bias.value, "gelu", fused,
         )  # fmt: skip
-        return self.dropout(out)
+        if fused is not None:
+            return out
+        out = self.dropout(out)
+        return out if residual is None else residual + out
 
 
 class TransformerLayer(Module):
@@ -214,8 +232,8 @@ class TransformerLayer(Module):
         )
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, cache: Optional[LayerCache] = None) -> Tensor:
-        x = x + self.attention(self.ln_1(x), padding_mask, cache)
-        return x + self.ff(self.ln_2(x))
+        x = self.attention(self.ln_1(x), padding_mask, cache, residual=x)
+        return self.ff(self.ln_2(x), residual=x)
 
 
 class DecoderLM(Module):

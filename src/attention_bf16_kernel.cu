@@ -162,7 +162,7 @@ __device__ __forceinline__ void add_product(float (&acc)[ND][4], const float (&a
 // 16 jj.. (e.g. S = Q K^T; S^T = K Q^T).
 template <int KS, int NP, int LD>
 __device__ __forceinline__ void add_product_nt(float (&acc)[2 * NP][4], const bf16* a_tile, int a_row0, const bf16* tile) {
-#pragma unroll 1
+#pragma unroll
   for (int ks = 0; ks < KS; ++ks) {
     uint32_t a[4];
     load_a<LD>(a, a_tile, a_row0, 16 * ks);

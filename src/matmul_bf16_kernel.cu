@@ -77,17 +77,17 @@ long long matmul_bf16_workspace_bytes(int M, int N, int K, int batch, int a_row_
 // out + i * M * ldc. a, b: bf16. out_dtype: 0 float32, 1 bf16; bias [N] and pre_act (like out) have the
 // output's dtype. epilogue: 0 none, 1 + bias[c], 2 gelu(x + bias[c]), 3 relu(x + bias[c]) (bias may be
 // NULL for 2 and 3), 4 x * gelu'(pre_act), 5 x * relu'(pre_act) (no bias). pre_act (epilogues 2, 3; may
-// be NULL): receives x + bias; (epilogues 4, 5; required) is read. accumulate: out += result
-// (epilogue 0 only). workspace: device scratch of workspace_bytes bytes; with fewer than
+// be NULL): receives x + bias; (epilogues 4, 5; required) is read. accumulate (epilogues 0 and 1):
+// out = result + addend, addend laid out as out (NULL: out itself, out += result). workspace: device scratch of workspace_bytes bytes; with fewer than
 // matmul_bf16_workspace_bytes(...) the product runs without K splits.
 int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const void* b, int M, int N, int K,
                        int a_row_stride, int a_k_stride, int b_k_stride, int b_col_stride, MtLayout a_batch,
                        MtLayout b_batch, const void* bias, int epilogue, void* pre_act, int accumulate,
-                       void* workspace, long long workspace_bytes, cudaStream_t stream) {
+                       const void* addend, void* workspace, long long workspace_bytes, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(M < 0 || N < 0 || K < 0 || ldc < N);
   MT_RETURN_IF_INVALID(out_dtype != bf16mm::kOutF32 && out_dtype != bf16mm::kOutBf16);
   MT_RETURN_IF_INVALID(!mt::valid_layout(a_batch) || !mt::valid_layout(b_batch) || !mt::same_shape(a_batch, b_batch));
-  MT_RETURN_IF_INVALID(epilogue < bf16mm::kNone || epilogue > bf16mm::kReluBack || (accumulate && epilogue != bf16mm::kNone));
+  MT_RETURN_IF_INVALID(epilogue < bf16mm::kNone || epilogue > bf16mm::kReluBack || (accumulate && epilogue > bf16mm::kBias));
   MT_RETURN_IF_INVALID(epilogue == bf16mm::kBias && bias == nullptr);
   const bool backward = epilogue == bf16mm::kGeluBack || epilogue == bf16mm::kReluBack;
   MT_RETURN_IF_INVALID(backward && (pre_act == nullptr || bias != nullptr));
@@ -109,10 +109,12 @@ int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const v
   p.out_bf16 = out_dtype == bf16mm::kOutBf16;
   p.epilogue = epilogue;
   p.accumulate = accumulate;
+  p.addend = accumulate ? (addend != nullptr ? addend : out) : nullptr;
   const int bytes = p.out_bf16 ? 2 : 4;
   const void* used_bias = epilogue != bf16mm::kNone && !backward ? bias : nullptr;
   const auto vec = [&](int w) {
-    return ldc % w == 0 && aligned(out, w, bytes) && aligned(p.pre_act, w, bytes) && aligned(used_bias, w, bytes);
+    return ldc % w == 0 && aligned(out, w, bytes) && aligned(p.pre_act, w, bytes) && aligned(used_bias, w, bytes) &&
+           aligned(p.addend, w, bytes);
   };
   p.vec2 = vec(2);
   p.vec4 = vec(4);

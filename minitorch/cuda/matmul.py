@@ -18,7 +18,7 @@ from ..dtypes import arithmetic, bfloat16, float32, result_type
 from ..precision import precision_code
 from ..tensor_data import TensorData
 from . import matmul_bf16
-from .combine import fill
+from .combine import add_into, contiguous, fill
 from .convert import cast, constant
 from .layout import MtLayout, layout, product_plan, remember
 from .runtime import check, empty, fork_join, ptr, require_float32, runtime
@@ -82,17 +82,21 @@ def matrix_multiply(a: TensorData, b: TensorData) -> TensorData:
 
 
 def linear_fw(
-    x: TensorData, weight: TensorData, bias: Optional[TensorData], activation: Optional[str]
-) -> Tuple[TensorData, Optional[TensorData]]:
-    """(act(x @ weight.T + bias), x @ weight.T + bias kept for backward when act is set) for x
-    [rows, in] and weight [out, in] (torch's layout, read transposed in place), bias [out] or None,
-    activation None, "gelu" or "relu", all of one dtype: float32, or bfloat16 (float32 sums and
-    epilogue, both outputs rounded once to bfloat16)."""
+    x: TensorData, weight: TensorData, bias: Optional[TensorData], activation: Optional[str],
+    residual: Optional[TensorData] = None,
+) -> Tuple[TensorData, Optional[TensorData]]:  # fmt: skip
+    """(act(x @ weight.T + bias) (+ residual), x @ weight.T + bias kept for backward when act is set)
+    for x [rows, in] and weight [out, in] (torch's layout, read transposed in place), bias [out] or
+    None, activation None, "gelu" or "relu", residual [rows, out] or None (activation None), all of one
+    dtype: float32, or bfloat16 (float32 sums and epilogue, the residual added there too, both outputs
+    rounded once to bfloat16)."""
     rows, k = x.shape
     n = weight.shape[0]
     dtype = x.dtype
     if dtype is not bfloat16:
-        require_float32("linear_fw", x, weight, bias)
+        require_float32("linear_fw", x, weight, bias, residual)
+    if residual is not None:
+        residual = contiguous(residual)
     out = empty((rows, n), dtype)
     pre = empty((rows, n), dtype) if activation is not None else None
     if not out.size:
@@ -102,10 +106,13 @@ def linear_fw(
     bias_ptr, pre_ptr = (None if t is None else ptr(t) for t in (bias, pre))
     if dtype is bfloat16:
         matmul_bf16.launch(ptr(out), "bfloat16", n, ptr(x), ptr(weight), rows, n, k, strides, bias=bias_ptr,
-                           activation=activation, pre_act=pre_ptr, what=what)  # fmt: skip
+                           activation=activation, pre_act=pre_ptr, accumulate=residual is not None,
+                           addend=None if residual is None else ptr(residual), what=what)  # fmt: skip
     else:
         epilogue = EPILOGUES[activation if activation is not None else ("bias" if bias is not None else None)]
         _launch(ptr(out), ptr(x), ptr(weight), rows, n, k, strides, _SINGLE, _SINGLE, 1, what, bias_ptr, epilogue, pre_ptr)
+        if residual is not None:
+            add_into(ptr(out), ptr(residual), out.size)
     return out, pre
 
 

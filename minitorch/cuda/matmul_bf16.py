@@ -23,7 +23,7 @@ _P, _I, _LL, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, MtLayout
 SIGNATURES = {
     "matmul_bf16_workspace_bytes": (_LL, [_I, _I, _I, _I, _I, _I, _I, _I]),
     "launch_matmul_bf16": (
-        _I, [_P, _I, _I, _P, _P, _I, _I, _I, _I, _I, _I, _I, _L, _L, _P, _I, _P, _I, _P, _LL, _P],
+        _I, [_P, _I, _I, _P, _P, _I, _I, _I, _I, _I, _I, _I, _L, _L, _P, _I, _P, _I, _P, _P, _LL, _P],
     ),
 }  # fmt: skip
 EPILOGUES = {None: 0, "bias": 1, "gelu": 2, "relu": 3}
@@ -52,14 +52,16 @@ def launch(
     out: int, out_dtype: str, ldc: int, a: int, b: int, M: int, N: int, K: int, strides: Tuple[int, int, int, int],
     a_batch: MtLayout = _SINGLE, b_batch: MtLayout = _SINGLE, *, bias: Optional[int] = None,
     activation: Optional[str] = None, pre_act: Optional[int] = None, accumulate: bool = False,
-    activation_grad: Optional[str] = None, workspace: Optional[Any] = None, what: str = "matmul_bf16",
+    addend: Optional[int] = None, activation_grad: Optional[str] = None, workspace: Optional[Any] = None,
+    what: str = "matmul_bf16",
 ) -> None:  # fmt: skip
     """out[i] (+)= act(A[i] @ B[i] + bias) on raw device pointers, on the current stream: A[i][r, k] at
     a + offset_i + r * strides[0] + k * strides[1], B[i][k, c] at b + offset_i + k * strides[2] +
     c * strides[3] (bf16 elements; offset_i from a_batch / b_batch, same shape, stride 0 = broadcast);
     out[i] row r at out + (i * M + r) * ldc elements of out_dtype ("float32" or "bfloat16"), as are
     bias [N] and pre_act (which receives A @ B + bias where activation is "gelu" or "relu").
-    activation None with a bias adds the bias; accumulate (no bias, no activation) adds to out.
+    activation None with a bias adds the bias; accumulate (no activation) adds what out holds, or with
+    addend (a pointer laid out as out, e.g. a residual stream) what addend holds: out = A @ B + bias + addend.
     activation_grad "gelu" or "relu" (no bias, activation or accumulation): out = (A @ B) * act'(pre_act),
     pre_act read (laid out as out): the gradient through act of a product's input.
     workspace: a torch CUDA tensor of at least workspace_bytes(...) bytes, or None (allocated here)."""
@@ -67,8 +69,10 @@ def launch(
         raise ValueError(f"{what}: out_dtype {out_dtype!r} is not one of {sorted(OUT_DTYPES)}")
     if activation not in EPILOGUES or activation == "bias":
         raise ValueError(f"{what}: activation {activation!r} is not None, 'gelu' or 'relu'")
-    if accumulate and (bias is not None or activation is not None):
-        raise ValueError(f"{what}: accumulate=True takes no bias or activation")
+    if accumulate and activation is not None:
+        raise ValueError(f"{what}: accumulate=True takes no activation")
+    if addend is not None and not accumulate:
+        raise ValueError(f"{what}: addend is read by accumulate=True")
     if activation_grad is not None:
         if activation_grad not in GRAD_EPILOGUES:
             raise ValueError(f"{what}: activation_grad {activation_grad!r} is not 'gelu' or 'relu'")
@@ -88,7 +92,7 @@ def launch(
     lib = _lib()
     code = lib.launch_matmul_bf16(
         out, OUT_DTYPES[out_dtype], ldc, a, b, M, N, K, *strides, a_batch, b_batch, bias, epilogue, pre_act,
-        int(accumulate), None if workspace is None else workspace.data_ptr(), ws_bytes, rt.stream(),
+        int(accumulate), addend, None if workspace is None else workspace.data_ptr(), ws_bytes, rt.stream(),
     )  # fmt: skip
     check(code, lib, what)
 
@@ -130,13 +134,14 @@ def _check_output(x: Any, name: str, shape: Tuple[int, ...], dtype: Any, what: s
 def matmul(
     a: Any, b: Any, *, out: Optional[Any] = None, out_dtype: Optional[Any] = None, bias: Optional[Any] = None,
     activation: Optional[str] = None, pre_act: Optional[Any] = None, accumulate: bool = False,
-    activation_grad: Optional[str] = None, workspace: Optional[Any] = None,
+    addend: Optional[Any] = None, activation_grad: Optional[str] = None, workspace: Optional[Any] = None,
 ) -> Any:  # fmt: skip
     """act(a @ b + bias) for bf16 torch CUDA tensors a [..., M, K], b [..., K, N] (any strides, batch
     dims broadcast), float32 sums, into `out` (a new contiguous tensor of out_dtype, default bfloat16,
     when None; else out's dtype, float32 or bfloat16, with unit column stride, rows at least N apart and
     batch matrices one after another).  bias [N] and pre_act (receives a @ b + bias, with activation
-    "gelu" or "relu") share out's dtype.  accumulate: out += a @ b.  activation_grad "gelu" or "relu":
+    "gelu" or "relu") share out's dtype.  accumulate: out += a @ b (+ bias).  addend (out's shape, dtype
+    and row stride): out = a @ b + bias + addend, addend read in the epilogue.  activation_grad "gelu" or "relu":
     out = (a @ b) * act'(pre_act), pre_act read.  Returns out."""
     rt = runtime()
     torch = rt.torch
@@ -166,12 +171,18 @@ def matmul(
             raise ValueError(f"{what}: pre_act is stored with activation or read with activation_grad 'gelu' or 'relu'")
         _require(_check_output(pre_act, "pre_act", tuple(out_shape), dtype, what) == ldc,
                  f"{what}: pre_act rows are {pre_act.stride(-2)} apart, out's {ldc}")  # fmt: skip
+    if addend is not None:
+        if activation is not None or addend.dtype != dtype or not addend.is_cuda:
+            raise ValueError(f"{what}: addend must be a {dtype} CUDA tensor, with no activation")
+        _require(_check_output(addend, "addend", tuple(out_shape), dtype, what) == ldc,
+                 f"{what}: addend rows are {addend.stride(-2)} apart, out's {ldc}")  # fmt: skip
     M, K, N = out_shape[-2], a.shape[-1], out_shape[-1]
     if out.numel():
         launch(
             out.data_ptr(), "bfloat16" if dtype == torch.bfloat16 else "float32", ldc, a.data_ptr(), b.data_ptr(), M, N,
             K, strides, a_batch, b_batch, bias=None if bias is None else bias.data_ptr(), activation=activation,
-            pre_act=None if pre_act is None else pre_act.data_ptr(), accumulate=accumulate,
+            pre_act=None if pre_act is None else pre_act.data_ptr(), accumulate=accumulate or addend is not None,
+            addend=None if addend is None else addend.data_ptr(),
             activation_grad=activation_grad, workspace=workspace, what=what,
         )  # fmt: skip
     return out

@@ -18,6 +18,11 @@ feed_forward is two Linears with an activation between them as one Function, so 
 product's input gradient comes out of its kernel already multiplied by the activation's derivative
 (the matmul's backward epilogue reads the kept pre-activation): the [rows, middle] gradient of the
 activation's output is never written, and no pass of its own turns it into the pre-activation's.
+
+Both take a `residual`, added to the (last) product's output: a transformer's residual stream, x +
+proj(h), which on CUDA in bfloat16 the product's epilogue adds as it writes (the sum rounded once),
+so the stream costs no pass of its own; its gradient is the output's, handed on as it is.  A residual
+of another dtype than the product's is added after it, promoted as `residual + linear(...)` is.
 """
 
 from __future__ import annotations
@@ -37,29 +42,37 @@ if TYPE_CHECKING:
 ACTIVATIONS = (None, "gelu", "relu")
 
 
-def linear(x: "Tensor", weight: "Tensor", bias: Optional["Tensor"] = None, activation: Optional[str] = None) -> "Tensor":
+def linear(
+    x: "Tensor", weight: "Tensor", bias: Optional["Tensor"] = None, activation: Optional[str] = None,
+    residual: Optional["Tensor"] = None,
+) -> "Tensor":  # fmt: skip
     """act(x @ weight.T + bias) over the last dim of x [..., in] with weight [out, in], bias [out]
     (torch.nn.functional.linear, plus a fused activation None, "gelu" (tanh approximation) or
-    "relu"); in the autocast dtype inside minitorch.autocast, otherwise in the inputs' promoted dtype."""
+    "relu"), plus residual [..., out] when given (activation None; see the module notes); in the
+    autocast dtype inside minitorch.autocast, otherwise in the inputs' promoted dtype."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
     weight, bias = _checked(x, x.shape, weight, bias, "linear", "input", "weight", "bias")
+    residual = _checked_residual(x, weight, residual, activation, "linear")
     x, weight, bias = _promoted(x, weight, bias)
+    if residual is not None and residual.dtype is not x.dtype:
+        return residual + linear(x, weight, bias)  # promoted as the sum would be
     lead = x.shape[:-1]
     rows = x.contiguous().view(-1, weight.shape[1])
-    out = Linear.apply(rows, weight, bias, activation)
+    out = Linear.apply(rows, weight, bias, activation, _rows(residual))
     return out.view(*lead, weight.shape[0])
 
 
 def feed_forward(
     x: "Tensor", weight_in: "Tensor", bias_in: Optional["Tensor"], weight_out: "Tensor",
-    bias_out: Optional["Tensor"], activation: str = "gelu",
+    bias_out: Optional["Tensor"], activation: str = "gelu", residual: Optional["Tensor"] = None,
 ) -> "Tensor":  # fmt: skip
-    """linear(linear(x, weight_in, bias_in, activation), weight_out, bias_out) as one Function (a
-    transformer's feed-forward block): x [..., in], weight_in [middle, in], weight_out [out, middle],
-    biases [middle] / [out] or None, activation "gelu" (tanh approximation) or "relu".  Same values as
-    the two linear calls; on CUDA in bfloat16 the backward multiplies by the activation's derivative
-    inside the second product's input-gradient kernel (see the module notes)."""
+    """linear(linear(x, weight_in, bias_in, activation), weight_out, bias_out, residual=residual) as
+    one Function (a transformer's feed-forward block): x [..., in], weight_in [middle, in], weight_out
+    [out, middle], biases [middle] / [out] or None, activation "gelu" (tanh approximation) or "relu",
+    residual [..., out] or None.  Same values as the two linear calls; on CUDA in bfloat16 the
+    backward multiplies by the activation's derivative inside the second product's input-gradient
+    kernel (see the module notes)."""
     if activation not in ("gelu", "relu"):
         raise ValueError(f"feed_forward: activation must be 'gelu' or 'relu', got {activation!r}")
     weight_in, bias_in = _checked(x, x.shape, weight_in, bias_in, "feed_forward", "input", "weight_in", "bias_in")
@@ -67,10 +80,13 @@ def feed_forward(
     weight_out, bias_out = _checked(
         x, middle, weight_out, bias_out, "feed_forward", "weight_in's output", "weight_out", "bias_out"
     )
+    residual = _checked_residual(x, weight_out, residual, None, "feed_forward")
     x, weight_in, bias_in, weight_out, bias_out = _promoted(x, weight_in, bias_in, weight_out, bias_out)
+    if residual is not None and residual.dtype is not x.dtype:
+        return residual + feed_forward(x, weight_in, bias_in, weight_out, bias_out, activation)
     lead = x.shape[:-1]
     rows = x.contiguous().view(-1, weight_in.shape[1])
-    out = FeedForward.apply(rows, weight_in, bias_in, weight_out, bias_out, activation)
+    out = FeedForward.apply(rows, weight_in, bias_in, weight_out, bias_out, activation, _rows(residual))
     return out.view(*lead, weight_out.shape[0])
 
 
@@ -92,6 +108,27 @@ def _checked(
     return weight, bias
 
 
+def _checked_residual(
+    x: "Tensor", weight: "Tensor", residual: Optional["Tensor"], activation: Optional[str], op: str
+) -> Optional["Tensor"]:
+    """residual as a tensor of x's backend with the product's output shape [..., out], or None;
+    IndexingError for another shape, ValueError beside an activation."""
+    if residual is None:
+        return None
+    if activation is not None:
+        raise ValueError(f"{op}: residual is added after the product, so it takes no activation (got {activation!r})")
+    residual = x._ensure(residual)
+    shape = (*x.shape[:-1], weight.shape[0])
+    if residual.shape != shape:
+        raise IndexingError(f"{op}: residual of shape {residual.shape} for an output of shape {shape}")
+    return residual
+
+
+def _rows(residual: Optional["Tensor"]) -> Optional["Tensor"]:
+    """residual [..., out] as [rows, out] (a view where it is contiguous), or None."""
+    return None if residual is None else residual.contiguous().view(-1, residual.shape[-1])
+
+
 def _promoted(*tensors: Optional["Tensor"]) -> Tuple[Optional["Tensor"], ...]:
     """tensors under autocast's rule for linear (its dtype inside minitorch.autocast), then all in their
     promoted arithmetic dtype."""
@@ -101,18 +138,22 @@ def _promoted(*tensors: Optional["Tensor"]) -> Tuple[Optional["Tensor"], ...]:
 
 
 def linear_reference(
-    x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str]
-) -> Tuple["Tensor", Optional["Tensor"]]:
-    """(act(x @ weight.T + bias), x @ weight.T + bias when there is an activation) composed from
-    Tensor operations; for 16-bit inputs in float32, each output rounded once (see the module notes)."""
+    x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str],
+    residual: Optional["Tensor"] = None,
+) -> Tuple["Tensor", Optional["Tensor"]]:  # fmt: skip
+    """(act(x @ weight.T + bias) (+ residual), x @ weight.T + bias when there is an activation)
+    composed from Tensor operations; for 16-bit inputs in float32, each output rounded once (see the
+    module notes)."""
     low = x.dtype
     with autocast(enabled=False):
         if low.rounds:
-            x, weight, bias = (None if t is None else t.float() for t in (x, weight, bias))
+            x, weight, bias, residual = (None if t is None else t.float() for t in (x, weight, bias, residual))
         pre = x @ weight.transpose(0, 1)
         if bias is not None:
             pre = pre + bias
         if activation is None:
+            if residual is not None:
+                pre = pre + residual
             return (pre.to(low) if low.rounds else pre), None
         out = pre.gelu() if activation == "gelu" else pre.relu()
         return (out.to(low), pre.to(low)) if low.rounds else (out, pre)
@@ -138,13 +179,15 @@ def _activation_backward(grad: "Tensor", pre: "Tensor", activation: Optional[str
 
 
 def _forward(
-    x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str]
-) -> Tuple["Tensor", Optional["Tensor"]]:
+    x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str],
+    residual: Optional["Tensor"] = None,
+) -> Tuple["Tensor", Optional["Tensor"]]:  # fmt: skip
     """(out, pre or None) of one Linear: the backend's linear_fw kernel, else linear_reference."""
     kernel = hook(x.backend.ops, "linear_fw")
     if kernel is None:
-        return linear_reference(x, weight, bias, activation)
-    out_td, pre_td = kernel(x._tensor, weight._tensor, None if bias is None else bias._tensor, activation)
+        return linear_reference(x, weight, bias, activation, residual)
+    bias_td, residual_td = (None if t is None else t._tensor for t in (bias, residual))
+    out_td, pre_td = kernel(x._tensor, weight._tensor, bias_td, activation, residual_td)
     return x._new(out_td), None if pre_td is None else x._new(pre_td)
 
 
@@ -166,27 +209,29 @@ def _backward(
 
 
 class Linear(Function):
-    """Saves x, weight [out, in] and the pre-activation (when there is an activation).
+    """Saves x, weight [out, in] and the pre-activation (when there is an activation); a residual's
+    gradient is the output's.
 
-    Kernel hooks: linear_fw(x, weight, bias, activation) -> (out, pre or None) as linear_reference;
+    Kernel hooks: linear_fw(x, weight, bias, activation, residual) -> (out, pre or None) as linear_reference;
     linear_bw(d, x, weight, has_bias, x_pre, x_activation) -> (dx, dweight, dbias or None) as
     linear_backward_reference (dx through x_activation's derivative at x_pre when given), or None where
     the backend composes them (e.g. float32 on CUDA)."""
 
     @staticmethod
     def forward(
-        ctx: Context, x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str]
-    ) -> "Tensor":
-        out, pre = _forward(x, weight, bias, activation)
-        ctx.save_for_backward(x, weight, pre, activation, bias is not None)
+        ctx: Context, x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str],
+        residual: Optional["Tensor"],
+    ) -> "Tensor":  # fmt: skip
+        out, pre = _forward(x, weight, bias, activation, residual)
+        ctx.save_for_backward(x, weight, pre, activation, bias is not None, residual is not None)
         return out
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
-        x, weight, pre, activation, has_bias = ctx.saved_values
+        x, weight, pre, activation, has_bias, has_residual = ctx.saved_values
         d = _activation_backward(grad_output.contiguous(), pre, activation)
         dx, dweight, dbias = _backward(d, x, weight, has_bias)
-        return (dx, dweight, dbias) if has_bias else (dx, dweight)
+        return (dx, dweight) + ((dbias,) if has_bias else ()) + ((grad_output,) if has_residual else ())
 
 
 class FeedForward(Function):
@@ -195,17 +240,19 @@ class FeedForward(Function):
     @staticmethod
     def forward(
         ctx: Context, x: "Tensor", weight_in: "Tensor", bias_in: Optional["Tensor"], weight_out: "Tensor",
-        bias_out: Optional["Tensor"], activation: str,
+        bias_out: Optional["Tensor"], activation: str, residual: Optional["Tensor"],
     ) -> "Tensor":  # fmt: skip
         middle, pre = _forward(x, weight_in, bias_in, activation)
-        out, _ = _forward(middle, weight_out, bias_out, None)
-        ctx.save_for_backward(x, weight_in, bias_in is not None, middle, pre, weight_out, bias_out is not None, activation)
+        out, _ = _forward(middle, weight_out, bias_out, None, residual)
+        ctx.save_for_backward(
+            x, weight_in, bias_in is not None, middle, pre, weight_out, bias_out is not None, activation, residual is not None
+        )  # fmt: skip
         return out
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
-        x, weight_in, has_bias_in, middle, pre, weight_out, has_bias_out, activation = ctx.saved_values
+        x, weight_in, has_bias_in, middle, pre, weight_out, has_bias_out, activation, has_residual = ctx.saved_values
         d_pre, dweight_out, dbias_out = _backward(grad_output.contiguous(), middle, weight_out, has_bias_out, pre, activation)
         dx, dweight_in, dbias_in = _backward(d_pre, x, weight_in, has_bias_in)
         grads = (dx, dweight_in) + ((dbias_in,) if has_bias_in else ())
-        return grads + (dweight_out,) + ((dbias_out,) if has_bias_out else ())
+        return grads + (dweight_out,) + ((dbias_out,) if has_bias_out else ()) + ((grad_output,) if has_residual else ())

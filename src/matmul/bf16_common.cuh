@@ -38,6 +38,7 @@ struct Params {
   void* out;  // float or bf16 (out_bf16), batch matrix i at out + i * M * ldc elements
   const void* bias;
   void* pre_act;  // written by kBiasGelu / kBiasRelu, read by kGeluBack / kReluBack
+  const void* addend;  // with accumulate: added to the result, laid out as out (out itself, or e.g. a residual)
   int M, N, K;
   int ldc;  // elements between output rows (>= N)
   int a_row_stride, a_k_stride, b_k_stride, b_col_stride;
@@ -174,7 +175,7 @@ __device__ __forceinline__ void store_run_as(const Params& p, int split, int bi,
 #pragma unroll
     for (int j = 0; j < W; ++j) x[j] = activate(p.epilogue, x[j]);
     if (p.accumulate) {
-      load_vec<W>(p.out, idx, bf16, y);
+      load_vec<W>(p.addend, idx, bf16, y);
 #pragma unroll
       for (int j = 0; j < W; ++j) x[j] += y[j];
     }
@@ -189,7 +190,7 @@ __device__ __forceinline__ void store_run_as(const Params& p, int split, int bi,
     if (bias) v += load_elem(p.bias, c + j, bf16);
     if (act && p.pre_act != nullptr) store_elem(p.pre_act, idx + j, v, bf16);
     v = activate(p.epilogue, v);
-    if (p.accumulate) v += load_elem(p.out, idx + j, bf16);
+    if (p.accumulate) v += load_elem(p.addend, idx + j, bf16);
     store_elem(p.out, idx + j, v, bf16);
   }
 }

@@ -213,14 +213,15 @@ __device__ __forceinline__ void stage_piece(const float (&acc)[BN / 2], uint32_t
 // once, not one after another behind the stores (the weight gradients accumulated over the LM head's
 // chunks: bf16_notes.md, v6); a backward epilogue reads its pre-activations the same way.
 template <int EPI, bool OUT_BF16>
-__device__ __forceinline__ void store_rows(uint32_t src, void* out, void* pre_act, bool accumulate, long long first,
+__device__ __forceinline__ void store_rows(uint32_t src, void* out, void* pre_act, const void* addend, long long first,
                                            long long ld, int rows, const float (&bias)[4]) {
   constexpr bool kBack = EPI == kGeluBack || EPI == kReluBack;
-  float old[8][4];  // the old output values (accumulate) or the pre-activations (kBack)
+  const bool accumulate = addend != nullptr;
+  float old[8][4];  // the addend's values (accumulate) or the pre-activations (kBack)
   if (accumulate || kBack) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      if (8 * i < rows) load_vec<4>(kBack ? pre_act : out, first + 8 * i * ld, OUT_BF16, old[i]);
+      if (8 * i < rows) load_vec<4>(kBack ? pre_act : addend, first + 8 * i * ld, OUT_BF16, old[i]);
     }
   }
 #pragma unroll
@@ -256,25 +257,25 @@ template <int EPI>
 __device__ __forceinline__ void store_rows_dtype(const Params& p, uint32_t src, long long first, int rows,
                                                  const float (&bias)[4]) {
   if (p.out_bf16) {
-    store_rows<EPI, true>(src, p.out, p.pre_act, p.accumulate, first, p.ldc, rows, bias);
+    store_rows<EPI, true>(src, p.out, p.pre_act, p.accumulate ? p.addend : nullptr, first, p.ldc, rows, bias);
   } else {
-    store_rows<EPI, false>(src, p.out, p.pre_act, p.accumulate, first, p.ldc, rows, bias);
+    store_rows<EPI, false>(src, p.out, p.pre_act, p.accumulate ? p.addend : nullptr, first, p.ldc, rows, bias);
   }
 }
 
-// A backward epilogue reads its tile's pre-activations (the warpgroup's 64 rows from row0, BN columns
-// from col0) only after the products: asking L2 for them as the tile starts takes their memory latency
-// out of the epilogue, where the tensor cores wait. One prefetch per 128-byte line, the warpgroup's
-// threads taking turns.
+// A backward epilogue reads its tile's pre-activations, an accumulating one its addend (`from`, laid
+// out as out: the warpgroup's 64 rows from row0, BN columns from col0), only after the products: asking
+// L2 for them as the tile starts takes their memory latency out of the epilogue, where the tensor cores
+// wait. One prefetch per 128-byte line, the warpgroup's threads taking turns.
 template <int BN>
-__device__ __forceinline__ void prefetch_pre_act(const Params& p, int bi, int row0, int col0) {
+__device__ __forceinline__ void prefetch_tile(const Params& p, const void* from, int bi, int row0, int col0) {
   const int bytes = p.out_bf16 ? 2 : 4;
   const int per_row = BN * bytes / 128;
   for (int i = threadIdx.x % 128; i < 64 * per_row; i += 128) {
     const int r = row0 + i / per_row, c = col0 + (i % per_row) * (128 / bytes);
     if (r < p.M && c < p.N) {
       const long long at = ((static_cast<long long>(bi) * p.M + r) * p.ldc + c) * bytes;
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char*>(p.pre_act) + at));
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char*>(from) + at));
     }
   }
 }
@@ -310,7 +311,7 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[B
     if (c + 4 <= p.N && whole_runs) {
       float bias[4] = {0.f, 0.f, 0.f, 0.f};
       if (partials) {
-        store_rows<kNone, false>(src, p.partials + split * p.split_stride, nullptr, false, row * p.N + c, p.N, rows,
+        store_rows<kNone, false>(src, p.partials + split * p.split_stride, nullptr, nullptr, row * p.N + c, p.N, rows,
                                  bias);
         continue;
       }
@@ -403,10 +404,14 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS, 1)
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
   int it = 0;
-  const bool prefetch = backward_epilogue(p.epilogue) && p.partials == nullptr;
+  // what the epilogue will read beside the products: the pre-activations or the addend
+  const void* prefetch = p.partials != nullptr ? nullptr
+                         : backward_epilogue(p.epilogue) ? p.pre_act
+                         : p.accumulate              ? p.addend
+                                                     : nullptr;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = unit_of(p, u, BN);
-    if (prefetch) prefetch_pre_act<BN>(p, w.bi, w.row0 + cw * 64, w.col0);
+    if (prefetch != nullptr) prefetch_tile<BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
     for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
       const int s = it % S;
       mbar_wait(full(s), (it / S) & 1);
