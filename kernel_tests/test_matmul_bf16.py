@@ -294,14 +294,14 @@ def test_bad_input_is_refused() -> None:
     lib = load_library("matmul_bf16_kernel", matmul_bf16.SIGNATURES)
     stream = torch.cuda.current_stream().cuda_stream
     code = lib.launch_matmul_bf16(
-        None, 1, 2, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 2, None, 1, None, 0, stream,
+        None, 1, 2, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 2, None, 1, None, None, 0, stream,
     )  # fmt: skip
-    assert code != 0  # accumulate needs epilogue 0
+    assert code != 0  # accumulate takes epilogue 0 or 1 (no activation)
     code = lib.launch_matmul_bf16(
-        None, 1, 1, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 0, None, 0, None, 0, stream,
+        None, 1, 1, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 0, None, 0, None, None, 0, stream,
     )  # fmt: skip
     assert code != 0  # output rows shorter than N
     code = lib.launch_matmul_bf16(
-        None, 2, 2, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 0, None, 0, None, 0, stream,
+        None, 2, 2, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 0, None, 0, None, None, 0, stream,
     )  # fmt: skip
     assert code != 0  # no output dtype 2
