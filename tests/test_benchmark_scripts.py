@@ -100,6 +100,23 @@ def test_profile_kernels_runs_a_program_and_names_a_missing_one(tmp_path: Path) 
         assert done.returncode == 2 and ("give the program" in done.stderr or "missing.py" in done.stderr)
 
 
+def test_idle_gaps_merge_overlapping_kernels_and_split_launch_gaps_from_pauses() -> None:
+    """profile_kernels.idle_gaps: the union of the device intervals (overlapping kernels of two
+    streams count once) and the gaps inside it, those under short_us counted as launch gaps."""
+    from types import SimpleNamespace
+
+    from profile_kernels import idle_gaps
+    from torch.autograd import DeviceType
+
+    spans = [(0, 10), (5, 12), (14, 20), (100, 110), (111, 112), (3, 4)]
+    events = [SimpleNamespace(device_type=DeviceType.CUDA, device_time=b - a, time_range=SimpleNamespace(start=a, end=b))
+              for a, b in spans] + [SimpleNamespace(device_type=DeviceType.CPU, device_time=0, time_range=None)]  # fmt: skip
+    gaps = idle_gaps(SimpleNamespace(events=lambda: events), short_us=50)
+    assert gaps["busy_ms"] * 1e3 == pytest.approx(12 + 6 + 10 + 1)
+    assert gaps["short_gaps"] == 2 and gaps["short_gap_ms"] * 1e3 == pytest.approx(3)  # 12 -> 14, 110 -> 111
+    assert gaps["median_short_gap_us"] == 2
+
+
 def test_panel_names_a_bad_kind_and_a_series_of_the_wrong_length() -> None:
     with pytest.raises(ValueError, match=r"Panel kind 'pie' is none of"):
         Panel(["a"], {"ms": [1.0]}, kind="pie")
