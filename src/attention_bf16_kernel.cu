@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, Bf16Config<DP>::kFwMinBlocks) attent
 // Adds a warp's dQ C fragments acc[n] (rows row0 + g, + 8; columns col0 + 8 n + 2 t, + 1) into the
 // float32 workspace with atomics. With p.dq_vec4 (head_dim % 4 == 0, 16-byte aligned rows) lanes t and
 // t ^ 1 trade halves first, so that each holds 4 adjacent columns of one row (even t: row g, odd t:
-// row g + 8) and one float4 atomic replaces two float2 ones: half the atomic traffic to L2.
+// row g + 8) and one float4 atomic (sm_90) replaces two float2 ones: half the atomic traffic to L2.
 template <int TILES>
 __device__ __forceinline__ void add_dq_tiles(const float (&acc)[TILES][4], const BwParams<bf16>& p, const Head& head,
                                              int row0, int col0) {
@@ -318,7 +318,7 @@ __device__ __forceinline__ void add_dq_tiles(const float (&acc)[TILES][4], const
       const float y = __shfl_xor_sync(0xffffffffu, odd ? acc[n][1] : acc[n][3], 1);
       const float4 v = odd ? make_float4(x, y, acc[n][2], acc[n][3]) : make_float4(acc[n][0], acc[n][1], x, y);
       const int col = col0 + 8 * n + 2 * (t & ~1);
-      if (query < p.q_len && col < p.head_dim) atomicAdd(reinterpret_cast<float4*>(dq_row + col), v);
+      if (query < p.q_len && col < p.head_dim) atomic_add_quad(dq_row + col, v);
     }
     return;
   }

@@ -253,6 +253,18 @@ __device__ __forceinline__ void atomic_add_pair(float* row_ptr, int col, float x
   if (col + 1 < head_dim) atomicAdd(row_ptr + col + 1, y);
 }
 
+// dst[0..3] += v with one 16-byte atomic on sm_90 (dst 16-byte aligned), four float atomics before.
+__device__ __forceinline__ void atomic_add_quad(float* dst, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(dst), v);
+#else
+  atomicAdd(dst, v.x);
+  atomicAdd(dst + 1, v.y);
+  atomicAdd(dst + 2, v.z);
+  atomicAdd(dst + 3, v.w);
+#endif
+}
+
 // Starts copying `count` floats (count <= kThreads) of src[start, start + count), zero past `limit`.
 __device__ __forceinline__ void load_vector(float* dst, const float* src, int start, int count, int limit) {
   if (static_cast<int>(threadIdx.x) < count) {
