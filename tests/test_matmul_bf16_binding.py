@@ -31,7 +31,8 @@ def test_signatures_match_the_source(symbol: str) -> None:
 @pytest.mark.parametrize(
     "kwargs, message",
     [({"out_dtype": "float16"}, "out_dtype"), ({"activation": "tanh"}, "activation"),
-     ({"activation": "bias"}, "activation"), ({"accumulate": True, "bias": 1}, "accumulate")],
+     ({"activation": "bias"}, "activation"), ({"accumulate": True, "activation": "gelu"}, "accumulate"),
+     ({"addend": 1}, "addend is read by accumulate")],
 )  # fmt: skip
 def test_bad_arguments_are_refused_before_launch(kwargs: dict, message: str) -> None:
     args = {"out_dtype": "bfloat16", **kwargs}
