@@ -12,7 +12,7 @@ fused attention paths (which never materialize the probabilities) the same model
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -28,6 +28,16 @@ from .modules_basic import Dropout, Embedding, LayerNorm1d, Linear
 from .tensor import Tensor
 from .tensor_create import tensor_from_numpy
 from .tensor_data import IndexingError
+
+
+def plus_residual(dropout: Dropout, residual: Optional[Tensor], product: Callable[[Optional[Tensor]], Tensor]) -> Tensor:
+    """dropout(product(None)) + residual (just the first term without a residual), where product(r)
+    is a sublayer's last product with r added in its epilogue: product(residual) itself when dropout
+    is off, so that the block's residual stream costs no pass of its own (fused.linear)."""
+    if residual is not None and not dropout.active:
+        return product(residual)
+    out = dropout(product(None))
+    return out if residual is None else residual + out
 
 
 class MultiHeadAttention(Module):
@@ -130,12 +140,8 @@ class MultiHeadAttention(Module):
         return self._project(attended, residual)
 
     def _project(self, attended: Tensor, residual: Optional[Tensor]) -> Tensor:
-        """dropout(out_projection(attended)), plus residual when given: in the product's epilogue
-        when dropout is off, else added after it."""
-        if residual is not None and not self.dropout.active:
-            return self.out_projection(attended, residual=residual)
-        out = self.dropout(self.out_projection(attended))
-        return out if residual is None else residual + out
+        """dropout(out_projection(attended)), plus residual when given (see plus_residual)."""
+        return plus_residual(self.dropout, residual, lambda r: self.out_projection(attended, residual=r))
 
     def _forward_cached(self, x: Tensor, cache: LayerCache, residual: Optional[Tensor]) -> Tensor:
         B, T, C = x.shape
@@ -184,15 +190,9 @@ class FeedForward(Module):
 
     def forward(self, x: Tensor, residual: Optional[Tensor] = None) -> Tensor:
         first, second = self.linear_in, self.linear_out
-        fused = None if self.dropout.active else residual
-        out = feed_forward(
-            x, first.weight.value, None if first.bias is None else first.bias.value, second.weight.value,
-            None if second.bias is None else second.bias.value, "gelu", fused,
-        )  # fmt: skip
-        if fused is not None:
-            return out
-        out = self.dropout(out)
-        return out if residual is None else residual + out
+        weights = (first.weight.value, None if first.bias is None else first.bias.value, second.weight.value,
+                   None if second.bias is None else second.bias.value)  # fmt: skip
+        return plus_residual(self.dropout, residual, lambda r: feed_forward(x, *weights, "gelu", r))
 
 
 class TransformerLayer(Module):
