@@ -8,7 +8,7 @@ time or idle GPU), and the GPU's idle gaps between kernels: a CUDA graph's kerne
 another, and each boundary costs the drain of one kernel's last blocks and the launch of the next,
 so the short gaps (under --gap-us) add up what launches cost a program that is otherwise GPU-bound.
 
-Usage: python benchmarks/profile_kernels.py [--top 25] [--out FILE.json] -- program.py [its arguments]
+Usage: python benchmarks/profile_kernels.py [--top 25] [--out FILE.json] [--trace TRACE.json] -- program.py [args]
 (benchmarks/results/profile_kernels/ keeps the tables quoted in the README and the notes.)
 """
 
@@ -77,6 +77,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=25, help="kernels to print")
     parser.add_argument("--out", default=None, help="write the whole table as JSON here")
     parser.add_argument("--gap-us", type=float, default=50.0, help="idle gaps shorter than this count as launch gaps")
+    parser.add_argument("--trace", default=None, help="also write the kernels in order as a Chrome trace (Perfetto)")
     args = parser.parse_args(argv[:split])
     program = argv[split + 1 :]
     if not program:
@@ -116,6 +117,8 @@ def main(argv: List[str] | None = None) -> None:
     gaps = idle_gaps(prof, args.gap_us)
     print(f"GPU busy (union of all device activity) {gaps['busy_ms']:.1f} ms; {gaps['short_gaps']} idle gaps under "
           f"{args.gap_us:g} us add up to {gaps['short_gap_ms']:.2f} ms (median {gaps['median_short_gap_us']:.2f} us)")
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
     if args.out:
         write_json(args.out, {"program": program, "wall_s": wall, "kernels": rows, "gaps": gaps})
 

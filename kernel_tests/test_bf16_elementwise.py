@@ -1,6 +1,7 @@
 """bfloat16 map / zip / reduce kernels (combine.cu) against torch float64 on the same bfloat16 inputs:
 each within twice torch's own bfloat16 error; outputs stored as bfloat16 (bool and float32 where
-the operands promote to those), odd sizes, broadcasts, permuted and misaligned views."""
+the operands promote to those), odd sizes, broadcasts, permuted and misaligned views; the column
+sums behind the bias gradients (bfloat16 or float32 rows, float32 sums)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import minitorch  # noqa: E402
 from minitorch import bfloat16, float32  # noqa: E402
 
 from bf16_testing import assert_bf16_bound, bf16_pair, values  # noqa: E402
-from fused_testing import gpu, rng_for  # noqa: E402
+from fused_testing import assert_close, gpu, rng_for  # noqa: E402
+from minitorch.cuda import combine  # noqa: E402
 
 F = torch.nn.functional
 MAPS = {
@@ -127,3 +129,21 @@ def test_gelu_backward_in_bfloat16() -> None:
     xb = xt.clone().requires_grad_(True)
     F.gelu(xb, approximate="tanh").sum().backward()
     assert_bf16_bound(x.grad, xb.grad, xd.grad, "gelu backward")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("n,ld,offset", [(768, 768, 0), (770, 776, 0), (3071, 3072, 0), (768, 776, 1), (5, 8, 0)])
+def test_column_sums_of_row_blocks(dtype: str, n: int, ld: int, offset: int) -> None:
+    """combine.column_sums over [rows, n] blocks of rows ld apart (a bias gradient, a classifier
+    chunk's dbias): by four adjacent columns where the rows are aligned for it (n not a multiple of 4:
+    a short last group), else one column a thread; float32 sums of the stored values."""
+    rows = 1000
+    x = rng_for("column-sums", dtype, n, ld, offset).standard_normal((rows * ld + offset,)).astype(np.float32)
+    src = torch.from_numpy(x).to("cuda", getattr(torch, dtype))
+    stored = src.double().cpu().numpy()[offset:].reshape(rows, ld)[:, :n]
+    out = torch.full((n,), float("nan"), dtype=torch.float32, device="cuda")
+    combine.column_sums(out.data_ptr(), src.data_ptr() + offset * src.element_size(), n, rows, ld,
+                        getattr(minitorch, dtype))  # fmt: skip
+    torch.cuda.synchronize()
+    what = f"column sums of [{rows}, {n}] {dtype}, rows {ld} apart"
+    assert_close(out.double().cpu().numpy(), stored.sum(0), 1e-5, what, scale=float(np.abs(stored).sum(0).max()))

@@ -66,6 +66,25 @@ def test_layernorm_forward_and_backward(rows: int, hidden: int, start: int) -> N
     assert_bf16_bound(dbeta, bb.grad, bd.grad, f"layernorm dbeta {what}")
 
 
+@pytest.mark.parametrize("rows, hidden", [(33, 7), (17, 768), (4500, 768), (17, 776), (9, 1000), (5, 12288)])
+@pytest.mark.parametrize("start", [0, 1])
+def test_layernorm_backward_with_an_addend(rows: int, hidden: int, start: int) -> None:
+    """dinp + addend (a pre-LN block's residual gradient) in the kernel, rounded once: within the
+    bound of torch's bfloat16 dinp plus the addend, from the float64 sum."""
+    x, xt, dy, dyt, gamma, beta = _case(rows, hidden, start)
+    add, addt = bf16_pair(rng_for("addend", rows, hidden).normal(size=(rows, hidden)))
+    g, b = gpu(gamma), gpu(beta)
+    _, mean, rstd = on_tensors(CUDA.ops.layernorm_fw, x, g, b, 1e-5)
+    dx, _, _ = on_tensors(lambda *a: CUDA.ops.layernorm_bw(*a, addend=add._tensor), dy, x, g, mean, rstd)
+    gt, bt = torch.from_numpy(gamma).cuda(), torch.from_numpy(beta).cuda()
+    xd = xt.double().requires_grad_(True)
+    F.layer_norm(xd, (hidden,), gt.double(), bt.double(), 1e-5).backward(dyt.double())
+    xb = xt.clone().requires_grad_(True)
+    F.layer_norm(xb, (hidden,), gt.bfloat16(), bt.bfloat16(), 1e-5).backward(dyt)
+    what = f"[{rows}, {hidden}]{f' from element {start}' if start else ''}"
+    assert_bf16_bound(dx, xb.grad + addt, xd.grad + addt.double(), f"layernorm dinp + addend {what}")
+
+
 def test_layernorm_module_path_in_bfloat16() -> None:
     """Tensor.layernorm on a bfloat16 activation: bfloat16 out, float32 parameter gradients."""
     x, _ = bf16_pair(rng_for("module").normal(size=(4, 96)))

@@ -276,6 +276,8 @@ REDUCE_CASES = [
     ((300_000,), 0),
     ((64, 4096), 1),
     ((4096, 64), 0),
+    ((4096, 768), 0),  # a bias gradient: 4 adjacent columns a thread, split into partials
+    ((4, 256, 12), 0),  # a sum over the batch: 4 adjacent outputs a thread, no split
 ]
 
 

@@ -147,7 +147,7 @@ def test_layernorm_bw_raw_poisoned(hidden: int, misaligned: bool) -> None:
     x, g, dy, mean, rstd = (device_copy(a, off) for a in (x_np, g_np, dy_np, mean_np, rstd_np))
     dx, dgamma, dbeta, ws = (nan_buffer(n, off) for n in (rows * hidden, hidden, hidden, ws_len))
     code = lib.launch_layernorm_bw(0, dx.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), dy.data_ptr(), x.data_ptr(),
-                                   g.data_ptr(), mean.data_ptr(), rstd.data_ptr(), ws.data_ptr(), rows, hidden,
+                                   g.data_ptr(), mean.data_ptr(), rstd.data_ptr(), None, ws.data_ptr(), rows, hidden,
                                    torch.cuda.current_stream().cuda_stream)
     assert code == 0, lib.minitorch_error_string(code).decode()
     torch.cuda.synchronize()
@@ -165,9 +165,9 @@ def test_layernorm_bw_raw_rejects_bad_sizes() -> None:
     p = buf.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
     for rows, hidden in [(0, 4), (4, 0), (-3, 4)]:
-        code = lib.launch_layernorm_bw(0, p, p, p, p, p, p, p, p, p, rows, hidden, stream)
+        code = lib.launch_layernorm_bw(0, p, p, p, p, p, p, p, p, None, p, rows, hidden, stream)
         assert code != 0, f"rows={rows} hidden={hidden} must be rejected"
-    assert lib.launch_layernorm_bw(0, p, p, p, p, p, p, p, p, None, 4, 4, stream) != 0, "a null workspace must be rejected"
+    assert lib.launch_layernorm_bw(0, p, p, p, p, p, p, p, p, None, None, 4, 4, stream) != 0, "a null workspace must be rejected"
 
 
 def test_layernorm_bw_speedup_report() -> None:

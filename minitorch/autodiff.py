@@ -3,13 +3,18 @@
 A value that takes part in autodiff follows the `Variable` protocol: it has a unique id, knows
 whether it is a leaf (made by the user) or constant (no history), who its parents are, and how to
 turn the derivative of its output into derivatives of its inputs (`chain_rule`).
+
+Where an input is used more than once, its derivatives are summed. A Function's backward may do that
+sum itself: `Context.take_pending(i)` gives it the derivative gathered so far for input i, which it
+adds into its own (e.g. as the addend of its kernel: LayerNorm's input gradient and the residual
+stream's), and the engine then keeps the result instead of adding the two.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Protocol, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Protocol, Set, Tuple
 
 
 def central_difference(f: Any, *vals: Any, arg: int = 0, epsilon: float = 1e-6) -> Any:
@@ -37,7 +42,11 @@ class Variable(Protocol):
     @property
     def parents(self) -> Iterable["Variable"]: ...
 
-    def chain_rule(self, d_output: Any) -> Iterable[Tuple["Variable", Any]]: ...
+    def chain_rule(
+        self, d_output: Any, pending: Optional[Callable[["Variable"], Any]] = None
+    ) -> Iterable[Tuple["Variable", Any, bool]]:
+        """(input, its derivative, whether that already includes `pending(input)`, the derivative
+        gathered for it so far) for each input; pending: None offers nothing to fold."""
 
 
 def topological_sort(variable: Variable) -> List[Variable]:
@@ -90,10 +99,10 @@ def backpropagate(variable: Variable, deriv: Any) -> None:
             continue
         d = derivs.pop(var.unique_id, None)
         if d is not None:
-            for parent, d_parent in var.chain_rule(d):
+            for parent, d_parent, folded in var.chain_rule(d, lambda p: derivs.get(p.unique_id)):
                 if not parent.is_constant():
                     key = parent.unique_id
-                    derivs[key] = d_parent if key not in derivs else derivs[key] + d_parent
+                    derivs[key] = d_parent if folded or key not in derivs else derivs[key] + d_parent
         for parent in var.parents:
             if not parent.is_constant():
                 _use_done(parent, uses, derivs)
@@ -152,6 +161,21 @@ class Context:
     no_grad: bool = False
     saved_values: Tuple[Any, ...] = field(default_factory=tuple)
     needs_input_grad: Tuple[bool, ...] = ()  # per tensor input, as in torch: backward may skip the others
+    # during backward: per tensor input, the derivative gathered for it so far (None: none, or not
+    # offered), and the inputs whose returned gradient includes it (take_pending)
+    pending: Tuple[Any, ...] = ()
+    folded: Set[int] = field(default_factory=set)
+
+    def take_pending(self, i: int, dtype: Any) -> Any:
+        """The derivative backward has gathered so far for tensor input i, of input i's shape, when
+        there is one of this dtype (else None): the gradient this backward returns for input i must
+        then include it, the op adding it (e.g. as its kernel's addend, into a new tensor: never into
+        the pending one, which others may share) in place of the engine's sum."""
+        found = self.pending[i] if i < len(self.pending) else None
+        if found is None or found.dtype is not dtype:
+            return None
+        self.folded.add(i)
+        return found
 
     def save_for_backward(self, *values: Any) -> None:
         """Keep values for backward (skipped when no backward will run)."""

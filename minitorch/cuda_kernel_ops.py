@@ -125,12 +125,13 @@ def _hook(name: str, fn: Callable[..., Any]) -> Any:
 
 
 def _activation_hook(name: str, fn: Callable[..., Any], activations: int) -> Any:
-    """A hook whose first `activations` arguments may be stored in any of KERNEL_STORAGE (its
-    kernels are templated on their format) and the others (weights, statistics) as float32 only."""
+    """A hook whose first `activations` arguments and its keyword arguments (an addend laid out as an
+    activation) may be stored in any of KERNEL_STORAGE (its kernels are templated on their format)
+    and the other positional ones (weights, statistics) as float32 only."""
 
     def checked(*args: Any, **kwargs: Any) -> Any:
-        require_storage(name, KERNEL_STORAGE, *args[:activations])
-        require_storage(name, ("float32",), *args[activations:], *kwargs.values())
+        require_storage(name, KERNEL_STORAGE, *args[:activations], *kwargs.values())
+        require_storage(name, ("float32",), *args[activations:])
         return fn(*args, **kwargs)
 
     return staticmethod(checked)

@@ -131,11 +131,12 @@ class Scalar:
     def parents(self) -> Iterable[Variable]:
         return self.history.inputs
 
-    def chain_rule(self, d_output: Any) -> Iterable[Tuple[Variable, Any]]:
+    def chain_rule(self, d_output: Any, pending: Any = None) -> Iterable[Tuple[Variable, Any, bool]]:
+        """(input, derivative, False) per input: scalar functions fold nothing in."""
         h = self.history
         assert h.last_fn is not None and h.ctx is not None
         grads = h.last_fn._backward(h.ctx, d_output)
-        return list(zip(h.inputs, grads))
+        return [(inp, g, False) for inp, g in zip(h.inputs, grads)]
 
     def backward(self, d_output: Optional[float] = None) -> None:
         """Backpropagate from this scalar (derivative 1 unless given)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple, Type, Union
 
@@ -273,15 +274,29 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
         assert self.history is not None
         return self.history.inputs
 
-    def chain_rule(self, d_output: Any) -> Iterable[Tuple["Tensor", Any]]:
+    def chain_rule(
+        self, d_output: Any, pending: Optional[Callable[["Tensor"], Any]] = None
+    ) -> Iterable[Tuple["Tensor", Any, bool]]:
         h = self.history
         assert h is not None and h.last_fn is not None and h.ctx is not None
-        grads = h.last_fn._backward(h.ctx, d_output)
+        ctx = h.ctx
+        if pending is not None:  # an input used twice by this op is not offered: both uses would fold it
+            uses = Counter(inp.unique_id for inp in h.inputs)
+            ctx.pending = tuple(None if uses[inp.unique_id] > 1 else pending(inp) for inp in h.inputs)
+        try:
+            grads = h.last_fn._backward(ctx, d_output)
+            folded = ctx.folded
+        finally:
+            ctx.pending, ctx.folded = (), set()
         # As torch's engine does, each gradient takes its input's dtype (a bf16 use of an fp32 value gets an fp32 one),
         # except that a float32 master weight's 16-bit working copy passes float32 ones on unrounded.
         return [
-            (inp, g._sum_to(inp.shape).to(inp._grad_dtype or inp.dtype) if inp.dtype.is_floating else g._sum_to(inp.shape))
-            for inp, g in zip(h.inputs, grads)
+            (
+                inp,
+                g._sum_to(inp.shape).to(inp._grad_dtype or inp.dtype) if inp.dtype.is_floating else g._sum_to(inp.shape),
+                i in folded,
+            )
+            for i, (inp, g) in enumerate(zip(h.inputs, grads))
             if g is not None and not inp.is_constant()
         ]
 

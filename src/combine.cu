@@ -127,7 +127,10 @@ int launch_arange(float* out, int n, cudaStream_t stream) {
 long long reduce_workspace_floats(int n_out, int reduce_len, int reduce_stride) {
   int sms = 0;
   if (n_out <= 0 || reduce_len < 0 || mt::sm_count(&sms) != cudaSuccess) return 0;
-  return workspace_floats(plan_reduce(n_out, reduce_len, reduce_stride, sms, true), n_out);
+  // the most that either column kernel's plan needs (which one runs depends on the pointers' alignment too)
+  const long long one = workspace_floats(plan_reduce(n_out, reduce_len, reduce_stride, sms, true, 1), n_out);
+  const long long four = workspace_floats(plan_reduce(n_out, reduce_len, reduce_stride, sms, true, 4), n_out);
+  return one > four ? one : four;
 }
 
 // out[o] = fold(op, start, a[outer(o) + r * reduce_stride] for r < reduce_len) for every output

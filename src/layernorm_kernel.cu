@@ -28,7 +28,8 @@
 //
 // Backward: with xhat = (x - mean) * rstd and g = dout * gamma,
 //   dinp = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)), dgamma = sum_rows dout * xhat,
-//   dbeta = sum_rows dout.
+//   dbeta = sum_rows dout. An addend (inp's gradient from its other uses: the residual stream's) is
+//   added to dinp before its one rounding, read in the second pass.
 //   The saved mean is float32, so x - mean would carry its rounding (1e-5 at mean 100, a 1e-3
 //   error in xhat at std 0.01); the kernel recomputes the residual d = mean_j(x - mean) and uses
 //   xhat = (x - mean - d) * rstd. The three row sums (x - mean, g, g * (x - mean)) go through one
@@ -285,6 +286,14 @@ __global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES, 
         acc_b[it][c] += dy[c];
         g[c] = r.dinp(xhat, g[c]);
       }
+      if (a.addend != nullptr && live[it]) {
+        Held<T, VEC> held;
+        held.load(a.addend + offset + (it * LANES + lane) * VEC);
+        float add[VEC];
+        held.unpack(add);
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) g[c] += add[c];
+      }
       if (live[it]) {
         store_vec<VEC>(a.dinp + offset + (it * LANES + lane) * VEC, g);
       }
@@ -405,9 +414,16 @@ __global__ void __launch_bounds__(kStreamThreads) layernorm_bw_dinp_stream(const
 #pragma unroll
     for (int k = 0; k < kStreamChunk; ++k) {
       if (live[k]) {
+        const long long at = offset + (v0 + k * kStreamThreads + threadIdx.x) * VEC;
 #pragma unroll
         for (int c = 0; c < VEC; ++c) g[k][c] = r.dinp(r.xhat(z[k][c]), g[k][c]);
-        store_vec<VEC>(a.dinp + offset + (v0 + k * kStreamThreads + threadIdx.x) * VEC, g[k]);
+        if (a.addend != nullptr) {
+          float add[VEC];
+          load_vec<VEC>(add, a.addend + at);
+#pragma unroll
+          for (int c = 0; c < VEC; ++c) g[k][c] += add[c];
+        }
+        store_vec<VEC>(a.dinp + at, g[k]);
       }
     }
   }
@@ -611,15 +627,18 @@ int layernorm_fw(T* out, float* mean, float* rstd, const T* inp, const float* ga
 
 template <class T>
 int layernorm_bw(T* dinp, float* dgamma, float* dbeta, const T* dout, const T* inp, const float* gamma,
-                 const float* mean, const float* rstd, float* workspace, int rows, int hidden, cudaStream_t stream) {
+                 const float* mean, const float* rstd, const T* addend, float* workspace, int rows, int hidden,
+                 cudaStream_t stream) {
   const bool vec4 = hidden % 4 == 0 && mt::is_aligned4(dinp) && mt::is_aligned4(dout) && mt::is_aligned4(inp) &&
-                    mt::is_aligned16(gamma) && mt::is_aligned16(workspace);
+                    mt::is_aligned16(gamma) && mt::is_aligned16(workspace) &&
+                    (addend == nullptr || mt::is_aligned4(addend));
   const bool vec8 = std::is_same_v<T, mt::bf16> && vec4 && hidden % 8 == 0 && mt::is_aligned16(dinp) &&
-                    mt::is_aligned16(dout) && mt::is_aligned16(inp);
+                    mt::is_aligned16(dout) && mt::is_aligned16(inp) && (addend == nullptr || mt::is_aligned16(addend));
   const int vec = vec8 ? 8 : vec4 ? 4 : 1;
   BwPlan<T> plan;
   MT_RETURN_IF_ERROR(static_cast<cudaError_t>(plan_bw(rows, hidden, vec, &plan)));
-  BwArgs<T> a = {dinp, workspace, nullptr, dout, inp, gamma, mean, rstd, rows, hidden, 1.f / static_cast<float>(hidden)};
+  BwArgs<T> a = {dinp, workspace, nullptr, dout, inp, gamma, mean, rstd, rows, hidden, 1.f / static_cast<float>(hidden),
+                 addend};
   if (plan.rows_kernel.launch != nullptr) {
     MT_RETURN_IF_ERROR(static_cast<cudaError_t>(
         plan.rows_kernel.launch(a, static_cast<unsigned>(plan.parts), stream)));
@@ -667,10 +686,12 @@ extern "C" long long layernorm_bw_workspace_floats(int rows, int hidden) {
   return status != 0 ? -static_cast<long long>(status) : floats;
 }
 
-// format: the storage code of dinp, dout and inp (as launch_layernorm's).
+// format: the storage code of dinp, dout, inp and addend (as launch_layernorm's). addend: NULL, or a
+// [rows, hidden] tensor added to dinp (inp's gradient from its other uses, summed in float32 before
+// the one rounding).
 extern "C" int launch_layernorm_bw(int format, void* dinp, float* dgamma, float* dbeta, const void* dout,
                                    const void* inp, const float* gamma, const float* mean, const float* rstd,
-                                   float* workspace, int rows, int hidden, cudaStream_t stream) {
+                                   const void* addend, float* workspace, int rows, int hidden, cudaStream_t stream) {
   MT_RETURN_IF_INVALID(dinp == nullptr || dgamma == nullptr || dbeta == nullptr ||
                        dout == nullptr || inp == nullptr || gamma == nullptr || mean == nullptr ||
                        rstd == nullptr || workspace == nullptr);
@@ -678,6 +699,6 @@ extern "C" int launch_layernorm_bw(int format, void* dinp, float* dgamma, float*
   return mt::with_storage(format, [&](auto* t) {
     using T = std::remove_pointer_t<decltype(t)>;
     return layernorm_bw(static_cast<T*>(dinp), dgamma, dbeta, static_cast<const T*>(dout), static_cast<const T*>(inp),
-                        gamma, mean, rstd, workspace, rows, hidden, stream);
+                        gamma, mean, rstd, static_cast<const T*>(addend), workspace, rows, hidden, stream);
   });
 }

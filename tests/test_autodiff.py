@@ -109,3 +109,63 @@ def test_no_grad_restores_the_flag_after_an_exception() -> None:
         with no_grad():
             raise ValueError("boom")
     assert is_grad_enabled()
+
+
+class _TwiceFolding(minitorch.tensor_functions.Function):
+    """2 * a, whose backward folds the gradient already gathered for a into its own (records what
+    take_pending gave it)."""
+
+    offered: list = []
+
+    @staticmethod
+    def forward(ctx: Context, a: minitorch.Tensor) -> minitorch.Tensor:
+        return a * 2.0
+
+    @staticmethod
+    def backward(ctx: Context, d: minitorch.Tensor) -> minitorch.Tensor:
+        pending = ctx.take_pending(0, d.dtype)
+        _TwiceFolding.offered.append(pending)
+        return d * 2.0 if pending is None else pending + d * 2.0
+
+
+def test_a_backward_folds_the_gradient_gathered_for_its_input() -> None:
+    """x feeds 2x (a folding op) and, directly, the sum after it: backward reaches the sum first, so
+    2x's backward is offered x's gradient so far and returns the whole of it, which the engine keeps
+    instead of adding the two (x's gradient is 3, not 5)."""
+    _TwiceFolding.offered.clear()
+    x = minitorch.tensor([1.0, -2.0, 0.5], requires_grad=True)
+    (x + _TwiceFolding.apply(x)).sum().backward()
+    assert [o is not None for o in _TwiceFolding.offered] == [True]
+    assert x.grad.to_numpy().tolist() == [3.0, 3.0, 3.0]
+
+
+def test_nothing_is_offered_to_fold_without_another_use_or_of_another_dtype() -> None:
+    _TwiceFolding.offered.clear()
+    x = minitorch.tensor([1.0, 2.0], requires_grad=True)
+    _TwiceFolding.apply(x).sum().backward()  # x's only use: nothing gathered yet
+    assert _TwiceFolding.offered == [None]
+    assert x.grad.to_numpy().tolist() == [2.0, 2.0]
+    ctx = Context(pending=(minitorch.tensor([1.0]).bfloat16(),))
+    assert ctx.take_pending(0, minitorch.float32) is None and not ctx.folded
+    assert ctx.take_pending(0, minitorch.bfloat16) is ctx.pending[0] and ctx.folded == {0}
+
+
+def test_an_input_an_op_uses_twice_is_not_offered() -> None:
+    """An op whose inputs are x and x again: folding x's gathered gradient into both would count it
+    twice, so neither is offered it."""
+    offered = []
+
+    class Both(minitorch.tensor_functions.Function):
+        @staticmethod
+        def forward(ctx: Context, a: minitorch.Tensor, b: minitorch.Tensor) -> minitorch.Tensor:
+            return a + b
+
+        @staticmethod
+        def backward(ctx: Context, d: minitorch.Tensor):
+            offered.extend(ctx.take_pending(i, d.dtype) for i in range(2))
+            return d, d
+
+    x = minitorch.tensor([1.0, 2.0], requires_grad=True)
+    (x + Both.apply(x, x)).sum().backward()
+    assert offered == [None, None]
+    assert x.grad.to_numpy().tolist() == [3.0, 3.0]

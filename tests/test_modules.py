@@ -118,6 +118,28 @@ def test_layernorm1d_matches_torch(backend, fused: bool, shape: tuple) -> None:
     assert_close(grad_of(layer.bias.value, "bias"), ref.bias.grad, "LayerNorm1d grad bias", floor=gfloor(g))
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_layernorm1d_folds_the_residual_gradient_of_its_input(backend, fused: bool, monkeypatch) -> None:
+    """x + LayerNorm(x) (a pre-LN residual): backward reaches the sum before the LayerNorm, whose
+    backward (the fused kernel or its composed reference) is handed x's residual gradient and adds it
+    (Context.take_pending): x's gradient is still torch's."""
+    taken = []
+    take = minitorch.autodiff.Context.take_pending
+
+    def spy(ctx: minitorch.Context, i: int, dtype: minitorch.DType) -> object:
+        taken.append(take(ctx, i, dtype))
+        return taken[-1]
+
+    monkeypatch.setattr(minitorch.autodiff.Context, "take_pending", spy)
+    layer = LayerNorm1d(6, backend=backend, use_fused_kernel=fused)
+    x = np.random.default_rng(5).normal(1.0, 2.0, (3, 4, 6)).astype(np.float32)
+    tx, rx = mt(x, backend, requires_grad=True), t64(x, requires_grad=True)
+    (tx + layer(tx) * 0.5).sum().backward()
+    (rx + torch.nn.functional.layer_norm(rx, (6,), eps=1e-5) * 0.5).sum().backward()
+    assert [t is not None for t in taken] == ([True] if fused else [])
+    assert_close(grad_of(tx, "x"), rx.grad, "grad of x + LayerNorm(x) / 2")
+
+
 def test_layernorm1d_starts_as_identity_affine() -> None:
     layer = LayerNorm1d(5)
     np.testing.assert_array_equal(value(layer.weight), np.ones(5))

@@ -28,7 +28,7 @@ from ..tensor_data import TensorData
 from . import matmul_bf16
 from .combine import add_into, column_sums, contiguous, reduce_op
 from .convert import cast
-from .matmul import bf16_column_sums, raw_matmul
+from .matmul import raw_matmul
 from .runtime import INT_LIMIT, CudaShapeError, check, empty, ptr, require_float32, runtime
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
@@ -38,7 +38,25 @@ _F32 = 4  # bytes per element
 _sum0 = reduce_op(operators.add, 0.0)
 
 
-class _Float32Products:
+class _ChunkBias:
+    """dbias of the chunk products: the column sums of a chunk's dlogits (self.buffer, rows self.ld
+    apart, of self.dtype), the first chunk's into dbias, later ones through a float32 scratch row."""
+
+    dtype = float32
+    scratch: Optional[Any] = None
+
+    def bias_gradient(self, dbias: TensorData, n0: int, rows: int) -> None:
+        """dbias (+)= the column sums of the chunk's dlogits."""
+        if n0 == 0:
+            column_sums(ptr(dbias), self.buffer.data_ptr(), self.V, rows, self.ld, self.dtype)
+            return
+        if self.scratch is None:
+            self.scratch = runtime().buffer(self.V)
+        column_sums(self.scratch.data_ptr(), self.buffer.data_ptr(), self.V, rows, self.ld, self.dtype)
+        add_into(ptr(dbias), self.scratch.data_ptr(), self.V)
+
+
+class _Float32Products(_ChunkBias):
     """The chunk products in float32: the matmul library on raw pointers into the buffers; float32
     logits (rows ld apart, 16-byte aligned), their gradient in place, dbias by column sums."""
 
@@ -51,7 +69,6 @@ class _Float32Products:
         self.C, self.V, self.ld = h.shape[1], weight.shape[1], ld
         self.transposed = weight.is_transposed()
         self.buffer = runtime().buffer(chunk * self.ld)  # kept referenced: every chunk reuses it
-        self.scratch: Optional[Any] = None
 
     def logits(self, n0: int, rows: int) -> None:
         raw_matmul(self.buffer.data_ptr(), self.hp + _F32 * n0 * self.C, self.wp, rows, self.V, self.C, (self.C, 1),
@@ -66,24 +83,17 @@ class _Float32Products:
         else:
             raw_matmul(ptr(dweight), h_rows, lg, C, V, rows, (1, C), (ld, 1), accumulate=n0 > 0)
 
-    def bias_gradient(self, dbias: TensorData, n0: int, rows: int) -> None:
-        """dbias (+)= the column sums of the chunk's dlogits (later chunks through a scratch row)."""
-        if n0 == 0:
-            column_sums(ptr(dbias), self.buffer.data_ptr(), self.V, rows, self.ld)
-            return
-        if self.scratch is None:
-            self.scratch = runtime().buffer(self.V)
-        column_sums(self.scratch.data_ptr(), self.buffer.data_ptr(), self.V, rows, self.ld)
-        add_into(ptr(dbias), self.scratch.data_ptr(), self.V)
 
 
-class _Bfloat16Products:
+class _Bfloat16Products(_ChunkBias):
     """The chunk products of bf16 hidden states and weight: matmul_bf16 on torch views of the buffers,
     bf16 logits (rows a multiple of 8 elements apart, for the library's TMA path), their gradient
     rounded to bf16 in place by the classifier and read as it lies by dhidden and dweight; dbias
-    (float32) as a product with a row of ones."""
+    (float32) by column sums of the bf16 gradient."""
 
     launcher = "launch_fused_classifier_bf16"
+
+    dtype = bfloat16
 
     row_multiple = 8
 
@@ -111,10 +121,6 @@ class _Bfloat16Products:
             matmul_bf16.matmul(dl.t(), h_rows, out=dweight._storage.view(V, C), accumulate=n0 > 0)
         else:
             matmul_bf16.matmul(h_rows.t(), dl, out=dweight._storage.view(C, V), accumulate=n0 > 0)
-
-    def bias_gradient(self, dbias: TensorData, n0: int, rows: int) -> None:
-        bf16_column_sums(ptr(dbias), self.buffer.data_ptr(), self.V, rows, (self.ld, 1), accumulate=n0 > 0,
-                         what=f"fused classifier dbias [{rows}, {self.V}]")  # fmt: skip
 
 
 def linear_cross_entropy_fw(

@@ -20,7 +20,9 @@ from .. import operators
 from ..dtypes import DType, bfloat16, bool_, float32
 from ..tensor_data import TensorData, coalesce, prod, shape_broadcast, strides_from_shape
 from .layout import MtLayout, elementwise_plan, layout, remember
-from .runtime import CudaShapeError, Runtime, check, check_names, empty, on_load, ptr, runtime, storage_code
+from .runtime import (
+    KERNEL_STORAGE, CudaShapeError, Runtime, check, check_names, empty, on_load, ptr, runtime, storage_code,
+)
 
 UNARY_OPS = (
     "id", "neg", "sigmoid", "relu", "log", "exp", "inv", "tanh", "gelu", "abs", "sqrt", "sin", "cos", "floor", "gelu_erf",
@@ -259,18 +261,22 @@ def _reduce_plan(c: ctypes.CDLL, shape: Tuple[int, ...], strides: Tuple[int, ...
     return out_shape, out_l, outer_l, n_out, reduce_len, reduce_stride, ws_len
 
 
-def column_sums(out: int, a: int, n_out: int, n_rows: int, row_stride: int) -> None:
-    """out[o] = sum over r < n_rows of a[o + r * row_stride], for o < n_out (raw pointers; deterministic)."""
+def column_sums(
+    out: int, a: int, n_out: int, n_rows: int, row_stride: int, dtype: DType = float32, column_stride: int = 1
+) -> None:  # fmt: skip
+    """out[o] = sum over r < n_rows of a[o * column_stride + r * row_stride], for o < n_out: raw pointers,
+    a of dtype (float32 or bfloat16), float32 out and sums, deterministic (a bias gradient: one 4-column
+    load a row where the columns are adjacent)."""
     rt = runtime()
     c = lib(rt)
     ws_len = c.reduce_workspace_floats(n_out, n_rows, row_stride)
     ws = rt.buffer(ws_len) if ws_len else None
-    flat = layout((n_out,), (1,))
     code = c.launch_reduce(
-        BINARY_CODES[operators.add], 0, 0, out, flat, a, flat, n_rows, row_stride, 0.0,
-        None if ws is None else ws.data_ptr(), ws_len, rt.stream(),
+        BINARY_CODES[operators.add], 0, KERNEL_STORAGE.index(dtype.storage), out, layout((n_out,), (1,)), a,
+        layout((n_out,), (column_stride,)), n_rows, row_stride, 0.0, None if ws is None else ws.data_ptr(), ws_len,
+        rt.stream(),
     )  # fmt: skip
-    check(code, c, f"column sums of [{n_rows}, {n_out}]")
+    check(code, c, f"column sums of [{n_rows}, {n_out}] {dtype}")
 
 
 def add_into(dst: int, src: int, n: int) -> None:

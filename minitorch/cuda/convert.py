@@ -4,16 +4,15 @@ float16 storage and copies of one 16-bit dtype, over any layouts: the CUDA backe
 from __future__ import annotations
 
 import ctypes
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 from ..dtypes import DType, float32
 from ..tensor_data import TensorData
-from .combine import copy, fill, map_layouts
+from .combine import copy, map_layouts
 from .layout import MtLayout
 from .runtime import Runtime, check, check_names, empty, on_load, ptr, runtime
 
 STORAGE_CODES = ("float32", "bfloat16", "float16")  # the kernels' dtype codes, by position
-_constants: Dict[Tuple[float, int, str], TensorData] = {}  # (value, length, dtype name) -> the vector
 
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, MtLayout
 SIGNATURES = {
@@ -49,16 +48,3 @@ def cast(a: TensorData, dtype: DType, out: Optional[TensorData] = None) -> Tenso
         code = c.launch_convert(ptr(a), src, a_l, ptr(o), dst, out_l, rt.stream())
         check(code, c, f"cast {a.dtype.name} {a.shape} -> {o.dtype.name} {o.shape}")
     return o
-
-
-def constant(value: float, n: int, dtype: DType) -> TensorData:
-    """A contiguous [n] vector of dtype holding value everywhere, made once per (value, n, dtype) and
-    kept (never evicted: a captured CUDA graph may read it; a program's first step, eager, makes it
-    before any capture)."""
-    key = (float(value), n, dtype.name)
-    found = _constants.get(key)
-    if found is None:
-        filled = empty((n,))
-        fill(filled, value)
-        found = _constants[key] = filled if dtype.storage == float32.storage else cast(filled, dtype)
-    return found

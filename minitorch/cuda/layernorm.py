@@ -6,18 +6,18 @@ beta, their gradients and the saved mean and rstd are float32, and so is all the
 from __future__ import annotations
 
 import ctypes
-from typing import Tuple
+from typing import Optional, Tuple
 
 from ..tensor_data import TensorData
 from .combine import contiguous, fill
 from .convert import cast
-from .runtime import check, empty, ptr, runtime, storage_code
+from .runtime import CudaShapeError, check, empty, ptr, runtime, storage_code
 
 _P, _I, _F, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_longlong
 SIGNATURES = {
     "launch_layernorm": (_I, [_I, _P, _P, _P, _P, _P, _P, _I, _I, _F, _P]),
     "layernorm_bw_workspace_floats": (_LL, [_I, _I]),
-    "launch_layernorm_bw": (_I, [_I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P]),
+    "launch_layernorm_bw": (_I, [_I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P]),
 }
 
 
@@ -38,10 +38,14 @@ def layernorm_fw(inp: TensorData, gamma: TensorData, beta: TensorData, eps: floa
 
 
 def layernorm_bw(
-    grad_out: TensorData, inp: TensorData, gamma: TensorData, mean: TensorData, rstd: TensorData
-) -> Tuple[TensorData, TensorData, TensorData]:
+    grad_out: TensorData, inp: TensorData, gamma: TensorData, mean: TensorData, rstd: TensorData,
+    addend: Optional[TensorData] = None,
+) -> Tuple[TensorData, TensorData, TensorData]:  # fmt: skip
     """(dinp [inp's dtype], dgamma, dbeta [float32]) of LayerNorm; a grad_out stored otherwise than
-    inp is cast to inp's dtype first."""
+    inp is cast to inp's dtype first. addend (inp's shape and dtype): added to dinp in the kernel, in
+    float32 before dinp's rounding (inp's gradient from its other uses)."""
+    if addend is not None and (addend.shape != inp.shape or addend.dtype.storage != inp.dtype.storage):
+        raise CudaShapeError(f"layernorm_bw addend {addend.dtype.name} {addend.shape} for input {inp.dtype.name} {inp.shape}")
     C = inp.shape[-1]
     rows = inp.size // C
     dinp, dgamma, dbeta = empty(inp.shape, inp.dtype), empty((C,)), empty((C,))
@@ -58,9 +62,10 @@ def layernorm_bw(
     if grad_out.dtype.storage != inp.dtype.storage:
         grad_out = cast(grad_out, inp.dtype)
     tensors = tuple(contiguous(t) for t in (grad_out, inp, gamma, mean, rstd))
+    add = None if addend is None else contiguous(addend)
     code = lib.launch_layernorm_bw(
-        storage_code(inp), ptr(dinp), ptr(dgamma), ptr(dbeta), *(ptr(t) for t in tensors), ws.data_ptr(), rows, C,
-        rt.stream(),
+        storage_code(inp), ptr(dinp), ptr(dgamma), ptr(dbeta), *(ptr(t) for t in tensors), None if add is None else ptr(add),
+        ws.data_ptr(), rows, C, rt.stream(),
     )  # fmt: skip
     check(code, lib, f"layernorm_bw {inp.shape}")
     return dinp, dgamma, dbeta

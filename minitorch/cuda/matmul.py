@@ -18,8 +18,8 @@ from ..dtypes import arithmetic, bfloat16, float32, result_type
 from ..precision import precision_code
 from ..tensor_data import TensorData
 from . import matmul_bf16
-from .combine import add_into, contiguous, fill
-from .convert import cast, constant
+from .combine import add_into, column_sums, contiguous, fill
+from .convert import cast
 from .layout import MtLayout, layout, product_plan, remember
 from .runtime import check, empty, fork_join, ptr, require_float32, runtime
 
@@ -122,8 +122,9 @@ def linear_bw(
 ) -> Optional[Tuple[TensorData, TensorData, Optional[TensorData]]]:
     """The products of a Linear's backward from d [rows, out], its pre-activation gradient, when d,
     x [rows, in] and weight [out, in] are bfloat16: (dx = d @ weight in bfloat16, dweight = d^T @ x
-    [out, in] in float32, dbias = the column sums of d in float32, or None without a bias), each one
-    bf16 product with float32 sums (dbias: a row of ones @ d).  None for other dtypes: the caller composes.
+    [out, in] in float32, dbias = the column sums of d in float32, or None without a bias), the products
+    bf16 with float32 sums, dbias a column reduction (combine.column_sums).  None for other dtypes: the
+    caller composes.
     With x_pre [rows, in] (bfloat16) and x_activation "gelu" or "relu", where x = x_activation(x_pre), dx
     is x_pre's gradient: the product times the activation's derivative at x_pre, in its epilogue.
 
@@ -154,21 +155,12 @@ def linear_bw(
                                (d.strides[1], d.strides[0], x.strides[0], x.strides[1]),
                                what=f"linear dweight of {shapes}")  # fmt: skip
         if dbias is not None and n and rows:
-            bf16_column_sums(ptr(dbias), ptr(d), n, rows, d_rows, what=f"linear dbias of {shapes}")
+            column_sums(ptr(dbias), ptr(d), n, rows, d.strides[0], bfloat16, d.strides[1])
         elif dbias is not None and n:
             fill(dbias, 0.0)
 
     fork_join(weight_gradients, input_gradient)
     return dx, dweight, dbias
-
-
-def bf16_column_sums(
-    out: int, d: int, n: int, rows: int, d_strides: Tuple[int, int], accumulate: bool = False, what: str = "column sums"
-) -> None:  # fmt: skip
-    """out[j] (+)= sum over r < rows of d[r, j] for j < n: float32 out, bfloat16 d with strides (row, column),
-    raw pointers; one bf16 product of a row of ones with d, float32 sums."""
-    matmul_bf16.launch(out, "float32", n, ptr(constant(1.0, rows, bfloat16)), d, 1, n, rows, (rows, 1, *d_strides),
-                       accumulate=accumulate, what=what)  # fmt: skip
 
 
 def raw_matmul(

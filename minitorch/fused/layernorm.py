@@ -83,7 +83,12 @@ class LayerNorm(Function):
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", "Tensor", "Tensor"]:
         inp, gamma, mean, rstd = ctx.saved_values
         kernel = hook(inp.backend.ops, "layernorm_bw")
+        # the input's gradient from its other uses (a pre-LN block's residual stream) joins dinp: in
+        # the kernel, or by one sum (the engine's) in the composed reference
+        pending = ctx.take_pending(0, inp.dtype)
         if kernel is None:
-            return layernorm_backward_reference(grad_output, inp, gamma, mean, rstd)
-        tds = kernel(grad_output._tensor, inp._tensor, gamma._tensor, mean._tensor, rstd._tensor)
+            dinp, dgamma, dbeta = layernorm_backward_reference(grad_output, inp, gamma, mean, rstd)
+            return (dinp if pending is None else pending + dinp), dgamma, dbeta
+        addend = {} if pending is None else {"addend": pending._tensor}
+        tds = kernel(grad_output._tensor, inp._tensor, gamma._tensor, mean._tensor, rstd._tensor, **addend)
         return tuple(inp._new(t) for t in tds)  # type: ignore[return-value]

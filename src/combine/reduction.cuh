@@ -3,7 +3,9 @@
 //              row with float4 loads, then a shuffle reduction.
 //   "columns": any other stride: a 32x8 block, x over 32 consecutive outputs (coalesced when the
 //              outputs are adjacent in memory), y over the reduced dim, then a shared-memory
-//              reduction over y.
+//              reduction over y. Where the outputs are adjacent in the input and in the output (the
+//              column sums of a row-major block: a bias gradient, a sum over the batch) and the rows
+//              are aligned for it, a thread takes 4 adjacent outputs with one 4-element load a row.
 // With few outputs and a long reduced dim both split the reduced dim over more warps/blocks, write
 // partials to a caller-provided workspace, and a second launch reduces the partials (deterministic, no
 // atomics). The input's storage TI and the output's TO are float or bfloat16; accumulation, partials
@@ -19,6 +21,7 @@
 #include "../includes/layout.cuh"
 #include "../includes/reduce.cuh"
 #include "../includes/storage.cuh"
+#include "../includes/vec.cuh"
 
 namespace {
 
@@ -122,6 +125,55 @@ reduce_cols_kernel(TO* out, const MtLayout out_l, const TI* a, const MtLayout ou
   }
 }
 
+// reduce_cols_kernel for outputs o adjacent in the input and the output (a[o + r * reduce_stride],
+// out[o]), 4 a thread: one load4 a row, four rows in flight; the partials of the 8 rows meet in shared
+// memory laid out [row][output of the thread][thread], so that the writes are conflict-free.
+template <class TO, class TI, class Op>
+__global__ void __launch_bounds__(kColsX* kColsY)
+reduce_cols4_kernel(TO* out, const TI* a, int n_out, int reduce_len, int reduce_stride, int chunk, float identity,
+                    float start, float* partial, Op op) {
+  __shared__ float tile[kColsY][4][kColsX];
+  const int o = (blockIdx.x * kColsX + threadIdx.x) * 4;
+  const int lo = blockIdx.y * chunk;
+  const int hi = min(reduce_len, lo + chunk);
+  float4 acc = make_float4(identity, identity, identity, identity);
+  if (o < n_out) {
+    const TI* p = a + o;
+    const auto fold = [&](float4 v) { acc = mt::apply4(op, acc, v); };
+    const auto row = [&](int r) {
+      const TI* q = p + static_cast<long long>(r) * reduce_stride;
+      if (o + 4 <= n_out) return mt::load4(q);
+      float4 v = make_float4(identity, identity, identity, identity);
+      v.x = mt::to_float(q[0]);
+      if (o + 1 < n_out) v.y = mt::to_float(q[1]);
+      if (o + 2 < n_out) v.z = mt::to_float(q[2]);
+      return v;
+    };
+    int r = lo + threadIdx.y;
+    for (; r + 3 * kColsY < hi; r += 4 * kColsY) {
+      const float4 v0 = row(r), v1 = row(r + kColsY), v2 = row(r + 2 * kColsY), v3 = row(r + 3 * kColsY);
+      fold(mt::apply4(op, mt::apply4(op, v0, v1), mt::apply4(op, v2, v3)));
+    }
+    for (; r < hi; r += kColsY) fold(row(r));
+  }
+  tile[threadIdx.y][0][threadIdx.x] = acc.x;
+  tile[threadIdx.y][1][threadIdx.x] = acc.y;
+  tile[threadIdx.y][2][threadIdx.x] = acc.z;
+  tile[threadIdx.y][3][threadIdx.x] = acc.w;
+  __syncthreads();
+  const int c = threadIdx.y;  // threads y < 4 finish one output each
+  if (c < 4 && o + c < n_out) {
+    float v = tile[0][c][threadIdx.x];
+#pragma unroll
+    for (int y = 1; y < kColsY; ++y) v = op(v, tile[y][c][threadIdx.x]);
+    if (partial != nullptr) {
+      partial[static_cast<long long>(blockIdx.y) * n_out + o + c] = v;
+    } else {
+      out[o + c] = mt::from_float<TO>(op(start, v));
+    }
+  }
+}
+
 struct ReducePlan {
   bool rows;   // reduce_rows_kernel (else reduce_cols_kernel)
   int splits;  // parts the reduced dim is cut into (1: no workspace, no second pass)
@@ -129,8 +181,9 @@ struct ReducePlan {
 };
 
 // Splitting only pays when there are too few outputs to fill the GPU and each part still has
-// enough elements to amortize the second pass.
-ReducePlan plan_reduce(int n_out, int reduce_len, int reduce_stride, int sms, bool allow_split) {
+// enough elements to amortize the second pass. per_thread: the column kernel's outputs a thread (1, or
+// 4 for reduce_cols4_kernel).
+ReducePlan plan_reduce(int n_out, int reduce_len, int reduce_stride, int sms, bool allow_split, int per_thread) {
   ReducePlan plan{reduce_stride == 1 && reduce_len >= 32, 1, reduce_len};
   if (!allow_split) return plan;
   long long splits = 1;
@@ -146,7 +199,7 @@ ReducePlan plan_reduce(int n_out, int reduce_len, int reduce_stride, int sms, bo
       }
     }
   } else {
-    const long long blocks = mt::ceil_div(n_out, kColsX);
+    const long long blocks = mt::ceil_div(n_out, kColsX * per_thread);
     const long long target_blocks = static_cast<long long>(sms) * 8;
     if (blocks < target_blocks && reduce_len >= 256) {
       splits = mt::ceil_div(target_blocks, blocks);
@@ -168,12 +221,21 @@ long long workspace_floats(const ReducePlan& plan, int n_out) {
   return plan.splits > 1 ? static_cast<long long>(plan.splits) * n_out : 0;
 }
 
+// Whether reduce_cols4_kernel can take this reduction: outputs adjacent in a (1-D outer, stride 1)
+// and in out, and every row 4-element aligned.
+template <class TI>
+bool columns_by_four(const MtLayout& out_l, const TI* a, const MtLayout& outer, int reduce_stride) {
+  return outer.ndim == 1 && outer.strides[0] == 1 && out_l.ndim == 1 && out_l.strides[0] == 1 && mt::is_aligned4(a) &&
+         reduce_stride % 4 == 0;
+}
+
 template <class Op, class TO, class TI>
 int reduce_pass(Op op, TO* out, const MtLayout& out_l, const TI* a, const MtLayout& outer,
                 int n_out, int reduce_len, int reduce_stride, float identity, float start,
                 float* workspace, long long workspace_len, bool allow_split, int sms,
                 cudaStream_t stream) {
-  const ReducePlan plan = plan_reduce(n_out, reduce_len, reduce_stride, sms, allow_split);
+  const bool by_four = columns_by_four(out_l, a, outer, reduce_stride);
+  const ReducePlan plan = plan_reduce(n_out, reduce_len, reduce_stride, sms, allow_split, by_four ? 4 : 1);
   const long long need = workspace_floats(plan, n_out);
   MT_RETURN_IF_INVALID(need > 0 && (workspace == nullptr || workspace_len < need));
   float* partial = need > 0 ? workspace : nullptr;
@@ -185,6 +247,10 @@ int reduce_pass(Op op, TO* out, const MtLayout& out_l, const TI* a, const MtLayo
     reduce_rows_kernel<<<static_cast<int>(blocks), kReduceThreads, 0, stream>>>(
         out, out_l, a, outer, units, plan.splits, plan.chunk, reduce_len, identity, start, partial,
         op);
+  } else if (by_four) {
+    const dim3 grid(static_cast<unsigned>(mt::ceil_div(n_out, 4 * kColsX)), static_cast<unsigned>(plan.splits));
+    reduce_cols4_kernel<<<grid, dim3(kColsX, kColsY), 0, stream>>>(out, a, n_out, reduce_len, reduce_stride, plan.chunk,
+                                                                 identity, start, partial, op);
   } else {
     const dim3 grid(static_cast<unsigned>(mt::ceil_div(n_out, kColsX)), static_cast<unsigned>(plan.splits));
     reduce_cols_kernel<<<grid, dim3(kColsX, kColsY), 0, stream>>>(

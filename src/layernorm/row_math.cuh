@@ -205,6 +205,7 @@ struct BwArgs {
   int rows;
   int hidden;
   float inv_hidden;
+  const T* addend;  // added to dinp where not null: inp's gradient gathered so far (the residual stream's)
 };
 
 }  // namespace mt_ln
