@@ -50,28 +50,25 @@ class Variable(Protocol):
 
 
 def topological_sort(variable: Variable) -> List[Variable]:
-    """All non-constant variables reachable from `variable`, each after every variable using it.
+    """All non-constant variables reachable from `variable`, newest first: a variable is made after
+    the ones it uses (unique ids count up), so each comes after every variable using it, and of two
+    uses of one value the later one in forward runs first in backward, as in PyTorch's engine (which
+    orders by sequence number). So the order is the program's, not the graph walk's: an op early in
+    forward that can fold a value's other gradients into its own (Context.take_pending: a pre-LN
+    block's LayerNorm, a tied head's embedding) finds them gathered.
 
     Iterative, so a graph thousands of ops deep does not hit Python's recursion limit.
     """
-    order: List[Variable] = []
-    seen = set()
-    stack: List[Tuple[Variable, bool]] = [(variable, False)]
+    found: Dict[int, Variable] = {}
+    stack: List[Variable] = [variable]
     while stack:
-        var, expanded = stack.pop()
-        if expanded:
-            order.append(var)
+        var = stack.pop()
+        if var.unique_id in found or var.is_constant():
             continue
-        if var.unique_id in seen or var.is_constant():
-            continue
-        seen.add(var.unique_id)
-        stack.append((var, True))
+        found[var.unique_id] = var
         if not var.is_leaf:
-            for parent in var.parents:
-                if parent.unique_id not in seen and not parent.is_constant():
-                    stack.append((parent, False))
-    order.reverse()
-    return order
+            stack.extend(p for p in var.parents if p.unique_id not in found and not p.is_constant())
+    return [found[i] for i in sorted(found, reverse=True)]
 
 
 def backpropagate(variable: Variable, deriv: Any) -> None:

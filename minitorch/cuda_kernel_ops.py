@@ -169,9 +169,13 @@ def _embedding_fw(weight: TensorData, ids: TensorData, dtype: Optional[DType] = 
     return embedding.embedding_fw(weight, _float_ids(ids, weight.shape[0], "embedding"), dtype)
 
 
-def _embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None) -> TensorData:
-    require_storage("embedding_bw", KERNEL_STORAGE, grad_out)
-    return embedding.embedding_bw(grad_out, _float_ids(ids, num_embeddings, "embedding backward"), num_embeddings, dtype)
+def _embedding_bw(
+    grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None,
+    initial: Optional[TensorData] = None,
+) -> TensorData:  # fmt: skip
+    require_storage("embedding_bw", KERNEL_STORAGE, grad_out, initial)
+    ids = _float_ids(ids, num_embeddings, "embedding backward")
+    return embedding.embedding_bw(grad_out, ids, num_embeddings, dtype, initial)
 
 
 def _gather_rows(out: TensorData, source: TensorData, ids: TensorData) -> None:

@@ -307,12 +307,15 @@ class FastOps(TensorOps):
         return emulated(o, dtype or weight.dtype)
 
     @staticmethod
-    def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None) -> TensorData:
+    def embedding_bw(
+        grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None,
+        initial: Optional[TensorData] = None,
+    ) -> TensorData:  # fmt: skip
         """Scatter-add of grad_out rows [..., C] into a zeroed [num_embeddings, C] gradient of dtype
-        (default grad_out's), summed in float32."""
+        (default grad_out's), or into a copy of initial, summed in float32."""
         C = grad_out.shape[-1]
         flat = host_ids(ids, num_embeddings)
         o = empty(FastOps, (num_embeddings, C))
-        o._storage[:] = 0.0
+        o._storage[:] = 0.0 if initial is None else _contiguous(initial)._storage
         _scatter_add_kernel(o._storage, _contiguous(grad_out)._storage, flat, ids.size, C)
         return emulated(o, dtype or grad_out.dtype)

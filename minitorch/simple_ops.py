@@ -168,11 +168,17 @@ class SimpleOps(TensorOps):
         return emulated(out, dtype or weight.dtype)
 
     @staticmethod
-    def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None) -> TensorData:
+    def embedding_bw(
+        grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None,
+        initial: Optional[TensorData] = None,
+    ) -> TensorData:  # fmt: skip
         """Each row of grad_out [..., C] added into row ids[r] of a zeroed [num_embeddings, C] of dtype
-        (default grad_out's), summed in float32."""
+        (default grad_out's), or of a copy of initial, summed in float32."""
         C = grad_out.shape[-1]
-        out = np.zeros((num_embeddings, C), np.float32)
+        if initial is None:
+            out = np.zeros((num_embeddings, C), np.float32)
+        else:
+            out = as_array(initial).astype(np.float32).reshape(num_embeddings, C)
         np.add.at(out, host_ids(ids, num_embeddings), np.ascontiguousarray(as_array(grad_out)).reshape(-1, C))
         return emulated(TensorData(out.reshape(-1), (num_embeddings, C)), dtype or grad_out.dtype)
 

@@ -69,6 +69,29 @@ def test_embedding_matches_torch(backend) -> None:
     assert np.all(layer.weight.value.grad.to_numpy()[[3, 4]] == 0.0)
 
 
+def test_tied_embedding_adds_its_rows_to_the_heads_gradient(backend, monkeypatch) -> None:
+    """A table used as the embedding and, transposed, as the LM head: backward reaches the head first,
+    and the embedding's scatter starts from the head's gradient (Context.take_pending) instead of zeros
+    and a sum; the table's gradient is still torch's."""
+    taken = []
+    take = minitorch.autodiff.Context.take_pending
+
+    def spy(ctx: minitorch.Context, i: int, dtype: minitorch.DType) -> object:
+        taken.append(take(ctx, i, dtype))
+        return taken[-1]
+
+    monkeypatch.setattr(minitorch.autodiff.Context, "take_pending", spy)
+    layer = Embedding(6, 4, backend=backend)
+    ref = torch.nn.Embedding(6, 4, dtype=torch.float64)
+    with torch.no_grad():
+        ref.weight.copy_(t64(value(layer.weight)))
+    ids = np.array([[0, 5, 2], [2, 2, 1]])
+    (layer(mt(ids, backend)) @ layer.weight.value.transpose(0, 1)).sum().backward()
+    (ref(torch.tensor(ids)) @ ref.weight.t()).sum().backward()
+    assert [t is not None for t in taken] == [True]
+    assert_close(grad_of(layer.weight.value, "weight"), ref.weight.grad, "tied table's gradient")
+
+
 def test_fast_embedding_rejects_ids_out_of_range() -> None:
     layer = Embedding(3, 2, backend=FAST)
     with pytest.raises(IndexError, match=r"embedding ids must be integers in \[0, 3\), got values in \[0.0, 3.0\]"):

@@ -15,7 +15,7 @@ from typing import Optional
 
 from ..dtypes import DType, float32
 from ..tensor_data import TensorData
-from .combine import contiguous, fill
+from .combine import contiguous, copy, fill
 from .convert import cast
 from .runtime import CudaShapeError, check, empty, ptr, runtime, storage_code
 
@@ -43,12 +43,21 @@ def embedding_fw(weight: TensorData, ids: TensorData, dtype: Optional[DType] = N
     return out
 
 
-def embedding_bw(grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None) -> TensorData:
+def embedding_bw(
+    grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None,
+    initial: Optional[TensorData] = None,
+) -> TensorData:  # fmt: skip
     """Scatter-add of the rows of grad_out [..., C] into a zeroed [num_embeddings, C] of dtype
-    (default grad_out's), summed in float32."""
+    (default grad_out's), or into a float32 copy of initial [num_embeddings, C] (one pass that
+    replaces the zeros and a later sum with the table's other gradient), summed in float32."""
     C = grad_out.shape[-1]
     out = empty((num_embeddings, C))
-    fill(out, 0.0)
+    if initial is None:
+        fill(out, 0.0)
+    elif initial.shape != out.shape:
+        raise CudaShapeError(f"embedding_bw: initial table {initial.shape} for a gradient of shape {out.shape}")
+    else:
+        copy(initial, out)
     if grad_out.size:
         rt = runtime()
         lib = rt.lib("embedding_kernel", SIGNATURES)

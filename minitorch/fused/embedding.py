@@ -54,14 +54,21 @@ class Embedding(Function):
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
         ids, num_embeddings, dtype = ctx.saved_values
-        return (scatter_rows(grad_output, ids, num_embeddings, dtype),)
+        # the table's gradient from its other uses (a tied LM head's) is where the rows are added
+        initial = ctx.take_pending(0, dtype)
+        return (scatter_rows(grad_output, ids, num_embeddings, dtype, initial),)
 
 
-def scatter_rows(rows: "Tensor", ids: "Tensor", num_embeddings: int, dtype: Optional[DType] = None) -> "Tensor":
-    """[num_embeddings, C] zeros with each row r of rows [..., C] added at row ids[r] (no autodiff), in
-    dtype (default rows'); the sums are float32 where a kernel runs."""
+def scatter_rows(
+    rows: "Tensor", ids: "Tensor", num_embeddings: int, dtype: Optional[DType] = None, initial: Optional["Tensor"] = None
+) -> "Tensor":  # fmt: skip
+    """[num_embeddings, C] zeros (or a copy of initial, of that shape) with each row r of rows [..., C]
+    added at row ids[r] (no autodiff), in dtype (default rows'); the sums are float32 where a kernel runs."""
     kernel = hook(rows.backend.ops, "embedding_bw")
     if kernel is None:
         C = rows.shape[-1]
-        return (_one_hot(ids, num_embeddings).transpose(0, 1) @ rows.contiguous().view(ids.numel(), C)).to(dtype or rows.dtype)
-    return rows._new(kernel(rows._tensor, ids._tensor, num_embeddings, dtype or rows.dtype))
+        rows = rows.contiguous().view(ids.numel(), C)
+        scattered = (_one_hot(ids, num_embeddings).transpose(0, 1) @ rows).to(dtype or rows.dtype)
+        return scattered if initial is None else initial + scattered
+    start = {} if initial is None else {"initial": initial._tensor}
+    return rows._new(kernel(rows._tensor, ids._tensor, num_embeddings, dtype or rows.dtype, **start))

@@ -59,7 +59,7 @@ def linear(
         return residual + linear(x, weight, bias)  # promoted as the sum would be
     lead = x.shape[:-1]
     rows = x.contiguous().view(-1, weight.shape[1])
-    out = Linear.apply(rows, weight, bias, activation, _rows(residual))
+    out = Linear.apply(rows, weight, bias, activation, _whole(residual))
     return out.view(*lead, weight.shape[0])
 
 
@@ -86,7 +86,7 @@ def feed_forward(
         return residual + feed_forward(x, weight_in, bias_in, weight_out, bias_out, activation)
     lead = x.shape[:-1]
     rows = x.contiguous().view(-1, weight_in.shape[1])
-    out = FeedForward.apply(rows, weight_in, bias_in, weight_out, bias_out, activation, _rows(residual))
+    out = FeedForward.apply(rows, weight_in, bias_in, weight_out, bias_out, activation, _whole(residual))
     return out.view(*lead, weight_out.shape[0])
 
 
@@ -124,9 +124,22 @@ def _checked_residual(
     return residual
 
 
+def _whole(residual: Optional["Tensor"]) -> Optional["Tensor"]:
+    """residual [..., out] as the Function takes it: contiguous (itself where it is), in its own shape,
+    not a [rows, out] view. So the Function itself uses the residual stream, as the next block's
+    LayerNorm does, and backward reaches it first, by the graph's order: the LayerNorm is then handed
+    the residual's gradient to add in its kernel (Context.take_pending)."""
+    return None if residual is None else residual.contiguous()
+
+
 def _rows(residual: Optional["Tensor"]) -> Optional["Tensor"]:
-    """residual [..., out] as [rows, out] (a view where it is contiguous), or None."""
-    return None if residual is None else residual.contiguous().view(-1, residual.shape[-1])
+    """A Function's residual [..., out] as [rows, out] (inside forward: no history), or None."""
+    return None if residual is None else residual.view(-1, residual.shape[-1])
+
+
+def _residual_gradient(grad_output: "Tensor", residual_shape: Optional[Tuple[int, ...]]) -> Tuple["Tensor", ...]:
+    """The residual's gradient, the output's [rows, out] in the residual's shape; () without one."""
+    return () if residual_shape is None else (grad_output.contiguous().view(*residual_shape),)
 
 
 def _promoted(*tensors: Optional["Tensor"]) -> Tuple[Optional["Tensor"], ...]:
@@ -222,16 +235,16 @@ class Linear(Function):
         ctx: Context, x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str],
         residual: Optional["Tensor"],
     ) -> "Tensor":  # fmt: skip
-        out, pre = _forward(x, weight, bias, activation, residual)
-        ctx.save_for_backward(x, weight, pre, activation, bias is not None, residual is not None)
+        out, pre = _forward(x, weight, bias, activation, _rows(residual))
+        ctx.save_for_backward(x, weight, pre, activation, bias is not None, None if residual is None else residual.shape)
         return out
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
-        x, weight, pre, activation, has_bias, has_residual = ctx.saved_values
+        x, weight, pre, activation, has_bias, residual_shape = ctx.saved_values
         d = _activation_backward(grad_output.contiguous(), pre, activation)
         dx, dweight, dbias = _backward(d, x, weight, has_bias)
-        return (dx, dweight) + ((dbias,) if has_bias else ()) + ((grad_output,) if has_residual else ())
+        return (dx, dweight) + ((dbias,) if has_bias else ()) + _residual_gradient(grad_output, residual_shape)
 
 
 class FeedForward(Function):
@@ -243,16 +256,17 @@ class FeedForward(Function):
         bias_out: Optional["Tensor"], activation: str, residual: Optional["Tensor"],
     ) -> "Tensor":  # fmt: skip
         middle, pre = _forward(x, weight_in, bias_in, activation)
-        out, _ = _forward(middle, weight_out, bias_out, None, residual)
+        out, _ = _forward(middle, weight_out, bias_out, None, _rows(residual))
+        residual_shape = None if residual is None else residual.shape
         ctx.save_for_backward(
-            x, weight_in, bias_in is not None, middle, pre, weight_out, bias_out is not None, activation, residual is not None
+            x, weight_in, bias_in is not None, middle, pre, weight_out, bias_out is not None, activation, residual_shape
         )  # fmt: skip
         return out
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
-        x, weight_in, has_bias_in, middle, pre, weight_out, has_bias_out, activation, has_residual = ctx.saved_values
+        x, weight_in, has_bias_in, middle, pre, weight_out, has_bias_out, activation, residual_shape = ctx.saved_values
         d_pre, dweight_out, dbias_out = _backward(grad_output.contiguous(), middle, weight_out, has_bias_out, pre, activation)
         dx, dweight_in, dbias_in = _backward(d_pre, x, weight_in, has_bias_in)
         grads = (dx, dweight_in) + ((dbias_in,) if has_bias_in else ())
-        return grads + (dweight_out,) + ((dbias_out,) if has_bias_out else ()) + ((grad_output,) if has_residual else ())
+        return grads + (dweight_out,) + ((dbias_out,) if has_bias_out else ()) + _residual_gradient(grad_output, residual_shape)
