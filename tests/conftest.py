@@ -1,5 +1,6 @@
-"""pytest setup of the CPU tests: the hypothesis profiles, the backend fixture and the translation
-program's corpus and two-epoch reference run (shared by its test modules).
+"""pytest setup of the CPU tests: the hypothesis profiles, the backend fixture, the record of what
+backward's ops fold (taken_pending) and the translation program's corpus and two-epoch reference run
+(shared by its test modules).
 
 MINITORCH_HYPOTHESIS_PROFILE=minitorch-thorough runs 20x more examples per property (minutes, not
 for CI).  Both backends are built once per session (TensorBackend caches them), so numba compiles
@@ -11,6 +12,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 from minitorch_testing import BACKENDS
+
+import minitorch
 from mt_program import TINY, write_corpus
 
 # No deadline: the first example of a test may include numba compiling a kernel.
@@ -29,6 +32,21 @@ settings.load_profile(os.environ.get("MINITORCH_HYPOTHESIS_PROFILE", "minitorch-
 def backend(request):
     """Each CPU backend in turn: SimpleOps (pure Python) and FastOps (numba)."""
     return BACKENDS[request.param]
+
+
+@pytest.fixture
+def taken_pending(monkeypatch):
+    """The list of what Context.take_pending hands backward's ops in this test, in order (None where
+    nothing of the asked dtype was gathered)."""
+    taken = []
+    take = minitorch.autodiff.Context.take_pending
+
+    def spy(ctx: minitorch.Context, i: int, dtype: minitorch.DType) -> object:
+        taken.append(take(ctx, i, dtype))
+        return taken[-1]
+
+    monkeypatch.setattr(minitorch.autodiff.Context, "take_pending", spy)
+    return taken
 
 
 @pytest.fixture(scope="session")

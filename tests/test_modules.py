@@ -69,18 +69,10 @@ def test_embedding_matches_torch(backend) -> None:
     assert np.all(layer.weight.value.grad.to_numpy()[[3, 4]] == 0.0)
 
 
-def test_tied_embedding_adds_its_rows_to_the_heads_gradient(backend, monkeypatch) -> None:
+def test_tied_embedding_adds_its_rows_to_the_heads_gradient(backend, taken_pending) -> None:
     """A table used as the embedding and, transposed, as the LM head: backward reaches the head first,
     and the embedding's scatter starts from the head's gradient (Context.take_pending) instead of zeros
     and a sum; the table's gradient is still torch's."""
-    taken = []
-    take = minitorch.autodiff.Context.take_pending
-
-    def spy(ctx: minitorch.Context, i: int, dtype: minitorch.DType) -> object:
-        taken.append(take(ctx, i, dtype))
-        return taken[-1]
-
-    monkeypatch.setattr(minitorch.autodiff.Context, "take_pending", spy)
     layer = Embedding(6, 4, backend=backend)
     ref = torch.nn.Embedding(6, 4, dtype=torch.float64)
     with torch.no_grad():
@@ -88,7 +80,7 @@ def test_tied_embedding_adds_its_rows_to_the_heads_gradient(backend, monkeypatch
     ids = np.array([[0, 5, 2], [2, 2, 1]])
     (layer(mt(ids, backend)) @ layer.weight.value.transpose(0, 1)).sum().backward()
     (ref(torch.tensor(ids)) @ ref.weight.t()).sum().backward()
-    assert [t is not None for t in taken] == [True]
+    assert [t is not None for t in taken_pending] == [True]
     assert_close(grad_of(layer.weight.value, "weight"), ref.weight.grad, "tied table's gradient")
 
 
@@ -142,24 +134,16 @@ def test_layernorm1d_matches_torch(backend, fused: bool, shape: tuple) -> None:
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_layernorm1d_folds_the_residual_gradient_of_its_input(backend, fused: bool, monkeypatch) -> None:
+def test_layernorm1d_folds_the_residual_gradient_of_its_input(backend, fused: bool, taken_pending) -> None:
     """x + LayerNorm(x) (a pre-LN residual): backward reaches the sum before the LayerNorm, whose
     backward (the fused kernel or its composed reference) is handed x's residual gradient and adds it
     (Context.take_pending): x's gradient is still torch's."""
-    taken = []
-    take = minitorch.autodiff.Context.take_pending
-
-    def spy(ctx: minitorch.Context, i: int, dtype: minitorch.DType) -> object:
-        taken.append(take(ctx, i, dtype))
-        return taken[-1]
-
-    monkeypatch.setattr(minitorch.autodiff.Context, "take_pending", spy)
     layer = LayerNorm1d(6, backend=backend, use_fused_kernel=fused)
     x = np.random.default_rng(5).normal(1.0, 2.0, (3, 4, 6)).astype(np.float32)
     tx, rx = mt(x, backend, requires_grad=True), t64(x, requires_grad=True)
     (tx + layer(tx) * 0.5).sum().backward()
     (rx + torch.nn.functional.layer_norm(rx, (6,), eps=1e-5) * 0.5).sum().backward()
-    assert [t is not None for t in taken] == ([True] if fused else [])
+    assert [t is not None for t in taken_pending] == ([True] if fused else [])
     assert_close(grad_of(tx, "x"), rx.grad, "grad of x + LayerNorm(x) / 2")
 
 
