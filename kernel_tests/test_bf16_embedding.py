@@ -1,7 +1,8 @@
 """bfloat16 embedding kernels (embedding_kernel.cu): bfloat16 rows gathered from a float32 master or a
 bfloat16 table (rounded once: exactly torch's .bfloat16() of the rows), invalid ids giving zero rows,
 and the backward's float32 scatter-add of bfloat16 row gradients, against float64 sums (within
-twice the error of torch's bfloat16 index_add); odd widths take the scalar path."""
+twice the error of torch's bfloat16 index_add), from zeros or from a given table (a tied head's
+gradient); odd widths take the scalar path."""
 
 from __future__ import annotations
 
@@ -44,6 +45,26 @@ def test_scatter_add_sums_bfloat16_gradients_in_float32(dim: int) -> None:
     theirs = torch.zeros(V, dim, dtype=torch.bfloat16, device="cuda").index_add_(0, index, dyt)
     assert_bf16_bound(grad, theirs, ref, f"embedding scatter-add dim={dim}")
     np.testing.assert_allclose(values(grad), ref.cpu().numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dim", [7, 768])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_scatter_add_into_an_initial_table(dim: int, layout: str) -> None:
+    """embedding_bw(initial=): each touched row is the initial row plus the float32 sum of its rows'
+    gradients; untouched rows are the initial rows, exactly (also read through a transposed view, as a
+    tied head's [C, V] gradient is)."""
+    rng = rng_for("embedding initial", dim, layout)
+    V, n = 40, 300
+    ids = rng.integers(0, V // 2, n).astype(np.float32)  # rows V/2.. untouched
+    dy, dyt = bf16_pair(rng.standard_normal((n, dim)))
+    start = rng.standard_normal((V, dim)).astype(np.float32)
+    initial = gpu(start) if layout == "contiguous" else gpu(np.ascontiguousarray(start.T)).transpose(0, 1)
+    grad = on_tensors(lambda *a: CUDA.ops.embedding_bw(*a, initial=initial._tensor), dy, gpu(ids), V, float32)
+    index = torch.from_numpy(ids).long().cuda()
+    sums = torch.zeros(V, dim, dtype=torch.float32, device="cuda").index_add_(0, index, dyt.float())
+    got, ref = values(grad), start.astype(np.float64) + sums.double().cpu().numpy()
+    np.testing.assert_array_equal(got[V // 2 :], start[V // 2 :])
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4, err_msg=f"scatter-add into an initial table, {layout}")
 
 
 def test_embedding_module_path_mixed_precision() -> None:

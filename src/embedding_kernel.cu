@@ -131,7 +131,7 @@ embedding_bw_kernel(float* grad_weight, const TG* grad_out, const float* ids, in
 #pragma unroll
   for (int j = 0; j < kBwColsPerThread; ++j) {
     const int c = col0 + j * kBwThreads;
-    if (c < dim) out[c] = acc[j];
+    if (c < dim) out[c] += acc[j];
   }
 }
 
@@ -157,8 +157,10 @@ int launch_gather_rows(int out_format, int in_format, void* out, long long out_s
   return gather_formats(out_format, in_format, out, out_stride, in, in_stride, ids, rows, in_rows, n, stream);
 }
 
-// grad_weight[v, :] = sum of grad_out[r, :] over the positions r with ids[r] == v, in position order
-// (deterministic), for every id v that occurs; the caller zero-fills grad_weight for the others.
+// grad_weight[v, :] += sum of grad_out[r, :] over the positions r with ids[r] == v, in position order
+// (deterministic: the row's sum, then one addition to what grad_weight held), for every id v that
+// occurs; the caller fills grad_weight first, with zeros or with the table's gradient from its other
+// uses (a tied LM head's).
 // Positions with an invalid id (see launch_embedding_fw) are skipped. grad_out is stored as
 // grad_format says; grad_weight is float32 (the sums are float32).
 int launch_embedding_bw(int grad_format, float* grad_weight, const void* grad_out, const float* ids, int rows,
