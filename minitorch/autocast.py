@@ -274,4 +274,6 @@ def working_copy_written(t: "Tensor") -> None:
     pass, then bumped t._version): autocast's next read casts nothing."""
     copy = getattr(t, "_autocast_copy", (None, None))[1]
     if copy is not None:
-        t._autocast_copy = (t._version, copy)
+        # as refresh_working_copies: the next read for a gradient is a new node of that step's graph,
+        # which backward orders by that read (a tied head's gradient gathered before the embedding's)
+        t._autocast_copy = (t._version, t._new(copy._tensor))

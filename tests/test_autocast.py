@@ -14,7 +14,7 @@ from minitorch_testing import FAST, mt, rel_err
 
 import minitorch
 from minitorch import bfloat16, float16, float32, nn
-from minitorch.autocast import autocast_inputs
+from minitorch.autocast import autocast_inputs, working_copy_written
 from minitorch.fused.linear import feed_forward, linear
 from minitorch.tensor_functions import Function
 
@@ -119,6 +119,25 @@ def test_a_parameters_copy_is_cached_until_it_changes(backend) -> None:
             w.copy_(w * 0.5)
         third = autocast_inputs("matmul", w)[0]
         assert third is not second and np.array_equal(third.to_numpy(), bfloat16.round(w.to_numpy()))
+
+
+def test_a_copy_written_by_the_optimizer_is_read_as_a_new_node(backend) -> None:
+    """After working_copy_written (AdamW's fused update writes the copy), the next read is not cast
+    again, and for a gradient it is a new node of that step's graph, made after the ops read before
+    it (backward's order is then the step's own: unique ids count up)."""
+    x, w = _inputs(backend)
+    with minitorch.autocast():
+        first = autocast_inputs("matmul", w)[0]
+        (x @ first).sum().backward()
+        with minitorch.no_grad():
+            w.copy_(w * 0.5)
+        first.backend.cast(w._tensor, bfloat16, first._tensor)  # the optimizer's write of the copy
+        working_copy_written(w)
+        before = x * 1.0
+        second = autocast_inputs("matmul", w)[0]
+    assert second is not first and second._tensor is first._tensor and second.requires_grad
+    assert second.unique_id > before.unique_id
+    np.testing.assert_array_equal(second.to_numpy(), bfloat16.round(w.to_numpy()))
 
 
 def test_a_view_of_a_parameter_reads_its_working_copy(backend) -> None:

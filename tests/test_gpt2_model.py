@@ -151,6 +151,21 @@ def test_tiny_model_trains_on_a_generated_shard(tmp_path):
     assert losses[0] > 3.5 and losses[-1] < losses[0] - 0.5, losses
 
 
+def test_bf16_steps_fold_the_tied_heads_gradient_into_the_embeddings(taken_pending):
+    """In every bf16 step (the working copies rewritten by AdamW, read again), the embedding's backward
+    starts from the tied head's gradient, and each LayerNorm adds the residual stream's: backward
+    orders the head's read of wte's working copy by this step's forward, not by the first one's."""
+    model = GPT2.fresh(CONFIG, seed=12, backend=FAST, use_fused_kernel=True, attention="fused")
+    step = GPT2Step(model, minitorch.AdamW(model.parameters(), lr=1e-3), "fused", dtype="bf16")
+    ids = np.random.default_rng(13).integers(0, CONFIG.vocab_size, (2, 16))
+    for _ in range(2):
+        taken_pending.clear()
+        step(ids, ids, 1e-3)
+        folded = [t for t in taken_pending if t is not None]
+        assert [t.shape for t in folded].count((CONFIG.padded_vocab_size, CONFIG.channels)) == 1
+        assert len(folded) == 1 + 2 * CONFIG.num_layers  # the head's, and the residual's at each LayerNorm
+
+
 def test_narrow_rows_are_a_view_with_gradient():
     """The tied LM head and the last positions are row ranges of wte and the hidden states: Tensor.narrow."""
     t = minitorch.tensor_from_numpy(np.arange(12.0).reshape(4, 3), backend=FAST, requires_grad=True)
