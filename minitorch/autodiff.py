@@ -5,7 +5,7 @@ whether it is a leaf (made by the user) or constant (no history), who its parent
 turn the derivative of its output into derivatives of its inputs (`chain_rule`).
 
 Where an input is used more than once, its derivatives are summed. A Function's backward may do that
-sum itself: `Context.take_pending(i)` gives it the derivative gathered so far for input i, which it
+sum itself: `Context.take_pending(i, dtype)` gives it the derivative gathered so far for input i, which it
 adds into its own (e.g. as the addend of its kernel: LayerNorm's input gradient and the residual
 stream's), and the engine then keeps the result instead of adding the two.
 """
