@@ -5,9 +5,10 @@ whether it is a leaf (made by the user) or constant (no history), who its parent
 turn the derivative of its output into derivatives of its inputs (`chain_rule`).
 
 Where an input is used more than once, its derivatives are summed. A Function's backward may do that
-sum itself: `Context.take_pending(i, dtype)` gives it the derivative gathered so far for input i, which it
-adds into its own (e.g. as the addend of its kernel: LayerNorm's input gradient and the residual
-stream's), and the engine then keeps the result instead of adding the two.
+sum itself (`Function.folds_pending`): `Context.take_pending(i, dtype)` gives it the derivative
+gathered so far for input i, which it adds into its own (e.g. as the addend of its kernel:
+LayerNorm's input gradient and the residual stream's), and the engine then keeps the result instead
+of adding the two.
 """
 
 from __future__ import annotations

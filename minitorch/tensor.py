@@ -280,7 +280,8 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
         h = self.history
         assert h is not None and h.last_fn is not None and h.ctx is not None
         ctx = h.ctx
-        if pending is not None:  # an input used twice by this op is not offered: both uses would fold it
+        if pending is not None and h.last_fn.folds_pending:
+            # an input used twice by this op is not offered: both uses would fold it in
             uses = Counter(inp.unique_id for inp in h.inputs)
             ctx.pending = tuple(None if uses[inp.unique_id] > 1 else pending(inp) for inp in h.inputs)
         try:

@@ -40,7 +40,12 @@ def _wrap(result: Any) -> Tuple[Any, ...]:
 
 
 class Function:
-    """Base class: `apply` records history so `backward` can be chained."""
+    """Base class: `apply` records history so `backward` can be chained.
+
+    folds_pending: whether backward may fold its inputs' gathered gradients into its own
+    (Context.take_pending); only such Functions are offered them."""
+
+    folds_pending = False
 
     @classmethod
     def _backward(cls, ctx: Context, grad_out: "Tensor") -> Tuple["Tensor", ...]:

@@ -39,7 +39,10 @@ def _one_hot(ids: "Tensor", classes: int) -> "Tensor":
 
 
 class Embedding(Function):
-    """Saves the ids, the vocabulary size and the weight's dtype."""
+    """Saves the ids, the vocabulary size and the weight's dtype. Folds the table's gathered gradient
+    into the scatter (its start)."""
+
+    folds_pending = True
 
     @staticmethod
     def forward(ctx: Context, weight: "Tensor", ids: "Tensor", dtype: Optional[DType] = None) -> "Tensor":

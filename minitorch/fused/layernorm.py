@@ -67,7 +67,10 @@ def layernorm_backward_reference(
 
 
 class LayerNorm(Function):
-    """LayerNorm; saves the input, gamma and the per-row mean and rstd."""
+    """LayerNorm; saves the input, gamma and the per-row mean and rstd. Folds the input's gathered
+    gradient into dinp."""
+
+    folds_pending = True
 
     @staticmethod
     def forward(ctx: Context, inp: "Tensor", gamma: "Tensor", beta: "Tensor", eps: float) -> "Tensor":
