@@ -134,9 +134,7 @@ class LayerNorm(Module):
             raise IndexingError(f"LayerNorm({self.normalized_shape}) got input of shape {x.shape}")
         (x,) = autocast_inputs("layernorm", x)
         lead = x.shape[: x.dims - k]
-        # over the last dim the input goes in as it is, no view: backward's LayerNorm then meets the
-        # gradient a pre-LN block's residual gives x, and adds it in its kernel (Context.take_pending)
-        flat = x.contiguous() if k == 1 else x.contiguous().view(*lead, -1)
+        flat = x.contiguous().view(*lead, -1)
         size = flat.shape[-1]
         gamma = flat.zeros((size,)) + 1.0 if self.weight is None else self.weight.value.view(-1)
         beta = flat.zeros((size,)) if self.bias is None else self.bias.value.view(-1)
@@ -147,7 +145,7 @@ class LayerNorm(Module):
             centered = flat - flat.mean(d, keepdim=True)
             var = (centered * centered).mean(d, keepdim=True)
             out = centered * ((var + self.eps) ** -0.5) * gamma + beta
-        return out if k == 1 else out.view(*x.shape)
+        return out.view(*x.shape)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}"

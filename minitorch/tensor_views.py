@@ -20,8 +20,14 @@ class Views:
     """Views and layout changes; mixed into Tensor."""
 
     def view(self: "Tensor", *shape: Sizes) -> "Tensor":
-        """Same data with another shape (one size may be -1); the tensor must be contiguous."""
-        return F.View.apply(self, shape_args(shape))
+        """Same data with another shape (one size may be -1); the tensor must be contiguous. Its own
+        shape gives this tensor itself, as contiguous() does when there is nothing to copy: an op that
+        changes nothing puts no node between a value and its uses (backward's LayerNorm then meets the
+        gradient a pre-LN block's residual gives its input: Context.take_pending)."""
+        sizes = shape_args(shape)
+        if self.is_contiguous() and resolve_shape(tuple(int(s) for s in sizes), self.numel(), self.shape) == self.shape:
+            return self
+        return F.View.apply(self, sizes)
 
     def reshape(self: "Tensor", *shape: Sizes) -> "Tensor":
         """view() after a contiguous copy when one is needed."""
