@@ -9,10 +9,11 @@
 // definition): loss_r = logsumexp - (1 - e) * x[target] - e * mean(x), dlogits = softmax - q.
 //
 // Thread mapping: one block per row. Pass 1: every thread folds its elements of the row (16-byte
-// groups, consecutive per lane, when the rows start 16-byte aligned, then a scalar tail for a vocab
-// that is not a whole number of groups; else scalar with four loads in flight) into
-// an online (max, sum of exp) pair plus the plain sum of the row (for label smoothing); these merge
-// across the warp with shuffles, then across the block through shared memory. Thread 0 reads the target's logit before anything is overwritten.
+// groups, consecutive per lane, kUnroll groups loaded before they are folded, when the rows start
+// 16-byte aligned, then a scalar tail for a vocab that is not a whole number of groups; else scalar
+// with four loads in flight) into an online (max, sum of exp) pair plus the plain sum of the row (for
+// label smoothing); these merge across the warp with shuffles, then across the block through shared
+// memory. Thread 0 reads the target's logit before anything is overwritten.
 // Pass 2 (when the gradient is wanted): each thread rereads its own elements (mostly from L2) and
 // writes dlogits = (softmax - q) * w_r / sum(w) into the gradient rows, which may be the logits
 // themselves (the fused linear cross-entropy writes IN PLACE, so nothing of size [rows, V] besides
@@ -36,8 +37,9 @@
 
 namespace {
 
-constexpr int kMaxThreads = 1024;
+constexpr int kMaxThreads = 512;  // two rows an SM: kUnroll groups in registers take ~64 of them a thread
 constexpr int kElemsPerThread = 8;  // fewer threads than V / 8 only when V is small
+constexpr int kUnroll = 4;          // 16-byte groups a thread loads at once
 
 // The state of a set of logits: max = their max, sum_exp = sum(exp(x - max)) (the online softmax)
 // and total = sum(x) (for label smoothing). Merging two states rescales both sums of exponentials
@@ -107,18 +109,30 @@ __device__ __forceinline__ void store_group(T* x, int j, const float (&v)[kGroup
   *reinterpret_cast<uint4*>(x + j) = raw;
 }
 
-template <int N>
-__device__ __forceinline__ void fold(RowStats& r, const float (&v)[N]) {
+// exp(x) for x <= 0 in the logits' precision: the exact expf for float32 logits; for bf16 ones (whose
+// gradient is rounded to 8 bits) the hardware's exp2 approximation, within a few float32 ulps, at a
+// quarter of the instructions (the kernel is issue-bound on its two exponentials per element).
+template <class T>
+__device__ __forceinline__ float row_exp(float x) {
+  if constexpr (sizeof(T) == 4) {
+    return expf(x);
+  } else {
+    return __expf(x);
+  }
+}
+
+template <class T, int N>
+__device__ __forceinline__ void fold(RowStats& r, const float* v) {
   float nm = r.max;
 #pragma unroll
   for (int i = 0; i < N; ++i) nm = fmaxf(nm, v[i]);
   float sum = 0.f, total = 0.f;
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    sum += expf(v[i] - nm);
+    sum += row_exp<T>(v[i] - nm);
     total += v[i];
   }
-  r.sum_exp = r.sum_exp * expf(r.max - nm) + sum;
+  r.sum_exp = r.sum_exp * row_exp<T>(r.max - nm) + sum;
   r.max = nm;
   r.total += total;
 }
@@ -145,21 +159,28 @@ __device__ __forceinline__ RowStats row_stats(const T* x, const float* bias, int
   RowStats r{-INFINITY, 0.f, 0.f};
   int j = tail_start<T, VEC>(V) + threadIdx.x;
   if (VEC) {
-    for (int q = threadIdx.x; q < V / G; q += threads) {
+    int q = threadIdx.x;
+    for (; q + (kUnroll - 1) * threads < V / G; q += kUnroll * threads) {
+      float v[kUnroll][G];  // every load of the step in flight before the first fold
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) load_group<T, HAS_BIAS>(x, bias, G * (q + u * threads), v[u]);
+      fold<T, kUnroll * G>(r, &v[0][0]);
+    }
+    for (; q < V / G; q += threads) {
       float v[G];
       load_group<T, HAS_BIAS>(x, bias, G * q, v);
-      fold(r, v);
+      fold<T, G>(r, v);
     }
   } else {
     for (; j + 3 * threads < V; j += 4 * threads) {
       const float v[4] = {element<T, HAS_BIAS>(x, bias, j), element<T, HAS_BIAS>(x, bias, j + threads),
                           element<T, HAS_BIAS>(x, bias, j + 2 * threads), element<T, HAS_BIAS>(x, bias, j + 3 * threads)};
-      fold(r, v);
+      fold<T, 4>(r, v);
     }
   }
   for (; j < V; j += threads) {
     const float v[1] = {element<T, HAS_BIAS>(x, bias, j)};
-    fold(r, v);
+    fold<T, 1>(r, v);
   }
   return r;
 }
@@ -172,10 +193,24 @@ __device__ __forceinline__ void row_dlogits(const T* x, T* out, const float* bia
                                             float inv_sum, float scale, float on_target, float off_target) {
   constexpr int G = kGroup<T>;
   const auto grad = [&](float v, int j) {
-    return (expf(v - max) * inv_sum - (j == target ? on_target : 0.f) - off_target) * scale;
+    return (row_exp<T>(v - max) * inv_sum - (j == target ? on_target : 0.f) - off_target) * scale;
   };
   if (VEC) {
-    for (int q = threadIdx.x; q < V / G; q += blockDim.x) {
+    const int threads = blockDim.x;
+    int q = threadIdx.x;
+    for (; q + (kUnroll - 1) * threads < V / G; q += kUnroll * threads) {
+      float v[kUnroll][G];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) load_group<T, HAS_BIAS>(x, bias, G * (q + u * threads), v[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int first = G * (q + u * threads);
+#pragma unroll
+        for (int i = 0; i < G; ++i) v[u][i] = grad(v[u][i], first + i);
+        store_group(out, first, v[u]);
+      }
+    }
+    for (; q < V / G; q += threads) {
       float v[G];
       load_group<T, HAS_BIAS>(x, bias, G * q, v);
 #pragma unroll

@@ -167,14 +167,28 @@ __device__ __forceinline__ int tensor_of_block(const TensorList& l, int block) {
   return t;
 }
 
+// Four elements a load where the tensor allows it (chunks start at multiples of kChunk), four loads
+// in flight a thread and four partial sums; then the last end - begin mod 4 elements one at a time.
 template <class TG>
 __device__ __forceinline__ float chunk_sumsq(const TG* g, long long begin, long long end) {
-  float s = 0.f;
-  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float x = mt::to_float(g[i]);
-    s = fmaf(x, x, s);
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+  long long rest = begin;
+  if (mt::is_aligned4(g)) {
+    rest = begin + ((end - begin) & ~3LL);
+#pragma unroll 4
+    for (long long i = begin + 4 * threadIdx.x; i < rest; i += 4 * blockDim.x) {
+      const float4 x = mt::load4(g + i);
+      s[0] = fmaf(x.x, x.x, s[0]);
+      s[1] = fmaf(x.y, x.y, s[1]);
+      s[2] = fmaf(x.z, x.z, s[2]);
+      s[3] = fmaf(x.w, x.w, s[3]);
+    }
   }
-  return s;
+  for (long long i = rest + threadIdx.x; i < end; i += blockDim.x) {
+    const float x = mt::to_float(g[i]);
+    s[0] = fmaf(x, x, s[0]);
+  }
+  return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 __global__ void __launch_bounds__(kThreads) grad_sumsq_kernel(const TensorList l, float* __restrict__ partials) {
