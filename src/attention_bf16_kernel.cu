@@ -216,6 +216,7 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, long long
 // ---- forward -----------------------------------------------------------------------------------
 template <int DP, int ACT>
 __global__ void __launch_bounds__(kThreads, Bf16Config<DP>::kFwMinBlocks) attention_bf16_fw(const FwParams<bf16> p) {
+  mt::join_prior_grids();
   constexpr int BM = kFwRows;
   constexpr int BN = Bf16Config<DP>::kKeys;
   constexpr int NT = BN / 8;  // 8-key column tiles of S
@@ -338,6 +339,7 @@ __device__ __forceinline__ void add_dq_tiles(const float (&acc)[TILES][4], const
 
 template <int DP, int ACT>
 __global__ void __launch_bounds__(kThreads, 2) attention_bf16_bw(const BwParams<bf16> p) {
+  mt::join_prior_grids();
   constexpr int BN = kBwKeys;
   constexpr int BM = Bf16Config<DP>::kQueries;
   constexpr int QT = BM / 8;  // 8-query column tiles of S^T
@@ -469,6 +471,7 @@ template <bool DOT, bool VEC>
 __global__ void __launch_bounds__(kPassThreads)
     attention_bf16_bw_prepass(float* acc, float* di, const bf16* dout, Strides dout_strides, const bf16* out,
                               Strides out_strides, int heads, int q_len, int rows, int head_dim) {
+  mt::join_prior_grids();
   const int row = blockIdx.x * kPassRows + threadIdx.x / kRowLanes;
   const int lane = threadIdx.x % kRowLanes;
   // A row past the end stays for the shuffles (full mask) and only skips its memory accesses.
@@ -524,6 +527,7 @@ __global__ void __launch_bounds__(kPassThreads)
 template <bool VEC>
 __global__ void __launch_bounds__(kPassThreads)
     round_to_bf16(bf16* dq, Strides dq_strides, const float* acc, int heads, int q_len, int rows, int head_dim) {
+  mt::join_prior_grids();
   const int row = blockIdx.x * kPassRows + threadIdx.x / kRowLanes;
   if (row >= rows) return;
   const int lane = threadIdx.x % kRowLanes;
@@ -560,13 +564,15 @@ __global__ void __launch_bounds__(kPassThreads)
 template <int DP, int ACT>
 int launch_bucket(const FwParams<bf16>& p, int batch_heads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.q_len + kFwRows - 1) / kFwRows));
-  return mt::launch_with_shared_memory<attention_bf16_fw<DP, ACT>>(grid, kThreads, Bf16Config<DP>::kFwBytes, stream, p);
+  return mt::launch_with_shared_memory<attention_bf16_fw<DP, ACT>, true>(grid, kThreads, Bf16Config<DP>::kFwBytes,
+                                                                          stream, p);
 }
 
 template <int DP, int ACT>
 int launch_bucket(const BwParams<bf16>& p, int batch_heads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.k_len + kBwKeys - 1) / kBwKeys));
-  return mt::launch_with_shared_memory<attention_bf16_bw<DP, ACT>>(grid, kThreads, Bf16Config<DP>::kBwBytes, stream, p);
+  return mt::launch_with_shared_memory<attention_bf16_bw<DP, ACT>, true>(grid, kThreads, Bf16Config<DP>::kBwBytes,
+                                                                          stream, p);
 }
 
 template <int ACT, class Params>
@@ -664,14 +670,15 @@ extern "C" int launch_attention_bf16_bw(bf16* dq, bf16* dk, bf16* dv, const bf16
   const auto prepass = dot ? (pre_vec ? attention_bf16_bw_prepass<true, true> : attention_bf16_bw_prepass<true, false>)
                        : pre_vec ? attention_bf16_bw_prepass<false, true>
                                  : attention_bf16_bw_prepass<false, false>;
-  prepass<<<pass_blocks, kPassThreads, 0, stream>>>(dq_acc, di, grad_out, dos, out, os, heads, q_len, rows, head_dim);
-  MT_RETURN_IF_ERROR(cudaGetLastError());
+  const int pre = mt::launch_dependent(prepass, dim3(pass_blocks), dim3(kPassThreads), 0, stream, dq_acc, di, grad_out,
+                                       dos, out, os, heads, q_len, rows, head_dim);
+  if (pre != 0) return pre;
   const BwParams<bf16> p = {dq_acc, dk,    dv,    grad_out, q,     k,     v,        lse,         di,
                             mask,   dks,   dvs,   dos,      qs,    ks,    vs,       heads,       q_len,
                             k_len,  head_dim, causal != 0, scale, vec,   acc_vec};
   const int code = launch_variant(p, activation, batch_heads, stream);
   if (code != 0) return code;
   const auto finish = acc_vec && rows_aligned(head_dim, {dq}, {dqs}) ? round_to_bf16<true> : round_to_bf16<false>;
-  finish<<<pass_blocks, kPassThreads, 0, stream>>>(dq, dqs, dq_acc, heads, q_len, rows, head_dim);
-  return mt_launch_status();
+  return mt::launch_dependent(finish, dim3(pass_blocks), dim3(kPassThreads), 0, stream, dq, dqs, dq_acc, heads, q_len,
+                              rows, head_dim);
 }

@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "includes/cuda_check.cuh"
+#include "includes/dependent_launch.cuh"
 #include "includes/launch_utils.cuh"
 #include "includes/reduce.cuh"
 #include "includes/vec.cuh"
@@ -248,6 +249,7 @@ struct ClassifierArgs {
 // Grid: one block per row; blockDim.x a multiple of 32, at most kMaxThreads.
 template <class T, bool VEC, bool HAS_BIAS, bool WRITE_GRAD>
 __global__ void __launch_bounds__(kMaxThreads) fused_classifier_kernel(const ClassifierArgs<T> a) {
+  mt::join_prior_grids();
   __shared__ RowStats scratch[32];
   const int row = blockIdx.x;
   const int V = a.vocab;
@@ -286,13 +288,11 @@ __global__ void __launch_bounds__(kMaxThreads) fused_classifier_kernel(const Cla
 }
 
 template <class T, bool VEC, bool HAS_BIAS>
-void launch_classifier_variant(bool write_grad, int rows, int threads, const ClassifierArgs<T>& args,
-                               cudaStream_t stream) {
-  if (write_grad) {
-    fused_classifier_kernel<T, VEC, HAS_BIAS, true><<<rows, threads, 0, stream>>>(args);
-  } else {
-    fused_classifier_kernel<T, VEC, HAS_BIAS, false><<<rows, threads, 0, stream>>>(args);
-  }
+int launch_classifier_variant(bool write_grad, int rows, int threads, const ClassifierArgs<T>& args,
+                              cudaStream_t stream) {
+  const auto kernel = write_grad ? fused_classifier_kernel<T, VEC, HAS_BIAS, true>
+                                 : fused_classifier_kernel<T, VEC, HAS_BIAS, false>;
+  return mt::launch_dependent(kernel, dim3(rows), dim3(threads), 0, stream, args);
 }
 
 template <class T>
@@ -314,19 +314,11 @@ int launch_classifier(const T* logits, int ld, T* dlogits, int ld_grad, float* l
   const ClassifierArgs<T> args{logits, dlogits, losses, bias, targets, token_weights, weight_sum,
                                vocab,  ld,      ld_grad, label_smoothing};
   if (vec) {
-    if (bias != nullptr) {
-      launch_classifier_variant<T, true, true>(wg, rows, t, args, stream);
-    } else {
-      launch_classifier_variant<T, true, false>(wg, rows, t, args, stream);
-    }
-  } else {
-    if (bias != nullptr) {
-      launch_classifier_variant<T, false, true>(wg, rows, t, args, stream);
-    } else {
-      launch_classifier_variant<T, false, false>(wg, rows, t, args, stream);
-    }
+    return bias != nullptr ? launch_classifier_variant<T, true, true>(wg, rows, t, args, stream)
+                           : launch_classifier_variant<T, true, false>(wg, rows, t, args, stream);
   }
-  return mt_launch_status();
+  return bias != nullptr ? launch_classifier_variant<T, false, true>(wg, rows, t, args, stream)
+                         : launch_classifier_variant<T, false, false>(wg, rows, t, args, stream);
 }
 
 }  // namespace

@@ -65,6 +65,7 @@
 #include <type_traits>
 
 #include "includes/cuda_check.cuh"
+#include "includes/dependent_launch.cuh"
 #include "includes/device_info.cuh"
 #include "includes/fused_utils.cuh"
 #include "includes/launch_by_length.cuh"
@@ -88,6 +89,7 @@ using namespace mt_ln;  // layernorm/row_math.cuh
 template <class T, int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(fused::kTeamBlockThreads<LANES>)
     layernorm_fw_rows(const FwArgs<T> a) {
+  mt::join_prior_grids();
   __shared__ Stats scratch[32];
   const auto [lane, row, active, offset] = fused::team_row<LANES>(a.rows, a.hidden);
   const int n = active ? a.hidden : 0;
@@ -150,6 +152,7 @@ __device__ __forceinline__ void load_shifted_chunk(float (&z)[kStreamChunk][VEC]
 
 template <class T, int VEC>
 __global__ void __launch_bounds__(kStreamThreads) layernorm_fw_stream(const FwArgs<T> a) {
+  mt::join_prior_grids();
   __shared__ Stats scratch[32];
   const unsigned row = blockIdx.x;
   const size_t offset = static_cast<size_t>(row) * a.hidden;
@@ -208,6 +211,7 @@ constexpr int kBwBlocksPerSm =
 template <class T, int VEC, int LANES, int ITERS>
 __global__ void __launch_bounds__(kBwBlockThreads<LANES>, kBwBlocksPerSm<LANES, ITERS * VEC>)
     layernorm_bw_rows(const BwArgs<T> a) {
+  mt::join_prior_grids();
   constexpr int kThreads = kBwBlockThreads<LANES>;
   constexpr int kTeams = kThreads / LANES;
   __shared__ Sum3 scratch[32];
@@ -472,6 +476,7 @@ __global__ void __launch_bounds__(kTile * kTile) layernorm_bw_params_stream(cons
 __global__ void __launch_bounds__(kTile * kTile)
     layernorm_bw_params_reduce(float* dgamma, float* dbeta, const float* partial, int parts,
                                int hidden) {
+  mt::join_prior_grids();
   __shared__ float tile[kTile][kTile + 1];
   const long long cols = 2ll * hidden;
   const long long col = static_cast<long long>(blockIdx.x) * kTile + threadIdx.x;
@@ -527,8 +532,8 @@ struct BwRowsKernel {
 
 template <class T, int VEC, int LANES, int ITERS>
 int launch_bw_rows(const BwArgs<T>& a, unsigned parts, cudaStream_t stream) {
-  layernorm_bw_rows<T, VEC, LANES, ITERS><<<parts, kBwBlockThreads<LANES>, 0, stream>>>(a);
-  return mt_launch_status();
+  return mt::launch_dependent(layernorm_bw_rows<T, VEC, LANES, ITERS>, dim3(parts), dim3(kBwBlockThreads<LANES>), 0,
+                              stream, a);
 }
 
 // The pick of fused::walk_buckets that names a backward bucket's kernel for a row of n elements:
@@ -620,7 +625,7 @@ int layernorm_fw(T* out, float* mean, float* rstd, const T* inp, const float* ga
   const FwArgs<T> a = {out, mean, rstd, inp, gamma, beta, rows, hidden, 1.f / static_cast<float>(hidden), eps};
   const bool vec4 = hidden % 4 == 0 && mt::is_aligned4(out) && mt::is_aligned4(inp) && mt::is_aligned16(gamma) &&
                     mt::is_aligned16(beta);
-  const fused::LaunchRows<FwKernels<T>, FwArgs<T>> launch{a, rows, stream};
+  const fused::LaunchRows<FwKernels<T>, FwArgs<T>, true> launch{a, rows, stream};
   return vec4 ? fused::walk_buckets(hidden, launch, FwVec4Buckets{})
               : fused::walk_buckets(hidden, launch, FwScalarBuckets{});
 }
@@ -655,9 +660,8 @@ int layernorm_bw(T* dinp, float* dgamma, float* dbeta, const T* dout, const T* i
     MT_RETURN_IF_ERROR(cudaGetLastError());
   }
   const unsigned reduce_blocks = static_cast<unsigned>((2ll * hidden + kTile - 1) / kTile);
-  layernorm_bw_params_reduce<<<reduce_blocks, dim3(kTile, kTile), 0, stream>>>(
-      dgamma, dbeta, workspace, plan.parts, hidden);
-  return mt_launch_status();
+  return mt::launch_dependent(layernorm_bw_params_reduce, dim3(reduce_blocks), dim3(kTile, kTile), 0, stream, dgamma,
+                              dbeta, workspace, plan.parts, hidden);
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(kReduceThreads)
 reduce_rows_kernel(TO* out, const MtLayout out_l, const TI* a, const MtLayout outer,
                    long long units, int splits, int chunk, int reduce_len, float identity,
                    float start, float* partial, Op op) {
+  mt::join_prior_grids();
   const int lane = threadIdx.x & 31;
   const long long warps_per_grid = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   for (long long unit = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -89,6 +90,7 @@ __global__ void __launch_bounds__(kColsX* kColsY)
 reduce_cols_kernel(TO* out, const MtLayout out_l, const TI* a, const MtLayout outer,
                    int n_out, int reduce_len, int reduce_stride, int chunk, float identity,
                    float start, float* partial, Op op) {
+  mt::join_prior_grids();
   __shared__ float tile[kColsY][kColsX + 1];
   const int o = blockIdx.x * kColsX + threadIdx.x;
   const int lo = blockIdx.y * chunk;
@@ -132,6 +134,7 @@ template <class TO, class TI, class Op>
 __global__ void __launch_bounds__(kColsX* kColsY)
 reduce_cols4_kernel(TO* out, const TI* a, int n_out, int reduce_len, int reduce_stride, int chunk, float identity,
                     float start, float* partial, Op op) {
+  mt::join_prior_grids();
   __shared__ float tile[kColsY][4][kColsX];
   const int o = (blockIdx.x * kColsX + threadIdx.x) * 4;
   const int lo = blockIdx.y * chunk;
@@ -244,20 +247,20 @@ int reduce_pass(Op op, TO* out, const MtLayout& out_l, const TI* a, const MtLayo
     const int warps_per_block = kReduceThreads / 32;
     long long blocks = mt::ceil_div(units, warps_per_block);
     if (blocks > mt::kMaxInt) blocks = mt::kMaxInt;
-    reduce_rows_kernel<<<static_cast<int>(blocks), kReduceThreads, 0, stream>>>(
-        out, out_l, a, outer, units, plan.splits, plan.chunk, reduce_len, identity, start, partial,
-        op);
+    MT_RETURN_IF_ERROR(static_cast<cudaError_t>(mt::launch_dependent(
+        reduce_rows_kernel<TO, TI, Op>, dim3(static_cast<unsigned>(blocks)), dim3(kReduceThreads), 0, stream, out, out_l,
+        a, outer, units, plan.splits, plan.chunk, reduce_len, identity, start, partial, op)));
   } else if (by_four) {
     const dim3 grid(static_cast<unsigned>(mt::ceil_div(n_out, 4 * kColsX)), static_cast<unsigned>(plan.splits));
-    reduce_cols4_kernel<<<grid, dim3(kColsX, kColsY), 0, stream>>>(out, a, n_out, reduce_len, reduce_stride, plan.chunk,
-                                                                 identity, start, partial, op);
+    MT_RETURN_IF_ERROR(static_cast<cudaError_t>(
+        mt::launch_dependent(reduce_cols4_kernel<TO, TI, Op>, grid, dim3(kColsX, kColsY), 0, stream, out, a, n_out,
+                             reduce_len, reduce_stride, plan.chunk, identity, start, partial, op)));
   } else {
     const dim3 grid(static_cast<unsigned>(mt::ceil_div(n_out, kColsX)), static_cast<unsigned>(plan.splits));
-    reduce_cols_kernel<<<grid, dim3(kColsX, kColsY), 0, stream>>>(
-        out, out_l, a, outer, n_out, reduce_len, reduce_stride, plan.chunk, identity, start,
-        partial, op);
+    MT_RETURN_IF_ERROR(static_cast<cudaError_t>(
+        mt::launch_dependent(reduce_cols_kernel<TO, TI, Op>, grid, dim3(kColsX, kColsY), 0, stream, out, out_l, a,
+                             outer, n_out, reduce_len, reduce_stride, plan.chunk, identity, start, partial, op)));
   }
-  MT_RETURN_IF_ERROR(cudaGetLastError());
   if (partial == nullptr) return 0;
   // Second pass over the partials: [n_out, splits] after the row kernel, [splits, n_out] after the
   // column kernel (both keep their writes coalesced).

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_check.cuh"
+#include "dependent_launch.cuh"
 #include "fused_utils.cuh"
 
 namespace fused {
@@ -40,8 +41,9 @@ auto walk_buckets(int n, const Pick& pick, Buckets<VEC, First, Rest...>) {
 
 // Launches one operation's row kernels on `rows` rows of args: Kernels::rows<VEC, LANES, ITERS>()
 // (the kernel of a bucket) on teams of LANES threads, kTeamBlockThreads<LANES> to a block, and
-// Kernels::stream<VEC>() (rows longer than every bucket) on one block of kStreamThreads per row.
-template <class Kernels, class Args>
+// Kernels::stream<VEC>() (rows longer than every bucket) on one block of kStreamThreads per row;
+// kDependent: as dependent launches (both kernels keep the contract of dependent_launch.cuh).
+template <class Kernels, class Args, bool kDependent = false>
 struct LaunchRows {
   const Args& args;
   int rows;
@@ -53,6 +55,7 @@ struct LaunchRows {
     constexpr int kTeams = kThreads / LANES;
     const unsigned blocks = static_cast<unsigned>((static_cast<long long>(rows) + kTeams - 1) / kTeams);
     const auto kernel = Kernels::template rows<VEC, LANES, ITERS>();
+    if constexpr (kDependent) return mt::launch_dependent(kernel, dim3(blocks), dim3(kThreads), 0, stream, args);
     kernel<<<blocks, kThreads, 0, stream>>>(args);
     return mt_launch_status();
   }
@@ -60,6 +63,9 @@ struct LaunchRows {
   template <int VEC>
   int beyond() const {
     const auto kernel = Kernels::template stream<VEC>();
+    if constexpr (kDependent) {
+      return mt::launch_dependent(kernel, dim3(static_cast<unsigned>(rows)), dim3(kStreamThreads), 0, stream, args);
+    }
     kernel<<<static_cast<unsigned>(rows), kStreamThreads, 0, stream>>>(args);
     return mt_launch_status();
   }

@@ -10,6 +10,7 @@
 #include <atomic>
 
 #include "cuda_check.cuh"
+#include "dependent_launch.cuh"
 #include "device_info.cuh"
 #include "layout.cuh"
 
@@ -53,11 +54,13 @@ cudaError_t allow_shared_memory(Kernel kernel, int bytes, std::atomic<unsigned l
 }
 
 // Launches Kernel(args...) on `grid` blocks of `threads` threads with `bytes` of dynamic shared memory,
-// raising the kernel's limit first (once per device and kernel: a static per Kernel instance).
-template <auto Kernel, class... Args>
+// raising the kernel's limit first (once per device and kernel: a static per Kernel instance);
+// kDependent: as a dependent launch (the kernel keeps the contract of dependent_launch.cuh).
+template <auto Kernel, bool kDependent = false, class... Args>
 int launch_with_shared_memory(dim3 grid, int threads, int bytes, cudaStream_t stream, Args... args) {
   static std::atomic<unsigned long long> configured{0};
   MT_RETURN_IF_ERROR(allow_shared_memory(Kernel, bytes, &configured));
+  if constexpr (kDependent) return launch_dependent(Kernel, grid, dim3(threads), bytes, stream, args...);
   Kernel<<<grid, threads, bytes, stream>>>(args...);
   return mt_launch_status();
 }
@@ -72,11 +75,13 @@ __device__ __forceinline__ long long grid_stride_step() {
 
 // Launches Kernel(args...) over `work_items` grid-stride items on `stream` and returns the launch
 // status. The occupancy query behind the grid size runs once per kernel (one static per Kernel).
-template <auto Kernel, class... Args>
+// kDependent: as a dependent launch (the kernel keeps the contract of dependent_launch.cuh).
+template <auto Kernel, bool kDependent = false, class... Args>
 int launch_grid_stride(long long work_items, cudaStream_t stream, Args... args) {
   static int resident = 0;
   int grid = 0;
   MT_RETURN_IF_ERROR(grid_stride_blocks(Kernel, kGridStrideThreads, work_items, &resident, &grid));
+  if constexpr (kDependent) return launch_dependent(Kernel, dim3(grid), dim3(kGridStrideThreads), 0, stream, args...);
   Kernel<<<grid, kGridStrideThreads, 0, stream>>>(args...);
   return mt_launch_status();
 }

@@ -208,6 +208,7 @@ __device__ __forceinline__ void store_run(const Params& p, int split, int bi, in
 // p.partials is null here (the epilogue runs); `partials` holds the sums. One thread per pair of
 // columns, grid-stride.
 __global__ void split_k_reduce(const Params p, const float* partials, int splits) {
+  mt::join_prior_grids();
   const int pairs = (p.N + 1) / 2;
   const long long total = static_cast<long long>(p.batch) * p.M * pairs;
   for (long long i = mt::grid_stride_first(); i < total; i += mt::grid_stride_step()) {
@@ -305,7 +306,7 @@ inline int reduce_splits(const Params& p, const void* workspace, int splits, cud
   q.partials = nullptr;
   q.split_stride = static_cast<long long>(p.batch) * p.M * p.N;
   const long long pairs = static_cast<long long>(p.batch) * p.M * ((p.N + 1) / 2);
-  return mt::launch_grid_stride<split_k_reduce>(pairs, stream, q, static_cast<const float*>(workspace), splits);
+  return mt::launch_grid_stride<split_k_reduce, true>(pairs, stream, q, static_cast<const float*>(workspace), splits);
 }
 
 }  // namespace bf16mm

@@ -104,8 +104,8 @@ int launch_tma_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cuda
   static std::atomic<unsigned long long> configured{0};
   const auto kernel = matmul_bf16_tma_kernel<A_KMAJOR, B_KMAJOR, BN>;
   MT_RETURN_IF_ERROR(mt::allow_shared_memory(kernel, TmaConfig<BN>::kSmemBytes, &configured));
-  kernel<<<grid, kTmaThreads, TmaConfig<BN>::kSmemBytes, stream>>>(maps.a, maps.b, tp);
-  return mt_launch_status();
+  return mt::launch_dependent(kernel, dim3(grid), dim3(kTmaThreads), TmaConfig<BN>::kSmemBytes, stream, maps.a, maps.b,
+                              tp);
 }
 
 template <int BN>

@@ -35,6 +35,7 @@
 
 #include <cstdint>
 
+#include "../includes/dependent_launch.cuh"
 #include "../includes/ptx.cuh"
 #include "../includes/tma.cuh"
 #include "bf16_common.cuh"
@@ -378,6 +379,7 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS, 1)
     prefetch_tensormap(b_map);
   }
   __syncthreads();
+  mt::join_prior_grids();  // launched as dependent: set up while the kernel before ends
 
   if (warp < 4) {  // the producer warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
