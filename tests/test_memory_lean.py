@@ -159,10 +159,10 @@ def test_fused_loss_over_padded_classes(with_bias: bool) -> None:
 def test_default_chunk_size() -> None:
     # the fewest chunks within DEFAULT_CHUNK_BYTES of logits, as even as multiples of 128 rows allow
     most = lambda vocab, itemsize: DEFAULT_CHUNK_BYTES // (vocab * itemsize) // 128 * 128  # noqa: E731
-    assert most(50304, 4) == 1280 and most(50304, 2) == 2560
-    assert default_chunk_size(4096, 50304) == 1024  # 4 chunks, not 3 x 1280 + 256
-    assert default_chunk_size(4096, 50304, itemsize=2) == 2048
-    assert default_chunk_size(16384, 50304, itemsize=2) == 2432  # 7 chunks: 6 x 2432 + 1792
+    assert most(50304, 4) == 2560 and most(50304, 2) == 5248
+    assert default_chunk_size(8192, 50304) == 2048  # 4 chunks, not 3 x 2560 + 512
+    assert default_chunk_size(4096, 50304, itemsize=2) == 4096
+    assert default_chunk_size(16384, 50304, itemsize=2) == 4096  # 4 chunks, not 3 x 5248 + 640
     assert default_chunk_size(100, 50257) == 100
     for n, vocab, itemsize in ((16384, 50257, 4), (10**8, 7, 4), (5000, 50304, 2), (129, 50304, 4)):
         rows = default_chunk_size(n, vocab, itemsize)
