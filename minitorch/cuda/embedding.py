@@ -22,7 +22,8 @@ from .runtime import CudaShapeError, check, empty, ptr, runtime, storage_code
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 SIGNATURES = {
     "launch_embedding_fw": (_I, [_I, _I, _P, _P, _P, _I, _I, _I, _P]),
-    "launch_embedding_bw": (_I, [_I, _P, _P, _P, _I, _I, _I, _P]),
+    "embedding_bw_workspace_bytes": (_L, [_I, _I]),
+    "launch_embedding_bw": (_I, [_I, _P, _P, _P, _I, _I, _I, _P, _L, _P]),
     "launch_gather_rows": (_I, [_I, _I, _P, _L, _P, _L, _P, _I, _I, _I, _P]),
 }
 
@@ -62,7 +63,11 @@ def embedding_bw(
         rt = runtime()
         lib = rt.lib("embedding_kernel", SIGNATURES)
         g, i = contiguous(grad_out), contiguous(ids)
-        code = lib.launch_embedding_bw(storage_code(g), ptr(out), ptr(g), ptr(i), ids.size, num_embeddings, C, rt.stream())
+        ws_bytes = lib.embedding_bw_workspace_bytes(ids.size, num_embeddings)
+        ws = rt.buffer(-(-ws_bytes // 4))  # the caching allocator's blocks are 512-byte aligned
+        code = lib.launch_embedding_bw(
+            storage_code(g), ptr(out), ptr(g), ptr(i), ids.size, num_embeddings, C, ws.data_ptr(), ws_bytes, rt.stream()
+        )
         check(code, lib, "embedding_bw")
     dtype = dtype or grad_out.dtype
     return out if dtype.storage == float32.storage else cast(out, dtype)
