@@ -405,6 +405,26 @@ def test_embedding_invalid_ids_give_zero_rows_and_no_gradient() -> None:
     np.testing.assert_array_equal(got, want_bw, err_msg="invalid ids must not receive gradient")
 
 
+def test_embedding_scatter_sums_each_row_in_position_order() -> None:
+    # 5,000 positions (the rows' blocks after a sort by row): one id at 3,000 of them, invalid ids between;
+    # each row is the float32 sum in position order, added once to the zeros: equal to the bit
+    r = rng_for("embedding-runs")
+    n, V, dim = 5000, 300, 40
+    ids = r.integers(0, V, n).astype(np.float32)
+    ids[r.choice(n, 3000, replace=False)] = 7.0
+    ids[::97] = -1.0
+    grad = r.standard_normal((n, dim)).astype(np.float32)
+    got = on_tensors(CUDA.ops.embedding_bw, gpu(grad), gpu(ids), V).to_numpy()
+    want = np.zeros((V, dim), np.float32)
+    seen = np.zeros(V, bool)
+    for p in range(n):
+        if ids[p] >= 0:
+            row = int(ids[p])
+            want[row] = want[row] + grad[p] if seen[row] else grad[p]
+            seen[row] = True
+    np.testing.assert_array_equal(got, want, err_msg="rows must be float32 sums in position order")
+
+
 # ---- the launch path ---------------------------------------------------------------------------------
 def test_unknown_function_is_rejected() -> None:
     with pytest.raises(ValueError, match="no CUDA kernel"):
