@@ -1,6 +1,6 @@
 """The CUDA backend's ops (TensorData in, TensorData out) against float64 references (NumPy,
-minitorch.operators): storage and transfers, fill/arange/uniform, map/zip/reduce, matmul, the
-embedding kernels, and the launch path (errors, stream).  Tensor operations on this backend
+minitorch.operators): storage and transfers, fill/arange/uniform, map/zip/reduce, matmul and the
+launch path (errors, stream); the embedding kernels are in test_embedding_cuda.py.  Tensor operations on this backend
 (autodiff, training, the checks of the public entry) are tested in test_cuda_functions.py.
 
 Inputs are seeded-random over shapes chosen to hit the kernels' edge cases: sizes 1, 3, 33, 1023
@@ -371,58 +371,6 @@ def test_matmul_expanded_batch_and_odd_strides() -> None:
     big = r.standard_normal((12, 10)).astype(np.float32)
     view = minitorch.Tensor(minitorch.TensorData(gpu(big)._tensor._storage, (6, 5), (20, 2)), backend=CUDA)
     _matmul_check(view, gpu(b[0]), big[::2, ::2], b[0], "matmul of a strided view (strides 20, 2)")
-
-
-# ---- embedding ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("dim", [1, 3, 32, 33])
-def test_embedding_gather_and_scatter_add(dim: int) -> None:
-    r = rng_for("embedding", dim)
-    V = 11
-    weight = r.standard_normal((V, dim)).astype(np.float32)
-    ids = r.integers(0, V, (3, 5)).astype(np.float32)
-    ids[0, :3] = [0, V - 1, 0]  # ends of the table and a repeated id
-    out = on_tensors(CUDA.ops.embedding_fw, gpu(weight), gpu(ids)).to_numpy()
-    what = f"weight [{V}, {dim}], ids {ids.shape}"
-    np.testing.assert_array_equal(out, weight[ids.astype(int)], err_msg=f"embedding gather, {what}")
-    grad = r.standard_normal((3, 5, dim)).astype(np.float32)
-    got = on_tensors(CUDA.ops.embedding_bw, gpu(grad), gpu(ids), V).to_numpy()
-    want = np.zeros((V, dim), np.float64)
-    np.add.at(want, ids.astype(int).reshape(-1), grad.reshape(-1, dim).astype(np.float64))
-    assert_close(got, want, 1e-6, f"embedding scatter-add, {what}", scale=float(np.abs(grad).sum()))
-
-
-def test_embedding_invalid_ids_give_zero_rows_and_no_gradient() -> None:
-    r = rng_for("embedding-bad")
-    weight = r.standard_normal((4, 8)).astype(np.float32)
-    ids = np.array([1.0, 4.0, -1.0, 2.5, 3.0], np.float32)
-    out = on_tensors(CUDA.ops.embedding_fw, gpu(weight), gpu(ids)).to_numpy()
-    want = np.zeros((5, 8), np.float32)
-    want[0], want[4] = weight[1], weight[3]
-    np.testing.assert_array_equal(out, want, err_msg="ids 4, -1 and 2.5 are invalid for 4 rows and must give zero rows")
-    got = on_tensors(CUDA.ops.embedding_bw, gpu(np.ones((5, 8), np.float32)), gpu(ids), 4).to_numpy()
-    want_bw = np.zeros((4, 8), np.float32)
-    want_bw[1] = want_bw[3] = 1.0
-    np.testing.assert_array_equal(got, want_bw, err_msg="invalid ids must not receive gradient")
-
-
-def test_embedding_scatter_sums_each_row_in_position_order() -> None:
-    # 5,000 positions (the rows' blocks after a sort by row): one id at 3,000 of them, invalid ids between;
-    # each row is the float32 sum in position order, added once to the zeros: equal to the bit
-    r = rng_for("embedding-runs")
-    n, V, dim = 5000, 300, 40
-    ids = r.integers(0, V, n).astype(np.float32)
-    ids[r.choice(n, 3000, replace=False)] = 7.0
-    ids[::97] = -1.0
-    grad = r.standard_normal((n, dim)).astype(np.float32)
-    got = on_tensors(CUDA.ops.embedding_bw, gpu(grad), gpu(ids), V).to_numpy()
-    want = np.zeros((V, dim), np.float32)
-    seen = np.zeros(V, bool)
-    for p in range(n):
-        if ids[p] >= 0:
-            row = int(ids[p])
-            want[row] = want[row] + grad[p] if seen[row] else grad[p]
-            seen[row] = True
-    np.testing.assert_array_equal(got, want, err_msg="rows must be float32 sums in position order")
 
 
 # ---- the launch path ---------------------------------------------------------------------------------
