@@ -16,6 +16,7 @@ import pytest
 import minitorch
 from minitorch import cuda_kernel_ops as cko
 from minitorch.cuda.libraries import kernel_library
+from minitorch.fused.embedding import embedding
 from minitorch.fused.linear_cross_entropy import fused_linear_cross_entropy
 
 from fused_testing import rel_err
@@ -127,6 +128,32 @@ def test_tied_head_is_read_in_place_and_gets_its_gradient_in_its_layout(
     assert wte.grad.dtype is minitorch.float32
     assert rel_err(grad[:vocab], ref_dw.T) < grad_tol
     assert np.all(grad[vocab:] == 0.0)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_tied_embedding_adds_its_rows_into_the_heads_gradient_buffer(bf16: bool) -> None:
+    """A table read by the embedding and, transposed, by the fused loss (GPT-2's tie): the loss hands
+    its float32 [V, C] gradient over, so the embedding's scatter adds its rows into that buffer itself
+    (no copy of the table's gradient: Context.may_write_pending); the table's gradient is torch's."""
+    V, C = 1000, 64
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    table = torch.randn(V, C, device="cuda", generator=gen) * 0.3
+    ids = torch.randint(0, V, (N_TOKENS,), device="cuda", generator=gen)
+    ids[:40] = 7  # a repeated id
+    targets = torch.randint(0, V, (N_TOKENS,), device="cuda", generator=gen).float()
+    weights = torch.ones(N_TOKENS, device="cuda")
+    wte = minitorch.from_torch(table.clone()).requires_grad_(True)
+    with minitorch.autocast(dtype=minitorch.bfloat16, enabled=bf16):
+        rows = embedding(wte, minitorch.from_torch(ids.float()))
+        loss = fused_linear_cross_entropy(
+            rows, wte.permute(1, 0), minitorch.from_torch(targets), minitorch.from_torch(weights)
+        )
+    head_grad = loss.history.inputs[0].history.ctx.saved_values[1]._tensor._storage.data_ptr()
+    loss.backward()
+    assert wte.grad._tensor._storage.data_ptr() == head_grad, "the scatter wrote a copy of the head's gradient"
+    ref_table = (table.bfloat16().float() if bf16 else table).double().requires_grad_(True)
+    torch.nn.functional.cross_entropy(ref_table[ids] @ ref_table.t(), targets.long()).backward()
+    assert rel_err(wte.grad.to_numpy(), ref_table.grad.cpu().numpy()) < (2e-2 if bf16 else GRAD_TOL)
 
 
 @pytest.mark.parametrize("label_smoothing", [0.1, 1.0])

@@ -230,6 +230,8 @@ class WorkingCopy(Function):
     the copy's buffer when they are stale and returns the copy; backward hands the gradient on in
     the parameter's dtype (as it is when it already is: the float32 dW of a 16-bit Linear)."""
 
+    passes_gradient_on = True  # the gradient itself, or a cast of it (a new tensor)
+
     @staticmethod
     def forward(ctx: Context, param: "Tensor", buffer: TensorData, stale: bool) -> "Tensor":
         if stale:

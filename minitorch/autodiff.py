@@ -8,7 +8,11 @@ Where an input is used more than once, its derivatives are summed. A Function's 
 sum itself (`Function.folds_pending`): `Context.take_pending(i, dtype)` gives it the derivative
 gathered so far for input i, which it adds into its own (e.g. as the addend of its kernel:
 LayerNorm's input gradient and the residual stream's), and the engine then keeps the result instead
-of adding the two.
+of adding the two. It adds into a new tensor unless the gathered one is backward's alone
+(`Context.may_write_pending`): made by the engine's sums, or handed over by the op that made it
+(`Context.hand_over`) and passed on through views (`Function.passes_gradient_on`). Then nothing else
+refers to its storage and the op may add into it in place: the tied embedding scatters its rows into
+the LM head's [V, C] gradient itself, not into a copy of it.
 """
 
 from __future__ import annotations
@@ -44,10 +48,13 @@ class Variable(Protocol):
     def parents(self) -> Iterable["Variable"]: ...
 
     def chain_rule(
-        self, d_output: Any, pending: Optional[Callable[["Variable"], Any]] = None
-    ) -> Iterable[Tuple["Variable", Any, bool]]:
-        """(input, its derivative, whether that already includes `pending(input)`, the derivative
-        gathered for it so far) for each input; pending: None offers nothing to fold."""
+        self, d_output: Any, pending: Optional[Callable[["Variable"], Tuple[Any, bool]]] = None,
+        output_alone: bool = False,
+    ) -> Iterable[Tuple["Variable", Any, bool, bool]]:  # fmt: skip
+        """(input, its derivative, whether that includes the derivative gathered for it so far,
+        whether the derivative is backward's alone) for each input. pending(input) gives the gathered
+        derivative (None when there is none) and whether it is backward's alone; None offers nothing
+        to fold. output_alone: whether d_output is backward's alone."""
 
 
 def topological_sort(variable: Variable) -> List[Variable]:
@@ -92,15 +99,28 @@ def backpropagate(variable: Variable, deriv: Any) -> None:
                 if not parent.is_constant():
                     uses[parent.unique_id] = uses.get(parent.unique_id, 0) + 1
     derivs = {variable.unique_id: deriv}
+    alone: Set[int] = set()  # the keys of derivs whose derivative nothing but backward refers to
+
+    def offered(p: Variable) -> Tuple[Any, bool]:
+        return derivs.get(p.unique_id), p.unique_id in alone
+
     for var in order:
         if var.is_leaf:
             continue
         d = derivs.pop(var.unique_id, None)
+        d_alone = var.unique_id in alone
+        alone.discard(var.unique_id)
         if d is not None:
-            for parent, d_parent, folded in var.chain_rule(d, lambda p: derivs.get(p.unique_id)):
+            for parent, d_parent, folded, d_parent_alone in var.chain_rule(d, offered, d_alone):
                 if not parent.is_constant():
                     key = parent.unique_id
-                    derivs[key] = d_parent if folded or key not in derivs else derivs[key] + d_parent
+                    if folded or key not in derivs:
+                        derivs[key] = d_parent
+                        mine = d_parent_alone
+                    else:
+                        derivs[key] = derivs[key] + d_parent
+                        mine = True  # a new sum
+                    (alone.add if mine else alone.discard)(key)
         for parent in var.parents:
             if not parent.is_constant():
                 _use_done(parent, uses, derivs)
@@ -160,20 +180,34 @@ class Context:
     saved_values: Tuple[Any, ...] = field(default_factory=tuple)
     needs_input_grad: Tuple[bool, ...] = ()  # per tensor input, as in torch: backward may skip the others
     # during backward: per tensor input, the derivative gathered for it so far (None: none, or not
-    # offered), and the inputs whose returned gradient includes it (take_pending)
+    # offered) and whether it is backward's alone, the inputs whose returned gradient includes it
+    # (take_pending), and those whose returned gradient backward may write into (hand_over)
     pending: Tuple[Any, ...] = ()
+    pending_alone: Tuple[bool, ...] = ()
     folded: Set[int] = field(default_factory=set)
+    handed_over: Set[int] = field(default_factory=set)
 
     def take_pending(self, i: int, dtype: Any) -> Any:
         """The derivative backward has gathered so far for tensor input i, of input i's shape, when
         there is one of this dtype (else None): the gradient this backward returns for input i must
-        then include it, the op adding it (e.g. as its kernel's addend, into a new tensor: never into
-        the pending one, which others may share) in place of the engine's sum."""
+        then include it, the op adding it (e.g. as its kernel's addend, into a new tensor unless
+        may_write_pending(i): others may share the pending one) in place of the engine's sum."""
         found = self.pending[i] if i < len(self.pending) else None
         if found is None or found.dtype is not dtype:
             return None
         self.folded.add(i)
         return found
+
+    def may_write_pending(self, i: int) -> bool:
+        """Whether the derivative take_pending(i, ...) handed over is backward's alone (nothing else
+        refers to its storage: the engine made it, or the op that made it handed it over and only
+        views passed it on), so that the op may add into it in place instead of into a new tensor."""
+        return i in self.folded and i < len(self.pending_alone) and self.pending_alone[i]
+
+    def hand_over(self, *inputs: int) -> None:
+        """Declare the gradients this backward returns for these tensor inputs backward's alone: new
+        tensors, or saved ones this op will not read again (a later op may then write into them)."""
+        self.handed_over.update(inputs)
 
     def save_for_backward(self, *values: Any) -> None:
         """Keep values for backward (skipped when no backward will run)."""

@@ -171,11 +171,11 @@ def _embedding_fw(weight: TensorData, ids: TensorData, dtype: Optional[DType] = 
 
 def _embedding_bw(
     grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None,
-    initial: Optional[TensorData] = None,
+    initial: Optional[TensorData] = None, in_place: bool = False,
 ) -> TensorData:  # fmt: skip
     require_storage("embedding_bw", KERNEL_STORAGE, grad_out, initial)
     ids = _float_ids(ids, num_embeddings, "embedding backward")
-    return embedding.embedding_bw(grad_out, ids, num_embeddings, dtype, initial)
+    return embedding.embedding_bw(grad_out, ids, num_embeddings, dtype, initial, in_place)
 
 
 def _gather_rows(out: TensorData, source: TensorData, ids: TensorData) -> None:

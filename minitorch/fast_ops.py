@@ -309,13 +309,17 @@ class FastOps(TensorOps):
     @staticmethod
     def embedding_bw(
         grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None,
-        initial: Optional[TensorData] = None,
+        initial: Optional[TensorData] = None, in_place: bool = False,
     ) -> TensorData:  # fmt: skip
         """Scatter-add of grad_out rows [..., C] into a zeroed [num_embeddings, C] gradient of dtype
-        (default grad_out's), or into a copy of initial, summed in float32."""
+        (default grad_out's), or into a copy of initial (initial itself with in_place, when it is
+        contiguous), summed in float32."""
         C = grad_out.shape[-1]
         flat = host_ids(ids, num_embeddings)
-        o = empty(FastOps, (num_embeddings, C))
-        o._storage[:] = 0.0 if initial is None else _contiguous(initial)._storage
+        if in_place and initial is not None and initial.is_contiguous() and initial.shape == (num_embeddings, C):
+            o = initial
+        else:
+            o = empty(FastOps, (num_embeddings, C))
+            o._storage[:] = 0.0 if initial is None else _contiguous(initial)._storage
         _scatter_add_kernel(o._storage, _contiguous(grad_out)._storage, flat, ids.size, C)
         return emulated(o, dtype or grad_out.dtype)

@@ -131,12 +131,15 @@ class Scalar:
     def parents(self) -> Iterable[Variable]:
         return self.history.inputs
 
-    def chain_rule(self, d_output: Any, pending: Any = None) -> Iterable[Tuple[Variable, Any, bool]]:
-        """(input, derivative, False) per input: scalar functions fold nothing in."""
+    def chain_rule(
+        self, d_output: Any, pending: Any = None, output_alone: bool = False
+    ) -> Iterable[Tuple[Variable, Any, bool, bool]]:
+        """(input, derivative, False, False) per input: scalar functions fold nothing in, and a float
+        has no storage to write into."""
         h = self.history
         assert h.last_fn is not None and h.ctx is not None
         grads = h.last_fn._backward(h.ctx, d_output)
-        return [(inp, g, False) for inp, g in zip(h.inputs, grads)]
+        return [(inp, g, False, False) for inp, g in zip(h.inputs, grads)]
 
     def backward(self, d_output: Optional[float] = None) -> None:
         """Backpropagate from this scalar (derivative 1 unless given)."""

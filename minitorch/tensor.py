@@ -275,31 +275,35 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
         return self.history.inputs
 
     def chain_rule(
-        self, d_output: Any, pending: Optional[Callable[["Tensor"], Any]] = None
-    ) -> Iterable[Tuple["Tensor", Any, bool]]:
+        self, d_output: Any, pending: Optional[Callable[["Tensor"], Tuple[Any, bool]]] = None,
+        output_alone: bool = False,
+    ) -> Iterable[Tuple["Tensor", Any, bool, bool]]:  # fmt: skip
         h = self.history
         assert h is not None and h.last_fn is not None and h.ctx is not None
-        ctx = h.ctx
-        if pending is not None and h.last_fn.folds_pending:
+        ctx, fn = h.ctx, h.last_fn
+        if pending is not None and fn.folds_pending:
             # an input used twice by this op is not offered: both uses would fold it in
             uses = Counter(inp.unique_id for inp in h.inputs)
-            ctx.pending = tuple(None if uses[inp.unique_id] > 1 else pending(inp) for inp in h.inputs)
+            offered = [(None, False) if uses[inp.unique_id] > 1 else pending(inp) for inp in h.inputs]
+            ctx.pending = tuple(found for found, _ in offered)
+            ctx.pending_alone = tuple(mine for _, mine in offered)
         try:
-            grads = h.last_fn._backward(ctx, d_output)
-            folded = ctx.folded
+            grads = fn._backward(ctx, d_output)
+            folded, handed = ctx.folded, ctx.handed_over
         finally:
-            ctx.pending, ctx.folded = (), set()
-        # As torch's engine does, each gradient takes its input's dtype (a bf16 use of an fp32 value gets an fp32 one),
-        # except that a float32 master weight's 16-bit working copy passes float32 ones on unrounded.
-        return [
-            (
-                inp,
-                g._sum_to(inp.shape).to(inp._grad_dtype or inp.dtype) if inp.dtype.is_floating else g._sum_to(inp.shape),
-                i in folded,
-            )
-            for i, (inp, g) in enumerate(zip(h.inputs, grads))
-            if g is not None and not inp.is_constant()
-        ]
+            ctx.pending, ctx.pending_alone, ctx.folded, ctx.handed_over = (), (), set(), set()
+        passed_on = fn.passes_gradient_on and output_alone
+        out = []
+        for i, (inp, g) in enumerate(zip(h.inputs, grads)):
+            if g is None or inp.is_constant():
+                continue
+            # As torch's engine does, each gradient takes its input's dtype (a bf16 use of an fp32 value gets
+            # an fp32 one), except that a float32 master weight's 16-bit working copy passes float32 ones on
+            # unrounded. A gradient made here (a sum or a cast) is backward's alone.
+            given = g._sum_to(inp.shape)
+            given = given.to(inp._grad_dtype or inp.dtype) if inp.dtype.is_floating else given
+            out.append((inp, given, i in folded, given is not g or i in handed or passed_on))
+        return out
 
     def accumulate_derivative(self, x: "Tensor") -> None:
         """Add x to .grad of this leaf (kept contiguous)."""

@@ -43,9 +43,12 @@ class Function:
     """Base class: `apply` records history so `backward` can be chained.
 
     folds_pending: whether backward may fold its inputs' gathered gradients into its own
-    (Context.take_pending); only such Functions are offered them."""
+    (Context.take_pending); only such Functions are offered them.
+    passes_gradient_on: whether backward returns its output's gradient itself or a view of it, and
+    nothing else: a gradient that was backward's alone stays so (Context.may_write_pending)."""
 
     folds_pending = False
+    passes_gradient_on = False
 
     @classmethod
     def _backward(cls, ctx: Context, grad_out: "Tensor") -> Tuple["Tensor", ...]:
@@ -135,6 +138,8 @@ class Extreme(Function):
 
 
 class Permute(Function):
+    passes_gradient_on = True
+
     @staticmethod
     def forward(ctx: Context, a: "Tensor", order: Tuple[int, ...]) -> "Tensor":
         ctx.save_for_backward(order)
@@ -150,6 +155,8 @@ class Permute(Function):
 
 
 class View(Function):
+    passes_gradient_on = True  # the gradient's view, or a contiguous copy (a new tensor) of it
+
     @staticmethod
     def forward(ctx: Context, a: "Tensor", shape: Tuple[int, ...]) -> "Tensor":
         ctx.save_for_backward(a.shape)

@@ -113,9 +113,10 @@ def test_no_grad_restores_the_flag_after_an_exception() -> None:
 
 class _TwiceFolding(minitorch.tensor_functions.Function):
     """2 * a, whose backward folds the gradient already gathered for a into its own (records what
-    take_pending gave it)."""
+    take_pending gave it, and whether it could have written into it: Context.may_write_pending)."""
 
     offered: list = []
+    writable: list = []
     folds_pending = True
 
     @staticmethod
@@ -126,6 +127,7 @@ class _TwiceFolding(minitorch.tensor_functions.Function):
     def backward(ctx: Context, d: minitorch.Tensor) -> minitorch.Tensor:
         pending = ctx.take_pending(0, d.dtype)
         _TwiceFolding.offered.append(pending)
+        _TwiceFolding.writable.append(ctx.may_write_pending(0))
         return d * 2.0 if pending is None else pending + d * 2.0
 
 
@@ -172,3 +174,21 @@ def test_an_input_an_op_uses_twice_is_not_offered() -> None:
     (x + Both.apply(x, x)).sum().backward()
     assert offered == [None, None]
     assert x.grad.to_numpy().tolist() == [3.0, 3.0]
+
+
+
+def test_only_a_gradient_backward_alone_holds_may_be_written_in_place() -> None:
+    """The engine's own sum of two gradients is backward's alone; a gradient an op returned without
+    handing it over (Context.hand_over) may be shared (Add hands its output's gradient to both inputs)."""
+    _TwiceFolding.writable.clear()
+    x = minitorch.tensor([1.0, -2.0], requires_grad=True)
+    (_TwiceFolding.apply(x) + x * 2.0 + x * 3.0).sum().backward()  # x's gathered gradient: the engine's sum
+    assert x.grad.to_numpy().tolist() == [7.0, 7.0]
+    y = minitorch.tensor([1.0, -2.0], requires_grad=True)
+    (_TwiceFolding.apply(y) + y).sum().backward()  # y's gathered gradient: Add's output gradient itself
+    assert y.grad.to_numpy().tolist() == [3.0, 3.0]
+    assert _TwiceFolding.writable == [True, False]
+    ctx = Context(pending=(minitorch.tensor([1.0]),), pending_alone=(True,))
+    assert not ctx.may_write_pending(0), "only after take_pending handed it over"
+    ctx.take_pending(0, minitorch.float32)
+    assert ctx.may_write_pending(0)

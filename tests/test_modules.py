@@ -84,6 +84,29 @@ def test_tied_embedding_adds_its_rows_to_the_heads_gradient(backend, taken_pendi
     assert_close(grad_of(layer.weight.value, "weight"), ref.weight.grad, "tied table's gradient")
 
 
+def test_tied_embedding_scatters_into_the_fused_heads_gradient_itself(backend) -> None:
+    """The fused loss hands its [V, C] gradient over (it keeps no reference to it), so the tied
+    embedding's scatter adds its rows into that very tensor (Context.may_write_pending), not into a
+    copy; a second backward through the loss is then a clear error. The table's gradient is torch's."""
+    V, C = 7, 4
+    layer = Embedding(V, C, backend=backend)
+    ref = torch.nn.Embedding(V, C, dtype=torch.float64)
+    with torch.no_grad():
+        ref.weight.copy_(t64(value(layer.weight)))
+    ids, targets = np.array([0, 5, 2, 2, 2, 1]), np.array([3, 0, 6, 2, 2, 5])
+    hidden = layer(mt(ids, backend))
+    loss = minitorch.fused_linear_cross_entropy(
+        hidden, layer.weight.value.transpose(0, 1), mt(targets, backend), mt(np.ones(6), backend)
+    )
+    head_grad = loss.history.inputs[0].history.ctx.saved_values[1]._tensor._storage
+    loss.backward()
+    torch.nn.functional.cross_entropy(ref(torch.tensor(ids)) @ ref.weight.t(), torch.tensor(targets)).backward()
+    assert_close(grad_of(layer.weight.value, "weight"), ref.weight.grad, "tied table's gradient")
+    assert np.shares_memory(layer.weight.value.grad._tensor._storage, head_grad), "the scatter copied the head's gradient"
+    with pytest.raises(RuntimeError, match="backward through this loss ran already"):
+        loss.backward()
+
+
 def test_fast_embedding_rejects_ids_out_of_range() -> None:
     layer = Embedding(3, 2, backend=FAST)
     with pytest.raises(IndexError, match=r"embedding ids must be integers in \[0, 3\), got values in \[0.0, 3.0\]"):

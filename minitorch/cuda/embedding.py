@@ -46,19 +46,25 @@ def embedding_fw(weight: TensorData, ids: TensorData, dtype: Optional[DType] = N
 
 def embedding_bw(
     grad_out: TensorData, ids: TensorData, num_embeddings: int, dtype: Optional[DType] = None,
-    initial: Optional[TensorData] = None,
+    initial: Optional[TensorData] = None, in_place: bool = False,
 ) -> TensorData:  # fmt: skip
     """Scatter-add of the rows of grad_out [..., C] into a zeroed [num_embeddings, C] of dtype
     (default grad_out's), or into a float32 copy of initial [num_embeddings, C] (one pass that
-    replaces the zeros and a later sum with the table's other gradient), summed in float32."""
+    replaces the zeros and a later sum with the table's other gradient), summed in float32. With
+    in_place the rows go into initial itself where it is a contiguous float32 table (no pass at all:
+    the tied LM head's gradient, which backward hands over)."""
     C = grad_out.shape[-1]
-    out = empty((num_embeddings, C))
-    if initial is None:
-        fill(out, 0.0)
-    elif initial.shape != out.shape:
-        raise CudaShapeError(f"embedding_bw: initial table {initial.shape} for a gradient of shape {out.shape}")
+    shape = (num_embeddings, C)
+    if initial is not None and initial.shape != shape:
+        raise CudaShapeError(f"embedding_bw: initial table {initial.shape} for a gradient of shape {shape}")
+    if in_place and initial is not None and initial.is_contiguous() and initial.dtype.storage == float32.storage:
+        out = initial
     else:
-        copy(initial, out)
+        out = empty(shape)
+        if initial is None:
+            fill(out, 0.0)
+        else:
+            copy(initial, out)
     if grad_out.size:
         rt = runtime()
         lib = rt.lib("embedding_kernel", SIGNATURES)

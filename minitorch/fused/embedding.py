@@ -40,7 +40,7 @@ def _one_hot(ids: "Tensor", classes: int) -> "Tensor":
 
 class Embedding(Function):
     """Saves the ids, the vocabulary size and the weight's dtype. Folds the table's gathered gradient
-    into the scatter (its start)."""
+    into the scatter (its start; the scatter adds into it in place where it is backward's alone)."""
 
     folds_pending = True
 
@@ -59,19 +59,23 @@ class Embedding(Function):
         ids, num_embeddings, dtype = ctx.saved_values
         # the table's gradient from its other uses (a tied LM head's) is where the rows are added
         initial = ctx.take_pending(0, dtype)
-        return (scatter_rows(grad_output, ids, num_embeddings, dtype, initial),)
+        in_place = initial is not None and ctx.may_write_pending(0)
+        ctx.hand_over(0)  # a new table, or the gathered one that was backward's alone
+        return (scatter_rows(grad_output, ids, num_embeddings, dtype, initial, in_place),)
 
 
 def scatter_rows(
-    rows: "Tensor", ids: "Tensor", num_embeddings: int, dtype: Optional[DType] = None, initial: Optional["Tensor"] = None
+    rows: "Tensor", ids: "Tensor", num_embeddings: int, dtype: Optional[DType] = None, initial: Optional["Tensor"] = None,
+    in_place: bool = False,
 ) -> "Tensor":  # fmt: skip
-    """[num_embeddings, C] zeros (or a copy of initial, of that shape) with each row r of rows [..., C]
-    added at row ids[r] (no autodiff), in dtype (default rows'); the sums are float32 where a kernel runs."""
+    """[num_embeddings, C] zeros (or a copy of initial, of that shape; initial itself with in_place,
+    where the backend can write into it) with each row r of rows [..., C] added at row ids[r] (no
+    autodiff), in dtype (default rows'); the sums are float32 where a kernel runs."""
     kernel = hook(rows.backend.ops, "embedding_bw")
     if kernel is None:
         C = rows.shape[-1]
         rows = rows.contiguous().view(ids.numel(), C)
         scattered = (_one_hot(ids, num_embeddings).transpose(0, 1) @ rows).to(dtype or rows.dtype)
         return scattered if initial is None else initial + scattered
-    start = {} if initial is None else {"initial": initial._tensor}
+    start = {} if initial is None else {"initial": initial._tensor, "in_place": in_place}
     return rows._new(kernel(rows._tensor, ids._tensor, num_embeddings, dtype or rows.dtype, **start))

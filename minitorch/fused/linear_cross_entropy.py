@@ -172,7 +172,9 @@ def linear_cross_entropy_reference(
     """(loss (1,), dhidden [N, C], dweight [C, V], dbias [V]) of sum_r ce_r * w_r / sum(w) of logits =
     hidden @ weight (+ bias), composed chunk by chunk; ce_r is smoothed by label_smoothing = e:
     logsumexp - (1 - e) * logit[target] - e * mean(logits).  The gradients (None unless need_grad;
-    dbias None without a bias) are those of the loss itself; sum(w) == 0 gives zero loss and gradients."""
+    dbias None without a bias) are those of the loss itself; sum(w) == 0 gives zero loss and gradients.
+    A chunk's dweight is laid out as weight when that is a transposed view (a tied table's gradient in
+    the table's layout, as the CUDA kernels write it)."""
     N, C = hidden.shape
     V = weight.shape[1]
     h, ids, w = hidden.contiguous(), targets.contiguous(), token_weights.contiguous()
@@ -202,7 +204,10 @@ def linear_cross_entropy_reference(
         if dhidden is not None:
             dlogits = (e / s - target_weights) * row_scale
             dhidden.narrow(0, n0, rows).copy_(dlogits @ weight_t)
-            part_w = h_rows.transpose(0, 1) @ dlogits
+            if weight._tensor.is_transposed():
+                part_w = (dlogits.transpose(0, 1) @ h_rows).transpose(0, 1)
+            else:
+                part_w = h_rows.transpose(0, 1) @ dlogits
             dweight = part_w if dweight is None else dweight + part_w
             if bias is not None:
                 part_b = dlogits.sum(0).view(V)
@@ -239,7 +244,9 @@ class FusedLinearCrossEntropy(Function):
     computed in the forward pass (chunk by chunk, so the [tokens, vocab] logits never exist).  The
     saved dhidden, dweight (and dbias) are the gradients for an incoming gradient of 1; backward scales
     them, or hands them over as they are when backward() started at this loss (Tensor.is_unit_seed):
-    a tied head's [V, C] gradient then costs no pass of its own."""
+    a tied head's [V, C] gradient then costs no pass of its own, and since this op keeps no reference
+    to them (a second backward through the loss is an error) a later op may add into them in place
+    (Context.hand_over): the tied embedding scatters its rows into the head's gradient itself."""
 
     @staticmethod
     def forward(
@@ -263,8 +270,15 @@ class FusedLinearCrossEntropy(Function):
 
     @staticmethod
     def backward(ctx: Context, grad_output: "Tensor") -> Tuple["Tensor", ...]:
+        if not ctx.saved_values:
+            raise RuntimeError(
+                "fused_linear_cross_entropy: backward through this loss ran already, and its gradients "
+                "(made in forward) went to that backward; compute the loss again for another one"
+            )
         dhidden, dweight, dbias = ctx.saved_values
+        ctx.hand_over(0, 1, 2)  # new tensors, or the saved ones, which this op then drops
         if grad_output.is_unit_seed:
+            ctx.saved_values = ()
             grads = (dhidden, dweight)
         else:
             grads = (dhidden * grad_output, _scaled(dweight, grad_output))
