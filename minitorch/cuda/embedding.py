@@ -11,12 +11,13 @@ float32 master are rounded once; the scatter-add sums in float32.
 from __future__ import annotations
 
 import ctypes
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from ..dtypes import DType, float32
 from ..tensor_data import TensorData
 from .combine import contiguous, copy, fill
 from .convert import cast
+from .layout import remember
 from .runtime import CudaShapeError, check, empty, ptr, runtime, storage_code
 
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
@@ -26,6 +27,21 @@ SIGNATURES = {
     "launch_embedding_bw": (_I, [_I, _P, _P, _P, _I, _I, _I, _P, _L, _P]),
     "launch_gather_rows": (_I, [_I, _I, _P, _L, _P, _L, _P, _I, _I, _I, _P]),
 }
+
+_workspace: Dict[Tuple[int, int], int] = {}  # (positions, num_embeddings) -> the backward's workspace bytes
+
+
+def bw_workspace_bytes(lib: ctypes.CDLL, positions: int, num_embeddings: int) -> int:
+    """Bytes of workspace the scatter-add of `positions` rows into a table of num_embeddings rows uses
+    (the radix sort of the positions by row), asked of the library once per size."""
+    key = (positions, num_embeddings)
+    found = _workspace.get(key)
+    if found is None:
+        found = int(lib.embedding_bw_workspace_bytes(positions, num_embeddings))
+        if found < 0:
+            raise CudaShapeError(f"embedding_bw: no workspace size for {positions} positions into {num_embeddings} rows")
+        remember(_workspace, key, found)
+    return found
 
 
 def embedding_fw(weight: TensorData, ids: TensorData, dtype: Optional[DType] = None) -> TensorData:
@@ -69,7 +85,7 @@ def embedding_bw(
         rt = runtime()
         lib = rt.lib("embedding_kernel", SIGNATURES)
         g, i = contiguous(grad_out), contiguous(ids)
-        ws_bytes = lib.embedding_bw_workspace_bytes(ids.size, num_embeddings)
+        ws_bytes = bw_workspace_bytes(lib, ids.size, num_embeddings)
         ws = rt.buffer(-(-ws_bytes // 4))  # the caching allocator's blocks are 512-byte aligned
         code = lib.launch_embedding_bw(
             storage_code(g), ptr(out), ptr(g), ptr(i), ids.size, num_embeddings, C, ws.data_ptr(), ws_bytes, rt.stream()
