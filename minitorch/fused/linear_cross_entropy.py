@@ -80,7 +80,9 @@ def fused_linear_cross_entropy(
     be a zero-filled table plus a copy).
 
     Gradients flow to hidden, weight and bias; they are computed during this call (when any of them
-    requires grad), so backward is a cheap scaling.  All-zero weights (sum(w) == 0) give a loss of 0
+    requires grad), so backward is a cheap scaling; a backward that starts at this loss takes them
+    over as they are, so a second backward through the same loss raises RuntimeError (compute the
+    loss again).  All-zero weights (sum(w) == 0) give a loss of 0
     and zero gradients, rather than 0/0.  A target outside [0, V) (or not an integer) on a token with
     a non-zero weight raises ValueError on the CPU backends; on CUDA, where checking would need a
     device-to-host copy, it makes the loss NaN.  Inside minitorch.autocast hidden, weight and bias
