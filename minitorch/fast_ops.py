@@ -312,11 +312,11 @@ class FastOps(TensorOps):
         initial: Optional[TensorData] = None, in_place: bool = False,
     ) -> TensorData:  # fmt: skip
         """Scatter-add of grad_out rows [..., C] into a zeroed [num_embeddings, C] gradient of dtype
-        (default grad_out's), or into a copy of initial (initial itself with in_place, when it is
-        contiguous), summed in float32."""
+        (default grad_out's), or into a copy of initial (initial itself with in_place: the caller's
+        contiguous float32 table), summed in float32."""
         C = grad_out.shape[-1]
         flat = host_ids(ids, num_embeddings)
-        if in_place and initial is not None and initial.is_contiguous() and initial.shape == (num_embeddings, C):
+        if in_place and initial is not None:
             o = initial
         else:
             o = empty(FastOps, (num_embeddings, C))

@@ -173,12 +173,12 @@ class SimpleOps(TensorOps):
         initial: Optional[TensorData] = None, in_place: bool = False,
     ) -> TensorData:  # fmt: skip
         """Each row of grad_out [..., C] added into row ids[r] of a zeroed [num_embeddings, C] of dtype
-        (default grad_out's), or of a copy of initial (initial itself with in_place, when it is
-        contiguous), summed in float32."""
+        (default grad_out's), or of a copy of initial (initial itself with in_place: the caller's
+        contiguous float32 table), summed in float32."""
         C = grad_out.shape[-1]
         if initial is None:
             out = np.zeros((num_embeddings, C), np.float32)
-        elif in_place and initial.is_contiguous() and initial.shape == (num_embeddings, C):
+        elif in_place:
             out = as_array(initial)
         else:
             out = as_array(initial).astype(np.float32).reshape(num_embeddings, C)

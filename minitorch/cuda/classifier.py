@@ -84,7 +84,6 @@ class _Float32Products(_ChunkBias):
             raw_matmul(ptr(dweight), h_rows, lg, C, V, rows, (1, C), (ld, 1), accumulate=n0 > 0)
 
 
-
 class _Bfloat16Products(_ChunkBias):
     """The chunk products of bf16 hidden states and weight: matmul_bf16 on torch views of the buffers,
     bf16 logits (rows a multiple of 8 elements apart, for the library's TMA path), their gradient

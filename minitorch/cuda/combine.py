@@ -78,6 +78,7 @@ _map_plans: Dict[tuple, Tuple[MtLayout, MtLayout]] = {}
 _zip_plans: Dict[tuple, Tuple[Tuple[int, ...], MtLayout, MtLayout, MtLayout]] = {}
 _out_plans: Dict[tuple, MtLayout] = {}
 _reduce_plans: Dict[tuple, tuple] = {}
+_column_workspace: Dict[tuple, int] = {}  # (n_out, n_rows, row_stride) -> column_sums' workspace floats
 
 
 def out_layout(out: TensorData) -> MtLayout:
@@ -269,7 +270,10 @@ def column_sums(
     load a row where the columns are adjacent)."""
     rt = runtime()
     c = lib(rt)
-    ws_len = c.reduce_workspace_floats(n_out, n_rows, row_stride)
+    key = (n_out, n_rows, row_stride)
+    ws_len = _column_workspace.get(key)
+    if ws_len is None:  # depends only on the sizes and the device, as _reduce_plan's
+        ws_len = remember(_column_workspace, key, c.reduce_workspace_floats(n_out, n_rows, row_stride))
     ws = rt.buffer(ws_len) if ws_len else None
     code = c.launch_reduce(
         BINARY_CODES[operators.add], 0, KERNEL_STORAGE.index(dtype.storage), out, layout((n_out,), (1,)), a,

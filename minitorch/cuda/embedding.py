@@ -67,13 +67,13 @@ def embedding_bw(
     """Scatter-add of the rows of grad_out [..., C] into a zeroed [num_embeddings, C] of dtype
     (default grad_out's), or into a float32 copy of initial [num_embeddings, C] (one pass that
     replaces the zeros and a later sum with the table's other gradient), summed in float32. With
-    in_place the rows go into initial itself where it is a contiguous float32 table (no pass at all:
+    in_place the rows go into initial itself, the caller's contiguous float32 table (no pass at all:
     the tied LM head's gradient, which backward hands over)."""
     C = grad_out.shape[-1]
     shape = (num_embeddings, C)
     if initial is not None and initial.shape != shape:
         raise CudaShapeError(f"embedding_bw: initial table {initial.shape} for a gradient of shape {shape}")
-    if in_place and initial is not None and initial.is_contiguous() and initial.dtype.storage == float32.storage:
+    if in_place and initial is not None:
         out = initial
     else:
         out = empty(shape)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 
 from ..autocast import activation_dtype
 from ..autodiff import Context
-from ..dtypes import DType
+from ..dtypes import DType, float32
 from ..tensor_data import IndexingError
 from ..tensor_functions import Function
 from ..tensor_ops import hook
@@ -69,13 +69,14 @@ def scatter_rows(
     in_place: bool = False,
 ) -> "Tensor":  # fmt: skip
     """[num_embeddings, C] zeros (or a copy of initial, of that shape; initial itself with in_place,
-    where the backend can write into it) with each row r of rows [..., C] added at row ids[r] (no
-    autodiff), in dtype (default rows'); the sums are float32 where a kernel runs."""
+    when it is a contiguous float32 table the sums can go into) with each row r of rows [..., C] added
+    at row ids[r] (no autodiff), in dtype (default rows'); the sums are float32 where a kernel runs."""
     kernel = hook(rows.backend.ops, "embedding_bw")
     if kernel is None:
         C = rows.shape[-1]
         rows = rows.contiguous().view(ids.numel(), C)
         scattered = (_one_hot(ids, num_embeddings).transpose(0, 1) @ rows).to(dtype or rows.dtype)
         return scattered if initial is None else initial + scattered
-    start = {} if initial is None else {"initial": initial._tensor, "in_place": in_place}
+    writable = in_place and initial is not None and initial.is_contiguous() and initial.dtype is float32
+    start = {} if initial is None else {"initial": initial._tensor, "in_place": writable}
     return rows._new(kernel(rows._tensor, ids._tensor, num_embeddings, dtype or rows.dtype, **start))
