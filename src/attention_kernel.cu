@@ -199,11 +199,12 @@ __global__ void __launch_bounds__(kThreads, FwConfig<DP>::kMinBlocks) attention_
   float* ks = qs + BM * LD;
   float* vs = ks + BN * LD;
 
-  const int q0 = (p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y) * BM;
+  const BlockTile block = block_tile();
+  const int q0 = (p.causal ? static_cast<int>(gridDim.y) - 1 - block.tile : block.tile) * BM;
   const int warp = threadIdx.x / 32;
   const int g = frag_g();
   const int t = frag_t();
-  const Head head(p);
+  const Head head(p, block.bh);
   const float* kg = p.k + head.at(p.k_strides);
   const float* vg = p.v + head.at(p.v_strides);
   const float* mask_row = p.mask != nullptr ? p.mask + static_cast<size_t>(head.batch()) * p.k_len : nullptr;
@@ -278,11 +279,12 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
   float* ls = dst + BN * LDT;  // lse of the query tile
   float* dis = ls + BM;        // D of the query tile
 
-  const int n0 = blockIdx.y * BN;
+  const BlockTile block = block_tile();
+  const int n0 = block.tile * BN;
   const int warp = threadIdx.x / 32;
   const int g = frag_g();
   const int t = frag_t();
-  const Head head(p);
+  const Head head(p, block.bh);
   const float* qg = p.q + head.at(p.q_strides);
   const float* dog = p.dout + head.at(p.dout_strides);
   // The lane's keys: n0 + 16 warp + g (C elements 0, 1) and + 8 (elements 2, 3).
@@ -377,14 +379,14 @@ __global__ void __launch_bounds__(kThreads, BwConfig<DP>::kMinBlocks) attention_
 // or of keys for every (batch, head).
 template <int DP, int ACT, int PREC>
 int launch_bucket(const FwParams<float>& p, int batch_heads, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.q_len + kFwRows - 1) / kFwRows));
+  const dim3 grid = tile_grid(batch_heads, (p.q_len + kFwRows - 1) / kFwRows, batch_heads);
   constexpr int kBytes = fw_smem_floats<DP>() * static_cast<int>(sizeof(float));
   return mt::launch_with_shared_memory<attention_fw<DP, ACT, PREC>>(grid, kThreads, kBytes, stream, p);
 }
 
 template <int DP, int ACT, int PREC>
 int launch_bucket(const BwParams<float>& p, int batch_heads, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(batch_heads), static_cast<unsigned>((p.k_len + kBwKeys - 1) / kBwKeys));
+  const dim3 grid = tile_grid(batch_heads, (p.k_len + kBwKeys - 1) / kBwKeys, batch_heads);
   constexpr int kBytes = bw_smem_floats<DP>() * static_cast<int>(sizeof(float));
   return mt::launch_with_shared_memory<attention_bw<DP, ACT, PREC>>(grid, kThreads, kBytes, stream, p);
 }

@@ -97,8 +97,36 @@ struct BwParams {
   int dq_vec4;  // bf16: float4 atomics into the dq workspace (head_dim % 4 == 0, 16-byte aligned rows)
 };
 
-// The (batch, head) of a block, bh = blockIdx.x = batch * heads + head, and where its rows start
-// (computed where used, from bh and the parameters: fewer values held in registers).
+// Heads whose blocks a backward grid starts together when its operands do not fit in L2 (see tile_grid).
+constexpr int kHeadGroup = 16;
+constexpr int kMaxGridZ = 65535;
+
+// The grid of a forward or backward launch over batch_heads heads of `tiles` tiles each (query tiles
+// of the forward, key tiles of the backward): (group, tiles, batch_heads / group). Blocks start in
+// the order of their linear index, blockIdx.x fastest, so the GPU walks the heads a group at a time,
+// tile by tile over a group's heads before the next group. The group is the largest divisor of
+// batch_heads up to `most` (so every block has a head); one group of all heads where the groups
+// would overflow z. One group is the plain order (every head's first tile, then every head's second):
+// the longest blocks first under causal, so the last wave is short.
+inline dim3 tile_grid(int batch_heads, int tiles, int most) {
+  int group = most < batch_heads ? most : batch_heads;
+  while (batch_heads % group != 0) --group;
+  if (batch_heads / group > kMaxGridZ) group = batch_heads;
+  return dim3(static_cast<unsigned>(group), static_cast<unsigned>(tiles), static_cast<unsigned>(batch_heads / group));
+}
+
+// The (batch * heads + head, tile) of a block of a tile_grid.
+struct BlockTile {
+  int bh;
+  int tile;
+};
+
+__device__ __forceinline__ BlockTile block_tile() {
+  return {static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x), static_cast<int>(blockIdx.y)};
+}
+
+// The (batch, head) of a block, bh = batch * heads + head, and where its rows start (computed where
+// used, from bh and the parameters: fewer values held in registers).
 struct Head {
   int bh;
   int heads;
@@ -106,8 +134,8 @@ struct Head {
   int offset;  // k_len - q_len: under causal, query i sees the keys j <= i + offset
 
   template <class Params>
-  __device__ explicit Head(const Params& p)
-      : bh(blockIdx.x), heads(p.heads), q_len(p.q_len), offset(p.k_len - p.q_len) {}
+  __device__ Head(const Params& p, int bh_)
+      : bh(bh_), heads(p.heads), q_len(p.q_len), offset(p.k_len - p.q_len) {}
 
   __device__ __forceinline__ int batch() const { return bh / heads; }
   // Its first row of lse, di and the float32 dq (contiguous [B, H, Tq(, D)]).

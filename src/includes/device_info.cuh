@@ -38,6 +38,12 @@ inline cudaError_t shared_memory_optin(int* out) {
   return cached_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, cached, out);
 }
 
+// Bytes of L2 cache of the current device.
+inline cudaError_t l2_cache_bytes(int* out) {
+  static int cached[kMaxDevicesCached] = {0};
+  return cached_attribute(cudaDevAttrL2CacheSize, cached, out);
+}
+
 }  // namespace mt
 
 namespace mt {
