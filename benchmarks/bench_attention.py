@@ -13,7 +13,7 @@ every other path computes in fp32.  With --dtype bf16 the inputs are bfloat16 an
   fused            minitorch.fused_attention (src/attention_bf16_kernel.cu);
   torch sdpa flash scaled_dot_product_attention on its FlashAttention-2 backend;
   torch sdpa cudnn the same on cuDNN's fused attention (what torch.compile's GPT-2 step runs);
-and the shapes start with GPT-2 124M's at B 4 and one of head dim 128.
+and the shapes start with GPT-2 124M's at B 4 and B 16 and one of head dim 128.
 Times: median GPU milliseconds of one forward (no autograd graph) and of one forward + backward,
 from minitorch.cuda.timer.gpu_ms: CUDA events around back-to-back iterations (batches of about
 100 ms, at most 20) queued behind a spin kernel (Python overhead hidden as long as the GPU is the
@@ -40,7 +40,8 @@ from minitorch.cuda.timer import gpu_ms
 
 SHAPES = [(8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64)]
 METHODS = ["fused", "fused high", "minitorch naive", "torch naive", "torch sdpa", "torch sdpa tf32"]
-BF16_SHAPES = [(4, 12, 1024, 64), (4, 6, 1024, 128)] + SHAPES  # GPT-2 124M at B 4, then a head dim of 128
+# GPT-2 124M at B 4 and B 16 (whose backward's operands exceed the L2: grouped heads), a head dim of 128
+BF16_SHAPES = [(4, 12, 1024, 64), (16, 12, 1024, 64), (4, 6, 1024, 128)] + SHAPES
 BF16_METHODS = ["fused", "torch sdpa flash", "torch sdpa cudnn"]
 INT_LIMIT = 2**31  # minitorch's CUDA kernels index tensors with 32-bit ints
 
