@@ -118,6 +118,16 @@ def test_gpt2_shape(causal: bool) -> None:
     check(4, 12, 1024, 1024, 64, causal, "softmax", "none", seed=7)
 
 
+def test_backward_in_groups_of_heads() -> None:
+    """Enough heads that the backward's operands (Q, K, V and dO in bf16, the float32 dq: 4 T D 2 + 4 T D
+    bytes a head) exceed the GPU's L2, so its grid walks the heads in groups (tile_grid in
+    src/includes/attention_common.cuh): on a 50 MiB L2, 18 heads in two groups of 9."""
+    T, D, H = 2048, 128, 3
+    l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    heads = l2_bytes // (4 * T * D * 2 + 4 * T * D) + 1
+    check(-(-heads // H), H, T, T, D, True, "softmax", "none", seed=11)
+
+
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_rows_without_keys_are_zero(activation: str) -> None:
     """A batch whose mask removes every key: out, dq, dk, dv zero there (never NaN), lse -inf (softmax)."""
