@@ -6,9 +6,9 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "../includes/device_info.cuh"
+#include "../includes/launch_utils.cuh"
 #include "../includes/layout.cuh"
 #include "../includes/tma.cuh"
 #include "../includes/vec.cuh"
@@ -101,11 +101,8 @@ struct TmaMaps {
 
 template <bool A_KMAJOR, bool B_KMAJOR, int BN>
 int launch_tma_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cudaStream_t stream) {
-  static std::atomic<unsigned long long> configured{0};
-  const auto kernel = matmul_bf16_tma_kernel<A_KMAJOR, B_KMAJOR, BN>;
-  MT_RETURN_IF_ERROR(mt::allow_shared_memory(kernel, TmaConfig<BN>::kSmemBytes, &configured));
-  return mt::launch_dependent(kernel, dim3(grid), dim3(kTmaThreads), TmaConfig<BN>::kSmemBytes, stream, maps.a, maps.b,
-                              tp);
+  return mt::launch_with_shared_memory<matmul_bf16_tma_kernel<A_KMAJOR, B_KMAJOR, BN>, true>(
+      dim3(static_cast<unsigned>(grid)), kTmaThreads, TmaConfig<BN>::kSmemBytes, stream, maps.a, maps.b, tp);
 }
 
 template <int BN>
