@@ -29,10 +29,10 @@ CUDA = minitorch.TensorBackend(minitorch.CudaKernelOps)
 
 @pytest.mark.parametrize("max_norm", [0.05, None])
 def test_multi_tensor_clip_and_adamw_match_torch(max_norm) -> None:
-    """45 parameters (two launches of at most 40 tensors), one larger than a 32768-element chunk and
+    """165 parameters (two launches of at most 160 tensors), one larger than a 32768-element chunk and
     of odd size; three steps of clipped AdamW against torch in float64."""
     rng = np.random.default_rng(0)
-    shapes = [(3, 5)] * 20 + [(7,)] * 20 + [(301, 257), (1,), (64, 64), (2, 3, 4), (33,)]
+    shapes = [(3, 5)] * 80 + [(7,)] * 80 + [(301, 257), (1,), (64, 64), (2, 3, 4), (33,)]
     init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     params = [minitorch.Parameter(minitorch.tensor_from_numpy(x, backend=CUDA)) for x in init]
     ref = [torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in init]

@@ -23,8 +23,10 @@
 // parameter may have a bfloat16 working copy (working, else null) that the model's products read:
 // the update writes it from the new float32 master value in the same pass (2 more bytes per element
 // instead of a separate cast pass of 6).
-// Tensors come in lists of up to kMaxTensors pointers passed by value (several launches of 1 and
-// 3 for longer lists; their partials go to consecutive ranges of one buffer).
+// Tensors come in lists of up to kMaxTensors pointers passed by value (a 8.8 KB kernel argument:
+// CUDA 12.1+ takes up to 32 KB), so GPT-2 124M's 148 parameters are one launch of each kernel, not
+// four, each of which ended with its last wave's blocks on part of the GPU; longer lists take several
+// launches of 1 and 3, their partials in consecutive ranges of one buffer.
 //
 // The gradient pack of data-parallel training uses the same lists: param[t] <- grad[t] * scale, or
 // param[t] += grad[t] * scale when accumulating the micro-batches of a step, for every tensor of a
@@ -41,7 +43,7 @@
 
 // Exported in the C ABI, so outside the anonymous namespace (a type with internal linkage would
 // give the launchers internal linkage too).
-constexpr int kMaxTensors = 40;
+constexpr int kMaxTensors = 160;
 
 // Up to kMaxTensors contiguous tensors by value; block b of a launch works on chunk
 // b - block_start[t] of the tensor t with block_start[t] <= b < block_start[t + 1]. param and the
@@ -161,10 +163,18 @@ adamw_scalar_kernel(float* __restrict__ param, const float* __restrict__ grad, f
 constexpr long long kChunk = 32768;  // elements per block
 constexpr int kPrepareThreads = 1024;
 
+// The tensor t with block_start[t] <= block < block_start[t + 1] (a binary search: lists are long).
 __device__ __forceinline__ int tensor_of_block(const TensorList& l, int block) {
-  int t = 0;
-  while (t + 1 < l.count && l.block_start[t + 1] <= block) ++t;
-  return t;
+  int lo = 0, hi = l.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (l.block_start[mid] <= block) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
 }
 
 // Four elements a load where the tensor allows it (chunks start at multiples of kChunk), four loads
@@ -230,8 +240,9 @@ adamw_prepare_kernel(const float* __restrict__ partials, int n_partials, const d
 // Elements [begin, end) of one tensor of the multi-tensor step: gradient type TG; WORKING: also
 // write the bfloat16 working copy.
 template <class TG, bool WORKING>
-__device__ __forceinline__ void adamw_chunk(float* p, const TG* g, float* m, float* v, __nv_bfloat16* w,
-                                            long long begin, long long end, const AdamWCoefficients& c) {
+__device__ __forceinline__ void adamw_chunk(float* __restrict__ p, const TG* __restrict__ g, float* __restrict__ m,
+                                            float* __restrict__ v, __nv_bfloat16* __restrict__ w, long long begin,
+                                            long long end, const AdamWCoefficients& c) {
   const bool vec = mt::is_aligned16(p) && mt::is_aligned4(g) && mt::is_aligned16(m) && mt::is_aligned16(v) &&
                    (!WORKING || mt::is_aligned4(w));
   if (!vec) {
@@ -241,8 +252,28 @@ __device__ __forceinline__ void adamw_chunk(float* p, const TG* g, float* m, flo
     }
     return;
   }
+  // Two float4 steps a thread at a time, all their loads issued before the first use.
+  const long long step = 4 * blockDim.x;
   long long i = begin + 4 * threadIdx.x;
-  for (; i + 3 < end; i += 4 * blockDim.x) {
+  for (; i + step + 3 < end; i += 2 * step) {
+    float4 p4[2], g4[2], m4[2], v4[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      p4[u] = *reinterpret_cast<const float4*>(p + i + u * step);
+      g4[u] = mt::load4(g + i + u * step);
+      m4[u] = *reinterpret_cast<const float4*>(m + i + u * step);
+      v4[u] = *reinterpret_cast<const float4*>(v + i + u * step);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      adamw_float4(p4[u], g4[u], m4[u], v4[u], c);
+      *reinterpret_cast<float4*>(p + i + u * step) = p4[u];
+      *reinterpret_cast<float4*>(m + i + u * step) = m4[u];
+      *reinterpret_cast<float4*>(v + i + u * step) = v4[u];
+      if constexpr (WORKING) mt::store4(w + i + u * step, p4[u]);
+    }
+  }
+  for (; i + 3 < end; i += step) {
     float4 p4 = *reinterpret_cast<float4*>(p + i), m4 = *reinterpret_cast<float4*>(m + i);
     float4 v4 = *reinterpret_cast<float4*>(v + i);
     adamw_float4(p4, mt::load4(g + i), m4, v4, c);

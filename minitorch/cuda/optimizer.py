@@ -22,7 +22,7 @@ from .runtime import (
 )  # fmt: skip
 from .staging import uploader
 
-MAX_TENSORS = 40  # kMaxTensors of optimizer_kernel.cu
+MAX_TENSORS = 160  # kMaxTensors of optimizer_kernel.cu
 CHUNK = 32768  # kChunk
 COEFFICIENT_FLOATS = 10  # sizeof(AdamWCoefficients) / 4; grad_norm is the last
 
