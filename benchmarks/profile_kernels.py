@@ -7,6 +7,10 @@ time, then the program's wall time and the part of it the GPU spent in kernels (
 time or idle GPU), and the GPU's idle gaps between kernels: a CUDA graph's kernels start one after
 another, and each boundary costs the drain of one kernel's last blocks and the launch of the next,
 so the short gaps (under --gap-us) add up what launches cost a program that is otherwise GPU-bound.
+Kernel times overlap (two streams, or a dependent launch waiting through the tail of the kernel
+before it), so the table also charges each kernel with the time it adds to the GPU's busy span
+("adds ms": launches in start order, each with how far it extends the union of the earlier ones); that
+column sums to the busy time and is each kernel's share of a GPU-bound program's time.
 
 Usage: python benchmarks/profile_kernels.py [--top 25] [--out FILE.json] [--trace TRACE.json] -- program.py [args]
 (benchmarks/results/profile_kernels/ keeps the tables quoted in the README and the notes.)
@@ -19,22 +23,38 @@ import runpy
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from common import Column, Table, write_json
 
 
+def device_spans(profiler: Any) -> List[Tuple[float, float, str]]:
+    """(start, end, name) in microseconds of every device activity (kernels, copies), by start."""
+    from torch.autograd import DeviceType
+
+    return sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in profiler.events()
+        if e.device_type == DeviceType.CUDA and e.device_time > 0
+    )
+
+
 def kernel_rows(profiler: Any) -> List[Dict[str, Any]]:
-    """One row per kernel name: total and mean GPU microseconds and launches, largest total first."""
+    """One row per kernel name: total and mean GPU microseconds, launches and the microseconds the
+    launches add to the busy span (adds_us, see the module notes), largest total first."""
     from torch.autograd import DeviceType
 
     rows: Dict[str, Dict[str, Any]] = {}
     for event in profiler.events():
         if event.device_type != DeviceType.CUDA or event.device_time <= 0:
             continue
-        row = rows.setdefault(event.name, {"kernel": event.name, "total_us": 0.0, "launches": 0})
+        row = rows.setdefault(event.name, {"kernel": event.name, "total_us": 0.0, "launches": 0, "adds_us": 0.0})
         row["total_us"] += event.device_time
         row["launches"] += 1
+    end = None
+    for start, stop, name in device_spans(profiler):
+        rows[name]["adds_us"] += stop - start if end is None or start > end else max(0.0, stop - end)
+        end = stop if end is None else max(end, stop)
     ordered = sorted(rows.values(), key=lambda r: -r["total_us"])
     for row in ordered:
         row["mean_us"] = row["total_us"] / row["launches"]
@@ -44,15 +64,8 @@ def kernel_rows(profiler: Any) -> List[Dict[str, Any]]:
 def idle_gaps(profiler: Any, short_us: float) -> Dict[str, float]:
     """The union of all device activity and the idle gaps inside it: busy_ms, and the count, total
     and median of the gaps shorter than short_us (those between launches, not host pauses)."""
-    from torch.autograd import DeviceType
-
-    spans = sorted(
-        (e.time_range.start, e.time_range.end)
-        for e in profiler.events()
-        if e.device_type == DeviceType.CUDA and e.device_time > 0
-    )
     busy, gaps, end = 0.0, [], None
-    for start, stop in spans:
+    for start, stop, _ in device_spans(profiler):
         if end is None or start > end:
             if end is not None:
                 gaps.append(start - end)
@@ -101,12 +114,15 @@ def main(argv: List[str] | None = None) -> None:
     wall = time.perf_counter() - start
     rows = kernel_rows(prof)
     total = sum(r["total_us"] for r in rows)
+    busy = sum(r["adds_us"] for r in rows)
     table = Table(
         Column("kernel", 89, lambda r: r["kernel"][:89], left=True),
         Column("total ms", 9, lambda r: r["total_us"] / 1e3, ".2f"),
         Column("launches", 9, "launches"),
         Column("mean us", 9, "mean_us", ".1f"),
         Column("share", 7, lambda r: 100 * r["total_us"] / max(total, 1e-9), ".1f", "%"),
+        Column("adds ms", 8, lambda r: r["adds_us"] / 1e3, ".2f"),
+        Column("of busy", 8, lambda r: 100 * r["adds_us"] / max(busy, 1e-9), ".1f", "%"),
     )
     print()
     table.header()

@@ -103,18 +103,37 @@ def test_profile_kernels_runs_a_program_and_names_a_missing_one(tmp_path: Path) 
 def test_idle_gaps_merge_overlapping_kernels_and_split_launch_gaps_from_pauses() -> None:
     """profile_kernels.idle_gaps: the union of the device intervals (overlapping kernels of two
     streams count once) and the gaps inside it, those under short_us counted as launch gaps."""
-    from types import SimpleNamespace
-
     from profile_kernels import idle_gaps
-    from torch.autograd import DeviceType
 
     spans = [(0, 10), (5, 12), (14, 20), (100, 110), (111, 112), (3, 4)]
-    events = [SimpleNamespace(device_type=DeviceType.CUDA, device_time=b - a, time_range=SimpleNamespace(start=a, end=b))
-              for a, b in spans] + [SimpleNamespace(device_type=DeviceType.CPU, device_time=0, time_range=None)]  # fmt: skip
-    gaps = idle_gaps(SimpleNamespace(events=lambda: events), short_us=50)
+    gaps = idle_gaps(_profile(spans), short_us=50)
     assert gaps["busy_ms"] * 1e3 == pytest.approx(12 + 6 + 10 + 1)
     assert gaps["short_gaps"] == 2 and gaps["short_gap_ms"] * 1e3 == pytest.approx(3)  # 12 -> 14, 110 -> 111
     assert gaps["median_short_gap_us"] == 2
+
+
+def test_kernel_rows_charge_each_kernel_with_what_it_adds_to_the_busy_span() -> None:
+    """A kernel inside another's span adds nothing, one that outlasts it adds its tail; the column sums
+    to the busy time while the kernels' own times count the overlap twice."""
+    from profile_kernels import kernel_rows
+
+    spans = [(0, 10, "a"), (5, 12, "b"), (3, 4, "c"), (14, 20, "a"), (18, 30, "b")]
+    rows = {r["kernel"]: r for r in kernel_rows(_profile(spans))}
+    assert {k: r["adds_us"] for k, r in rows.items()} == {"a": 16.0, "b": 12.0, "c": 0.0}  # b: 10 -> 12, 20 -> 30
+    assert rows["a"]["total_us"] == 16 and rows["b"]["total_us"] == 19 and rows["b"]["launches"] == 2
+    assert rows["b"]["mean_us"] == 9.5
+
+
+def _profile(spans):
+    """A stand-in for torch.profiler's profile: device events (start, end[, name]) and one host event."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    events = [SimpleNamespace(device_type=DeviceType.CUDA, device_time=s[1] - s[0], name=s[2] if len(s) > 2 else "k",
+                              time_range=SimpleNamespace(start=s[0], end=s[1])) for s in spans]  # fmt: skip
+    events.append(SimpleNamespace(device_type=DeviceType.CPU, device_time=0, time_range=None, name="host"))
+    return SimpleNamespace(events=lambda: events)
 
 
 def test_panel_names_a_bad_kind_and_a_series_of_the_wrong_length() -> None:
