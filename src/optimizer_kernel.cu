@@ -23,7 +23,7 @@
 // parameter may have a bfloat16 working copy (working, else null) that the model's products read:
 // the update writes it from the new float32 master value in the same pass (2 more bytes per element
 // instead of a separate cast pass of 6).
-// Tensors come in lists of up to kMaxTensors pointers passed by value (a 8.8 KB kernel argument:
+// Tensors come in lists of up to kMaxTensors pointers passed by value (an 8.8 KB kernel argument:
 // CUDA 12.1+ takes up to 32 KB), so GPT-2 124M's 148 parameters are one launch of each kernel, not
 // four, each of which ended with its last wave's blocks on part of the GPU; longer lists take several
 // launches of 1 and 3, their partials in consecutive ranges of one buffer.
@@ -252,20 +252,21 @@ __device__ __forceinline__ void adamw_chunk(float* __restrict__ p, const TG* __r
     }
     return;
   }
-  // Two float4 steps a thread at a time, all their loads issued before the first use.
+  // kUnroll float4 steps a thread at a time (as adamw_vec_kernel), all their loads issued before the
+  // first use.
   const long long step = 4 * blockDim.x;
   long long i = begin + 4 * threadIdx.x;
-  for (; i + step + 3 < end; i += 2 * step) {
-    float4 p4[2], g4[2], m4[2], v4[2];
+  for (; i + (kUnroll - 1) * step + 3 < end; i += kUnroll * step) {
+    float4 p4[kUnroll], g4[kUnroll], m4[kUnroll], v4[kUnroll];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       p4[u] = *reinterpret_cast<const float4*>(p + i + u * step);
       g4[u] = mt::load4(g + i + u * step);
       m4[u] = *reinterpret_cast<const float4*>(m + i + u * step);
       v4[u] = *reinterpret_cast<const float4*>(v + i + u * step);
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       adamw_float4(p4[u], g4[u], m4[u], v4[u], c);
       *reinterpret_cast<float4*>(p + i + u * step) = p4[u];
       *reinterpret_cast<float4*>(m + i + u * step) = m4[u];
