@@ -166,6 +166,13 @@ def act_grad64(pre: "torch.Tensor", activation: str) -> "torch.Tensor":
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
 
 
+def torch_act_backward(grad: "torch.Tensor", pre: "torch.Tensor", activation: str) -> "torch.Tensor":
+    """torch's own bf16 backward of GELU (tanh form) or ReLU: grad times the derivative at pre."""
+    if activation == "gelu":
+        return torch.ops.aten.gelu_backward(grad, pre, approximate="tanh")
+    return torch.ops.aten.threshold_backward(grad, pre, 0.0)
+
+
 @pytest.mark.parametrize("out_dtype", DTYPES)
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
 @pytest.mark.parametrize("aligned", [False, True])
@@ -182,16 +189,46 @@ def test_activation_grad_epilogues(out_dtype, activation: str, aligned: bool, M:
     matmul_bf16.matmul(a, b, out=out, pre_act=pre, activation_grad=activation)
     ref = (a.double() @ b.double()) * act_grad64(pre, activation)
     product = torch.matmul(a, b)
-    pre16 = pre.to(torch.bfloat16)
-    if activation == "gelu":
-        theirs = torch.ops.aten.gelu_backward(product, pre16, approximate="tanh")
-    else:
-        theirs = torch.ops.aten.threshold_backward(product, pre16, 0.0)
+    theirs = torch_act_backward(product, pre.to(torch.bfloat16), activation)
     ours, torch_err = rel_err(out, ref), rel_err(theirs, ref)
     assert ours <= max(2 * torch_err, FLOOR), f"error {ours:.3g} > 2 x torch's {torch_err:.3g}"
     assert torch.equal(pre, kept)
     with pytest.raises(ValueError, match="activation_grad"):
         matmul_bf16.matmul(a, b, out=out, pre_act=pre, activation_grad=activation, bias=out[0])
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("M, N, K", [(100, 132, 70), (256, 3072, 768)])
+def test_kept_derivative_epilogues(activation: str, aligned: bool, M: int, N: int, K: int) -> None:
+    """keep="derivative": out = act(a @ b + bias) and pre_act = act'(a @ b + bias), each within 2x
+    torch's bf16 error (its product, bias and activation, and its activation backward of ones at its
+    bf16 pre-activation); then activation_grad="derivative" multiplies a second product by that kept
+    derivative: within 2x the error of torch's chain (its product, then gelu / threshold backward at
+    its bf16 pre-activation) against float64."""
+    gen = torch.Generator(device="cuda").manual_seed(K + N + aligned)
+    a, b = operand(gen, (M, K), False, aligned), operand(gen, (K, N), False, aligned)
+    b_vec = torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kept = torch.full_like(out, float("nan"))
+    matmul_bf16.matmul(a, b, out=out, bias=b_vec, activation=activation, pre_act=kept, keep="derivative")
+    ref_pre = a.double() @ b.double() + b_vec.double()
+    torch_pre = torch.matmul(a, b) + b_vec
+    torch_grad = torch_act_backward(torch.ones_like(torch_pre), torch_pre, activation)
+    _, torch_out = torch_errors(a, b, ref_pre, act64(ref_pre, activation), b_vec, activation)
+    assert rel_err(out, act64(ref_pre, activation)) <= max(2 * torch_out, FLOOR)
+    ref_grad = act_grad64(ref_pre, activation)
+    assert rel_err(kept, ref_grad) <= max(2 * rel_err(torch_grad, ref_grad), FLOOR)
+
+    a2, b2 = operand(gen, (M, 64), False, aligned), operand(gen, (64, N), False, aligned)
+    dx = torch.full_like(out, float("nan"))
+    matmul_bf16.matmul(a2, b2, out=dx, pre_act=kept, activation_grad="derivative")
+    ref = (a2.double() @ b2.double()) * ref_grad
+    theirs = torch_act_backward(torch.matmul(a2, b2), torch_pre, activation)
+    ours, torch_err = rel_err(dx, ref), rel_err(theirs, ref)
+    assert ours <= max(2 * torch_err, FLOOR), f"error {ours:.3g} > 2 x torch's {torch_err:.3g}"
+    with pytest.raises(ValueError, match="keep"):
+        matmul_bf16.matmul(a, b, out=out, activation=activation, pre_act=kept, keep="both")
 
 
 @pytest.mark.parametrize("activation", ["gelu", "relu"])

@@ -76,8 +76,10 @@ long long matmul_bf16_workspace_bytes(int M, int N, int K, int batch, int a_row_
 // locate A[i] and B[i], 0 = broadcast); out[i] is [M, N] with rows ldc >= N elements apart, at
 // out + i * M * ldc. a, b: bf16. out_dtype: 0 float32, 1 bf16; bias [N] and pre_act (like out) have the
 // output's dtype. epilogue: 0 none, 1 + bias[c], 2 gelu(x + bias[c]), 3 relu(x + bias[c]) (bias may be
-// NULL for 2 and 3), 4 x * gelu'(pre_act), 5 x * relu'(pre_act) (no bias). pre_act (epilogues 2, 3; may
-// be NULL): receives x + bias; (epilogues 4, 5; required) is read. accumulate (epilogues 0 and 1):
+// NULL for 2 and 3), 4 x * gelu'(pre_act), 5 x * relu'(pre_act) (no bias), 6 and 7 as 2 and 3 keeping
+// the derivative, 8 x * pre_act (no bias). pre_act (epilogues 2, 3; may be NULL): receives x + bias;
+// (6, 7; may be NULL) receives gelu'(x + bias) or relu'(x + bias); (4, 5, 8; required) is read.
+// accumulate (epilogues 0 and 1):
 // out = result + addend, addend laid out as out (NULL: out itself, out += result). workspace: device scratch of workspace_bytes bytes; with fewer than
 // matmul_bf16_workspace_bytes(...) the product runs without K splits.
 int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const void* b, int M, int N, int K,
@@ -87,9 +89,9 @@ int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const v
   MT_RETURN_IF_INVALID(M < 0 || N < 0 || K < 0 || ldc < N);
   MT_RETURN_IF_INVALID(out_dtype != bf16mm::kOutF32 && out_dtype != bf16mm::kOutBf16);
   MT_RETURN_IF_INVALID(!mt::valid_layout(a_batch) || !mt::valid_layout(b_batch) || !mt::same_shape(a_batch, b_batch));
-  MT_RETURN_IF_INVALID(epilogue < bf16mm::kNone || epilogue > bf16mm::kReluBack || (accumulate && epilogue > bf16mm::kBias));
+  MT_RETURN_IF_INVALID(epilogue < bf16mm::kNone || epilogue > bf16mm::kScaleBack || (accumulate && epilogue > bf16mm::kBias));
   MT_RETURN_IF_INVALID(epilogue == bf16mm::kBias && bias == nullptr);
-  const bool backward = epilogue == bf16mm::kGeluBack || epilogue == bf16mm::kReluBack;
+  const bool backward = bf16mm::backward_epilogue(epilogue);
   MT_RETURN_IF_INVALID(backward && (pre_act == nullptr || bias != nullptr));
   const long long batch = mt::layout_numel(a_batch);
   MT_RETURN_IF_INVALID(batch > mt::kMaxInt);
@@ -102,7 +104,7 @@ int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const v
   p.b = static_cast<const __nv_bfloat16*>(b);
   p.out = out;
   p.bias = bias;
-  p.pre_act = (epilogue == bf16mm::kBiasGelu || epilogue == bf16mm::kBiasRelu || backward) ? pre_act : nullptr;
+  p.pre_act = (bf16mm::forward_activation(epilogue) || backward) ? pre_act : nullptr;
   p.ldc = ldc;
   p.a_batch = a_batch;
   p.b_batch = b_batch;

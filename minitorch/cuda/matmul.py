@@ -83,13 +83,15 @@ def matrix_multiply(a: TensorData, b: TensorData) -> TensorData:
 
 def linear_fw(
     x: TensorData, weight: TensorData, bias: Optional[TensorData], activation: Optional[str],
-    residual: Optional[TensorData] = None,
-) -> Tuple[TensorData, Optional[TensorData]]:  # fmt: skip
-    """(act(x @ weight.T + bias) (+ residual), x @ weight.T + bias kept for backward when act is set)
+    residual: Optional[TensorData] = None, derivative: bool = False,
+) -> Tuple[TensorData, Optional[TensorData], Optional[str]]:  # fmt: skip
+    """(act(x @ weight.T + bias) (+ residual), what is kept for backward when act is set, its kind)
     for x [rows, in] and weight [out, in] (torch's layout, read transposed in place), bias [out] or
     None, activation None, "gelu" or "relu", residual [rows, out] or None (activation None), all of one
-    dtype: float32, or bfloat16 (float32 sums and epilogue, the residual added there too, both outputs
-    rounded once to bfloat16)."""
+    dtype: float32, or bfloat16 (float32 sums and epilogue, the residual added there too, the outputs
+    rounded once to bfloat16). The kept tensor is x @ weight.T + bias (kind "pre"), or with derivative
+    and bfloat16 the activation's derivative there (kind "derivative": computed beside the activation
+    in the epilogue, so that linear_bw's product only multiplies by it); None (kind None) without act."""
     rows, k = x.shape
     n = weight.shape[0]
     dtype = x.dtype
@@ -99,21 +101,23 @@ def linear_fw(
         residual = contiguous(residual)
     out = empty((rows, n), dtype)
     pre = empty((rows, n), dtype) if activation is not None else None
+    kind = None if activation is None else ("derivative" if derivative and dtype is bfloat16 else "pre")
     if not out.size:
-        return out, pre
+        return out, pre, kind
     strides = (x.strides[0], x.strides[1], weight.strides[1], weight.strides[0])
     what = f"linear {x.shape} @ {weight.shape}.T"
     bias_ptr, pre_ptr = (None if t is None else ptr(t) for t in (bias, pre))
     if dtype is bfloat16:
         matmul_bf16.launch(ptr(out), "bfloat16", n, ptr(x), ptr(weight), rows, n, k, strides, bias=bias_ptr,
                            activation=activation, pre_act=pre_ptr, accumulate=residual is not None,
-                           addend=None if residual is None else ptr(residual), what=what)  # fmt: skip
+                           addend=None if residual is None else ptr(residual), keep=kind or "pre",
+                           what=what)  # fmt: skip
     else:
         epilogue = EPILOGUES[activation if activation is not None else ("bias" if bias is not None else None)]
         _launch(ptr(out), ptr(x), ptr(weight), rows, n, k, strides, _SINGLE, _SINGLE, 1, what, bias_ptr, epilogue, pre_ptr)
         if residual is not None:
             add_into(ptr(out), ptr(residual), out.size)
-    return out, pre
+    return out, pre, kind
 
 
 def linear_bw(
@@ -126,7 +130,8 @@ def linear_bw(
     bf16 with float32 sums, dbias a column reduction (combine.column_sums).  None for other dtypes: the
     caller composes.
     With x_pre [rows, in] (bfloat16) and x_activation "gelu" or "relu", where x = x_activation(x_pre), dx
-    is x_pre's gradient: the product times the activation's derivative at x_pre, in its epilogue.
+    is x_pre's gradient: the product times the activation's derivative at x_pre, in its epilogue;
+    x_activation "derivative": x_pre is that derivative (linear_fw's kind "derivative"), multiplied.
 
     dweight and dbias run on a side stream beside dx (runtime.fork_join): the weight gradient's
     tiles rarely fill the GPU in whole waves (96 to 108 tiles of GPT-2's layers for 132 SMs), and

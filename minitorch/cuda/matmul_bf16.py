@@ -27,7 +27,8 @@ SIGNATURES = {
     ),
 }  # fmt: skip
 EPILOGUES = {None: 0, "bias": 1, "gelu": 2, "relu": 3}
-GRAD_EPILOGUES = {"gelu": 4, "relu": 5}  # activation_grad: x * act'(pre_act)
+DERIVATIVE_EPILOGUES = {"gelu": 6, "relu": 7}  # keep="derivative": pre_act receives act'(x + bias)
+GRAD_EPILOGUES = {"gelu": 4, "relu": 5, "derivative": 8}  # activation_grad: x * act'(pre_act), or x * pre_act
 OUT_DTYPES = {"float32": 0, "bfloat16": 1}
 _SINGLE = layout((1,), (0,))  # the batch layout of one product
 
@@ -53,17 +54,19 @@ def launch(
     a_batch: MtLayout = _SINGLE, b_batch: MtLayout = _SINGLE, *, bias: Optional[int] = None,
     activation: Optional[str] = None, pre_act: Optional[int] = None, accumulate: bool = False,
     addend: Optional[int] = None, activation_grad: Optional[str] = None, workspace: Optional[Any] = None,
-    what: str = "matmul_bf16",
+    keep: str = "pre", what: str = "matmul_bf16",
 ) -> None:  # fmt: skip
     """out[i] (+)= act(A[i] @ B[i] + bias) on raw device pointers, on the current stream: A[i][r, k] at
     a + offset_i + r * strides[0] + k * strides[1], B[i][k, c] at b + offset_i + k * strides[2] +
     c * strides[3] (bf16 elements; offset_i from a_batch / b_batch, same shape, stride 0 = broadcast);
     out[i] row r at out + (i * M + r) * ldc elements of out_dtype ("float32" or "bfloat16"), as are
-    bias [N] and pre_act (which receives A @ B + bias where activation is "gelu" or "relu").
+    bias [N] and pre_act (which receives A @ B + bias where activation is "gelu" or "relu"; with
+    keep="derivative" the activation's derivative there instead, e.g. GELU's, rounded once).
     activation None with a bias adds the bias; accumulate (no activation) adds what out holds, or with
     addend (a pointer laid out as out, e.g. a residual stream) what addend holds: out = A @ B + bias + addend.
     activation_grad "gelu" or "relu" (no bias, activation or accumulation): out = (A @ B) * act'(pre_act),
-    pre_act read (laid out as out): the gradient through act of a product's input.
+    pre_act read (laid out as out): the gradient through act of a product's input; "derivative":
+    out = (A @ B) * pre_act, pre_act being what keep="derivative" wrote.
     workspace: a torch CUDA tensor of at least workspace_bytes(...) bytes, or None (allocated here)."""
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"{what}: out_dtype {out_dtype!r} is not one of {sorted(OUT_DTYPES)}")
@@ -73,12 +76,16 @@ def launch(
         raise ValueError(f"{what}: accumulate=True takes no activation")
     if addend is not None and not accumulate:
         raise ValueError(f"{what}: addend is read by accumulate=True")
+    if keep not in ("pre", "derivative"):
+        raise ValueError(f"{what}: keep {keep!r} is not 'pre' or 'derivative'")
     if activation_grad is not None:
         if activation_grad not in GRAD_EPILOGUES:
-            raise ValueError(f"{what}: activation_grad {activation_grad!r} is not 'gelu' or 'relu'")
+            raise ValueError(f"{what}: activation_grad {activation_grad!r} is not 'gelu', 'relu' or 'derivative'")
         if bias is not None or activation is not None or accumulate or pre_act is None:
             raise ValueError(f"{what}: activation_grad reads pre_act and takes no bias, activation or accumulate")
         epilogue = GRAD_EPILOGUES[activation_grad]
+    elif activation is not None and keep == "derivative":
+        epilogue = DERIVATIVE_EPILOGUES[activation]
     else:
         epilogue = EPILOGUES[activation if activation is not None else ("bias" if bias is not None else None)]
     batch = 1
@@ -135,14 +142,15 @@ def matmul(
     a: Any, b: Any, *, out: Optional[Any] = None, out_dtype: Optional[Any] = None, bias: Optional[Any] = None,
     activation: Optional[str] = None, pre_act: Optional[Any] = None, accumulate: bool = False,
     addend: Optional[Any] = None, activation_grad: Optional[str] = None, workspace: Optional[Any] = None,
+    keep: str = "pre",
 ) -> Any:  # fmt: skip
     """act(a @ b + bias) for bf16 torch CUDA tensors a [..., M, K], b [..., K, N] (any strides, batch
     dims broadcast), float32 sums, into `out` (a new contiguous tensor of out_dtype, default bfloat16,
     when None; else out's dtype, float32 or bfloat16, with unit column stride, rows at least N apart and
     batch matrices one after another).  bias [N] and pre_act (receives a @ b + bias, with activation
-    "gelu" or "relu") share out's dtype.  accumulate: out += a @ b (+ bias).  addend (out's shape, dtype
+    "gelu" or "relu"; keep="derivative": the activation's derivative there) share out's dtype.  accumulate: out += a @ b (+ bias).  addend (out's shape, dtype
     and row stride): out = a @ b + bias + addend, addend read in the epilogue.  activation_grad "gelu" or "relu":
-    out = (a @ b) * act'(pre_act), pre_act read.  Returns out."""
+    out = (a @ b) * act'(pre_act), pre_act read; "derivative": out = (a @ b) * pre_act.  Returns out."""
     rt = runtime()
     torch = rt.torch
     what = "matmul_bf16"
@@ -183,6 +191,6 @@ def matmul(
             K, strides, a_batch, b_batch, bias=None if bias is None else bias.data_ptr(), activation=activation,
             pre_act=None if pre_act is None else pre_act.data_ptr(), accumulate=accumulate or addend is not None,
             addend=None if addend is None else addend.data_ptr(),
-            activation_grad=activation_grad, workspace=workspace, what=what,
+            activation_grad=activation_grad, workspace=workspace, keep=keep, what=what,
         )  # fmt: skip
     return out

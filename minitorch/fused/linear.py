@@ -16,7 +16,8 @@ them as they are).
 
 feed_forward is two Linears with an activation between them as one Function, so that the second
 product's input gradient comes out of its kernel already multiplied by the activation's derivative
-(the matmul's backward epilogue reads the kept pre-activation): the [rows, middle] gradient of the
+(the matmul's backward epilogue reads it, kept by the first product's epilogue; bf16 on CUDA keeps the
+derivative itself, rounded once, elsewhere the pre-activation): the [rows, middle] gradient of the
 activation's output is never written, and no pass of its own turns it into the pre-activation's.
 
 Both take a `residual`, added to the (last) product's output: a transformer's residual stream, x +
@@ -184,8 +185,11 @@ def linear_backward_reference(
 
 
 def _activation_backward(grad: "Tensor", pre: "Tensor", activation: Optional[str]) -> "Tensor":
+    """grad through the activation at pre; activation "derivative": pre holds the derivative itself."""
     if activation is None:
         return grad
+    if activation == "derivative":
+        return grad * pre
     b = grad.backend
     back = b.gelu_back_zip if activation == "gelu" else b.relu_back_zip
     return grad._new(back(pre._tensor, grad._tensor))
@@ -193,15 +197,18 @@ def _activation_backward(grad: "Tensor", pre: "Tensor", activation: Optional[str
 
 def _forward(
     x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str],
-    residual: Optional["Tensor"] = None,
-) -> Tuple["Tensor", Optional["Tensor"]]:  # fmt: skip
-    """(out, pre or None) of one Linear: the backend's linear_fw kernel, else linear_reference."""
+    residual: Optional["Tensor"] = None, derivative: bool = False,
+) -> Tuple["Tensor", Optional["Tensor"], Optional[str]]:  # fmt: skip
+    """(out, kept or None, what backward takes it as) of one Linear: the backend's linear_fw kernel,
+    else linear_reference. kept is the pre-activation (taken as `activation`), or with derivative,
+    where the kernel can, the activation's derivative there (taken as "derivative")."""
     kernel = hook(x.backend.ops, "linear_fw")
     if kernel is None:
-        return linear_reference(x, weight, bias, activation, residual)
+        out, pre = linear_reference(x, weight, bias, activation, residual)
+        return out, pre, activation
     bias_td, residual_td = (None if t is None else t._tensor for t in (bias, residual))
-    out_td, pre_td = kernel(x._tensor, weight._tensor, bias_td, activation, residual_td)
-    return x._new(out_td), None if pre_td is None else x._new(pre_td)
+    out_td, kept_td, kind = kernel(x._tensor, weight._tensor, bias_td, activation, residual_td, derivative)
+    return x._new(out_td), None if kept_td is None else x._new(kept_td), "derivative" if kind == "derivative" else activation
 
 
 def _backward(
@@ -225,7 +232,9 @@ class Linear(Function):
     """Saves x, weight [out, in] and the pre-activation (when there is an activation); a residual's
     gradient is the output's.
 
-    Kernel hooks: linear_fw(x, weight, bias, activation, residual) -> (out, pre or None) as linear_reference;
+    Kernel hooks: linear_fw(x, weight, bias, activation, residual, derivative) -> (out, kept or None,
+    kind): as linear_reference, the kept pre-activation kind "pre", or with derivative (where the kernel
+    can) the activation's derivative there, kind "derivative";
     linear_bw(d, x, weight, has_bias, x_pre, x_activation) -> (dx, dweight, dbias or None) as
     linear_backward_reference (dx through x_activation's derivative at x_pre when given), or None where
     the backend composes them (e.g. float32 on CUDA)."""
@@ -235,7 +244,7 @@ class Linear(Function):
         ctx: Context, x: "Tensor", weight: "Tensor", bias: Optional["Tensor"], activation: Optional[str],
         residual: Optional["Tensor"],
     ) -> "Tensor":  # fmt: skip
-        out, pre = _forward(x, weight, bias, activation, _rows(residual))
+        out, pre, _ = _forward(x, weight, bias, activation, _rows(residual))
         ctx.save_for_backward(x, weight, pre, activation, bias is not None, None if residual is None else residual.shape)
         return out
 
@@ -248,18 +257,21 @@ class Linear(Function):
 
 
 class FeedForward(Function):
-    """feed_forward's two products; saves x, both weights, the middle pre-activation and activation."""
+    """feed_forward's two products; saves x, both weights, the middle output and what backward needs of
+    the activation: its pre-activation, or (bf16 on CUDA) its derivative there, which the first
+    product's epilogue computes beside the activation, so that the second product's input-gradient
+    epilogue only multiplies by it."""
 
     @staticmethod
     def forward(
         ctx: Context, x: "Tensor", weight_in: "Tensor", bias_in: Optional["Tensor"], weight_out: "Tensor",
         bias_out: Optional["Tensor"], activation: str, residual: Optional["Tensor"],
     ) -> "Tensor":  # fmt: skip
-        middle, pre = _forward(x, weight_in, bias_in, activation)
-        out, _ = _forward(middle, weight_out, bias_out, None, _rows(residual))
+        middle, kept, kept_as = _forward(x, weight_in, bias_in, activation, derivative=True)
+        out, _, _ = _forward(middle, weight_out, bias_out, None, _rows(residual))
         residual_shape = None if residual is None else residual.shape
         ctx.save_for_backward(
-            x, weight_in, bias_in is not None, middle, pre, weight_out, bias_out is not None, activation, residual_shape
+            x, weight_in, bias_in is not None, middle, kept, weight_out, bias_out is not None, kept_as, residual_shape
         )  # fmt: skip
         return out
 

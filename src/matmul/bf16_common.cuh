@@ -24,7 +24,13 @@ namespace bf16mm {
 
 using mt::ceil_div;
 
-enum Epilogue { kNone = 0, kBias = 1, kBiasGelu = 2, kBiasRelu = 3, kGeluBack = 4, kReluBack = 5 };
+// kBiasGeluD / kBiasReluD: as kBiasGelu / kBiasRelu, but pre_act receives the activation's derivative
+// at the pre-activation (rounded to pre_act's dtype) instead of the pre-activation; kScaleBack reads
+// such a derivative from pre_act: out = (A @ B) * pre_act, the backward of the first without its math.
+enum Epilogue {
+  kNone = 0, kBias = 1, kBiasGelu = 2, kBiasRelu = 3, kGeluBack = 4, kReluBack = 5, kBiasGeluD = 6, kBiasReluD = 7,
+  kScaleBack = 8
+};
 enum OutDtype { kOutF32 = 0, kOutBf16 = 1 };
 constexpr int kTileGroup = 8;  // tile rows per group of the grouped tile order
 constexpr int kMaxSplits = 16;
@@ -118,20 +124,43 @@ __device__ __forceinline__ void store_vec(void* base, long long i, const float (
   }
 }
 
-__device__ __forceinline__ float activate(int epilogue, float x) {
-  return epilogue == kBiasGelu ? gelu(x) : epilogue == kBiasRelu ? fmaxf(x, 0.f) : x;
+// The derivative of GELU at x from its gate s = gelu_gate(x) (tanh form, as combine's gelu_back: with
+// s = 0.5 (1 + tanh(u)), 0.5 (1 - tanh(u)^2) = 2 s (1 - s)).
+__device__ __forceinline__ float gelu_derivative(float x, float s) {
+  return s + 2.f * x * s * (1.f - s) * (kGeluC * (1.f + 3.f * kGeluA * x * x));
 }
 
-__device__ __forceinline__ bool backward_epilogue(int epilogue) { return epilogue == kGeluBack || epilogue == kReluBack; }
+__host__ __device__ __forceinline__ bool forward_activation(int epilogue) {
+  return epilogue == kBiasGelu || epilogue == kBiasRelu || epilogue == kBiasGeluD || epilogue == kBiasReluD;
+}
 
-// d times the derivative at pre-activation x of GELU (kGeluBack; tanh form, as combine's gelu_back:
-// with s = 0.5 (1 + tanh(u)), 0.5 (1 - tanh(u)^2) = 2 s (1 - s)) or ReLU (kReluBack: d where x > 0,
-// else 0, as relu_back).
+__host__ __device__ __forceinline__ bool keeps_derivative(int epilogue) {
+  return epilogue == kBiasGeluD || epilogue == kBiasReluD;
+}
+
+__device__ __forceinline__ float activate(int epilogue, float x) {
+  if (epilogue == kBiasGelu || epilogue == kBiasGeluD) return gelu(x);
+  return epilogue == kBiasRelu || epilogue == kBiasReluD ? fmaxf(x, 0.f) : x;
+}
+
+// The value pre_act keeps of pre-activation x: x itself, or (kBiasGeluD / kBiasReluD) the activation's
+// derivative there.
+__device__ __forceinline__ float kept_value(int epilogue, float x) {
+  if (epilogue == kBiasGeluD) return gelu_derivative(x, gelu_gate(x));
+  if (epilogue == kBiasReluD) return x > 0.f ? 1.f : 0.f;
+  return x;
+}
+
+__host__ __device__ __forceinline__ bool backward_epilogue(int epilogue) {
+  return epilogue == kGeluBack || epilogue == kReluBack || epilogue == kScaleBack;
+}
+
+// d times the derivative at pre-activation x of GELU (kGeluBack) or ReLU (kReluBack: d where x > 0,
+// else 0, as relu_back); kScaleBack: d times x, the derivative kept by the forward.
 __device__ __forceinline__ float activation_grad(int epilogue, float x, float d) {
   if (epilogue == kReluBack) return x > 0.f ? d : 0.f;
-  const float s = gelu_gate(x);
-  const float dinner = kGeluC * (1.f + 3.f * kGeluA * x * x);
-  return d * (s + 2.f * x * s * (1.f - s) * dinner);
+  if (epilogue == kScaleBack) return d * x;
+  return d * gelu_derivative(x, gelu_gate(x));
 }
 
 // Output elements (r, c .. c + n - 1) of batch matrix bi (n <= W; c a multiple of W) from their float32
@@ -157,7 +186,7 @@ __device__ __forceinline__ void store_run_as(const Params& p, int split, int bi,
   }
   const bool bf16 = p.out_bf16 != 0;
   const long long idx = (static_cast<long long>(bi) * p.M + r) * p.ldc + c;
-  const bool act = p.epilogue == kBiasGelu || p.epilogue == kBiasRelu;
+  const bool act = forward_activation(p.epilogue);
   const bool bias = !BACK && p.epilogue != kNone && p.bias != nullptr;
   if (n == W && (W == 4 ? p.vec4 : p.vec2)) {
     float y[W];
@@ -171,7 +200,11 @@ __device__ __forceinline__ void store_run_as(const Params& p, int split, int bi,
 #pragma unroll
       for (int j = 0; j < W; ++j) x[j] += y[j];
     }
-    if (act && p.pre_act != nullptr) store_vec<W>(p.pre_act, idx, x, bf16);
+    if (act && p.pre_act != nullptr) {
+#pragma unroll
+      for (int j = 0; j < W; ++j) y[j] = kept_value(p.epilogue, x[j]);
+      store_vec<W>(p.pre_act, idx, y, bf16);
+    }
 #pragma unroll
     for (int j = 0; j < W; ++j) x[j] = activate(p.epilogue, x[j]);
     if (p.accumulate) {
@@ -188,7 +221,7 @@ __device__ __forceinline__ void store_run_as(const Params& p, int split, int bi,
     float v = x[j];
     if constexpr (BACK) v = activation_grad(p.epilogue, load_elem(p.pre_act, idx + j, bf16), v);
     if (bias) v += load_elem(p.bias, c + j, bf16);
-    if (act && p.pre_act != nullptr) store_elem(p.pre_act, idx + j, v, bf16);
+    if (act && p.pre_act != nullptr) store_elem(p.pre_act, idx + j, kept_value(p.epilogue, v), bf16);
     v = activate(p.epilogue, v);
     if (p.accumulate) v += load_elem(p.addend, idx + j, bf16);
     store_elem(p.out, idx + j, v, bf16);

@@ -216,7 +216,7 @@ __device__ __forceinline__ void stage_piece(const float (&acc)[BN / 2], uint32_t
 template <int EPI, bool OUT_BF16>
 __device__ __forceinline__ void store_rows(uint32_t src, void* out, void* pre_act, const void* addend, long long first,
                                            long long ld, int rows, const float (&bias)[4]) {
-  constexpr bool kBack = EPI == kGeluBack || EPI == kReluBack;
+  constexpr bool kBack = EPI == kGeluBack || EPI == kReluBack || EPI == kScaleBack;
   const bool accumulate = addend != nullptr;
   float old[8][4];  // the addend's values (accumulate) or the pre-activations (kBack)
   if (accumulate || kBack) {
@@ -245,6 +245,23 @@ __device__ __forceinline__ void store_rows(uint32_t src, void* out, void* pre_ac
       if (pre_act != nullptr) store_vec<4>(pre_act, at, x, OUT_BF16);
 #pragma unroll
       for (int j = 0; j < 4; ++j) x[j] = EPI == kBiasGelu ? gelu(x[j]) : fmaxf(x[j], 0.f);
+    } else if constexpr (EPI == kBiasGeluD) {  // the gate once for both outputs
+      float d[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float g = gelu_gate(x[j]);
+        d[j] = gelu_derivative(x[j], g);
+        x[j] *= g;
+      }
+      if (pre_act != nullptr) store_vec<4>(pre_act, at, d, OUT_BF16);
+    } else if constexpr (EPI == kBiasReluD) {
+      float d[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        d[j] = x[j] > 0.f ? 1.f : 0.f;
+        x[j] = fmaxf(x[j], 0.f);
+      }
+      if (pre_act != nullptr) store_vec<4>(pre_act, at, d, OUT_BF16);
     }
     if (accumulate && !kBack) {
 #pragma unroll
@@ -326,7 +343,10 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[B
         case kBiasGelu: store_rows_dtype<kBiasGelu>(p, src, first, rows, bias); break;
         case kBiasRelu: store_rows_dtype<kBiasRelu>(p, src, first, rows, bias); break;
         case kGeluBack: store_rows_dtype<kGeluBack>(p, src, first, rows, bias); break;
-        default: store_rows_dtype<kReluBack>(p, src, first, rows, bias); break;
+        case kReluBack: store_rows_dtype<kReluBack>(p, src, first, rows, bias); break;
+        case kBiasGeluD: store_rows_dtype<kBiasGeluD>(p, src, first, rows, bias); break;
+        case kBiasReluD: store_rows_dtype<kBiasReluD>(p, src, first, rows, bias); break;
+        default: store_rows_dtype<kScaleBack>(p, src, first, rows, bias); break;
       }
       continue;
     }
