@@ -231,6 +231,7 @@ class WorkingCopy(Function):
     the parameter's dtype (as it is when it already is: the float32 dW of a 16-bit Linear)."""
 
     passes_gradient_on = True  # the gradient itself, or a cast of it (a new tensor)
+    settles_own_gradient = True  # the gradient itself may stay in flight (a weight gradient on the side stream)
 
     @staticmethod
     def forward(ctx: Context, param: "Tensor", buffer: TensorData, stale: bool) -> "Tensor":
@@ -244,6 +245,7 @@ class WorkingCopy(Function):
         (dtype,) = ctx.saved_values
         if grad_output.dtype is dtype:
             return grad_output
+        grad_output.settle()
         return grad_output._new(grad_output.backend.cast(grad_output._tensor, dtype))
 
 

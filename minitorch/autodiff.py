@@ -13,6 +13,13 @@ of adding the two. It adds into a new tensor unless the gathered one is backward
 (`Context.hand_over`) and passed on through views (`Function.passes_gradient_on`). Then nothing else
 refers to its storage and the op may add into it in place: the tied embedding scatters its rows into
 the LM head's [V, C] gradient itself, not into a copy of it.
+
+A derivative may still be in the making when a Function returns it (`Tensor.settle`: a bf16
+Linear's weight gradient, queued on a side stream beside the rest of backward). The engine hands such
+derivatives on as they are and settles them where a kernel would read or write them: before a sum,
+before a fold, before a grad-ready hook, and before a Function's backward unless that Function
+settles its gradient itself (`Function.settles_own_gradient`: a parameter's working copy passes its
+weight gradient on untouched); `Tensor.backward` settles the rest at its end.
 """
 
 from __future__ import annotations
@@ -101,8 +108,10 @@ def backpropagate(variable: Variable, deriv: Any) -> None:
     derivs = {variable.unique_id: deriv}
     alone: Set[int] = set()  # the keys of derivs whose derivative nothing but backward refers to
 
-    def offered(p: Variable) -> Tuple[Any, bool]:
-        return derivs.get(p.unique_id), p.unique_id in alone
+    def offered(p: Variable) -> Tuple[Any, bool]:  # to fold into, so written to
+        found = derivs.get(p.unique_id)
+        _settle(found)
+        return found, p.unique_id in alone
 
     for var in order:
         if var.is_leaf:
@@ -118,6 +127,8 @@ def backpropagate(variable: Variable, deriv: Any) -> None:
                         derivs[key] = d_parent
                         mine = d_parent_alone
                     else:
+                        _settle(derivs[key])
+                        _settle(d_parent)
                         derivs[key] = derivs[key] + d_parent
                         mine = True  # a new sum
                     (alone.add if mine else alone.discard)(key)
@@ -137,8 +148,19 @@ def _use_done(parent: Variable, uses: Dict[int, int], derivs: Dict[int, Any]) ->
 def _finish_leaf(leaf: Variable, deriv: Any) -> None:
     """Accumulate a leaf's complete derivative of this backward pass, then run its grad-ready hooks."""
     leaf.accumulate_derivative(deriv)
-    for hook in getattr(leaf, "grad_ready_hooks", ()):
+    hooks = getattr(leaf, "grad_ready_hooks", ())
+    if hooks:
+        _settle(deriv)
+    for hook in hooks:
         hook(leaf)
+
+
+def _settle(deriv: Any) -> None:
+    """Wait for work still making a derivative beside the current stream before a kernel reads or
+    writes it (Tensor.settle); derivatives without such work (numbers, CPU tensors) are as they are."""
+    settle = getattr(deriv, "settle", None)
+    if settle is not None:
+        settle()
 
 
 _grad_enabled = [True]

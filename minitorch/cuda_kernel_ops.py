@@ -44,6 +44,7 @@ from .cuda.runtime import (
     require_storage,
     reset_transfer_stats,
     runtime,
+    settle_side,
     storage_dtype,
     storage_empty,
     transfer_stats,
@@ -221,6 +222,7 @@ class CudaKernelOps(TensorOps):
     # kernel hooks of the fused ops
     linear_fw = staticmethod(matmul.linear_fw)  # dispatches on dtype itself, as linear_bw
     linear_bw = staticmethod(matmul.linear_bw)
+    settle_side = staticmethod(settle_side)  # the end of backward: wait for linear_bw's side-stream work
     embedding_fw = staticmethod(_embedding_fw)
     embedding_bw = staticmethod(_embedding_bw)
     attn_softmax_fw = _activation_hook("attn_softmax_fw", softmax.attn_softmax_fw, 2)

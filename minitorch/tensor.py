@@ -20,7 +20,7 @@ from .tensor_convert import Conversions
 from .tensor_data import IndexingError, TensorData, UserShape, prod, shape_broadcast
 from .tensor_index import Indexing
 from .tensor_math import Arithmetic
-from .tensor_ops import TensorBackend
+from .tensor_ops import TensorBackend, hook
 from .tensor_reduce import Reductions
 from .tensor_views import Views
 
@@ -287,6 +287,8 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
             offered = [(None, False) if uses[inp.unique_id] > 1 else pending(inp) for inp in h.inputs]
             ctx.pending = tuple(found for found, _ in offered)
             ctx.pending_alone = tuple(mine for _, mine in offered)
+        if not fn.settles_own_gradient:
+            d_output.settle()
         try:
             grads = fn._backward(ctx, d_output)
             folded, handed = ctx.folded, ctx.handed_over
@@ -300,8 +302,11 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
             # As torch's engine does, each gradient takes its input's dtype (a bf16 use of an fp32 value gets
             # an fp32 one), except that a float32 master weight's 16-bit working copy passes float32 ones on
             # unrounded. A gradient made here (a sum or a cast) is backward's alone.
+            dtype = (inp._grad_dtype or inp.dtype) if inp.dtype.is_floating else g.dtype
+            if g.shape != inp.shape or g.dtype is not dtype:
+                g.settle()  # a kernel reads it
             given = g._sum_to(inp.shape)
-            given = given.to(inp._grad_dtype or inp.dtype) if inp.dtype.is_floating else given
+            given = given.to(dtype) if inp.dtype.is_floating else given
             out.append((inp, given, i in folded, given is not g or i in handed or passed_on))
         return out
 
@@ -309,8 +314,17 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
         """Add x to .grad of this leaf (kept contiguous)."""
         if not self.is_leaf:
             raise RuntimeError("only leaf tensors accumulate derivatives")
+        if self.grad is not None or not x.is_contiguous():
+            x.settle()
         x = x.contiguous()
         self.grad = x if self.grad is None else x._new(self.backend.add_zip(self.grad._tensor, x._tensor))
+
+    def settle(self) -> None:
+        """Make the device's current stream wait for work still making this tensor, or reading it, beside
+        it (a bf16 Linear's weight gradient on the side stream, TensorData.in_flight); a no-op when there
+        is none.  Backward hands such gradients on as they are and settles them where a kernel reads
+        them (a sum, a cast, an accumulation, a grad-ready hook) and all at its end."""
+        self._tensor.settle()
 
     def backward(self, grad_output: Optional["Tensor"] = None) -> None:
         """Backpropagate from this tensor; grad_output defaults to 1 for a one-element tensor."""
@@ -328,6 +342,9 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
             raise IndexingError(f"backward gradient of shape {grad_output.shape} for a tensor of shape {self.shape}")
         with no_grad(), autocast(enabled=False):
             backpropagate(self, grad_output)
+        settle_side = hook(self.backend.ops, "settle_side")
+        if settle_side is not None:
+            settle_side()
 
     def zero_grad_(self) -> None:
         """Drop the accumulated gradient."""

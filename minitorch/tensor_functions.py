@@ -45,10 +45,13 @@ class Function:
     folds_pending: whether backward may fold its inputs' gathered gradients into its own
     (Context.take_pending); only such Functions are offered them.
     passes_gradient_on: whether backward returns its output's gradient itself or a view of it, and
-    nothing else: a gradient that was backward's alone stays so (Context.may_write_pending)."""
+    nothing else: a gradient that was backward's alone stays so (Context.may_write_pending).
+    settles_own_gradient: whether backward settles its output's gradient itself (Tensor.settle) where
+    it reads it on the device; otherwise backward settles it before the call."""
 
     folds_pending = False
     passes_gradient_on = False
+    settles_own_gradient = False
 
     @classmethod
     def _backward(cls, ctx: Context, grad_out: "Tensor") -> Tuple["Tensor", ...]:

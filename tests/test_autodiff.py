@@ -8,6 +8,7 @@ from minitorch_testing import floats
 
 import minitorch
 from minitorch import Context, Scalar, backpropagate, central_difference, no_grad, topological_sort
+from minitorch.autocast import _lowered
 from minitorch.autodiff import is_grad_enabled
 
 
@@ -192,3 +193,74 @@ def test_only_a_gradient_backward_alone_holds_may_be_written_in_place() -> None:
     assert not ctx.may_write_pending(0), "only after take_pending handed it over"
     ctx.take_pending(0, minitorch.float32)
     assert ctx.may_write_pending(0)
+
+
+class _Settles:
+    """Stands for work still making a tensor on another stream: counts the waits for it."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def settle(self) -> None:
+        self.waits += 1
+
+
+class _InFlight(minitorch.tensor_functions.Function):
+    """Identity whose backward returns its gradient times 1 still in the making, as a bf16 Linear's
+    weight gradient leaves the side stream; ctx.saved_values[0] is the stand-in for that work."""
+
+    @staticmethod
+    def forward(ctx: Context, a: minitorch.Tensor, work: _Settles) -> minitorch.Tensor:
+        ctx.save_for_backward(work)
+        return a * 1.0
+
+    @staticmethod
+    def backward(ctx: Context, grad_output: minitorch.Tensor):
+        (work,) = ctx.saved_values
+        grad = grad_output.float() * 1.0  # float32, as a bf16 Linear's weight gradient
+        grad._tensor.in_flight = work
+        return grad, None
+
+
+def _leaf() -> minitorch.Tensor:
+    return minitorch.tensor([1.0, 2.0, 3.0]).requires_grad_(True)
+
+
+def test_a_gradient_in_flight_is_handed_on_unwaited_until_something_reads_it() -> None:
+    """Stored into .grad as it is (a view keeps the mark); waited for once before a sum, an
+    accumulation into an existing .grad, and a grad-ready hook; settle() clears the mark."""
+    w, work = _leaf(), _Settles()
+    _InFlight.apply(w, work).sum().backward()
+    assert work.waits == 0 and w.grad._tensor.in_flight is work
+    assert w.grad._tensor.as_strided((3,)).in_flight is work
+    w.grad.settle()
+    assert work.waits == 1 and w.grad._tensor.in_flight is None
+
+    w, first, second = _leaf(), _Settles(), _Settles()
+    (_InFlight.apply(w, first) + _InFlight.apply(w, second)).sum().backward()
+    assert (first.waits, second.waits) == (1, 1)  # the engine's sum of the two uses
+    assert w.grad.to_numpy().tolist() == [2.0, 2.0, 2.0]
+
+    w, again = _leaf(), _Settles()
+    w.grad = minitorch.tensor([1.0, 1.0, 1.0])
+    _InFlight.apply(w, again).sum().backward()
+    assert again.waits == 1 and w.grad.to_numpy().tolist() == [2.0, 2.0, 2.0]
+
+    w, hooked, seen = _leaf(), _Settles(), []
+    w.register_grad_ready_hook(lambda p: seen.append(hooked.waits))
+    _InFlight.apply(w, hooked).sum().backward()
+    assert seen == [1]
+
+
+def test_a_function_settles_a_gradient_in_flight_unless_it_settles_its_own() -> None:
+    """An op between the in-flight gradient and the leaf (here a multiply, whose backward reads it)
+    waits first; a parameter's bf16 working copy (autocast) hands the float32 gradient on untouched."""
+    w, work = _leaf(), _Settles()
+    (_InFlight.apply(w * 2.0, work)).sum().backward()
+    assert work.waits == 1 and w.grad.to_numpy().tolist() == [2.0, 2.0, 2.0]
+
+    w, work = _leaf(), _Settles()
+    copy = _lowered(w, minitorch.bfloat16)
+    assert copy.dtype is minitorch.bfloat16
+    _InFlight.apply(copy, work).sum().backward()
+    assert work.waits == 0 and w.grad.dtype is minitorch.float32 and w.grad._tensor.in_flight is work

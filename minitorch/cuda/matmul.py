@@ -21,7 +21,7 @@ from . import matmul_bf16
 from .combine import add_into, column_sums, contiguous, fill
 from .convert import cast
 from .layout import MtLayout, layout, product_plan, remember
-from .runtime import check, empty, fork_join, ptr, require_float32, runtime
+from .runtime import check, empty, fork, ptr, require_float32, runtime
 
 _P, _I, _LL, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, MtLayout
 SIGNATURES = {
@@ -133,9 +133,11 @@ def linear_bw(
     is x_pre's gradient: the product times the activation's derivative at x_pre, in its epilogue;
     x_activation "derivative": x_pre is that derivative (linear_fw's kind "derivative"), multiplied.
 
-    dweight and dbias run on a side stream beside dx (runtime.fork_join): the weight gradient's
-    tiles rarely fill the GPU in whole waves (96 to 108 tiles of GPT-2's layers for 132 SMs), and
-    dx's blocks take the SMs its last wave leaves idle."""
+    dweight and dbias run on a side stream beside dx (runtime.fork): the weight gradient's tiles
+    rarely fill the GPU in whole waves (96 to 108 tiles of GPT-2's layers for 132 SMs), and dx's
+    blocks take the SMs its last wave leaves idle.  They are returned in flight (TensorData.in_flight),
+    as is d, which they read: nothing waits for them until something reads them or writes into d, so
+    they also run beside what backward does next (a transformer's attention, its LayerNorms)."""
     if not d.dtype is x.dtype is weight.dtype is bfloat16:
         return None
     if x_pre is not None and (x_pre.dtype is not bfloat16 or not x_pre.is_contiguous()):
@@ -164,7 +166,7 @@ def linear_bw(
         elif dbias is not None and n:
             fill(dbias, 0.0)
 
-    fork_join(weight_gradients, input_gradient)
+    fork(weight_gradients, input_gradient, [t for t in (d, x, dweight, dbias) if t is not None])
     return dx, dweight, dbias
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..dtypes import DType, dtype_named, float32, no_kernel
 from ..tensor_data import IndexingError, TensorData
@@ -79,6 +79,7 @@ class Runtime:
         self.device = torch.device("cuda")
         self.libs: Dict[str, ctypes.CDLL] = {}
         self._side: Dict[int, Any] = {}
+        self.unsettled: Dict[Any, Any] = {}  # stream -> the side stream with work forked from it not yet waited for
         self.sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         get_device = getattr(torch._C, "_cuda_getDevice", None)
@@ -105,7 +106,7 @@ class Runtime:
 
     def side_stream(self) -> Any:
         """A second stream of the current device (made once), for work that may run beside the
-        current stream's (see fork_join)."""
+        current stream's (see fork)."""
         device = self.torch.cuda.current_device()
         found = self._side.get(device)
         if found is None:
@@ -117,19 +118,54 @@ _rt: List[Runtime] = []
 _checks: List[Callable[[Runtime], None]] = []
 
 
-def fork_join(beside: Callable[[], None], then: Callable[[], None]) -> None:
+class SideWork:
+    """Work queued on the side stream by one fork: settle() makes the stream that forked it wait for
+    it (an event edge inside a CUDA graph capture); only the first call waits."""
+
+    def __init__(self, main: Any, event: Any):
+        self._main, self._event = main, event
+
+    def settle(self) -> None:
+        if self._event is not None:
+            self._main.wait_event(self._event)
+            self._event = None
+
+
+def fork(beside: Callable[[], None], then: Callable[[], None], touched: Sequence[TensorData]) -> SideWork:
     """beside() queued on the runtime's side stream and then() on the current stream, to run at the
-    same time: the side stream first waits for everything queued on the current stream so far, and the
-    current stream waits for the side stream's work before anything queued after this call.  Inside a
-    CUDA graph capture the fork and the join become edges of the graph.  Buffers beside() allocates
-    come from the side stream's pool (PyTorch's caching allocator keeps them until its work is done)."""
+    same time: the side stream first waits for everything queued on the current stream so far.  The
+    current stream does not wait for beside()'s work here: the returned SideWork does that when
+    settled, which fork marks each of `touched` (the TensorData beside() reads or writes) to need
+    (TensorData.in_flight), so that backward runs on while, say, a weight gradient is still being made,
+    and waits only where something reads it (see Tensor.settle); settle_side() waits for all of it.
+    The caching allocator keeps `touched` from reuse until the side stream is done with them, so the
+    caller may drop them at once.  Buffers beside() allocates come from the side stream's pool."""
     rt = runtime()
     main, side = rt.torch.cuda.current_stream(), rt.side_stream()
     side.wait_stream(main)
     with rt.torch.cuda.stream(side):
         beside()
+        event = side.record_event()
+    work = SideWork(main, event)
+    for t in touched:
+        t._storage.record_stream(side)
+        t.in_flight = work
     then()
-    main.wait_stream(side)
+    rt.unsettled[main] = side
+    return work
+
+
+def settle_side() -> None:
+    """The current stream waits for all the work forked from it onto the side stream (the end of a
+    backward pass: what follows reads the gradients, and a CUDA graph capture must join every stream
+    it forked)."""
+    rt = runtime()
+    if not rt.unsettled:
+        return
+    main = rt.torch.cuda.current_stream()
+    side = rt.unsettled.pop(main, None)
+    if side is not None:
+        main.wait_stream(side)
 
 
 def on_load(check: Callable[[Runtime], None]) -> Callable[[Runtime], None]:
