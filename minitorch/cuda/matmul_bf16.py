@@ -54,7 +54,7 @@ def launch(
     a_batch: MtLayout = _SINGLE, b_batch: MtLayout = _SINGLE, *, bias: Optional[int] = None,
     activation: Optional[str] = None, pre_act: Optional[int] = None, accumulate: bool = False,
     addend: Optional[int] = None, activation_grad: Optional[str] = None, workspace: Optional[Any] = None,
-    keep: str = "pre", what: str = "matmul_bf16",
+    keep: str = "pre", split_k: bool = True, what: str = "matmul_bf16",
 ) -> None:  # fmt: skip
     """out[i] (+)= act(A[i] @ B[i] + bias) on raw device pointers, on the current stream: A[i][r, k] at
     a + offset_i + r * strides[0] + k * strides[1], B[i][k, c] at b + offset_i + k * strides[2] +
@@ -67,7 +67,10 @@ def launch(
     activation_grad "gelu" or "relu" (no bias, activation or accumulation): out = (A @ B) * act'(pre_act),
     pre_act read (laid out as out): the gradient through act of a product's input; "derivative":
     out = (A @ B) * pre_act, pre_act being what keep="derivative" wrote.
-    workspace: a torch CUDA tensor of at least workspace_bytes(...) bytes, or None (allocated here)."""
+    workspace: a torch CUDA tensor of at least workspace_bytes(...) bytes, or None (allocated here).
+    split_k False: the product's K is never split over blocks (no workspace, no reduction pass), for a
+    product that runs beside other work (a weight gradient on the side stream), which fills the SMs
+    its few output tiles leave."""
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"{what}: out_dtype {out_dtype!r} is not one of {sorted(OUT_DTYPES)}")
     if activation not in EPILOGUES or activation == "bias":
@@ -91,9 +94,11 @@ def launch(
     batch = 1
     for d in range(a_batch.ndim):
         batch *= a_batch.shape[d]
-    needed = workspace_bytes(M, N, K, batch, strides) if M and N and K and batch else 0
+    needed = workspace_bytes(M, N, K, batch, strides) if split_k and M and N and K and batch else 0
     rt = runtime()
-    if workspace is None and needed:
+    if not split_k:
+        workspace = None
+    elif workspace is None and needed:
         workspace = rt.torch.empty(needed, dtype=rt.torch.uint8, device=rt.device)
     ws_bytes = 0 if workspace is None else workspace.numel() * workspace.element_size()
     lib = _lib()
