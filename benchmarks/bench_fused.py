@@ -148,7 +148,7 @@ def layernorm_cases(torch: Any, lib: Any, shapes: List[tuple]) -> List[Dict[str,
             j = i % k
             lib.launch_layernorm_bw(0, outs[j].data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), dys[j].data_ptr(),
                                     xs[j].data_ptr(), gamma.data_ptr(), means[j].data_ptr(), rstds[j].data_ptr(),
-                                    ws.data_ptr(), rows, C, stream)
+                                    None, ws.data_ptr(), rows, C, stream)
 
         def api_bw(i):
             j = i % k
