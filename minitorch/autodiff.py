@@ -19,7 +19,8 @@ Linear's weight gradient, queued on a side stream beside the rest of backward). 
 derivatives on as they are and settles them where a kernel would read or write them: before a sum,
 before a fold, before a grad-ready hook, and before a Function's backward unless that Function
 settles its gradient itself (`Function.settles_own_gradient`: a parameter's working copy passes its
-weight gradient on untouched); `Tensor.backward` settles the rest at its end.
+weight gradient on untouched); `backpropagate` settles the rest at its end (the backend's
+`settle_side` hook).
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def backpropagate(variable: Variable, deriv: Any) -> None:
         for parent in var.parents:
             if not parent.is_constant():
                 _use_done(parent, uses, derivs)
+    _settle_side(variable)
 
 
 def _use_done(parent: Variable, uses: Dict[int, int], derivs: Dict[int, Any]) -> None:
@@ -153,6 +155,16 @@ def _finish_leaf(leaf: Variable, deriv: Any) -> None:
         _settle(deriv)
     for hook in hooks:
         hook(leaf)
+
+
+def _settle_side(variable: Variable) -> None:
+    """The end of backward: the device's current stream waits for all the work backward left running
+    beside it (the backend's `settle_side` hook, where its ops have one), so that what follows (an
+    optimizer, a read of .grad, the end of a CUDA graph capture) sees it done."""
+    ops = getattr(getattr(variable, "backend", None), "ops", None)
+    settle_side = getattr(ops, "settle_side", None)
+    if settle_side is not None:
+        settle_side()
 
 
 def _settle(deriv: Any) -> None:

@@ -20,7 +20,7 @@ from .tensor_convert import Conversions
 from .tensor_data import IndexingError, TensorData, UserShape, prod, shape_broadcast
 from .tensor_index import Indexing
 from .tensor_math import Arithmetic
-from .tensor_ops import TensorBackend, hook
+from .tensor_ops import TensorBackend
 from .tensor_reduce import Reductions
 from .tensor_views import Views
 
@@ -323,7 +323,8 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
         """Make the device's current stream wait for work still making this tensor, or reading it, beside
         it (a bf16 Linear's weight gradient on the side stream, TensorData.in_flight); a no-op when there
         is none.  Backward hands such gradients on as they are and settles them where a kernel reads
-        them (a sum, a cast, an accumulation, a grad-ready hook) and all at its end."""
+        them (a sum, a cast, an accumulation, a grad-ready hook) and all at its end (the backend's
+        settle_side, see autodiff.backpropagate)."""
         self._tensor.settle()
 
     def backward(self, grad_output: Optional["Tensor"] = None) -> None:
@@ -342,9 +343,6 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
             raise IndexingError(f"backward gradient of shape {grad_output.shape} for a tensor of shape {self.shape}")
         with no_grad(), autocast(enabled=False):
             backpropagate(self, grad_output)
-        settle_side = hook(self.backend.ops, "settle_side")
-        if settle_side is not None:
-            settle_side()
 
     def zero_grad_(self) -> None:
         """Drop the accumulated gradient."""

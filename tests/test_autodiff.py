@@ -264,3 +264,38 @@ def test_a_function_settles_a_gradient_in_flight_unless_it_settles_its_own() -> 
     assert copy.dtype is minitorch.bfloat16
     _InFlight.apply(copy, work).sum().backward()
     assert work.waits == 0 and w.grad.dtype is minitorch.float32 and w.grad._tensor.in_flight is work
+
+
+def test_backward_ends_with_the_backends_settle_side(monkeypatch) -> None:
+    """backpropagate (Tensor.backward, or called directly) ends with the backend's settle_side hook:
+    on CUDA the wait for all the side stream's work; a backend without the hook skips it."""
+    calls = []
+    w = _leaf()
+    monkeypatch.setattr(w.backend.ops, "settle_side", lambda: calls.append(1), raising=False)
+    (w * 2.0).sum().backward()
+    backpropagate((w * 3.0).sum(), minitorch.tensor([1.0]))
+    assert calls == [1, 1]
+
+
+def test_side_work_waits_once_and_not_after_the_whole_side_stream_was_joined() -> None:
+    """A SideWork's first settle() makes the stream wait for its event, later ones do nothing; once
+    settle_side has joined the side stream (joined()), settle() waits for nothing (an event of an
+    earlier step is never waited for inside a later CUDA graph capture)."""
+    from minitorch.cuda.runtime import SideWork
+
+    class Stream:
+        def __init__(self) -> None:
+            self.waited: list = []
+
+        def wait_event(self, event: object) -> None:
+            self.waited.append(event)
+
+    main, event = Stream(), object()
+    work = SideWork(main, event)
+    work.settle()
+    work.settle()
+    assert main.waited == [event]
+    joined = SideWork(main, object())
+    joined.joined()
+    joined.settle()
+    assert main.waited == [event]

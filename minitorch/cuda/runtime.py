@@ -79,7 +79,7 @@ class Runtime:
         self.device = torch.device("cuda")
         self.libs: Dict[str, ctypes.CDLL] = {}
         self._side: Dict[int, Any] = {}
-        self.unsettled: Dict[Any, Any] = {}  # stream -> the side stream with work forked from it not yet waited for
+        self.unsettled: Dict[Any, Any] = {}  # stream -> (the side stream, the SideWork forked from it not yet joined)
         self.sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         get_device = getattr(torch._C, "_cuda_getDevice", None)
@@ -130,6 +130,11 @@ class SideWork:
             self._main.wait_event(self._event)
             self._event = None
 
+    def joined(self) -> None:
+        """The stream that forked it has waited for the whole side stream (settle_side): nothing left
+        to wait for (and no event of an earlier step waited for inside a later graph capture)."""
+        self._event = None
+
 
 def fork(beside: Callable[[], None], then: Callable[[], None], touched: Sequence[TensorData]) -> SideWork:
     """beside() queued on the runtime's side stream and then() on the current stream, to run at the
@@ -151,7 +156,7 @@ def fork(beside: Callable[[], None], then: Callable[[], None], touched: Sequence
         t._storage.record_stream(side)
         t.in_flight = work
     then()
-    rt.unsettled[main] = side
+    rt.unsettled.setdefault(main, (side, []))[1].append(work)
     return work
 
 
@@ -163,9 +168,11 @@ def settle_side() -> None:
     if not rt.unsettled:
         return
     main = rt.torch.cuda.current_stream()
-    side = rt.unsettled.pop(main, None)
+    side, works = rt.unsettled.pop(main, (None, ()))
     if side is not None:
         main.wait_stream(side)
+    for work in works:
+        work.joined()
 
 
 def on_load(check: Callable[[Runtime], None]) -> Callable[[Runtime], None]:
