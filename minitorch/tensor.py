@@ -305,8 +305,7 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
             dtype = (inp._grad_dtype or inp.dtype) if inp.dtype.is_floating else g.dtype
             if g.shape != inp.shape or g.dtype is not dtype:
                 g.settle()  # a kernel reads it
-            given = g._sum_to(inp.shape)
-            given = given.to(dtype) if inp.dtype.is_floating else given
+            given = g._sum_to(inp.shape).to(dtype)
             out.append((inp, given, i in folded, given is not g or i in handed or passed_on))
         return out
 

@@ -110,6 +110,31 @@ __device__ __forceinline__ void adamw_float4(float4& p, const float4& g, float4&
   adamw_element(p.w, g.w, m.w, v.w, c);
 }
 
+// kUnroll float4 steps of the update, at elements i + u * step for u < kUnroll (multiples of 4 from
+// 16-byte aligned p, m, v), all their loads issued before the first use; WORKING: also the bfloat16
+// working copy w.
+template <class TG, bool WORKING>
+__device__ __forceinline__ void adamw_unrolled(float* __restrict__ p, const TG* __restrict__ g, float* __restrict__ m,
+                                               float* __restrict__ v, __nv_bfloat16* __restrict__ w, long long i,
+                                               long long step, const AdamWCoefficients& c) {
+  float4 p4[kUnroll], g4[kUnroll], m4[kUnroll], v4[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    p4[u] = *reinterpret_cast<const float4*>(p + i + u * step);
+    g4[u] = mt::load4(g + i + u * step);
+    m4[u] = *reinterpret_cast<const float4*>(m + i + u * step);
+    v4[u] = *reinterpret_cast<const float4*>(v + i + u * step);
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    adamw_float4(p4[u], g4[u], m4[u], v4[u], c);
+    *reinterpret_cast<float4*>(p + i + u * step) = p4[u];
+    *reinterpret_cast<float4*>(m + i + u * step) = m4[u];
+    *reinterpret_cast<float4*>(v + i + u * step) = v4[u];
+    if constexpr (WORKING) mt::store4(w + i + u * step, p4[u]);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
 adamw_vec_kernel(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ exp_avg,
                  float* __restrict__ exp_avg_sq, long long n, const AdamWCoefficients c) {
@@ -122,21 +147,7 @@ adamw_vec_kernel(float* __restrict__ param, const float* __restrict__ grad, floa
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   long long i = first;
   for (; i + (kUnroll - 1) * stride < n4; i += kUnroll * stride) {
-    float4 p[kUnroll], g[kUnroll], m[kUnroll], v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      p[u] = p4[i + u * stride];
-      g[u] = g4[i + u * stride];
-      m[u] = m4[i + u * stride];
-      v[u] = v4[i + u * stride];
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      adamw_float4(p[u], g[u], m[u], v[u], c);
-      p4[i + u * stride] = p[u];
-      m4[i + u * stride] = m[u];
-      v4[i + u * stride] = v[u];
-    }
+    adamw_unrolled<float, false>(param, grad, exp_avg, exp_avg_sq, nullptr, 4 * i, 4 * stride, c);
   }
   for (; i < n4; i += stride) {
     float4 p = p4[i], m = m4[i], v = v4[i];
@@ -252,28 +263,9 @@ __device__ __forceinline__ void adamw_chunk(float* __restrict__ p, const TG* __r
     }
     return;
   }
-  // kUnroll float4 steps a thread at a time (as adamw_vec_kernel), all their loads issued before the
-  // first use.
   const long long step = 4 * blockDim.x;
   long long i = begin + 4 * threadIdx.x;
-  for (; i + (kUnroll - 1) * step + 3 < end; i += kUnroll * step) {
-    float4 p4[kUnroll], g4[kUnroll], m4[kUnroll], v4[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      p4[u] = *reinterpret_cast<const float4*>(p + i + u * step);
-      g4[u] = mt::load4(g + i + u * step);
-      m4[u] = *reinterpret_cast<const float4*>(m + i + u * step);
-      v4[u] = *reinterpret_cast<const float4*>(v + i + u * step);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      adamw_float4(p4[u], g4[u], m4[u], v4[u], c);
-      *reinterpret_cast<float4*>(p + i + u * step) = p4[u];
-      *reinterpret_cast<float4*>(m + i + u * step) = m4[u];
-      *reinterpret_cast<float4*>(v + i + u * step) = v4[u];
-      if constexpr (WORKING) mt::store4(w + i + u * step, p4[u]);
-    }
-  }
+  for (; i + (kUnroll - 1) * step + 3 < end; i += kUnroll * step) adamw_unrolled<TG, WORKING>(p, g, m, v, w, i, step, c);
   for (; i + 3 < end; i += step) {
     float4 p4 = *reinterpret_cast<float4*>(p + i), m4 = *reinterpret_cast<float4*>(m + i);
     float4 v4 = *reinterpret_cast<float4*>(v + i);

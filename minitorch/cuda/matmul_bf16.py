@@ -94,12 +94,13 @@ def launch(
     batch = 1
     for d in range(a_batch.ndim):
         batch *= a_batch.shape[d]
-    needed = workspace_bytes(M, N, K, batch, strides) if split_k and M and N and K and batch else 0
     rt = runtime()
     if not split_k:
         workspace = None
-    elif workspace is None and needed:
-        workspace = rt.torch.empty(needed, dtype=rt.torch.uint8, device=rt.device)
+    elif workspace is None and M and N and K and batch:
+        needed = workspace_bytes(M, N, K, batch, strides)
+        if needed:
+            workspace = rt.torch.empty(needed, dtype=rt.torch.uint8, device=rt.device)
     ws_bytes = 0 if workspace is None else workspace.numel() * workspace.element_size()
     lib = _lib()
     code = lib.launch_matmul_bf16(

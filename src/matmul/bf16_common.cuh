@@ -134,10 +134,6 @@ __host__ __device__ __forceinline__ bool forward_activation(int epilogue) {
   return epilogue == kBiasGelu || epilogue == kBiasRelu || epilogue == kBiasGeluD || epilogue == kBiasReluD;
 }
 
-__host__ __device__ __forceinline__ bool keeps_derivative(int epilogue) {
-  return epilogue == kBiasGeluD || epilogue == kBiasReluD;
-}
-
 __device__ __forceinline__ float activate(int epilogue, float x) {
   if (epilogue == kBiasGelu || epilogue == kBiasGeluD) return gelu(x);
   return epilogue == kBiasRelu || epilogue == kBiasReluD ? fmaxf(x, 0.f) : x;
