@@ -110,6 +110,15 @@ __device__ __forceinline__ void store_group(T* x, int j, const float (&v)[kGroup
   *reinterpret_cast<uint4*>(x + j) = raw;
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x by the hardware's approximation (ex2.approx.ftz.f32: ~2 ulp, what __expf runs after its multiply).
+__device__ __forceinline__ float exp2f_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // exp(x) for x <= 0 in the logits' precision: the exact expf for float32 logits; for bf16 ones (whose
 // gradient is rounded to 8 bits) the hardware's exp2 approximation, within a few float32 ulps, at a
 // quarter of the instructions (the kernel is issue-bound on its two exponentials per element).
@@ -189,12 +198,33 @@ __device__ __forceinline__ RowStats row_stats(const T* x, const float* bias, int
 // dlogits over the same elements row_stats read, into out (x itself, or another row of the same
 // alignment): (exp(x - max) / sum - q_j) * scale, where the smoothed target q_j is on_target +
 // off_target at the target and off_target elsewhere.
+//
+// bf16 logits (whose gradient is rounded to 8 bits) take two FMAs and one exp2 an element of a whole
+// group: with k = scale / sum, (exp(v - max) / sum - off) * scale = exp2(v log2(e) - max log2(e)) * k -
+// off * scale, and on_target * scale comes off the one group that holds the target; float32 logits
+// keep the formula as written, with the exact expf.
 template <class T, bool VEC, bool HAS_BIAS>
 __device__ __forceinline__ void row_dlogits(const T* x, T* out, const float* bias, int V, int target, float max,
                                             float inv_sum, float scale, float on_target, float off_target) {
   constexpr int G = kGroup<T>;
   const auto grad = [&](float v, int j) {
     return (row_exp<T>(v - max) * inv_sum - (j == target ? on_target : 0.f) - off_target) * scale;
+  };
+  const float max_log2 = max * kLog2e, k = inv_sum * scale, off_scaled = off_target * scale;
+  const float on_scaled = on_target * scale;
+  const auto group = [&](float (&v)[G], int first) {
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+      for (int i = 0; i < G; ++i) v[i] = grad(v[i], first + i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < G; ++i) v[i] = fmaf(exp2f_approx(fmaf(v[i], kLog2e, -max_log2)), k, -off_scaled);
+      const unsigned at = static_cast<unsigned>(target - first);
+      if (at < static_cast<unsigned>(G)) {
+#pragma unroll
+        for (int i = 0; i < G; ++i) v[i] -= i == static_cast<int>(at) ? on_scaled : 0.f;
+      }
+    }
   };
   if (VEC) {
     const int threads = blockDim.x;
@@ -206,16 +236,14 @@ __device__ __forceinline__ void row_dlogits(const T* x, T* out, const float* bia
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int first = G * (q + u * threads);
-#pragma unroll
-        for (int i = 0; i < G; ++i) v[u][i] = grad(v[u][i], first + i);
+        group(v[u], first);
         store_group(out, first, v[u]);
       }
     }
     for (; q < V / G; q += threads) {
       float v[G];
       load_group<T, HAS_BIAS>(x, bias, G * q, v);
-#pragma unroll
-      for (int i = 0; i < G; ++i) v[i] = grad(v[i], G * q + i);
+      group(v, G * q);
       store_group(out, G * q, v);
     }
   }
