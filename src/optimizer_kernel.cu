@@ -284,8 +284,10 @@ __device__ __forceinline__ void adamw_chunk(float* __restrict__ p, const TG* __r
 __global__ void __launch_bounds__(kThreads)
 adamw_multi_kernel(const TensorList l, const AdamWCoefficients* __restrict__ coefficients) {
   const AdamWCoefficients c = *coefficients;
-  const int t = tensor_of_block(l, blockIdx.x);
-  const long long begin = (blockIdx.x - l.block_start[t]) * kChunk;
+  // The chunks in the opposite order to grad_sumsq_kernel's: the gradients it read last are still in L2.
+  const int block = gridDim.x - 1 - blockIdx.x;
+  const int t = tensor_of_block(l, block);
+  const long long begin = (block - l.block_start[t]) * kChunk;
   const long long end = min(begin + kChunk, l.numel[t]);
   float* p = l.param[t];
   float* m = l.exp_avg[t];
