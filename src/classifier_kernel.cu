@@ -33,6 +33,7 @@
 #include "includes/cuda_check.cuh"
 #include "includes/dependent_launch.cuh"
 #include "includes/launch_utils.cuh"
+#include "includes/ptx.cuh"
 #include "includes/reduce.cuh"
 #include "includes/vec.cuh"
 
@@ -108,15 +109,6 @@ __device__ __forceinline__ void store_group(T* x, int j, const float (&v)[kGroup
     raw = make_uint4(words[0], words[1], words[2], words[3]);
   }
   *reinterpret_cast<uint4*>(x + j) = raw;
-}
-
-constexpr float kLog2e = 1.4426950408889634f;
-
-// 2^x by the hardware's approximation (ex2.approx.ftz.f32: ~2 ulp, what __expf runs after its multiply).
-__device__ __forceinline__ float exp2f_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // exp(x) for x <= 0 in the logits' precision: the exact expf for float32 logits; for bf16 ones (whose
@@ -210,7 +202,7 @@ __device__ __forceinline__ void row_dlogits(const T* x, T* out, const float* bia
   const auto grad = [&](float v, int j) {
     return (row_exp<T>(v - max) * inv_sum - (j == target ? on_target : 0.f) - off_target) * scale;
   };
-  const float max_log2 = max * kLog2e, k = inv_sum * scale, off_scaled = off_target * scale;
+  const float max_log2 = max * mt::kLog2e, k = inv_sum * scale, off_scaled = off_target * scale;
   const float on_scaled = on_target * scale;
   const auto group = [&](float (&v)[G], int first) {
     if constexpr (sizeof(T) == 4) {
@@ -218,7 +210,7 @@ __device__ __forceinline__ void row_dlogits(const T* x, T* out, const float* bia
       for (int i = 0; i < G; ++i) v[i] = grad(v[i], first + i);
     } else {
 #pragma unroll
-      for (int i = 0; i < G; ++i) v[i] = fmaf(exp2f_approx(fmaf(v[i], kLog2e, -max_log2)), k, -off_scaled);
+      for (int i = 0; i < G; ++i) v[i] = fmaf(mt::fast_exp2(fmaf(v[i], mt::kLog2e, -max_log2)), k, -off_scaled);
       const unsigned at = static_cast<unsigned>(target - first);
       if (at < static_cast<unsigned>(G)) {
 #pragma unroll

@@ -41,7 +41,7 @@
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
+using mt::kLog2e;
 using fused::kStreamChunk;
 using fused::kStreamThreads;
 using fused::Team;

@@ -20,7 +20,7 @@
 
 namespace mt_attn {
 
-constexpr float kLog2e = 1.4426950408889634f;
+using mt::kLog2e;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;

@@ -37,6 +37,9 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = 2^(x log2(e))
+
+// 2^x by the hardware's approximation (ex2.approx.ftz.f32, ~2 ulp).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

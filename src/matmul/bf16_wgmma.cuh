@@ -258,7 +258,7 @@ __device__ __forceinline__ void store_rows(uint32_t src, void* out, void* pre_ac
       float d[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        d[j] = x[j] > 0.f ? 1.f : 0.f;
+        d[j] = kept_value(EPI, x[j]);
         x[j] = fmaxf(x[j], 0.f);
       }
       if (pre_act != nullptr) store_vec<4>(pre_act, at, d, OUT_BF16);
