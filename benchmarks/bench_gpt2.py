@@ -11,6 +11,9 @@ decay, no clipping (llm.c's fp32 defaults; llm.c's bf16 trainer keeps its own 0.
   torch fp32 / torch tf32      benchmarks/gpt2_torch_peer.py (eager, SDPA attention), TF32 off and on
   torch bf16                   the same under torch.autocast(bfloat16), eager
   torch bf16 compile           autocast + torch.compile + SDPA (flash) + fused AdamW: PyTorch's best
+  torch bf16 compile graphs    the same with torch.compile(mode="reduce-overhead"): the compiled forward
+                               and backward replayed as CUDA graphs (at B 4 the default mode's step can
+                               be bound by the host's launches)
   minitorch <variant>          project/train_gpt2.py --backend cuda with the variant's options: float32
                                (3xTF32 matmuls, or TF32 in the tf32 variant) or --dtype bf16
 
@@ -81,6 +84,8 @@ CONTENDERS = {  # name: (kind, binary or extra arguments)
     "torch tf32": ("torch", ["--tf32", "true"]),
     "torch bf16": ("torch", ["--dtype", "bf16"]),
     "torch bf16 compile": ("torch", ["--dtype", "bf16", "--compile", "true", "--fused-adamw", "true"]),
+    "torch bf16 compile graphs": ("torch", ["--dtype", "bf16", "--compile", "true", "--compile-mode", "reduce-overhead",
+                                            "--fused-adamw", "true"]),
     "minitorch all-fused": ("minitorch", ALL_FUSED),
     "minitorch all-fused tf32": ("minitorch", [*ALL_FUSED, "--matmul-precision", "high"]),
     "minitorch fused-kernels": ("minitorch", ["--use-fused-kernel", "true", "--attention", "naive", "--loss", "naive"]),

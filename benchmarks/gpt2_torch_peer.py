@@ -118,6 +118,8 @@ def main(argv: Any = None) -> dict:
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="bf16: forward under torch.autocast(bfloat16), float32 master weights and AdamW")
     p.add_argument("--compile", type=str2bool, default=False, metavar="true|false", help="torch.compile the model")
+    p.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune"), default="default",
+                   help="torch.compile's mode: reduce-overhead replays the compiled forward and backward as CUDA graphs")
     p.add_argument("--fused-adamw", type=str2bool, default=False, metavar="true|false", help="torch's fused AdamW")
     p.add_argument("--out", required=True, help="JSON file for losses, ms per step and allocator peak")
     args = p.parse_args(argv)
@@ -130,7 +132,8 @@ def main(argv: Any = None) -> dict:
     model.cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=args.weight_decay, fused=args.fused_adamw)  # fmt: skip
-    step_model = torch.compile(model) if args.compile else model
+    mode = None if args.compile_mode == "default" else args.compile_mode
+    step_model = torch.compile(model, mode=mode) if args.compile else model
     loader = ShardLoader(args.train_shards, args.batch_size, args.seq_len)
     precision = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if args.dtype == "bf16" else contextlib.nullcontext
     torch.cuda.reset_peak_memory_stats()
