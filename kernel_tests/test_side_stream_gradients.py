@@ -1,6 +1,7 @@
 """A bf16 Linear's weight and bias gradients run on a side stream (minitorch.cuda.runtime.fork) and
-come back in flight (TensorData.in_flight): backward waits for them only where something reads them
-or writes into the gradient they read. Each test makes the side stream's products long (16,384 rows)
+come back in flight (TensorData.in_flight), the output gradient they read marked read beside
+(TensorData.read_beside): backward waits for them only where something reads them or writes into the
+gradient they read. Each test makes the side stream's products long (16,384 rows)
 and reads their results at once, through each path that reads a gradient: a sum (a weight used twice),
 an accumulation into .grad (two backward passes), a grad-ready hook, the end of backward; each against
 float64 sums of the same bf16-rounded inputs. A read before the side stream is done would see a buffer
@@ -38,13 +39,18 @@ def bf16_inputs(seed: int) -> Dict[str, "torch.Tensor"]:
 
 
 def test_linear_bw_returns_its_weight_gradients_in_flight() -> None:
-    """linear_bw's dweight and dbias, and the d they read, are in flight until settled; settle()
-    makes them complete, settle_side() leaves nothing forked unwaited."""
+    """linear_bw's dweight and dbias are in flight until settled, the d and x they read are read
+    beside (in flight up to matmul.SIDE_UNSPLIT_ROWS rows); settle() makes them complete, settle_side()
+    leaves nothing forked unwaited."""
     t = bf16_inputs(1)
     d, x, w = (minitorch.from_torch(t[k])._tensor for k in ("g", "x", "w"))
     dx, dweight, dbias = matmul.linear_bw(d, x, w, True)
-    assert dx.in_flight is None
-    assert all(td.in_flight is not None for td in (dweight, dbias, d))
+    assert dx.in_flight is None and dx.read_beside is None
+    assert all(td.in_flight is not None for td in (dweight, dbias))
+    assert all(td.in_flight is None and td.read_beside is not None for td in (d, x))
+    short = [minitorch.from_torch(t[k][: matmul.SIDE_UNSPLIT_ROWS])._tensor for k in ("g", "x")]
+    matmul.linear_bw(*short, w, True)
+    assert all(td.in_flight is not None and td.read_beside is None for td in short)
     for td in (dweight, dbias):
         td.settle()
         assert td.in_flight is None
@@ -53,6 +59,21 @@ def test_linear_bw_returns_its_weight_gradients_in_flight() -> None:
     assert rel_err(got_b, t["g"].double().sum(0)) < BOUND
     settle_side()
     assert not runtime().unsettled
+
+
+def test_a_write_into_the_gradient_the_side_stream_reads_waits_for_it() -> None:
+    """d, overwritten in place (Tensor.copy_) as soon as linear_bw returns: the weight and bias
+    gradients are still those of the values d had (the write waited for the side stream's products)."""
+    t = bf16_inputs(3)
+    g = minitorch.from_torch(t["g"].clone())
+    x, w = (minitorch.from_torch(t[k])._tensor for k in ("x", "w"))
+    _, dweight, dbias = matmul.linear_bw(g._tensor, x, w, True)
+    g.copy_(0.0)
+    settle_side()
+    got_w, got_b = (td._storage.view(td.shape) for td in (dweight, dbias))
+    assert rel_err(got_w, t["g"].double().T @ t["x"].double()) < BOUND
+    assert rel_err(got_b, t["g"].double().sum(0)) < BOUND
+    assert float(g.to_torch().abs().max()) == 0.0
 
 
 @pytest.mark.parametrize("path", ["used twice", "accumulated", "hook", "end of backward"])

@@ -16,11 +16,13 @@ the LM head's [V, C] gradient itself, not into a copy of it.
 
 A derivative may still be in the making when a Function returns it (`Tensor.settle`: a bf16
 Linear's weight gradient, queued on a side stream beside the rest of backward). The engine hands such
-derivatives on as they are and settles them where a kernel would read or write them: before a sum,
-before a fold, before a grad-ready hook, and before a Function's backward unless that Function
-settles its gradient itself (`Function.settles_own_gradient`: a parameter's working copy passes its
-weight gradient on untouched); `backpropagate` settles the rest at its end (the backend's
-`settle_side` hook).
+derivatives on as they are and settles them where a kernel would read them: before a sum, before a
+fold, before a grad-ready hook, and before a Function's backward unless that Function settles its
+gradient itself (`Function.settles_own_gradient`: a parameter's working copy passes its weight
+gradient on untouched); `backpropagate` settles the rest at its end (the backend's `settle_side`
+hook). Work that only reads a derivative beside (the output gradient that weight gradient is made
+from) is waited for only before something writes into it: an in-place fold
+(`Context.may_write_pending`).
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def backpropagate(variable: Variable, deriv: Any) -> None:
     derivs = {variable.unique_id: deriv}
     alone: Set[int] = set()  # the keys of derivs whose derivative nothing but backward refers to
 
-    def offered(p: Variable) -> Tuple[Any, bool]:  # to fold into, so written to
+    def offered(p: Variable) -> Tuple[Any, bool]:  # to fold: read (written into: Context.may_write_pending)
         found = derivs.get(p.unique_id)
         _settle(found)
         return found, p.unique_id in alone
@@ -167,12 +169,13 @@ def _settle_side(variable: Variable) -> None:
         settle_side()
 
 
-def _settle(deriv: Any) -> None:
-    """Wait for work still making a derivative beside the current stream before a kernel reads or
-    writes it (Tensor.settle); derivatives without such work (numbers, CPU tensors) are as they are."""
+def _settle(deriv: Any, write: bool = False) -> None:
+    """Wait for work still making a derivative beside the current stream before a kernel reads it, and
+    with write for work still reading it too, before a kernel writes into it (Tensor.settle);
+    derivatives without such work (numbers, CPU tensors) are as they are."""
     settle = getattr(deriv, "settle", None)
     if settle is not None:
-        settle()
+        settle(write)
 
 
 _grad_enabled = [True]
@@ -235,8 +238,13 @@ class Context:
     def may_write_pending(self, i: int) -> bool:
         """Whether the derivative take_pending(i, ...) handed over is backward's alone (nothing else
         refers to its storage: the engine made it, or the op that made it handed it over and only
-        views passed it on), so that the op may add into it in place instead of into a new tensor."""
-        return i in self.folded and i < len(self.pending_alone) and self.pending_alone[i]
+        views passed it on), so that the op may add into it in place instead of into a new tensor.
+        When it may, the current stream first waits for work still reading it beside it (Tensor.settle
+        with write: a bf16 Linear's weight gradient made from it on the side stream)."""
+        alone = i in self.folded and i < len(self.pending_alone) and self.pending_alone[i]
+        if alone:
+            _settle(self.pending[i], write=True)
+        return alone
 
     def hand_over(self, *inputs: int) -> None:
         """Declare the gradients this backward returns for these tensor inputs backward's alone: new

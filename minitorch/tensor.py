@@ -205,6 +205,7 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
         if self.history is not None and not self.is_leaf:
             raise RuntimeError(f"copy_ into a tensor of shape {self.shape} that has autodiff history")
         self._version += 1
+        self._tensor.settle(write=True)
         if isinstance(src, (int, float)):
             self.backend.fill(self._tensor, src)
             return self
@@ -318,13 +319,15 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
         x = x.contiguous()
         self.grad = x if self.grad is None else x._new(self.backend.add_zip(self.grad._tensor, x._tensor))
 
-    def settle(self) -> None:
-        """Make the device's current stream wait for work still making this tensor, or reading it, beside
-        it (a bf16 Linear's weight gradient on the side stream, TensorData.in_flight); a no-op when there
-        is none.  Backward hands such gradients on as they are and settles them where a kernel reads
-        them (a sum, a cast, an accumulation, a grad-ready hook) and all at its end (the backend's
-        settle_side, see autodiff.backpropagate)."""
-        self._tensor.settle()
+    def settle(self, write: bool = False) -> None:
+        """Make the device's current stream wait for work still making this tensor beside it (a bf16
+        Linear's weight gradient on the side stream, TensorData.in_flight), and with write for work
+        still reading it beside it too (the output gradient that weight gradient is made from,
+        TensorData.read_beside); a no-op when there is none.  Backward hands such gradients on as they
+        are and settles them where a kernel reads them (a sum, a cast, an accumulation, a grad-ready
+        hook) or writes into them (an in-place fold, Context.may_write_pending), and all at its end
+        (the backend's settle_side, see autodiff.backpropagate)."""
+        self._tensor.settle(write)
 
     def backward(self, grad_output: Optional["Tensor"] = None) -> None:
         """Backpropagate from this tensor; grad_output defaults to 1 for a one-element tensor."""

@@ -140,11 +140,13 @@ def _checked_layout(shape: Any, strides: Optional[Any]) -> Tuple[UserShape, Opti
 class TensorData:
     """A storage with a shape, strides (in elements) and a dtype; several TensorData may share a storage.
 
-    in_flight: None, or work still reading or writing the storage on another device stream (an object
-    with settle(): the current stream waits for it), shared by the views made from this one; settle()
-    before anything but handing the tensor on reads or writes it (see Tensor.settle)."""
+    in_flight: None, or work still writing the storage on another device stream (an object with
+    settle(): the current stream waits for it); read_beside: None, or such work that only reads it.
+    Both are shared by the views made from this one; settle() before anything but handing the tensor
+    on reads it, settle(write=True) before anything writes into it (see Tensor.settle)."""
 
     in_flight: Optional[Any] = None
+    read_beside: Optional[Any] = None
 
     def __init__(self, storage: Any, shape: UserShape, strides: Optional[UserStrides] = None, dtype: DType = float32):
         if type(shape) is not tuple or strides is not None:
@@ -238,7 +240,7 @@ class TensorData:
         """Another view of this storage, of the same dtype: shape and strides (default row-major) from
         element `offset` on (1-D numpy and torch storages slice as views)."""
         view = TensorData(self._storage[offset:] if offset else self._storage, shape, strides, self.dtype)
-        view.in_flight = self.in_flight
+        view.in_flight, view.read_beside = self.in_flight, self.read_beside
         return view
 
     def with_dtype(self, dtype: DType) -> "TensorData":
@@ -246,14 +248,18 @@ class TensorData:
         holds values of dtype in its format (a bool's 1.0/0.0 read as float32, a CPU backend's
         float32 results once rounded to bfloat16)."""
         view = TensorData(self._storage, self._shape, self._strides, dtype)
-        view.in_flight = self.in_flight
+        view.in_flight, view.read_beside = self.in_flight, self.read_beside
         return view
 
-    def settle(self) -> None:
-        """Make the current stream wait for the work in flight on this storage, if any (a no-op after)."""
+    def settle(self, write: bool = False) -> None:
+        """Make the current stream wait for the work writing this storage beside it, if any, and with
+        write for the work reading it beside it too (each a no-op after)."""
         if self.in_flight is not None:
             self.in_flight.settle()
             self.in_flight = None
+        if write and self.read_beside is not None:
+            self.read_beside.settle()
+            self.read_beside = None
 
     def permute(self, *order: int) -> "TensorData":
         """A view with dims reordered; order must be a permutation of range(dims)."""

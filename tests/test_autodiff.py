@@ -206,20 +206,22 @@ class _Settles:
 
 
 class _InFlight(minitorch.tensor_functions.Function):
-    """Identity whose backward returns its gradient times 1 still in the making, as a bf16 Linear's
-    weight gradient leaves the side stream; ctx.saved_values[0] is the stand-in for that work."""
+    """Identity whose backward returns its gradient times 1 still in the making (mark "in_flight"), as
+    a bf16 Linear's weight gradient leaves the side stream, or still read beside (mark "read_beside"),
+    as the output gradient that weight gradient is made from; ctx.saved_values[0] is the stand-in for
+    that work."""
 
     @staticmethod
-    def forward(ctx: Context, a: minitorch.Tensor, work: _Settles) -> minitorch.Tensor:
-        ctx.save_for_backward(work)
+    def forward(ctx: Context, a: minitorch.Tensor, work: _Settles, mark: str = "in_flight") -> minitorch.Tensor:
+        ctx.save_for_backward(work, mark)
         return a * 1.0
 
     @staticmethod
     def backward(ctx: Context, grad_output: minitorch.Tensor):
-        (work,) = ctx.saved_values
+        work, mark = ctx.saved_values
         grad = grad_output.float() * 1.0  # float32, as a bf16 Linear's weight gradient
-        grad._tensor.in_flight = work
-        return grad, None
+        setattr(grad._tensor, mark, work)
+        return grad, None, None
 
 
 def _leaf() -> minitorch.Tensor:
@@ -264,6 +266,28 @@ def test_a_function_settles_a_gradient_in_flight_unless_it_settles_its_own() -> 
     assert copy.dtype is minitorch.bfloat16
     _InFlight.apply(copy, work).sum().backward()
     assert work.waits == 0 and w.grad.dtype is minitorch.float32 and w.grad._tensor.in_flight is work
+
+
+def test_work_reading_a_gradient_beside_is_waited_for_only_before_a_write_into_it() -> None:
+    """Reads of a gradient that work beside only reads (the engine's sum, a fold that adds it into a
+    new tensor, settle()) go on without a wait; a fold that writes into it in place
+    (Context.may_write_pending) and copy_ wait first."""
+    x, work = _leaf(), _Settles()
+    (_InFlight.apply(x, work, "read_beside") + x * 2.0).sum().backward()
+    assert work.waits == 0 and x.grad.to_numpy().tolist() == [3.0, 3.0, 3.0]
+
+    g, work = minitorch.tensor([1.0, 2.0]), _Settles()
+    g._tensor.read_beside = work
+    g.settle()
+    assert work.waits == 0 and g._tensor.as_strided((2,)).read_beside is work
+    ctx = Context(pending=(g,), pending_alone=(True,))
+    assert ctx.take_pending(0, minitorch.float32) is g and work.waits == 0  # a fold that only reads it
+    assert ctx.may_write_pending(0) and work.waits == 1 and g._tensor.read_beside is None
+
+    h, work = minitorch.tensor([1.0, 2.0]), _Settles()
+    h._tensor.read_beside = work
+    h.copy_(0.0)
+    assert work.waits == 1 and h.to_numpy().tolist() == [0.0, 0.0]
 
 
 def test_backward_ends_with_the_backends_settle_side(monkeypatch) -> None:

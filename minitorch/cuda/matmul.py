@@ -123,6 +123,9 @@ def linear_fw(
 # The most rows (dweight's K) for which a weight gradient on the side stream runs without K splits.
 # GPT-2 124M's step on an H100: B 4 (4,096 rows) 10.15 -> 10.08 ms without them, B 16 (16,384 rows,
 # each tile four times as long, the last ones a tail after the rest of backward) 35.26 -> 35.81 ms.
+# Up to these rows the next read of d or x also waits for the unsplit products (runtime.fork's
+# readers_wait): B 4 10.03-10.05 -> 10.09-10.13 ms when the next layer's products run beside their
+# long tiles instead, while the split ones of B 16 gain from it (34.91-34.99 -> 34.77-34.82 ms).
 SIDE_UNSPLIT_ROWS = 4096
 
 
@@ -142,10 +145,12 @@ def linear_bw(
     dweight and dbias run on a side stream beside dx (runtime.fork): the weight gradient's tiles
     rarely fill the GPU in whole waves (96 to 108 tiles of GPT-2's layers for 132 SMs), and dx's
     blocks take the SMs its last wave leaves idle.  They are returned in flight (TensorData.in_flight),
-    as is d, which they read: nothing waits for them until something reads them or writes into d, so
-    they also run beside what backward does next (a transformer's attention, its LayerNorms); up to
-    SIDE_UNSPLIT_ROWS rows dweight's K is not split over blocks: the work beside it fills the SMs its
-    few output tiles leave, without split-K's partial sums and reduction pass."""
+    and d and x, which they read, are marked read beside (TensorData.read_beside): nothing waits for
+    them until something reads them or writes into d or x, so they also run beside what backward does
+    next (a transformer's attention, its LayerNorms, which read d as the residual's gradient).  Up to
+    SIDE_UNSPLIT_ROWS rows dweight's K is not split over blocks (the work beside it fills the SMs its
+    few output tiles leave, without split-K's partial sums and reduction pass), and the next read of d
+    or x waits for them too."""
     if not d.dtype is x.dtype is weight.dtype is bfloat16:
         return None
     if x_pre is not None and (x_pre.dtype is not bfloat16 or not x_pre.is_contiguous()):
@@ -174,7 +179,8 @@ def linear_bw(
         elif dbias is not None and n:
             fill(dbias, 0.0)
 
-    fork(weight_gradients, input_gradient, [t for t in (d, x, dweight, dbias) if t is not None])
+    fork(weight_gradients, input_gradient, reads=[d, x], writes=[t for t in (dweight, dbias) if t is not None],
+         readers_wait=rows <= SIDE_UNSPLIT_ROWS)  # fmt: skip
     return dx, dweight, dbias
 
 

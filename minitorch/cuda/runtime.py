@@ -136,15 +136,22 @@ class SideWork:
         self._event = None
 
 
-def fork(beside: Callable[[], None], then: Callable[[], None], touched: Sequence[TensorData]) -> SideWork:
+def fork(
+    beside: Callable[[], None], then: Callable[[], None], reads: Sequence[TensorData], writes: Sequence[TensorData],
+    readers_wait: bool = False,
+) -> SideWork:
     """beside() queued on the runtime's side stream and then() on the current stream, to run at the
     same time: the side stream first waits for everything queued on the current stream so far.  The
     current stream does not wait for beside()'s work here: the returned SideWork does that when
-    settled, which fork marks each of `touched` (the TensorData beside() reads or writes) to need
-    (TensorData.in_flight), so that backward runs on while, say, a weight gradient is still being made,
-    and waits only where something reads it (see Tensor.settle); settle_side() waits for all of it.
-    The caching allocator keeps `touched` from reuse until the side stream is done with them, so the
-    caller may drop them at once.  Buffers beside() allocates come from the side stream's pool."""
+    settled, which fork marks each of `writes` (the TensorData beside() writes) to need before any use
+    (TensorData.in_flight) and each of `reads` (those it only reads) before a write into them
+    (TensorData.read_beside), so that backward runs on while, say, a weight gradient is still being
+    made, and waits only where something reads it or writes into what it reads (see Tensor.settle);
+    settle_side() waits for all of it.  readers_wait: `reads` too are waited for before any use, as
+    `writes` are (TensorData.in_flight): for side work that, left to run beside what reads them
+    next, would hold the SMs that work needs.  The caching allocator keeps `reads` and `writes` from reuse
+    until the side stream is done with them, so the caller may drop them at once.  Buffers beside()
+    allocates come from the side stream's pool."""
     rt = runtime()
     main, side = rt.torch.cuda.current_stream(), rt.side_stream()
     side.wait_stream(main)
@@ -152,8 +159,14 @@ def fork(beside: Callable[[], None], then: Callable[[], None], touched: Sequence
         beside()
         event = side.record_event()
     work = SideWork(main, event)
-    for t in touched:
+    for t in (*reads, *writes):
         t._storage.record_stream(side)
+    for t in reads:
+        if readers_wait:
+            t.in_flight = work
+        else:
+            t.read_beside = work
+    for t in writes:
         t.in_flight = work
     then()
     rt.unsettled.setdefault(main, (side, []))[1].append(work)
