@@ -205,7 +205,7 @@ class Tensor(Arithmetic, Conversions, Views, Indexing, Reductions):
         if self.history is not None and not self.is_leaf:
             raise RuntimeError(f"copy_ into a tensor of shape {self.shape} that has autodiff history")
         self._version += 1
-        self._tensor.settle(write=True)
+        self.settle(write=True)
         if isinstance(src, (int, float)):
             self.backend.fill(self._tensor, src)
             return self

@@ -157,6 +157,7 @@ def linear_bw(
         return None  # the epilogue reads x_pre laid out as dx
     rows, k = x.shape
     n = weight.shape[0]
+    unsplit = rows <= SIDE_UNSPLIT_ROWS
     dx, dweight = empty((rows, k), bfloat16), empty((n, k), float32)
     dbias = empty((n,), float32) if has_bias else None
     shapes = f"d {d.shape}, x {x.shape}, weight {weight.shape}"
@@ -173,14 +174,14 @@ def linear_bw(
         if dweight.size:
             matmul_bf16.launch(ptr(dweight), "float32", k, ptr(d), ptr(x), n, k, rows,
                                (d.strides[1], d.strides[0], x.strides[0], x.strides[1]),
-                               split_k=rows > SIDE_UNSPLIT_ROWS, what=f"linear dweight of {shapes}")  # fmt: skip
+                               split_k=not unsplit, what=f"linear dweight of {shapes}")  # fmt: skip
         if dbias is not None and n and rows:
             column_sums(ptr(dbias), ptr(d), n, rows, d.strides[0], bfloat16, d.strides[1])
         elif dbias is not None and n:
             fill(dbias, 0.0)
 
     fork(weight_gradients, input_gradient, reads=[d, x], writes=[t for t in (dweight, dbias) if t is not None],
-         readers_wait=rows <= SIDE_UNSPLIT_ROWS)  # fmt: skip
+         readers_wait=unsplit)  # fmt: skip
     return dx, dweight, dbias
 
 

@@ -154,9 +154,10 @@ def matmul(
     dims broadcast), float32 sums, into `out` (a new contiguous tensor of out_dtype, default bfloat16,
     when None; else out's dtype, float32 or bfloat16, with unit column stride, rows at least N apart and
     batch matrices one after another).  bias [N] and pre_act (receives a @ b + bias, with activation
-    "gelu" or "relu"; keep="derivative": the activation's derivative there) share out's dtype.  accumulate: out += a @ b (+ bias).  addend (out's shape, dtype
-    and row stride): out = a @ b + bias + addend, addend read in the epilogue.  activation_grad "gelu" or "relu":
-    out = (a @ b) * act'(pre_act), pre_act read; "derivative": out = (a @ b) * pre_act.  Returns out."""
+    "gelu" or "relu"; keep="derivative": the activation's derivative there) share out's dtype.
+    accumulate: out += a @ b (+ bias).  addend (out's shape, dtype and row stride): out = a @ b + bias +
+    addend, addend read in the epilogue.  activation_grad "gelu" or "relu": out = (a @ b) *
+    act'(pre_act), pre_act read; "derivative": out = (a @ b) * pre_act.  Returns out."""
     rt = runtime()
     torch = rt.torch
     what = "matmul_bf16"
