@@ -1,11 +1,12 @@
-"""A bf16 Linear's weight gradient runs on a side stream (minitorch.cuda.runtime.fork) and comes back
-in flight (TensorData.in_flight), the output gradient it reads marked read beside
-(TensorData.read_beside): backward waits for it only where something reads it or writes into the
-gradient it reads; its bias gradient follows the input gradient on the current stream. Each test makes the side stream's products long (16,384 rows)
-and reads their results at once, through each path that reads a gradient: a sum (a weight used twice),
-an accumulation into .grad (two backward passes), a grad-ready hook, the end of backward; each against
-float64 sums of the same bf16-rounded inputs. A read before the side stream is done would see a buffer
-half written (or another tensor's values), far outside the float32 rounding bound here.
+"""A bf16 Linear's weight gradient runs on a side stream (minitorch.cuda.runtime.fork) and comes back in
+flight (TensorData.in_flight), the output gradient it reads marked read beside (TensorData.read_beside):
+backward waits for it only where something reads it or writes into the gradient it reads; its bias
+gradient follows the input gradient on the current stream. Each test makes the side stream's products
+long (16,384 rows) and reads their results at once, through each path that reads a gradient: a sum (a
+weight used twice), an accumulation into .grad (two backward passes), a grad-ready hook, the end of
+backward; each against float64 sums of the same bf16-rounded inputs. A read before the side stream is
+done would see a buffer half written (or another tensor's values), far outside the float32 rounding
+bound here.
 """
 
 from __future__ import annotations
