@@ -234,29 +234,34 @@ __device__ __forceinline__ void store_run(const Params& p, int split, int bi, in
 }
 
 // out = epilogue(sum over s < splits of the partial products, in order s = 0, 1, ...): deterministic.
-// p.partials is null here (the epilogue runs); `partials` holds the sums. One thread per pair of
-// columns, grid-stride.
+// p.partials is null here (the epilogue runs); `partials` holds the sums. One thread per run of W (4
+// where N is a multiple of 4, else 2) columns, grid-stride; the split loop is unrolled by 4 so that a
+// thread's loads of 4 splits are in flight together (one after another, the 768 x 768 attention
+// projection's weight gradient, 3 splits, took 8.8 us in this pass under ncu).
+template <int W>
 __global__ void split_k_reduce(const Params p, const float* partials, int splits) {
   mt::join_prior_grids();
-  const int pairs = (p.N + 1) / 2;
-  const long long total = static_cast<long long>(p.batch) * p.M * pairs;
+  const int runs = (p.N + W - 1) / W;
+  const long long total = static_cast<long long>(p.batch) * p.M * runs;
   for (long long i = mt::grid_stride_first(); i < total; i += mt::grid_stride_step()) {
-    const long long row = i / pairs;  // batch matrix * M + r
-    const int c = static_cast<int>(i - row * pairs) * 2;
-    const bool two = c + 1 < p.N;
+    const long long row = i / runs;  // batch matrix * M + r
+    const int c = static_cast<int>(i - row * runs) * W;
+    const int n = min(W, p.N - c);
     const float* src = partials + row * p.N + c;
-    float v0 = 0.f, v1 = 0.f;
-    for (int s = 0; s < splits; ++s, src += p.split_stride) {
-      if (two && p.N % 2 == 0) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        v0 += v.x, v1 += v.y;
+    float x[W] = {};
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {
+      float v[W];
+      if (n == W && p.N % W == 0) {
+        load_vec<W>(src + s * p.split_stride, 0, false, v);
       } else {
-        v0 += src[0];
-        if (two) v1 += src[1];
+#pragma unroll
+        for (int j = 0; j < W; ++j) v[j] = j < n ? src[s * p.split_stride + j] : 0.f;
       }
+#pragma unroll
+      for (int j = 0; j < W; ++j) x[j] += v[j];
     }
-    float x[2] = {v0, v1};
-    store_run<2>(p, 0, static_cast<int>(row / p.M), static_cast<int>(row % p.M), c, x, two ? 2 : 1);
+    store_run<W>(p, 0, static_cast<int>(row / p.M), static_cast<int>(row % p.M), c, x, n);
   }
 }
 
@@ -334,8 +339,13 @@ inline int reduce_splits(const Params& p, const void* workspace, int splits, cud
   Params q = p;
   q.partials = nullptr;
   q.split_stride = static_cast<long long>(p.batch) * p.M * p.N;
+  const float* partials = static_cast<const float*>(workspace);
+  if (p.N % 4 == 0) {
+    const long long runs = static_cast<long long>(p.batch) * p.M * (p.N / 4);
+    return mt::launch_grid_stride<split_k_reduce<4>, true>(runs, stream, q, partials, splits);
+  }
   const long long pairs = static_cast<long long>(p.batch) * p.M * ((p.N + 1) / 2);
-  return mt::launch_grid_stride<split_k_reduce, true>(pairs, stream, q, static_cast<const float*>(workspace), splits);
+  return mt::launch_grid_stride<split_k_reduce<2>, true>(pairs, stream, q, partials, splits);
 }
 
 }  // namespace bf16mm
