@@ -34,9 +34,7 @@ struct Operand {
 };
 
 // Tensor map of op in boxes of 64 (inner: 128 bytes) x box_outer, 128-byte swizzled, zeros read
-// outside; false where TMA cannot address it (alignment) or the driver refuses it. L2 promotion of
-// 128 bytes (a box row) rather than 256: the LM head's long-K products ran faster with it (its input
-// gradient, K 50,257, 563 -> 403 us; its weight gradient 477 -> 418 us), the other products the same.
+// outside; false where TMA cannot address it (alignment) or the driver refuses it.
 inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int box_outer) {
   const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
   if (fn == nullptr || !mt::is_aligned16(op.base) || op.outer_stride % 8 != 0 || op.batch_stride % 8 != 0) return false;
@@ -49,7 +47,7 @@ inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int b
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(op.base), dims, strides, box,
             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+            tma::kOperandL2Promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // Whether TMA reads an operand whose element (i, o) sits at i * unit + o * other along the unit dim i:

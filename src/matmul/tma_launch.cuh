@@ -37,9 +37,7 @@ struct Operand {
 };
 
 // Tensor map of op in boxes of box_inner x box_outer, 128-byte swizzled, zeros outside; false where
-// TMA cannot read it (alignment) or the driver refuses it. L2 promotion of 128 bytes (a box row), as
-// the bf16 kernel's: TF32 LM head dX 1.171 -> 1.010 ms and dE 0.945 -> 0.876 against 256, the 3xTF32
-// products the same within 2%.
+// TMA cannot read it (alignment) or the driver refuses it.
 inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int box_inner, int box_outer) {
   const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
   if (fn == nullptr || !mt::is_aligned16(op.base) || op.outer_stride % 4 != 0 || op.batch_stride % 4 != 0) return false;
@@ -51,7 +49,7 @@ inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int b
   const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_inner), static_cast<cuuint32_t>(box_outer), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(op.base), dims, strides, box, element_strides,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, tma::kOperandL2Promotion,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
