@@ -1,6 +1,7 @@
 // The Tensor Memory Accelerator's plumbing shared by the Hopper (sm_90a) kernels: the shared-memory
 // mbarriers that count a stage's bytes in, the tiled bulk tensor load, and the driver's tensor-map
-// encoder, looked up once at run time (the libraries do not link libcuda).
+// encoder, looked up once at run time (the libraries do not link libcuda), and the tensor map of a
+// matmul operand that both matmul kernels read through it.
 #pragma once
 
 #include <cuda.h>
@@ -8,6 +9,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "vec.cuh"
 
 namespace tma {
 
@@ -86,9 +89,29 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return fn;
 }
 
-// The L2 promotion of every operand tensor map (both matmul kernels): 128 bytes, a box row, rather than
-// 256. H100, against 256: the bf16 LM head's input gradient (K 50,257) 563 -> 403 us and its weight
-// gradient 477 -> 418 us; the TF32 ones 1.171 -> 1.010 and 0.945 -> 0.876 ms; the other products the same.
-constexpr CUtensorMapL2promotion kOperandL2Promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+// Tensor map of a matmul operand (both matmul kernels) whose element (i, o) of batch matrix b sits at
+// base[i + o * outer_stride + b * batch_stride] (elements of elem_bytes; i along the unit-stride dim,
+// batch_stride 0: one matrix for every b), in boxes of box_inner x box_outer, 128-byte swizzled, zeros
+// read outside. The L2 promotion is 128 bytes, a box row, rather than 256 (H100: the bf16 LM head's
+// input gradient, K 50,257, 563 -> 403 us and its weight gradient 477 -> 418 us; the TF32 ones 1.171 ->
+// 1.010 and 0.945 -> 0.876 ms; the other products the same). False where TMA cannot address the operand
+// (16-byte alignment of the base and strides) or the driver refuses it.
+inline bool encode_operand(CUtensorMap* map, CUtensorMapDataType dtype, int elem_bytes, const void* base,
+                           long long inner, long long outer, long long outer_stride, long long batch_stride,
+                           long long batches, int box_inner, int box_outer) {
+  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
+  const long long per16 = 16 / elem_bytes;  // elements in 16 bytes
+  if (fn == nullptr || !mt::is_aligned16(base) || outer_stride % per16 != 0 || batch_stride % per16 != 0) return false;
+  const long long matrix = (outer * outer_stride + per16 - 1) / per16 * per16;  // any valid stride: one matrix
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer),
+                              static_cast<cuuint64_t>(batch_stride != 0 ? batches : 1)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(outer_stride * elem_bytes),
+                                 static_cast<cuuint64_t>((batch_stride != 0 ? batch_stride : matrix) * elem_bytes)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_inner), static_cast<cuuint32_t>(box_outer), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return fn(map, dtype, 3, const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 
 }  // namespace tma

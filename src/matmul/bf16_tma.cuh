@@ -33,21 +33,10 @@ struct Operand {
   long long inner, outer, outer_stride, batch_stride;
 };
 
-// Tensor map of op in boxes of 64 (inner: 128 bytes) x box_outer, 128-byte swizzled, zeros read
-// outside; false where TMA cannot address it (alignment) or the driver refuses it.
+// Tensor map of op in boxes of 64 (inner: 128 bytes) x box_outer (tma::encode_operand).
 inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int box_outer) {
-  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
-  if (fn == nullptr || !mt::is_aligned16(op.base) || op.outer_stride % 8 != 0 || op.batch_stride % 8 != 0) return false;
-  const long long matrix = ceil_div(op.outer * op.outer_stride, 8) * 8;  // any valid stride: one matrix
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(op.inner), static_cast<cuuint64_t>(op.outer),
-                              static_cast<cuuint64_t>(op.batch_stride != 0 ? batches : 1)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(op.outer_stride) * 2,
-                                 static_cast<cuuint64_t>(op.batch_stride != 0 ? op.batch_stride : matrix) * 2};
-  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_outer), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(op.base), dims, strides, box,
-            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-            tma::kOperandL2Promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return tma::encode_operand(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, op.base, op.inner, op.outer, op.outer_stride,
+                             op.batch_stride, batches, 64, box_outer);
 }
 
 // Whether TMA reads an operand whose element (i, o) sits at i * unit + o * other along the unit dim i:

@@ -36,21 +36,10 @@ struct Operand {
   long long inner, outer, outer_stride, batch_stride;
 };
 
-// Tensor map of op in boxes of box_inner x box_outer, 128-byte swizzled, zeros outside; false where
-// TMA cannot read it (alignment) or the driver refuses it.
+// Tensor map of op in boxes of box_inner x box_outer (encode_operand).
 inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int box_inner, int box_outer) {
-  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
-  if (fn == nullptr || !mt::is_aligned16(op.base) || op.outer_stride % 4 != 0 || op.batch_stride % 4 != 0) return false;
-  const long long matrix = ((op.outer * op.outer_stride + 3) / 4) * 4;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(op.inner), static_cast<cuuint64_t>(op.outer),
-                              static_cast<cuuint64_t>(op.batch_stride != 0 ? batches : 1)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(op.outer_stride) * 4,
-                                 static_cast<cuuint64_t>(op.batch_stride != 0 ? op.batch_stride : matrix) * 4};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_inner), static_cast<cuuint32_t>(box_outer), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(op.base), dims, strides, box, element_strides,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, tma::kOperandL2Promotion,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_operand(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, op.base, op.inner, op.outer, op.outer_stride,
+                        op.batch_stride, batches, box_inner, box_outer);
 }
 
 // The transposes of op's matrices: element (i, o) of matrix z to dst[z * inner * ld + i * ld + o],
