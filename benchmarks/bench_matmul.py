@@ -131,7 +131,7 @@ def contenders(lib: Any, dtype: str, inputs: List[Any], outs: List[Any], torch_o
     def ours_bf16(i: int) -> None:
         check(lib.launch_matmul_bf16(
             outs[i].data_ptr(), matmul_bf16.OUT_DTYPES["bfloat16"], outs[i].stride(0), inputs[i][0].data_ptr(),
-            inputs[i][1].data_ptr(), M, N, K, *strides, single, single, None, 0, None, 0, None, ws16.data_ptr(),
+            inputs[i][1].data_ptr(), M, N, K, *strides, single, single, None, 0, None, 0, None, 0, ws16.data_ptr(),
             ws_bytes, stream,
         ))  # fmt: skip
 

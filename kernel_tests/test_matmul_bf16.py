@@ -66,10 +66,11 @@ def torch_errors(a, b, ref_pre, ref, bias, activation) -> Tuple[float, float]:
 
 def check_product(
     a, b, out_dtype=torch.bfloat16, *, bias: bool = False, activation: Optional[str] = None, pad: int = 0,
-    workspace: Optional["torch.Tensor"] = None,
+    workspace: Optional["torch.Tensor"] = None, beside: bool = False,
 ) -> None:  # fmt: skip
     """out = act(a @ b + bias) in out_dtype within 2x torch's bf16 error (the pre-activation too, where an
-    activation stores it); pad: output rows that many elements longer than N (left untouched)."""
+    activation stores it); pad: output rows that many elements longer than N (left untouched); beside:
+    the planner's tile shapes for a product that runs beside other work."""
     gen = torch.Generator(device="cuda").manual_seed(a.shape[-1] + pad)
     M, N = a.shape[-2], b.shape[-1]
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -77,7 +78,8 @@ def check_product(
     out = wide[..., :N]
     pre = torch.full_like(out, float("nan")) if activation is not None else None
     b_vec = torch.randn(N, generator=gen, device="cuda").to(out_dtype) if bias else None
-    matmul_bf16.matmul(a, b, out=out, bias=b_vec, activation=activation, pre_act=pre, workspace=workspace)
+    matmul_bf16.matmul(a, b, out=out, bias=b_vec, activation=activation, pre_act=pre, workspace=workspace,
+                       beside=beside)
     assert torch.isnan(wide[..., N:]).all(), "a column beyond N was written"
     ref_pre = a.double() @ b.double() + (b_vec.double() if bias else 0.0)
     ref = act64(ref_pre, activation)
@@ -102,6 +104,33 @@ def test_layouts(out_dtype, aligned: bool, a_t: bool, b_t: bool) -> None:
     gen = torch.Generator(device="cuda").manual_seed(1 + 2 * a_t + 4 * b_t + 8 * aligned)
     check_product(operand(gen, (197, 203), a_t, aligned), operand(gen, (203, 131), b_t, aligned), out_dtype)
     check_product(operand(gen, (300, 1001), a_t, aligned), operand(gen, (1001, 517), b_t, aligned), out_dtype)
+
+
+TMA_SHAPES = 5  # bf16_tma.cuh's kTmaShapes: 128 x 256, 128 x 192, 128 x 128, 192 x 128, 192 x 96
+
+
+@pytest.mark.parametrize("shape", range(TMA_SHAPES))
+@pytest.mark.parametrize("a_t", [False, True])
+@pytest.mark.parametrize("b_t", [False, True])
+def test_every_tma_shape(monkeypatch, shape: int, a_t: bool, b_t: bool) -> None:
+    """Each Hopper tile shape, forced by MINITORCH_BF16_TMA_SHAPE (the planner gives the 192-row ones only
+    to products with no more rows than columns), in every operand layout: partial tiles at every edge,
+    a long K with splits, both output dtypes. On other GPUs the knob changes nothing and the products
+    still hold."""
+    monkeypatch.setenv("MINITORCH_BF16_TMA_SHAPE", str(shape))
+    gen = torch.Generator(device="cuda").manual_seed(shape + 8 * a_t + 16 * b_t)
+    check_product(operand(gen, (389, 264), a_t, True), operand(gen, (264, 296), b_t, True))
+    check_product(operand(gen, (200, 4096), a_t, True), operand(gen, (4096, 392), b_t, True), torch.float32)
+
+
+@pytest.mark.parametrize("beside", [False, True])
+@pytest.mark.parametrize("M, N, K", [(768, 3072, 4096), (2304, 768, 4096), (768, 768, 16384)])
+def test_weight_gradient_shapes(beside: bool, M: int, N: int, K: int) -> None:
+    """GPT-2's weight-gradient products (both operands transposed views, float32 out), as the step runs
+    them on the side stream (beside: 128-row tiles only) and as they run alone (192-row tiles where M <=
+    N), with and without K splits."""
+    gen = torch.Generator(device="cuda").manual_seed(M + N + beside)
+    check_product(operand(gen, (M, K), True, True), operand(gen, (K, N), False, True), torch.float32, beside=beside)
 
 
 @pytest.mark.parametrize("aligned", [False, True])
@@ -331,14 +360,14 @@ def test_bad_input_is_refused() -> None:
     lib = load_library("matmul_bf16_kernel", matmul_bf16.SIGNATURES)
     stream = torch.cuda.current_stream().cuda_stream
     code = lib.launch_matmul_bf16(
-        None, 1, 2, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 2, None, 1, None, None, 0, stream,
+        None, 1, 2, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 2, None, 1, None, 0, None, 0, stream,
     )  # fmt: skip
     assert code != 0  # accumulate takes epilogue 0 or 1 (no activation)
     code = lib.launch_matmul_bf16(
-        None, 1, 1, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 0, None, 0, None, None, 0, stream,
+        None, 1, 1, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 0, None, 0, None, 0, None, 0, stream,
     )  # fmt: skip
     assert code != 0  # output rows shorter than N
     code = lib.launch_matmul_bf16(
-        None, 2, 2, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 0, None, 0, None, None, 0, stream,
+        None, 2, 2, None, None, 2, 2, 2, 2, 1, 2, 1, layout((), ()), layout((), ()), None, 0, None, 0, None, 0, None, 0, stream,
     )  # fmt: skip
     assert code != 0  # no output dtype 2

@@ -67,8 +67,12 @@ long long matmul_bf16_workspace_bytes(int M, int N, int K, int batch, int a_row_
   if (M <= 0 || N <= 0 || K <= 0 || batch <= 0 || mt::sm_count(&sms) != cudaSuccess) return 0;
   const Params p = product_params(M, N, K, batch, a_row_stride, a_k_stride, b_k_stride, b_col_stride);
   const long long generic = bf16mm::partial_bytes(generic_plan(p, sms), M, N, batch);
-  const long long tma =
-      bf16mm::tma_available() ? bf16mm::partial_bytes(bf16mm::tma_plan(p, sms, bf16mm::kMaxSplits), M, N, batch) : 0;
+  long long tma = 0;  // whether or not the product runs beside other work
+  for (const bool beside : {false, true}) {
+    if (bf16mm::tma_available()) {
+      tma = std::max(tma, bf16mm::partial_bytes(bf16mm::tma_plan(p, sms, bf16mm::kMaxSplits, beside), M, N, batch));
+    }
+  }
   return std::max(generic, tma);
 }
 
@@ -80,12 +84,15 @@ long long matmul_bf16_workspace_bytes(int M, int N, int K, int batch, int a_row_
 // the derivative, 8 x * pre_act (no bias). pre_act (epilogues 2, 3; may be NULL): receives x + bias;
 // (6, 7; may be NULL) receives gelu'(x + bias) or relu'(x + bias); (4, 5, 8; required) is read.
 // accumulate (epilogues 0 and 1):
-// out = result + addend, addend laid out as out (NULL: out itself, out += result). workspace: device scratch of workspace_bytes bytes; with fewer than
-// matmul_bf16_workspace_bytes(...) the product runs without K splits.
+// out = result + addend, addend laid out as out (NULL: out itself, out += result). beside: the product
+// runs beside other work on another stream (a weight gradient beside an input gradient), so its tiles
+// leave SMs to that work (bf16_tma.cuh's tma_plan). workspace: device scratch of workspace_bytes bytes;
+// with fewer than matmul_bf16_workspace_bytes(...) the product runs without K splits.
 int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const void* b, int M, int N, int K,
                        int a_row_stride, int a_k_stride, int b_k_stride, int b_col_stride, MtLayout a_batch,
                        MtLayout b_batch, const void* bias, int epilogue, void* pre_act, int accumulate,
-                       const void* addend, void* workspace, long long workspace_bytes, cudaStream_t stream) {
+                       const void* addend, int beside, void* workspace, long long workspace_bytes,
+                       cudaStream_t stream) {
   MT_RETURN_IF_INVALID(M < 0 || N < 0 || K < 0 || ldc < N);
   MT_RETURN_IF_INVALID(out_dtype != bf16mm::kOutF32 && out_dtype != bf16mm::kOutBf16);
   MT_RETURN_IF_INVALID(!mt::valid_layout(a_batch) || !mt::valid_layout(b_batch) || !mt::same_shape(a_batch, b_batch));
@@ -122,7 +129,7 @@ int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const v
   p.vec4 = vec(4);
 
   if (bf16mm::tma_available()) {
-    const int status = bf16mm::launch_tma(p, workspace, workspace_bytes, sms, stream);
+    const int status = bf16mm::launch_tma(p, workspace, workspace_bytes, sms, beside != 0, stream);
     if (status != bf16mm::kNotTaken) return status;
   }
   Plan plan = generic_plan(p, sms);

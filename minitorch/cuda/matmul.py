@@ -180,7 +180,7 @@ def linear_bw(
         if dweight.size:
             matmul_bf16.launch(ptr(dweight), "float32", k, ptr(d), ptr(x), n, k, rows,
                                (d.strides[1], d.strides[0], x.strides[0], x.strides[1]),
-                               split_k=not unsplit, what=f"linear dweight of {shapes}")  # fmt: skip
+                               split_k=not unsplit, beside=True, what=f"linear dweight of {shapes}")  # fmt: skip
 
     fork(weight_gradient, input_and_bias_gradients, reads=[d, x], writes=[dweight], readers_wait=unsplit)
     return dx, dweight, dbias

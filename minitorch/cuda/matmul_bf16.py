@@ -23,7 +23,7 @@ _P, _I, _LL, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, MtLayout
 SIGNATURES = {
     "matmul_bf16_workspace_bytes": (_LL, [_I, _I, _I, _I, _I, _I, _I, _I]),
     "launch_matmul_bf16": (
-        _I, [_P, _I, _I, _P, _P, _I, _I, _I, _I, _I, _I, _I, _L, _L, _P, _I, _P, _I, _P, _P, _LL, _P],
+        _I, [_P, _I, _I, _P, _P, _I, _I, _I, _I, _I, _I, _I, _L, _L, _P, _I, _P, _I, _P, _I, _P, _LL, _P],
     ),
 }  # fmt: skip
 EPILOGUES = {None: 0, "bias": 1, "gelu": 2, "relu": 3}
@@ -54,7 +54,7 @@ def launch(
     a_batch: MtLayout = _SINGLE, b_batch: MtLayout = _SINGLE, *, bias: Optional[int] = None,
     activation: Optional[str] = None, pre_act: Optional[int] = None, accumulate: bool = False,
     addend: Optional[int] = None, activation_grad: Optional[str] = None, workspace: Optional[Any] = None,
-    keep: str = "pre", split_k: bool = True, what: str = "matmul_bf16",
+    keep: str = "pre", split_k: bool = True, beside: bool = False, what: str = "matmul_bf16",
 ) -> None:  # fmt: skip
     """out[i] (+)= act(A[i] @ B[i] + bias) on raw device pointers, on the current stream: A[i][r, k] at
     a + offset_i + r * strides[0] + k * strides[1], B[i][k, c] at b + offset_i + k * strides[2] +
@@ -70,7 +70,9 @@ def launch(
     workspace: a torch CUDA tensor of at least workspace_bytes(...) bytes, or None (allocated here).
     split_k False: the product's K is never split over blocks (no workspace, no reduction pass), for a
     product that runs beside other work (a weight gradient on the side stream), which fills the SMs
-    its few output tiles leave."""
+    its few output tiles leave.  beside: the product runs beside other work on another stream, so its
+    tile shapes are picked to leave SMs to that work rather than to finish soonest alone (on an H100 a
+    768 x 3072 weight gradient then takes 96 tiles of 128 x 192, not 128 of 192 x 96)."""
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"{what}: out_dtype {out_dtype!r} is not one of {sorted(OUT_DTYPES)}")
     if activation not in EPILOGUES or activation == "bias":
@@ -105,7 +107,8 @@ def launch(
     lib = _lib()
     code = lib.launch_matmul_bf16(
         out, OUT_DTYPES[out_dtype], ldc, a, b, M, N, K, *strides, a_batch, b_batch, bias, epilogue, pre_act,
-        int(accumulate), addend, None if workspace is None else workspace.data_ptr(), ws_bytes, rt.stream(),
+        int(accumulate), addend, int(beside), None if workspace is None else workspace.data_ptr(), ws_bytes,
+        rt.stream(),
     )  # fmt: skip
     check(code, lib, what)
 
@@ -148,7 +151,7 @@ def matmul(
     a: Any, b: Any, *, out: Optional[Any] = None, out_dtype: Optional[Any] = None, bias: Optional[Any] = None,
     activation: Optional[str] = None, pre_act: Optional[Any] = None, accumulate: bool = False,
     addend: Optional[Any] = None, activation_grad: Optional[str] = None, workspace: Optional[Any] = None,
-    keep: str = "pre",
+    keep: str = "pre", beside: bool = False,
 ) -> Any:  # fmt: skip
     """act(a @ b + bias) for bf16 torch CUDA tensors a [..., M, K], b [..., K, N] (any strides, batch
     dims broadcast), float32 sums, into `out` (a new contiguous tensor of out_dtype, default bfloat16,
@@ -157,7 +160,8 @@ def matmul(
     "gelu" or "relu"; keep="derivative": the activation's derivative there) share out's dtype.
     accumulate: out += a @ b (+ bias).  addend (out's shape, dtype and row stride): out = a @ b + bias +
     addend, addend read in the epilogue.  activation_grad "gelu" or "relu": out = (a @ b) *
-    act'(pre_act), pre_act read; "derivative": out = (a @ b) * pre_act.  Returns out."""
+    act'(pre_act), pre_act read; "derivative": out = (a @ b) * pre_act.  beside: as launch's (tile
+    shapes for a product that shares the GPU with work on another stream).  Returns out."""
     rt = runtime()
     torch = rt.torch
     what = "matmul_bf16"
@@ -198,6 +202,6 @@ def matmul(
             K, strides, a_batch, b_batch, bias=None if bias is None else bias.data_ptr(), activation=activation,
             pre_act=None if pre_act is None else pre_act.data_ptr(), accumulate=accumulate or addend is not None,
             addend=None if addend is None else addend.data_ptr(),
-            activation_grad=activation_grad, workspace=workspace, keep=keep, what=what,
+            activation_grad=activation_grad, workspace=workspace, keep=keep, beside=beside, what=what,
         )  # fmt: skip
     return out

@@ -1,5 +1,5 @@
 // The Tensor Memory Accelerator's plumbing shared by the Hopper (sm_90a) kernels: the shared-memory
-// mbarriers that count a stage's bytes in, the tiled bulk tensor load, and the driver's tensor-map
+// mbarriers that count a stage's bytes in, the tiled bulk tensor load and store, and the driver's tensor-map
 // encoder, looked up once at run time (the libraries do not link libcuda), and the tensor map of a
 // matmul operand that both matmul kernels read through it.
 #pragma once
@@ -56,9 +56,32 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, u
       : "memory");
 }
 
+// Box (c0, c1, c2) of the tensor map from shared memory at src, as a bulk-async group of the thread's
+// once bulk_commit closes it; shared-memory writes before it need fence_async_shared and a barrier.
+__device__ __forceinline__ void tma_store(const CUtensorMap& map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(&map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Until at most N of the thread's newest bulk groups still read their shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+// Until every bulk group of the thread's is complete (its writes done).
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// Makes the thread's shared-memory writes visible to the async proxy (a TMA store that reads them).
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // One K tile of an operand (ROWS rows from row0, the K tile from k0, batch matrix `batch`) into shared
-// memory at dst: one box [ROWS][k] when the operand is K-major, else ROWS / BOX boxes [k][BOX rows],
-// box_bytes apart.
+// memory at dst: one box [ROWS][k] when the operand is K-major, else ROWS / BOX boxes [k][BOX rows]
+// (rounded up), box_bytes apart.
 template <bool K_MAJOR, int ROWS, int BOX>
 __device__ __forceinline__ void load_operand_tile(uint32_t dst, const CUtensorMap& map, uint32_t bar, int k0, int row0,
                                                   int batch, int box_bytes) {
@@ -66,7 +89,7 @@ __device__ __forceinline__ void load_operand_tile(uint32_t dst, const CUtensorMa
     tma_load(dst, map, bar, k0, row0, batch);
   } else {
 #pragma unroll
-    for (int i = 0; i < ROWS / BOX; ++i) tma_load(dst + i * box_bytes, map, bar, row0 + BOX * i, k0, batch);
+    for (int i = 0; i < (ROWS + BOX - 1) / BOX; ++i) tma_load(dst + i * box_bytes, map, bar, row0 + BOX * i, k0, batch);
   }
 }
 #endif
@@ -91,7 +114,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 
 // Tensor map of a matmul operand (both matmul kernels) whose element (i, o) of batch matrix b sits at
 // base[i + o * outer_stride + b * batch_stride] (elements of elem_bytes; i along the unit-stride dim,
-// batch_stride 0: one matrix for every b), in boxes of box_inner x box_outer, 128-byte swizzled, zeros
+// batch_stride 0: one matrix for every b), in boxes of box_inner x box_outer, swizzled by the box row
+// (128 or 64 bytes), zeros
 // read outside. The L2 promotion is 128 bytes, a box row, rather than 256 (H100: the bf16 LM head's
 // input gradient, K 50,257, 563 -> 403 us and its weight gradient 477 -> 418 us; the TF32 ones 1.171 ->
 // 1.010 and 0.945 -> 0.876 ms; the other products the same). False where TMA cannot address the operand
@@ -110,7 +134,8 @@ inline bool encode_operand(CUtensorMap* map, CUtensorMapDataType dtype, int elem
   const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_inner), static_cast<cuuint32_t>(box_outer), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return fn(map, dtype, 3, const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            box_inner * elem_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

@@ -6,6 +6,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "../includes/device_info.cuh"
 #include "../includes/launch_utils.cuh"
@@ -19,12 +20,21 @@ namespace bf16mm {
 
 using tma::encode_tiled;
 
-// The planner's view of the three tile widths (bf16 wgmma on an H100: ~5.6 TFLOP/s per SM with 256-wide
-// tiles, a little less with narrower ones, whose B tiles bring fewer products per byte). 192 fits
-// widths such as 768 and 2304 to 132 SMs in fewer waves than 256.
-constexpr TileShape kTmaShapes[] = {{kTmaBM, 256, kTmaBK, 1, 5.6e12}, {kTmaBM, 192, kTmaBK, 1, 5.4e12},
-                                    {kTmaBM, 128, kTmaBK, 1, 4.8e12}};
-constexpr int kTmaShapeCount = 3;
+// The planner's view of the tile shapes (bf16 wgmma on an H100: ~5.6 TFLOP/s per SM with 128 x 256
+// tiles, a little less with narrower ones, whose B tiles bring fewer products per byte). 192 columns
+// fit widths such as 768 and 2304 to 132 SMs in fewer waves than 256; 192 x 96 tiles cut 768 x 3072
+// (GPT-2's fc weight gradient) into 128 tiles where 128 x 192 makes 96, and their 36 KB K tiles in 5
+// ring slots keep more bytes in flight: 35.6 -> 32.7-33.7 us on an H100 (bf16_notes.md, v24). The
+// 128-row shapes come first (kTmaRowsShapes), and only they serve
+//   - products with more rows than columns: a 96-wide MN-major B read by M / 192 blocks at once loads
+//     slowly in its 32-row boxes (fc proj dW, 3072 x 768: 35.1 -> 40.6 us at 192 x 96);
+//   - products that run beside other work (a Linear's weight gradient on the side stream, beside its
+//     input gradient): 96 tiles leave that work 36 SMs, 128 leave it 4 (GPT-2's step on an H100, B 4
+//     9.93-10.00 -> 10.01-10.04 ms with the side stream's fc dW on 192 x 96).
+constexpr TileShape kTmaShapes[] = {{128, 256, kTmaBK, 1, 5.6e12}, {128, 192, kTmaBK, 1, 5.4e12},
+                                    {128, 128, kTmaBK, 1, 4.8e12}, {192, 128, kTmaBK, 1, 5.2e12},
+                                    {192, 96, kTmaBK, 1, 5.0e12}};
+constexpr int kTmaShapeCount = 5, kTmaRowsShapes = 3;
 
 // One operand as TMA reads it: element (i, o) of batch matrix b at base[i + o * outer_stride +
 // b * batch_stride] (elements), i along the unit-stride dim; batch_stride 0: one matrix for every b.
@@ -33,10 +43,10 @@ struct Operand {
   long long inner, outer, outer_stride, batch_stride;
 };
 
-// Tensor map of op in boxes of 64 (inner: 128 bytes) x box_outer (tma::encode_operand).
-inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int box_outer) {
+// Tensor map of op in boxes of box_inner (64: 128 bytes, or 32) x box_outer (tma::encode_operand).
+inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int box_outer, int box_inner = 64) {
   return tma::encode_operand(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, op.base, op.inner, op.outer, op.outer_stride,
-                             op.batch_stride, batches, 64, box_outer);
+                             op.batch_stride, batches, box_inner, box_outer);
 }
 
 // Whether TMA reads an operand whose element (i, o) sits at i * unit + o * other along the unit dim i:
@@ -50,8 +60,8 @@ inline bool tma_available() {
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   if (device < mt::kMaxDevicesCached && cached[device] != 0) return cached[device] == 1;
   cudaFuncAttributes attr{};
-  const bool yes = cudaFuncGetAttributes(&attr, matmul_bf16_tma_kernel<true, true, 256>) == cudaSuccess &&
-                   attr.maxThreadsPerBlock >= kTmaThreads && encode_tiled() != nullptr;
+  const bool yes = cudaFuncGetAttributes(&attr, matmul_bf16_tma_kernel<true, true, 128, 256>) == cudaSuccess &&
+                   attr.maxThreadsPerBlock >= TmaConfig<128, 256>::kThreads && encode_tiled() != nullptr;
   cudaGetLastError();  // a missing image is an answer here, not an error for the next launch
   if (device < mt::kMaxDevicesCached) cached[device] = yes ? 1 : 2;
   return yes;
@@ -79,58 +89,101 @@ inline bool tma_layout(const Params& p, TmaLayout* out) {
   return true;
 }
 
-inline Plan tma_plan(const Params& p, int sms, int max_splits) {
-  return plan_product(kTmaShapes, kTmaShapeCount, p.M, p.N, p.K, p.batch, sms, max_splits);
+// The tile shape MINITORCH_BF16_TMA_SHAPE names (an index into kTmaShapes) for every product, or -1:
+// a knob for tests and measurements, read at each plan so that a test may set it in its process.
+inline int forced_tma_shape() {
+  const char* forced = std::getenv("MINITORCH_BF16_TMA_SHAPE");
+  if (forced == nullptr) return -1;
+  char* end = nullptr;
+  const long i = std::strtol(forced, &end, 10);
+  return end != forced && *end == '\0' && i >= 0 && i < kTmaShapeCount ? static_cast<int>(i) : -1;
 }
 
-// The kernel's tensor maps of A and B.
+// beside: the product runs beside other work, which wants the SMs its tiles leave (above).
+inline Plan tma_plan(const Params& p, int sms, int max_splits, bool beside) {
+  const int forced = forced_tma_shape();
+  if (forced >= 0) {
+    Plan plan = plan_product(kTmaShapes + forced, 1, p.M, p.N, p.K, p.batch, sms, max_splits);
+    plan.shape = forced;
+    return plan;
+  }
+  const int shapes = p.M > p.N || beside ? kTmaRowsShapes : kTmaShapeCount;
+  return plan_product(kTmaShapes, shapes, p.M, p.N, p.K, p.batch, sms, max_splits);
+}
+
+// The kernel's tensor maps of A, B and, where the epilogue stores through TMA, the output.
 struct TmaMaps {
-  CUtensorMap a, b;
+  CUtensorMap a, b, out;
 };
 
-template <bool A_KMAJOR, bool B_KMAJOR, int BN>
-int launch_tma_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cudaStream_t stream) {
-  return mt::launch_with_shared_memory<matmul_bf16_tma_kernel<A_KMAJOR, B_KMAJOR, BN>, true>(
-      dim3(static_cast<unsigned>(grid)), kTmaThreads, TmaConfig<BN>::kSmemBytes, stream, maps.a, maps.b, tp);
+// Whether the epilogue of p (its plan's tiles BN wide, `splits` K splits) stores through TMA
+// (store_tile_tma), encoding the output's map in boxes of 32 rows x 64 columns if so: a bf16 output with
+// no epilogue or + bias, whole 64-column pieces, no accumulation or split partial sums, and an output
+// TMA can address (16-byte aligned base and rows).
+inline bool tma_store_output(const Params& p, int bn, int splits, CUtensorMap* map) {
+  if (!p.out_bf16 || p.accumulate || splits > 1 || (p.epilogue != kNone && p.epilogue != kBias) || bn % 64 != 0 ||
+      p.ldc % 8 != 0) {
+    return false;
+  }
+  const long long matrix = static_cast<long long>(p.M) * p.ldc;
+  return tma::encode_operand(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.out, p.N, p.M, p.ldc,
+                             p.batch > 1 ? matrix : 0, p.batch, 64, 32);
 }
 
-template <int BN>
-int launch_tma_width(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& l, int grid, cudaStream_t stream) {
-  if (l.a_kmajor && l.b_kmajor) return launch_tma_instance<true, true, BN>(maps, tp, grid, stream);
-  if (l.a_kmajor) return launch_tma_instance<true, false, BN>(maps, tp, grid, stream);
-  if (l.b_kmajor) return launch_tma_instance<false, true, BN>(maps, tp, grid, stream);
-  return launch_tma_instance<false, false, BN>(maps, tp, grid, stream);
+template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN>
+int launch_tma_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cudaStream_t stream) {
+  using Cfg = TmaConfig<BM, BN>;
+  return mt::launch_with_shared_memory<matmul_bf16_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN>, true>(
+      dim3(static_cast<unsigned>(grid)), Cfg::kThreads, Cfg::kSmemBytes, stream, maps.a, maps.b, maps.out, tp);
+}
+
+template <int BM, int BN>
+int launch_tma_shape(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& l, int grid, cudaStream_t stream) {
+  if (l.a_kmajor && l.b_kmajor) return launch_tma_instance<true, true, BM, BN>(maps, tp, grid, stream);
+  if (l.a_kmajor) return launch_tma_instance<true, false, BM, BN>(maps, tp, grid, stream);
+  if (l.b_kmajor) return launch_tma_instance<false, true, BM, BN>(maps, tp, grid, stream);
+  return launch_tma_instance<false, false, BM, BN>(maps, tp, grid, stream);
 }
 
 constexpr int kNotTaken = -1;
 
 // Runs p on the TMA path, splitting K where the plan asks and `workspace_bytes` of `workspace` hold the
-// partial sums (else without splits). kNotTaken when the operands do not fit the path: the caller runs
-// the generic kernel.
-inline int launch_tma(const Params& p, void* workspace, long long workspace_bytes, int sms, cudaStream_t stream) {
+// partial sums (else without splits); beside as tma_plan's. kNotTaken when the operands do not fit the
+// path: the caller runs the generic kernel.
+inline int launch_tma(const Params& p, void* workspace, long long workspace_bytes, int sms, bool beside,
+                      cudaStream_t stream) {
   TmaLayout l;
   if (!tma_layout(p, &l)) return kNotTaken;
-  Plan plan = tma_plan(p, sms, kMaxSplits);
+  Plan plan = tma_plan(p, sms, kMaxSplits, beside);
   if (partial_bytes(plan, p.M, p.N, p.batch) > workspace_bytes || !mt::is_aligned16(workspace)) {
-    plan = tma_plan(p, sms, 1);
+    plan = tma_plan(p, sms, 1, beside);
   }
-  const int bn = kTmaShapes[plan.shape].bn;
-  const long long units = static_cast<long long>(p.batch) * plan.splits * ceil_div(p.M, kTmaBM) * ceil_div(p.N, bn);
+  const int bm = kTmaShapes[plan.shape].bm, bn = kTmaShapes[plan.shape].bn;
+  const long long units = static_cast<long long>(p.batch) * plan.splits * ceil_div(p.M, bm) * ceil_div(p.N, bn);
   if (units > mt::kMaxInt) return kNotTaken;
   TmaMaps maps{};
-  if (!encode(&maps.a, l.a, p.batch, l.a_kmajor ? kTmaBM : kTmaBK) || !encode(&maps.b, l.b, p.batch, l.b_kmajor ? bn : kTmaBK)) {
+  // an MN-major B whose width is no multiple of 64 in 32-row boxes (TmaConfig::kBBoxRows)
+  const bool narrow_b = !l.b_kmajor && bn % 64 != 0;
+  if (!encode(&maps.a, l.a, p.batch, l.a_kmajor ? bm : kTmaBK) ||
+      !encode(&maps.b, l.b, p.batch, l.b_kmajor ? bn : kTmaBK, narrow_b ? 32 : 64)) {
     return kNotTaken;
   }
-  TmaParams tp{plan.splits > 1 ? partial_params(p, workspace) : p, l.a.batch_stride != 0, l.b.batch_stride != 0};
-  tp.p.tiles_m = static_cast<int>(ceil_div(p.M, kTmaBM));
+  TmaParams tp{plan.splits > 1 ? partial_params(p, workspace) : p, l.a.batch_stride != 0, l.b.batch_stride != 0,
+               tma_store_output(p, bn, plan.splits, &maps.out)};
+  tp.p.tiles_m = static_cast<int>(ceil_div(p.M, bm));
   tp.p.tiles_n = static_cast<int>(ceil_div(p.N, bn));
   tp.p.k_tiles = plan.k_tiles;
   tp.p.splits = plan.splits;
   tp.p.k_tiles_per_split = plan.k_tiles_per_split;
   const int grid = static_cast<int>(std::min<long long>(units, sms));
-  const int status = bn == 256   ? launch_tma_width<256>(maps, tp, l, grid, stream)
-                     : bn == 192 ? launch_tma_width<192>(maps, tp, l, grid, stream)
-                                 : launch_tma_width<128>(maps, tp, l, grid, stream);
+  int status = 0;
+  switch (plan.shape) {
+    case 0: status = launch_tma_shape<128, 256>(maps, tp, l, grid, stream); break;
+    case 1: status = launch_tma_shape<128, 192>(maps, tp, l, grid, stream); break;
+    case 2: status = launch_tma_shape<128, 128>(maps, tp, l, grid, stream); break;
+    case 3: status = launch_tma_shape<192, 128>(maps, tp, l, grid, stream); break;
+    default: status = launch_tma_shape<192, 96>(maps, tp, l, grid, stream); break;
+  }
   return status != 0 || plan.splits == 1 ? status : reduce_splits(p, workspace, plan.splits, stream);
 }
 
