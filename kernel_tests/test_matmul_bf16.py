@@ -66,21 +66,23 @@ def torch_errors(a, b, ref_pre, ref, bias, activation) -> Tuple[float, float]:
 
 def check_product(
     a, b, out_dtype=torch.bfloat16, *, bias: bool = False, activation: Optional[str] = None, pad: int = 0,
-    workspace: Optional["torch.Tensor"] = None, beside: bool = False,
+    workspace: Optional["torch.Tensor"] = None, beside: bool = False, keep_pre: bool = True,
 ) -> None:  # fmt: skip
     """out = act(a @ b + bias) in out_dtype within 2x torch's bf16 error (the pre-activation too, where an
-    activation stores it); pad: output rows that many elements longer than N (left untouched); beside:
-    the planner's tile shapes for a product that runs beside other work."""
+    activation stores it, unless keep_pre is False); pad: output rows that many elements longer than N
+    (left untouched); beside: the planner's tile shapes for a product that runs beside other work."""
     gen = torch.Generator(device="cuda").manual_seed(a.shape[-1] + pad)
     M, N = a.shape[-2], b.shape[-1]
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     wide = torch.full((*batch, M, N + pad), float("nan"), dtype=out_dtype, device="cuda")
     out = wide[..., :N]
-    pre = torch.full_like(out, float("nan")) if activation is not None else None
+    pre_wide = torch.full_like(wide, float("nan")) if activation is not None and keep_pre else None
+    pre = None if pre_wide is None else pre_wide[..., :N]
     b_vec = torch.randn(N, generator=gen, device="cuda").to(out_dtype) if bias else None
     matmul_bf16.matmul(a, b, out=out, bias=b_vec, activation=activation, pre_act=pre, workspace=workspace,
                        beside=beside)
     assert torch.isnan(wide[..., N:]).all(), "a column beyond N was written"
+    assert pre_wide is None or torch.isnan(pre_wide[..., N:]).all(), "a pre_act column beyond N was written"
     ref_pre = a.double() @ b.double() + (b_vec.double() if bias else 0.0)
     ref = act64(ref_pre, activation)
     torch_pre, torch_out = torch_errors(a, b, ref_pre, ref, b_vec, activation)
@@ -131,6 +133,22 @@ def test_weight_gradient_shapes(beside: bool, M: int, N: int, K: int) -> None:
     N), with and without K splits."""
     gen = torch.Generator(device="cuda").manual_seed(M + N + beside)
     check_product(operand(gen, (M, K), True, True), operand(gen, (K, N), False, True), torch.float32, beside=beside)
+
+
+@pytest.mark.parametrize("shape", range(TMA_SHAPES))
+@pytest.mark.parametrize("activation, keep_pre", [(None, False), ("gelu", True), ("gelu", False), ("relu", True)])
+def test_forward_epilogues_every_tma_shape(monkeypatch, shape: int, activation: Optional[str], keep_pre: bool) -> None:
+    """The forward epilogues (+ bias, activation, the pre-activation kept or not; float32 without one) on
+    each Hopper tile shape: the bf16 outputs without an activation store through TMA (store_tile_tma),
+    the others through the staged epilogue. Edges of every box (rows and columns not multiples of 32 or
+    64), output rows padded past N (left untouched), batches, several tiles per block."""
+    monkeypatch.setenv("MINITORCH_BF16_TMA_SHAPE", str(shape))
+    gen = torch.Generator(device="cuda").manual_seed(100 + shape)
+    a, b = operand(gen, (1000, 136), False, True), operand(gen, (136, 1400), False, True)
+    check_product(a, b, bias=True, activation=activation, keep_pre=keep_pre, pad=8)
+    if activation is None:
+        check_product(a, b, torch.float32, pad=4)
+        check_product(operand(gen, (3, 77, 64), False, True), operand(gen, (64, 200), False, True))
 
 
 @pytest.mark.parametrize("aligned", [False, True])

@@ -16,7 +16,10 @@
 //                     float32 sums into a staging buffer in shared memory (64 rows, or 32 at a time
 //                     where that buys the ring a slot), then every thread takes one run of 4 columns of
 //                     every 8th row from it (bias, activation, pre-activation, accumulation, the
-//                     output's dtype, or a K split's partial sums), a 16-thread group per row.
+//                     output's dtype, or a K split's partial sums), a 16-thread group per row. A bf16
+//                     output with no epilogue or + bias (nothing accumulated or split) goes through
+//                     store_tile_tma instead: bf16 boxes in the staging, TMA-stored by one thread
+//                     while the warpgroup starts its next unit.
 // setmaxnreg gives the producer warpgroup's registers to the consumers (24 / 240 a thread with two
 // consumer warpgroups, 24 / 160 with three: at 232 the 256-wide consumers spilled).
 //
