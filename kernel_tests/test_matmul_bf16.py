@@ -151,6 +151,25 @@ def test_forward_epilogues_every_tma_shape(monkeypatch, shape: int, activation: 
         check_product(operand(gen, (3, 77, 64), False, True), operand(gen, (64, 200), False, True))
 
 
+@pytest.mark.parametrize("shape", [None, 3, 4])
+def test_transposed_products(monkeypatch, shape: Optional[int]) -> None:
+    """Products with more rows than columns and K at least the rows, no epilogue and a bf16 output run as
+    their transpose on 192-row tiles (bf16_tma.cuh's runs_transposed), stored back transposed: the fc
+    proj weight gradient of bench_matmul.py as the planner takes it, then with a 192-row shape forced,
+    sizes whose transpose makes more tiles (so that it is taken) in every operand layout, partial boxes
+    at every edge, padded output rows and a broadcast batch."""
+    if shape is not None:
+        monkeypatch.setenv("MINITORCH_BF16_TMA_SHAPE", str(shape))
+    gen = torch.Generator(device="cuda").manual_seed(7 if shape is None else shape)
+    check_product(operand(gen, (3072, 4096), True, True), operand(gen, (4096, 768), False, True))
+    if shape is None:
+        return
+    for a_t in (False, True):
+        for b_t in (False, True):
+            check_product(operand(gen, (770, 800), a_t, True), operand(gen, (800, 88), b_t, True), pad=8)
+    check_product(operand(gen, (3, 300, 320), False, True), operand(gen, (320, 40), False, True))
+
+
 @pytest.mark.parametrize("aligned", [False, True])
 @pytest.mark.parametrize(
     "M, N, K",

@@ -147,31 +147,36 @@ int launch_tma_shape(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& 
 
 constexpr int kNotTaken = -1;
 
-// Runs p on the TMA path, splitting K where the plan asks and `workspace_bytes` of `workspace` hold the
-// partial sums (else without splits); beside as tma_plan's. kNotTaken when the operands do not fit the
-// path: the caller runs the generic kernel.
-inline int launch_tma(const Params& p, void* workspace, long long workspace_bytes, int sms, bool beside,
-                      cudaStream_t stream) {
-  TmaLayout l;
-  if (!tma_layout(p, &l)) return kNotTaken;
-  Plan plan = tma_plan(p, sms, kMaxSplits, beside);
-  if (partial_bytes(plan, p.M, p.N, p.batch) > workspace_bytes || !mt::is_aligned16(workspace)) {
-    plan = tma_plan(p, sms, 1, beside);
-  }
+// Runs q (p, or its transpose) on the TMA path with `plan`, read through layout l, its K split through
+// `workspace` where the plan splits it; store: kStoreTransposed for a transpose, else the epilogue's
+// choice (tma_store_output). kNotTaken where a tensor map cannot be made: the caller runs the generic
+// kernel on p.
+inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool transposed, void* workspace, int sms,
+                   cudaStream_t stream) {
   const int bm = kTmaShapes[plan.shape].bm, bn = kTmaShapes[plan.shape].bn;
-  const long long units = static_cast<long long>(p.batch) * plan.splits * ceil_div(p.M, bm) * ceil_div(p.N, bn);
+  const long long units = static_cast<long long>(q.batch) * plan.splits * ceil_div(q.M, bm) * ceil_div(q.N, bn);
   if (units > mt::kMaxInt) return kNotTaken;
   TmaMaps maps{};
   // an MN-major B whose width is no multiple of 64 in 32-row boxes (TmaConfig::kBBoxRows)
   const bool narrow_b = !l.b_kmajor && bn % 64 != 0;
-  if (!encode(&maps.a, l.a, p.batch, l.a_kmajor ? bm : kTmaBK) ||
-      !encode(&maps.b, l.b, p.batch, l.b_kmajor ? bn : kTmaBK, narrow_b ? 32 : 64)) {
+  if (!encode(&maps.a, l.a, q.batch, l.a_kmajor ? bm : kTmaBK) ||
+      !encode(&maps.b, l.b, q.batch, l.b_kmajor ? bn : kTmaBK, narrow_b ? 32 : 64)) {
     return kNotTaken;
   }
-  TmaParams tp{plan.splits > 1 ? partial_params(p, workspace) : p, l.a.batch_stride != 0, l.b.batch_stride != 0,
-               tma_store_output(p, bn, plan.splits, &maps.out)};
-  tp.p.tiles_m = static_cast<int>(ceil_div(p.M, bm));
-  tp.p.tiles_n = static_cast<int>(ceil_div(p.N, bn));
+  int store = kStoreStaged;
+  if (transposed) {  // the output's map: inner dim its columns (q's rows), boxes of 32 rows x 64 columns
+    const long long matrix = q.batch > 1 ? static_cast<long long>(q.N) * q.ldc : 0;
+    if (!tma::encode_operand(&maps.out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, q.out, q.M, q.N, q.ldc, matrix, q.batch,
+                             64, 32)) {
+      return kNotTaken;
+    }
+    store = kStoreTransposed;
+  } else if (tma_store_output(q, bn, plan.splits, &maps.out)) {
+    store = kStoreTma;
+  }
+  TmaParams tp{plan.splits > 1 ? partial_params(q, workspace) : q, l.a.batch_stride != 0, l.b.batch_stride != 0, store};
+  tp.p.tiles_m = static_cast<int>(ceil_div(q.M, bm));
+  tp.p.tiles_n = static_cast<int>(ceil_div(q.N, bn));
   tp.p.k_tiles = plan.k_tiles;
   tp.p.splits = plan.splits;
   tp.p.k_tiles_per_split = plan.k_tiles_per_split;
@@ -184,7 +189,61 @@ inline int launch_tma(const Params& p, void* workspace, long long workspace_byte
     case 3: status = launch_tma_shape<192, 128>(maps, tp, l, grid, stream); break;
     default: status = launch_tma_shape<192, 96>(maps, tp, l, grid, stream); break;
   }
-  return status != 0 || plan.splits == 1 ? status : reduce_splits(p, workspace, plan.splits, stream);
+  return status != 0 || plan.splits == 1 ? status : reduce_splits(q, workspace, plan.splits, stream);
+}
+
+// p as its transpose: D = C^T = B^T A^T, N x M, A and B (and their batch layouts) trading places.
+inline Params transposed_product(const Params& p) {
+  Params t = p;
+  t.M = p.N, t.N = p.M;
+  t.a = p.b, t.b = p.a;
+  t.a_row_stride = p.b_col_stride, t.a_k_stride = p.b_k_stride;
+  t.b_k_stride = p.a_k_stride, t.b_col_stride = p.a_row_stride;
+  t.a_batch = p.b_batch, t.b_batch = p.a_batch;
+  return t;
+}
+
+// Output tiles of a product under a plan.
+inline long long plan_tiles(const Params& p, const Plan& plan) {
+  const TileShape& s = kTmaShapes[plan.shape];
+  return static_cast<long long>(p.batch) * ceil_div(p.M, s.bm) * ceil_div(p.N, s.bn);
+}
+
+// Whether p runs as its transpose t (plan and layout in *plan, *l), stored back transposed
+// (store_tile_tma_t): a product with more rows than columns, which the planner keeps off 192-row tiles
+// (tma_plan), and K at least its rows (a weight gradient's long K, where a wave of more tiles pays), with
+// no epilogue or accumulation into a bf16 output TMA can address, not beside other work, whose
+// transpose TMA reads and the planner gives 192-row tiles without K splits, in one wave of more tiles
+// than p's own plan makes. cuBLAS, column-major, runs such products this way: GPT-2's 3072 x 768 weight
+// gradient on the 192 x 96 tiles of 768 x 3072 (128 tiles where 128 x 192 makes 96; 35.1 -> 32.5 us on
+// an H100). Input gradients (4096 x 768, K 768-3072) keep their own plan.
+inline bool runs_transposed(const Params& p, bool beside, int sms, Params* t, TmaLayout* l, Plan* plan) {
+  if (beside || p.M <= p.N || p.K < p.M || p.epilogue != kNone || p.accumulate || !p.out_bf16 || p.ldc % 8 != 0 ||
+      !mt::is_aligned16(p.out)) {
+    return false;
+  }
+  *t = transposed_product(p);
+  if (!tma_layout(*t, l)) return false;
+  *plan = tma_plan(*t, sms, 1, false);
+  const long long tiles = plan_tiles(*t, *plan);
+  return kTmaShapes[plan->shape].bm == 192 && tiles <= sms && tiles > plan_tiles(p, tma_plan(p, sms, 1, false));
+}
+
+// Runs p on the TMA path, splitting K where the plan asks and `workspace_bytes` of `workspace` hold the
+// partial sums (else without splits), or as its transpose (runs_transposed); beside as tma_plan's.
+// kNotTaken when the operands do not fit the path: the caller runs the generic kernel.
+inline int launch_tma(const Params& p, void* workspace, long long workspace_bytes, int sms, bool beside,
+                      cudaStream_t stream) {
+  Params t;
+  TmaLayout l;
+  Plan plan;
+  if (runs_transposed(p, beside, sms, &t, &l, &plan)) return run_tma(t, l, plan, true, nullptr, sms, stream);
+  if (!tma_layout(p, &l)) return kNotTaken;
+  plan = tma_plan(p, sms, kMaxSplits, beside);
+  if (partial_bytes(plan, p.M, p.N, p.batch) > workspace_bytes || !mt::is_aligned16(workspace)) {
+    plan = tma_plan(p, sms, 1, beside);
+  }
+  return run_tma(p, l, plan, false, workspace, sms, stream);
 }
 
 }  // namespace bf16mm

@@ -87,10 +87,15 @@ struct TmaConfig {
 
 // What the kernel needs beyond Params: whether each operand's tensor map has a batch dim (else every
 // batch matrix reads matrix 0: broadcast).
-// tma_store: the epilogue stores through the output's tensor map (store_tile_tma).
+// How the epilogue stores: store_tile (staged float32, any epilogue), store_tile_tma (through the
+// output's tensor map), or store_tile_tma_t (a product run as its transpose, through the map of the
+// output it transposes back into).
+enum TmaStore : int { kStoreStaged = 0, kStoreTma = 1, kStoreTransposed = 2 };
+
 struct TmaParams {
   Params p;
-  bool a_batched, b_batched, tma_store;
+  bool a_batched, b_batched;
+  int store;  // TmaStore
 };
 
 // One unit of a block's work: batch matrix, K split, output tile, and the split's K tiles.
@@ -464,6 +469,49 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const float (&ac
     box += 2;
   }
 }
+
+// store_tile_tma for a product run as its transpose (launch_tma: C = A B with more rows than columns
+// as D = C^T = B^T A^T, whose 192-row tiles cut C's 3072 x 768 weight gradient into 128 where C's own
+// 128-row tiles make 96): D's rows are the output's columns. Per 32 columns of D every thread writes its
+// sums as bf16 into one box of 32 output rows x 64 output columns (D's 32 columns x the warpgroup's 64
+// rows, 4 KB, 128-byte swizzle: D's element (i, j) at byte 128 j + 16 ((i / 8) ^ (j % 8)) + 2 (i % 8), a
+// warp's 2-byte stores 16 words apart), and one thread stores it through the output's map (inner dim
+// the output's columns). NB boxes in turn, as store_tile_tma's.
+template <int BN, int STAGE_BYTES>
+__device__ __forceinline__ void store_tile_tma_t(const Params& p, const float (&acc)[BN / 2], const CUtensorMap& out_map,
+                                                 uint32_t stage, int bar_id, int bi, int row0, int col0, int wq, int g,
+                                                 int t, int& box) {
+  constexpr int NB = STAGE_BYTES / 4096;
+  static_assert(BN % 32 == 0 && NB >= 2, "whole 32-column pieces");
+  const bool issuer = threadIdx.x % 128 == 0;
+#pragma unroll
+  for (int piece = 0; piece < BN / 32; ++piece) {
+    if (issuer) tma::bulk_wait_read<NB - 1>();
+    warpgroup_sync(bar_id);  // the box about to be written has been read
+    const uint32_t buf = stage + box % NB * 4096;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {  // D's row wq * 16 + g + 8 e: chunk 2 wq + e, byte 2 g
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {  // D's column 8 (4 piece + j) + 2 t + k: the box's row 8 j + 2 t + k
+          const uint32_t dst = buf + (8 * j + 2 * t + k) * 128 + (((2 * wq + e) ^ (2 * t + k)) << 4) + 2 * g;
+          const __nv_bfloat16 v = __float2bfloat16_rn(acc[4 * (4 * piece + j) + 2 * e + k]);
+          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(dst), "h"(*reinterpret_cast<const unsigned short*>(&v))
+                       : "memory");
+        }
+      }
+    }
+    tma::fence_async_shared();
+    warpgroup_sync(bar_id);
+    if (issuer) {
+      const int c = row0, r = col0 + 32 * piece;  // the box's first output column (D row) and row
+      if (c < p.M && r < p.N) tma_store(out_map, buf, c, r, bi);
+      tma::bulk_commit();
+    }
+    ++box;
+  }
+}
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -500,7 +548,7 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     fence_barrier_init();
     prefetch_tensormap(a_map);
     prefetch_tensormap(b_map);
-    if (tp.tma_store) prefetch_tensormap(out_map);
+    if (tp.store != kStoreStaged) prefetch_tensormap(out_map);
   }
   __syncthreads();
   mt::join_prior_grids();  // launched as dependent: set up while the kernel before ends
@@ -564,17 +612,24 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
 
     // Epilogue: acc[4 j], acc[4 j + 1] are row wq * 16 + g of the warpgroup's 64, columns 8 j + 2 t, + 1;
     // acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further.
+    const uint32_t stage = staging + cw * Cfg::kStageBytes;
     if constexpr (BN % 64 == 0) {
-      if (tp.tma_store) {
-        store_tile_tma<BN, Cfg::kStageBytes>(p, acc, out_map, staging + cw * Cfg::kStageBytes, 1 + cw, w.bi,
-                                             w.row0 + cw * 64, w.col0, wq, g, t, box);
+      if (tp.store == kStoreTma) {
+        store_tile_tma<BN, Cfg::kStageBytes>(p, acc, out_map, stage, 1 + cw, w.bi, w.row0 + cw * 64, w.col0, wq, g, t,
+                                             box);
         continue;
       }
     }
-    store_tile<BN, Cfg::kStageRows>(p, acc, staging + cw * Cfg::kStageBytes, 1 + cw, w.split, w.bi, w.row0 + cw * 64,
-                                    w.col0, wq, g, t);
+    if constexpr (BM == 192) {  // launch_tma transposes only onto 192-row tiles
+      if (tp.store == kStoreTransposed) {
+        store_tile_tma_t<BN, Cfg::kStageBytes>(p, acc, out_map, stage, 1 + cw, w.bi, w.row0 + cw * 64, w.col0, wq, g,
+                                               t, box);
+        continue;
+      }
+    }
+    store_tile<BN, Cfg::kStageRows>(p, acc, stage, 1 + cw, w.split, w.bi, w.row0 + cw * 64, w.col0, wq, g, t);
   }
-  if (tp.tma_store && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging lives until its stores end
+  if (tp.store != kStoreStaged && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
 #endif
 }
 
