@@ -85,13 +85,13 @@ struct TmaConfig {
   static_assert(kStages >= 3 && kSmemBytes <= kTmaSmemLimit, "ring and staging must fit");
 };
 
-// What the kernel needs beyond Params: whether each operand's tensor map has a batch dim (else every
-// batch matrix reads matrix 0: broadcast).
 // How the epilogue stores: store_tile (staged float32, any epilogue), store_tile_tma (through the
 // output's tensor map), or store_tile_tma_t (a product run as its transpose, through the map of the
 // output it transposes back into).
 enum TmaStore : int { kStoreStaged = 0, kStoreTma = 1, kStoreTransposed = 2 };
 
+// What the kernel needs beyond Params: whether each operand's tensor map has a batch dim (else every
+// batch matrix reads matrix 0: broadcast), and how the epilogue stores.
 struct TmaParams {
   Params p;
   bool a_batched, b_batched;
@@ -417,6 +417,22 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[B
   }
 }
 
+// The hand-off of a warpgroup's staging boxes to TMA stores, shared by store_tile_tma and
+// store_tile_tma_t. Before the warpgroup writes boxes again, its issuing thread waits until at most
+// PENDING of its bulk stores still read their boxes (one group a box), then the warpgroup syncs.
+template <int PENDING>
+__device__ __forceinline__ void boxes_free(bool issuer, int bar_id) {
+  if (issuer) tma::bulk_wait_read<PENDING>();
+  warpgroup_sync(bar_id);
+}
+
+// After the warpgroup wrote its boxes: the writes made visible to the async proxy, then the warpgroup
+// syncs, and the issuing thread may store them.
+__device__ __forceinline__ void boxes_written(int bar_id) {
+  tma::fence_async_shared();
+  warpgroup_sync(bar_id);
+}
+
 // The epilogue of a bf16 output with no epilogue or + bias (no accumulation, no K splits) through TMA
 // stores, so that the warpgroup goes on to its next tile while its stores drain: per 64-column piece
 // every thread writes its sums (+ bias) as bf16 pairs into two boxes of 32 rows x 64 columns (4 KB,
@@ -437,8 +453,7 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const float (&ac
   const __nv_bfloat16* bias = p.epilogue == kBias ? static_cast<const __nv_bfloat16*>(p.bias) : nullptr;
 #pragma unroll
   for (int piece = 0; piece < BN / 64; ++piece) {
-    if (issuer) tma::bulk_wait_read<NB - 2>();
-    warpgroup_sync(bar_id);  // the boxes about to be written have been read
+    boxes_free<NB - 2>(issuer, bar_id);
     const uint32_t buf = stage + (box + half) % NB * 4096 + at;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -456,8 +471,7 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const float (&ac
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + 8 * 128 + chunk), "r"(*reinterpret_cast<const uint32_t*>(&hi))
                    : "memory");
     }
-    tma::fence_async_shared();
-    warpgroup_sync(bar_id);
+    boxes_written(bar_id);
     if (issuer) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -486,8 +500,7 @@ __device__ __forceinline__ void store_tile_tma_t(const Params& p, const float (&
   const bool issuer = threadIdx.x % 128 == 0;
 #pragma unroll
   for (int piece = 0; piece < BN / 32; ++piece) {
-    if (issuer) tma::bulk_wait_read<NB - 1>();
-    warpgroup_sync(bar_id);  // the box about to be written has been read
+    boxes_free<NB - 1>(issuer, bar_id);
     const uint32_t buf = stage + box % NB * 4096;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -502,8 +515,7 @@ __device__ __forceinline__ void store_tile_tma_t(const Params& p, const float (&
         }
       }
     }
-    tma::fence_async_shared();
-    warpgroup_sync(bar_id);
+    boxes_written(bar_id);
     if (issuer) {
       const int c = row0, r = col0 + 32 * piece;  // the box's first output column (D row) and row
       if (c < p.M && r < p.N) tma_store(out_map, buf, c, r, bi);
