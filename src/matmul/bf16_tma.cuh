@@ -14,7 +14,6 @@
 #include "../includes/tma.cuh"
 #include "../includes/vec.cuh"
 #include "bf16_common.cuh"
-#include "bf16_split_fixup.cuh"
 #include "bf16_wgmma.cuh"
 
 namespace bf16mm {
@@ -117,11 +116,10 @@ struct TmaMaps {
   CUtensorMap a, b, out;
 };
 
-// Whether the epilogue of p (its plan's tiles BN wide, `splits` K splits whose partial sums go through
-// memory) stores through TMA (store_tile_tma), encoding the output's map if so, in boxes of 32 rows x 64
-// columns, or 64 x 32 where BN is no multiple of 64: a bf16 output with no epilogue or + bias, whole
-// 32-column pieces, no accumulation or split partial sums, and an output TMA can address (16-byte
-// aligned base and rows).
+// Whether the epilogue of p (its plan's tiles BN wide, `splits` K splits) stores through TMA
+// (store_tile_tma), encoding the output's map if so, in boxes of 32 rows x 64 columns, or 64 x 32 where
+// BN is no multiple of 64: a bf16 output with no epilogue or + bias, whole 32-column pieces, no
+// accumulation or split partial sums, and an output TMA can address (16-byte aligned base and rows).
 inline bool tma_store_output(const Params& p, int bn, int splits, CUtensorMap* map) {
   if (!p.out_bf16 || p.accumulate || splits > 1 || (p.epilogue != kNone && p.epilogue != kBias) || bn % 32 != 0 ||
       p.ldc % 8 != 0) {
@@ -150,25 +148,6 @@ int launch_tma_shape(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& 
 
 constexpr int kNotTaken = -1;
 
-// Bytes of float32 partial sums a plan of p writes (0 without K splits): whole tiles, as the kernel adds
-// its splits (add_splits) or the rows and columns of p, as split_k_reduce does, whichever is more.
-inline long long tma_partial_bytes(const Plan& plan, const Params& p) {
-  const TileShape& s = kTmaShapes[plan.shape];
-  const long long whole = 4LL * plan.splits * p.batch * ceil_div(p.M, s.bm) * s.bm * ceil_div(p.N, s.bn) * s.bn;
-  return plan.splits > 1 ? std::max(whole, partial_bytes(plan, p.M, p.N, p.batch)) : 0;
-}
-
-// The tickets of a split plan whose K splits the kernel adds itself (bf16_split_fixup.cuh): tiles of
-// adds_splits, every unit in one wave and a ticket set for the stream; else nullptr (split_k_reduce adds
-// them).
-inline unsigned* fixup_tickets(const Plan& plan, long long units, int sms, cudaStream_t stream) {
-  const TileShape& s = kTmaShapes[plan.shape];
-  if (plan.splits == 1 || !adds_splits(s.bm, s.bn) || units > sms || units / plan.splits * 2 > kTicketsPerSlot) {
-    return nullptr;
-  }
-  return split_tickets(stream);
-}
-
 // Runs q (p, or its transpose) on the TMA path with `plan`, read through layout l, its K split through
 // `workspace` where the plan splits it; store: kStoreTransposed for a transpose, else the epilogue's
 // choice (tma_store_output). kNotTaken where a tensor map cannot be made: the caller runs the generic
@@ -185,8 +164,6 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
       !encode(&maps.b, l.b, q.batch, l.b_kmajor ? bn : kTmaBK, narrow_b ? 32 : 64)) {
     return kNotTaken;
   }
-  unsigned* tickets = fixup_tickets(plan, units, sms, stream);
-  const bool through_memory = plan.splits > 1 && tickets == nullptr;  // split_k_reduce adds the splits
   int store = kStoreStaged;
   if (transposed) {  // the output's map: inner dim its columns (q's rows), boxes of 32 rows x 64 columns
     const long long matrix = q.batch > 1 ? static_cast<long long>(q.N) * q.ldc : 0;
@@ -195,11 +172,10 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
       return kNotTaken;
     }
     store = kStoreTransposed;
-  } else if (tma_store_output(q, bn, through_memory ? plan.splits : 1, &maps.out)) {
+  } else if (tma_store_output(q, bn, plan.splits, &maps.out)) {
     store = kStoreTma;
   }
-  TmaParams tp{through_memory ? partial_params(q, workspace) : q, l.a.batch_stride != 0, l.b.batch_stride != 0, store,
-               tickets != nullptr ? static_cast<float*>(workspace) : nullptr, tickets};
+  TmaParams tp{plan.splits > 1 ? partial_params(q, workspace) : q, l.a.batch_stride != 0, l.b.batch_stride != 0, store};
   tp.p.tiles_m = static_cast<int>(ceil_div(q.M, bm));
   tp.p.tiles_n = static_cast<int>(ceil_div(q.N, bn));
   tp.p.k_tiles = plan.k_tiles;
@@ -214,7 +190,7 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
     case 3: status = launch_tma_shape<192, 128>(maps, tp, l, grid, stream); break;
     default: status = launch_tma_shape<192, 96>(maps, tp, l, grid, stream); break;
   }
-  return status != 0 || !through_memory ? status : reduce_splits(q, workspace, plan.splits, stream);
+  return status != 0 || plan.splits == 1 ? status : reduce_splits(q, workspace, plan.splits, stream);
 }
 
 // p as its transpose: D = C^T = B^T A^T, N x M, A and B (and their batch layouts) trading places.
@@ -265,7 +241,7 @@ inline int launch_tma(const Params& p, void* workspace, long long workspace_byte
   if (runs_transposed(p, beside, sms, &t, &l, &plan)) return run_tma(t, l, plan, true, nullptr, sms, stream);
   if (!tma_layout(p, &l)) return kNotTaken;
   plan = tma_plan(p, sms, kMaxSplits, beside);
-  if (tma_partial_bytes(plan, p) > workspace_bytes || !mt::is_aligned16(workspace)) {
+  if (partial_bytes(plan, p.M, p.N, p.batch) > workspace_bytes || !mt::is_aligned16(workspace)) {
     plan = tma_plan(p, sms, 1, beside);
   }
   return run_tma(p, l, plan, false, workspace, sms, stream);

@@ -19,8 +19,7 @@
 //                     output's dtype, or a K split's partial sums), a 16-thread group per row. A bf16
 //                     output with no epilogue or + bias (nothing accumulated or split) goes through
 //                     store_tile_tma instead: bf16 boxes in the staging, TMA-stored by one thread
-//                     while the warpgroup starts its next unit. Where the kernel adds a product's K
-//                     splits itself (bf16_split_fixup.cuh), only the last unit of a tile runs it.
+//                     while the warpgroup starts its next unit.
 // setmaxnreg gives the producer warpgroup's registers to the consumers (24 / 240 a thread with two
 // consumer warpgroups, 24 / 160 with three: at 232 the 256-wide consumers spilled).
 //
@@ -46,7 +45,6 @@
 #include "../includes/ptx.cuh"
 #include "../includes/tma.cuh"
 #include "bf16_common.cuh"
-#include "bf16_split_fixup.cuh"
 
 namespace bf16mm {
 
@@ -93,21 +91,16 @@ struct TmaConfig {
 enum TmaStore : int { kStoreStaged = 0, kStoreTma = 1, kStoreTransposed = 2 };
 
 // What the kernel needs beyond Params: whether each operand's tensor map has a batch dim (else every
-// batch matrix reads matrix 0: broadcast), how the epilogue stores, and where K splits are added in the
-// kernel (bf16_split_fixup.cuh) their partial sums and tickets (else null: p.partials, if any, for
-// split_k_reduce).
+// batch matrix reads matrix 0: broadcast), and how the epilogue stores.
 struct TmaParams {
   Params p;
   bool a_batched, b_batched;
   int store;  // TmaStore
-  float* fix;
-  unsigned* tickets;
 };
 
-// One unit of a block's work: batch matrix, K split, output tile (and its index among every batch
-// matrix's), and the split's K tiles.
+// One unit of a block's work: batch matrix, K split, output tile, and the split's K tiles.
 struct Unit {
-  int bi, split, tile, row0, col0, kt0, k_tiles;
+  int bi, split, row0, col0, kt0, k_tiles;
 };
 
 // Unit u: batch matrix, then K split, then tile, so that the blocks of a wave share a K range.
@@ -117,10 +110,8 @@ __device__ __forceinline__ Unit unit_of(const Params& p, int u, int bm, int bn) 
   w.bi = u / (per_batch * p.splits);
   const int rem = u - w.bi * per_batch * p.splits;
   w.split = rem / per_batch;
-  w.tile = rem - w.split * per_batch;
   int tm, tn;
-  tile_coords(w.tile, p.tiles_m, p.tiles_n, &tm, &tn);
-  w.tile += w.bi * per_batch;
+  tile_coords(rem - w.split * per_batch, p.tiles_m, p.tiles_n, &tm, &tn);
   w.row0 = tm * bm;
   w.col0 = tn * bn;
   w.kt0 = w.split * p.k_tiles_per_split;
@@ -137,6 +128,9 @@ using tma::mbar_init;
 using tma::mbar_wait;
 using tma::prefetch_tensormap;
 using tma::tma_store;
+
+// Barrier of one consumer warpgroup (128 threads; ids 1 and 2, 0 being __syncthreads).
+__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 
 // Descriptor of a swizzled tile at shared address addr. 128-byte swizzle (BOX 64): K-major, 8-row groups
 // 1024 bytes apart; MN-major, 8-k groups 1024 bytes apart, 64-row boxes 8192. 64-byte swizzle (BOX 32,
@@ -439,17 +433,16 @@ __device__ __forceinline__ void boxes_written(int bar_id) {
   warpgroup_sync(bar_id);
 }
 
-// The epilogue of a bf16 output with no epilogue or + bias (no accumulation, no K split partial sums)
-// through TMA stores, so that the warpgroup goes on to its next tile while its stores drain: per piece of
-// BOXC columns every thread writes its sums (+ bias) as bf16 pairs into the boxes of the piece (4 KB
-// each: 32 rows x 64 columns with the 128-byte swizzle, the 16-byte chunk c of row r at chunk c ^ (r % 8);
-// or, where BN is no multiple of 64 (192 x 96), 64 rows x 32 columns with the 64-byte swizzle, chunk
-// c ^ (r / 2 % 4); a warp's writes conflict-free either way) in its warpgroup's staging, and one thread
-// stores them with cp.async.bulk.tensor. The staging holds NB boxes used in turn (box: the warpgroup's
-// running count of them); before a piece's boxes are written again the stores that read them must be
-// done (one bulk group a box: wait_group.read NB - boxes a piece). Without it the stores' drain (a
-// wave's outputs evicting dirty lines from L2) held the tensor cores idle: qkv fwd 29.1 us, 21.4
-// without any stores.
+// The epilogue of a bf16 output with no epilogue or + bias (no accumulation, no K splits) through TMA
+// stores, so that the warpgroup goes on to its next tile while its stores drain: per piece of BOXC
+// columns every thread writes its sums (+ bias) as bf16 pairs into the piece's boxes (4 KB each: 32 rows
+// x 64 columns with the 128-byte swizzle, the 16-byte chunk c of row r at chunk c ^ (r % 8); or, where
+// BN is no multiple of 64 (192 x 96), 64 rows x 32 columns with the 64-byte swizzle, chunk c ^ (r / 2 %
+// 4); a warp's writes conflict-free either way) in its warpgroup's staging, and one thread stores them
+// with cp.async.bulk.tensor. The staging holds NB boxes used in turn (box: the warpgroup's running
+// count of them); before a piece's boxes are written again the stores that read them must be done (one
+// bulk group a box: wait_group.read NB - boxes a piece). Without it the stores' drain (a wave's outputs
+// evicting dirty lines from L2) held the tensor cores idle: qkv fwd 29.1 us, 21.4 without any stores.
 template <int BN, int STAGE_BYTES>
 __device__ __forceinline__ void store_tile_tma(const Params& p, const float (&acc)[BN / 2], const CUtensorMap& out_map,
                                                uint32_t stage, int bar_id, int bi, int row0, int col0, int wq, int g,
@@ -634,13 +627,6 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     fence_registers(acc);
     if (lane == 0) mbar_arrive(empty((it - 1) % S));
 
-    if constexpr (adds_splits(BM, BN)) {  // K splits added here: the last warpgroup of a tile goes on
-      if (tp.tickets != nullptr &&
-          !add_splits<BN, 8>(acc, tp.fix, tp.tickets, p.splits, w.split, units / p.splits, w.tile,
-                                               Cfg::kConsumers, cw, 1 + cw)) {
-        continue;
-      }
-    }
     // Epilogue: acc[4 j], acc[4 j + 1] are row wq * 16 + g of the warpgroup's 64, columns 8 j + 2 t, + 1;
     // acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further.
     const uint32_t stage = staging + cw * Cfg::kStageBytes;
