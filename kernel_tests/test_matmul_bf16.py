@@ -151,44 +151,6 @@ def test_forward_epilogues_every_tma_shape(monkeypatch, shape: int, activation: 
         check_product(operand(gen, (3, 77, 64), False, True), operand(gen, (64, 200), False, True))
 
 
-def test_splits_added_in_the_kernel(monkeypatch) -> None:
-    """K splits of 128 x 128 tiles in one wave are added by the kernel (bf16_split_fixup.cuh): ragged tiles,
-    a batch with a broadcast operand, the bias epilogue (TMA-stored) and the GELU one after the sum, and
-    an accumulation into the output."""
-    monkeypatch.setenv("MINITORCH_BF16_TMA_SHAPE", "2")
-    gen = torch.Generator(device="cuda").manual_seed(31)
-    a, b = operand(gen, (3, 130, 4096), False, True), operand(gen, (4096, 200), True, True)
-    check_product(a, b, bias=True)
-    check_product(a, b, bias=True, activation="gelu")
-    a, b = operand(gen, (300, 8192), True, True), operand(gen, (8192, 260), False, True)
-    out = torch.randn(300, 260, generator=gen, device="cuda")
-    ref = out.double() + a.double() @ b.double()
-    torch_err = rel_err(out + torch.matmul(a, b).float(), ref)
-    matmul_bf16.matmul(a, b, out=out, accumulate=True)
-    assert rel_err(out, ref) <= max(2 * torch_err, FLOOR)
-
-
-def test_split_products_on_many_streams() -> None:
-    """Split products (attn proj dW, 768 x 768 x 4096) launched on 20 streams at once, three each, give
-    the bits of the same product on the default stream: each stream adds its splits with its own tickets,
-    and the streams past the library's ticket sets through split_k_reduce, in the same order."""
-    gen = torch.Generator(device="cuda").manual_seed(33)
-    M, N, K = 768, 768, 4096
-    a, b = operand(gen, (M, K), True, True), operand(gen, (K, N), False, True)
-    for out_dtype in DTYPES:
-        check_product(a, b, out_dtype)
-        ref = matmul_bf16.matmul(a, b, out_dtype=out_dtype)
-        streams = [torch.cuda.Stream() for _ in range(20)]
-        outs = [[torch.full((M, N), float("nan"), dtype=out_dtype, device="cuda") for _ in range(3)] for _ in streams]
-        torch.cuda.synchronize()
-        for rep in range(3):
-            for stream, out in zip(streams, outs):
-                with torch.cuda.stream(stream):
-                    matmul_bf16.matmul(a, b, out=out[rep])
-        torch.cuda.synchronize()
-        assert all(torch.equal(o, ref) for out in outs for o in out)
-
-
 @pytest.mark.parametrize("shape", [None, 3, 4])
 def test_transposed_products(monkeypatch, shape: Optional[int]) -> None:
     """Products with more rows than columns and K at least the rows, no epilogue and a bf16 output run as
@@ -224,8 +186,8 @@ def test_sizes(aligned: bool, M: int, N: int, K: int) -> None:
 @pytest.mark.parametrize("aligned", [False, True])
 @pytest.mark.parametrize("M, N, K", [(64, 64, 16384), (200, 130, 16384), (768, 768, 4096), (768, 3072, 4096)])
 def test_long_k(out_dtype, aligned: bool, M: int, N: int, K: int) -> None:
-    """Few output tiles and long K: K splits (partial sums added in order, by the kernel where its units
-    run in one wave, else by split_k_reduce; 768 x 3072 has more units than blocks), and the same product without workspace (no splits). A rerun gives the
+    """Few output tiles and long K: K splits (partial sums added in order by split_k_reduce; 768 x 3072
+    has more units than blocks), and the same product without workspace (no splits). A rerun gives the
     same bits."""
     gen = torch.Generator(device="cuda").manual_seed(K + M + aligned)
     a, b = operand(gen, (M, K), M == 768, aligned), operand(gen, (K, N), False, aligned)

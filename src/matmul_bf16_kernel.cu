@@ -15,10 +15,9 @@
 //     cp.async ring, any strides and sizes.
 // Both split K over several blocks where a product has too few output tiles to fill the GPU (the
 // planner in bf16_common.cuh weighs waves against the partial sums' traffic); the partial sums go to the
-// caller's workspace and split_k_reduce adds them in a fixed order and runs the epilogue (on the Hopper
-// kernel's 128 x 128 tiles in one wave, the last unit of each tile does, matmul/bf16_split_fixup.cuh),
-// so results are the same bits on every run. A launch allocates, clears and synchronizes nothing: with
-// the same workspace it can be captured in a CUDA graph and replayed.
+// caller's workspace and split_k_reduce adds them in a fixed order and runs the epilogue, so results
+// are the same bits on every run. A launch allocates, clears and synchronizes nothing: with the same
+// workspace it can be captured in a CUDA graph and replayed.
 #include <cuda_runtime.h>
 
 #include "includes/cuda_check.cuh"
@@ -71,7 +70,7 @@ long long matmul_bf16_workspace_bytes(int M, int N, int K, int batch, int a_row_
   long long tma = 0;  // whether or not the product runs beside other work
   for (const bool beside : {false, true}) {
     if (bf16mm::tma_available()) {
-      tma = std::max(tma, bf16mm::tma_partial_bytes(bf16mm::tma_plan(p, sms, bf16mm::kMaxSplits, beside), p));
+      tma = std::max(tma, bf16mm::partial_bytes(bf16mm::tma_plan(p, sms, bf16mm::kMaxSplits, beside), M, N, batch));
     }
   }
   return std::max(generic, tma);

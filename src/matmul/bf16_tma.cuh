@@ -14,7 +14,6 @@
 #include "../includes/tma.cuh"
 #include "../includes/vec.cuh"
 #include "bf16_common.cuh"
-#include "bf16_split_fixup.cuh"
 #include "bf16_wgmma.cuh"
 
 namespace bf16mm {
@@ -132,45 +131,22 @@ inline bool tma_store_output(const Params& p, int bn, int splits, CUtensorMap* m
                              p.batch > 1 ? matrix : 0, p.batch, box_cols, 2048 / box_cols);
 }
 
-template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN, bool ADD_SPLITS>
+template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN>
 int launch_tma_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cudaStream_t stream) {
   using Cfg = TmaConfig<BM, BN>;
-  return mt::launch_with_shared_memory<matmul_bf16_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN, ADD_SPLITS>, true>(
+  return mt::launch_with_shared_memory<matmul_bf16_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN>, true>(
       dim3(static_cast<unsigned>(grid)), Cfg::kThreads, Cfg::kSmemBytes, stream, maps.a, maps.b, maps.out, tp);
 }
 
-template <int BM, int BN, bool ADD_SPLITS = false>
+template <int BM, int BN>
 int launch_tma_shape(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& l, int grid, cudaStream_t stream) {
-  if (l.a_kmajor && l.b_kmajor) return launch_tma_instance<true, true, BM, BN, ADD_SPLITS>(maps, tp, grid, stream);
-  if (l.a_kmajor) return launch_tma_instance<true, false, BM, BN, ADD_SPLITS>(maps, tp, grid, stream);
-  if (l.b_kmajor) return launch_tma_instance<false, true, BM, BN, ADD_SPLITS>(maps, tp, grid, stream);
-  return launch_tma_instance<false, false, BM, BN, ADD_SPLITS>(maps, tp, grid, stream);
+  if (l.a_kmajor && l.b_kmajor) return launch_tma_instance<true, true, BM, BN>(maps, tp, grid, stream);
+  if (l.a_kmajor) return launch_tma_instance<true, false, BM, BN>(maps, tp, grid, stream);
+  if (l.b_kmajor) return launch_tma_instance<false, true, BM, BN>(maps, tp, grid, stream);
+  return launch_tma_instance<false, false, BM, BN>(maps, tp, grid, stream);
 }
 
 constexpr int kNotTaken = -1;
-
-// Bytes of float32 partial sums a plan of p writes (0 without K splits): whole tiles, as the kernel adds
-// its splits (add_splits), or the rows and columns of p, as split_k_reduce does, whichever is more.
-inline long long tma_partial_bytes(const Plan& plan, const Params& p) {
-  const TileShape& s = kTmaShapes[plan.shape];
-  const long long whole = 4LL * plan.splits * p.batch * ceil_div(p.M, s.bm) * s.bm * ceil_div(p.N, s.bn) * s.bn;
-  return plan.splits > 1 ? std::max(whole, partial_bytes(plan, p.M, p.N, p.batch)) : 0;
-}
-
-// The tickets of a split plan whose K splits the kernel adds itself (bf16_split_fixup.cuh): tiles of
-// adds_splits, a unit a block (one wave), the other splits' sums within half the ring, and a ticket set
-// for the stream; else nullptr (split_k_reduce adds them).
-inline unsigned* split_tickets(const Plan& plan, long long units, int sms, cudaStream_t stream) {
-  using Cfg = TmaConfig<128, 128>;
-  const TileShape& s = kTmaShapes[plan.shape];
-  const long long tiles = units / plan.splits;
-  const int fits = Cfg::kStages * Cfg::kSlotBytes / 2 / (64 * 128 * 4);  // other splits' slots in half the ring
-  if (plan.splits == 1 || !adds_splits(s.bm, s.bn) || units > sms || plan.splits - 1 > fits ||
-      2 * tiles > kTicketsPerSlot) {
-    return nullptr;
-  }
-  return stream_tickets(stream);
-}
 
 // Runs q (p, or its transpose) on the TMA path with `plan`, read through layout l, its K split through
 // `workspace` where the plan splits it; store: kStoreTransposed for a transpose, else the epilogue's
@@ -188,8 +164,6 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
       !encode(&maps.b, l.b, q.batch, l.b_kmajor ? bn : kTmaBK, narrow_b ? 32 : 64)) {
     return kNotTaken;
   }
-  unsigned* tickets = split_tickets(plan, units, sms, stream);
-  const bool through_memory = plan.splits > 1 && tickets == nullptr;  // split_k_reduce adds the splits
   int store = kStoreStaged;
   if (transposed) {  // the output's map: inner dim its columns (q's rows), boxes of 32 rows x 64 columns
     const long long matrix = q.batch > 1 ? static_cast<long long>(q.N) * q.ldc : 0;
@@ -198,11 +172,10 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
       return kNotTaken;
     }
     store = kStoreTransposed;
-  } else if (tma_store_output(q, bn, through_memory ? plan.splits : 1, &maps.out)) {
+  } else if (tma_store_output(q, bn, plan.splits, &maps.out)) {
     store = kStoreTma;
   }
-  TmaParams tp{through_memory ? partial_params(q, workspace) : q, l.a.batch_stride != 0, l.b.batch_stride != 0, store,
-               SplitSums{tickets != nullptr ? static_cast<float*>(workspace) : nullptr, tickets}};
+  TmaParams tp{plan.splits > 1 ? partial_params(q, workspace) : q, l.a.batch_stride != 0, l.b.batch_stride != 0, store};
   tp.p.tiles_m = static_cast<int>(ceil_div(q.M, bm));
   tp.p.tiles_n = static_cast<int>(ceil_div(q.N, bn));
   tp.p.k_tiles = plan.k_tiles;
@@ -213,14 +186,11 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
   switch (plan.shape) {
     case 0: status = launch_tma_shape<128, 256>(maps, tp, l, grid, stream); break;
     case 1: status = launch_tma_shape<128, 192>(maps, tp, l, grid, stream); break;
-    case 2:
-      status = tickets != nullptr ? launch_tma_shape<128, 128, true>(maps, tp, l, grid, stream)
-                                  : launch_tma_shape<128, 128>(maps, tp, l, grid, stream);
-      break;
+    case 2: status = launch_tma_shape<128, 128>(maps, tp, l, grid, stream); break;
     case 3: status = launch_tma_shape<192, 128>(maps, tp, l, grid, stream); break;
     default: status = launch_tma_shape<192, 96>(maps, tp, l, grid, stream); break;
   }
-  return status != 0 || !through_memory ? status : reduce_splits(q, workspace, plan.splits, stream);
+  return status != 0 || plan.splits == 1 ? status : reduce_splits(q, workspace, plan.splits, stream);
 }
 
 // p as its transpose: D = C^T = B^T A^T, N x M, A and B (and their batch layouts) trading places.
@@ -271,7 +241,7 @@ inline int launch_tma(const Params& p, void* workspace, long long workspace_byte
   if (runs_transposed(p, beside, sms, &t, &l, &plan)) return run_tma(t, l, plan, true, nullptr, sms, stream);
   if (!tma_layout(p, &l)) return kNotTaken;
   plan = tma_plan(p, sms, kMaxSplits, beside);
-  if (tma_partial_bytes(plan, p) > workspace_bytes || !mt::is_aligned16(workspace)) {
+  if (partial_bytes(plan, p.M, p.N, p.batch) > workspace_bytes || !mt::is_aligned16(workspace)) {
     plan = tma_plan(p, sms, 1, beside);
   }
   return run_tma(p, l, plan, false, workspace, sms, stream);

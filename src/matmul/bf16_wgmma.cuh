@@ -45,7 +45,6 @@
 #include "../includes/ptx.cuh"
 #include "../includes/tma.cuh"
 #include "bf16_common.cuh"
-#include "bf16_split_fixup.cuh"
 
 namespace bf16mm {
 
@@ -92,19 +91,16 @@ struct TmaConfig {
 enum TmaStore : int { kStoreStaged = 0, kStoreTma = 1, kStoreTransposed = 2 };
 
 // What the kernel needs beyond Params: whether each operand's tensor map has a batch dim (else every
-// batch matrix reads matrix 0: broadcast), how the epilogue stores, and where an instance that adds K
-// splits itself (ADD_SPLITS, bf16_split_fixup.cuh) puts the splits' sums.
+// batch matrix reads matrix 0: broadcast), and how the epilogue stores.
 struct TmaParams {
   Params p;
   bool a_batched, b_batched;
   int store;  // TmaStore
-  SplitSums split_sums;
 };
 
-// One unit of a block's work: batch matrix, K split, output tile (and its index among every batch
-// matrix's), and the split's K tiles.
+// One unit of a block's work: batch matrix, K split, output tile, and the split's K tiles.
 struct Unit {
-  int bi, split, tile, row0, col0, kt0, k_tiles;
+  int bi, split, row0, col0, kt0, k_tiles;
 };
 
 // Unit u: batch matrix, then K split, then tile, so that the blocks of a wave share a K range.
@@ -114,10 +110,8 @@ __device__ __forceinline__ Unit unit_of(const Params& p, int u, int bm, int bn) 
   w.bi = u / (per_batch * p.splits);
   const int rem = u - w.bi * per_batch * p.splits;
   w.split = rem / per_batch;
-  w.tile = rem - w.split * per_batch;
   int tm, tn;
-  tile_coords(w.tile, p.tiles_m, p.tiles_n, &tm, &tn);
-  w.tile += w.bi * per_batch;
+  tile_coords(rem - w.split * per_batch, p.tiles_m, p.tiles_n, &tm, &tn);
   w.row0 = tm * bm;
   w.col0 = tn * bn;
   w.kt0 = w.split * p.k_tiles_per_split;
@@ -134,6 +128,9 @@ using tma::mbar_init;
 using tma::mbar_wait;
 using tma::prefetch_tensormap;
 using tma::tma_store;
+
+// Barrier of one consumer warpgroup (128 threads; ids 1 and 2, 0 being __syncthreads).
+__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 
 // Descriptor of a swizzled tile at shared address addr. 128-byte swizzle (BOX 64): K-major, 8-row groups
 // 1024 bytes apart; MN-major, 8-k groups 1024 bytes apart, 64-row boxes 8192. 64-byte swizzle (BOX 32,
@@ -542,8 +539,7 @@ __device__ __forceinline__ void store_tile_tma_t(const Params& p, const float (&
 
 // The body exists only where the sm_90a instructions were compiled. Elsewhere the kernel declares a
 // 1-thread limit, which the host reads (cudaFuncGetAttributes) to know whether it can launch it.
-// ADD_SPLITS: the instance adds the product's K splits itself (one unit a block; adds_splits tiles).
-template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN, bool ADD_SPLITS = false>
+template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN>
 __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     matmul_bf16_tma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                            const __grid_constant__ CUtensorMap out_map, const TmaParams tp) {
@@ -631,12 +627,6 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     fence_registers(acc);
     if (lane == 0) mbar_arrive(empty((it - 1) % S));
 
-    if constexpr (ADD_SPLITS) {  // the last warpgroup of a tile goes on, with every split's sums
-      float* landing = reinterpret_cast<float*>(smem_raw + (base - raw_addr)) + cw * (S * Cfg::kSlotBytes / 8);
-      if (!add_splits<BN>(acc, tp.split_sums, p.splits, w.split, units / p.splits, w.tile, cw, landing, 1 + cw)) {
-        continue;
-      }
-    }
     // Epilogue: acc[4 j], acc[4 j + 1] are row wq * 16 + g of the warpgroup's 64, columns 8 j + 2 t, + 1;
     // acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further.
     const uint32_t stage = staging + cw * Cfg::kStageBytes;
