@@ -72,20 +72,15 @@ struct TmaConfig {
   static constexpr int kBBoxRows = BN % 64 == 0 ? 64 : 32;
   static constexpr int kSlotBytes = kABytes + kBBytes;  // 1024-byte aligned slots
   static_assert(kSlotBytes % 1024 == 0, "slots must keep the swizzle atoms aligned");
-  // Ring slots left beside staging of `bytes` a warpgroup, the barriers (at most 8 stages) and the
+  // Ring slots left beside staging of R rows a warpgroup, the barriers (at most 8 stages) and the
   // alignment; 32-row staging where that buys the three consumer warpgroups a slot (192 x 96: 5 stages
   // against 4). With two, the slot it would buy 128 x 192 tiles did not pay (bf16_notes.md, twelfth session).
-  static constexpr int slots_beside(int bytes) { return (kTmaSmemLimit - kConsumers * bytes - 1024 - 128) / kSlotBytes; }
-  static constexpr int kStageRows =
-      kConsumers == 3 && slots_beside(32 * kStageRowBytes) > slots_beside(64 * kStageRowBytes) ? 32 : 64;
-  // The staging holds a warpgroup's whole bf16 tile (store_tile_tma's boxes, 128 BN bytes) where that
-  // costs no slot, so that its TMA stores never wait for each other within a tile.
-  static constexpr int kWholeTile = 128 * BN;
-  static constexpr int kStageBytes =
-      kWholeTile > kStageRows * kStageRowBytes && slots_beside(kWholeTile) == slots_beside(kStageRows * kStageRowBytes)
-          ? kWholeTile
-          : kStageRows * kStageRowBytes;
-  static constexpr int kStages = slots_beside(kStageBytes) < 8 ? slots_beside(kStageBytes) : 8;
+  static constexpr int slots_beside(int rows) {
+    return (kTmaSmemLimit - kConsumers * rows * kStageRowBytes - 1024 - 128) / kSlotBytes;
+  }
+  static constexpr int kStageRows = kConsumers == 3 && slots_beside(32) > slots_beside(64) ? 32 : 64;
+  static constexpr int kStageBytes = kStageRows * kStageRowBytes;
+  static constexpr int kStages = slots_beside(kStageRows) < 8 ? slots_beside(kStageRows) : 8;
   static constexpr int kSmemBytes = kStages * kSlotBytes + kConsumers * kStageBytes + 16 * kStages + 1024;
   static_assert(kStages >= 3 && kSmemBytes <= kTmaSmemLimit, "ring and staging must fit");
 };
