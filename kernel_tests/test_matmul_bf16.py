@@ -108,17 +108,17 @@ def test_layouts(out_dtype, aligned: bool, a_t: bool, b_t: bool) -> None:
     check_product(operand(gen, (300, 1001), a_t, aligned), operand(gen, (1001, 517), b_t, aligned), out_dtype)
 
 
-TMA_SHAPES = 5  # bf16_tma.cuh's kTmaShapes: 128 x 256, 128 x 192, 128 x 128, 192 x 128, 192 x 96
+TMA_SHAPES = 6  # bf16_tma.cuh's kTmaShapes: 128 x 256, 128 x 192, 128 x 128, 192 x 128, 192 x 96, 64 x 128
 
 
 @pytest.mark.parametrize("shape", range(TMA_SHAPES))
 @pytest.mark.parametrize("a_t", [False, True])
 @pytest.mark.parametrize("b_t", [False, True])
 def test_every_tma_shape(monkeypatch, shape: int, a_t: bool, b_t: bool) -> None:
-    """Each Hopper tile shape, forced by MINITORCH_BF16_TMA_SHAPE (the planner gives the 192-row ones only
-    to products with no more rows than columns), in every operand layout: partial tiles at every edge,
-    a long K with splits, both output dtypes. On other GPUs the knob changes nothing and the products
-    still hold."""
+    """Each Hopper tile shape, forced by MINITORCH_BF16_TMA_SHAPE (the planner gives the 192-row ones and
+    64 x 128 only to products with no more rows than columns), in every operand layout: partial tiles at
+    every edge, a long K with splits, both output dtypes. On other GPUs the knob changes nothing and the
+    products still hold."""
     monkeypatch.setenv("MINITORCH_BF16_TMA_SHAPE", str(shape))
     gen = torch.Generator(device="cuda").manual_seed(shape + 8 * a_t + 16 * b_t)
     check_product(operand(gen, (389, 264), a_t, True), operand(gen, (264, 296), b_t, True))
@@ -359,7 +359,7 @@ def test_graph_replay(aligned: bool) -> None:
     """A split-K product and a GELU epilogue captured in a CUDA graph with a given workspace: every replay
     gives the eager result's bits, also after the workspace held other data."""
     gen = torch.Generator(device="cuda").manual_seed(21 + aligned)
-    M, N, K = 768, 768, 4096  # attn proj dW: few tiles, K split
+    M, N, K = 768, 768, 16384  # few tiles and a long K: split
     a, b = operand(gen, (M, K), True, aligned), operand(gen, (K, N), False, aligned)
     strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
     ws = torch.empty(max(matmul_bf16.workspace_bytes(M, N, K, 1, strides), 1), dtype=torch.uint8, device="cuda")

@@ -31,10 +31,14 @@ using tma::encode_tiled;
 //   - products that run beside other work (a Linear's weight gradient on the side stream, beside its
 //     input gradient): 96 tiles leave that work 36 SMs, 128 leave it 4 (GPT-2's step on an H100, B 4
 //     9.93-10.00 -> 10.01-10.04 ms with the side stream's fc dW on 192 x 96).
+// 64 x 128 tiles (one consumer warpgroup) run a product with few tiles and a long K unsplit: 72 tiles of
+// 768 x 768 x 4096 (GPT-2's attention projection weight gradient) take 15.1 us where 128 x 128 tiles in
+// 3 K splits take 17.3, 6.5 of it writing and adding the partial sums (bf16_notes.md, fourteenth
+// session); on fewer SMs each takes in its operands faster (~100 GB/s against ~85), hence its rate.
 constexpr TileShape kTmaShapes[] = {{128, 256, kTmaBK, 1, 5.6e12}, {128, 192, kTmaBK, 1, 5.4e12},
                                     {128, 128, kTmaBK, 1, 4.8e12}, {192, 128, kTmaBK, 1, 5.2e12},
-                                    {192, 96, kTmaBK, 1, 5.0e12}};
-constexpr int kTmaShapeCount = 5, kTmaRowsShapes = 3;
+                                    {192, 96, kTmaBK, 1, 5.0e12},  {64, 128, kTmaBK, 1, 4.0e12}};
+constexpr int kTmaShapeCount = 6, kTmaRowsShapes = 3;
 
 // One operand as TMA reads it: element (i, o) of batch matrix b at base[i + o * outer_stride +
 // b * batch_stride] (elements), i along the unit-stride dim; batch_stride 0: one matrix for every b.
@@ -188,7 +192,8 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
     case 1: status = launch_tma_shape<128, 192>(maps, tp, l, grid, stream); break;
     case 2: status = launch_tma_shape<128, 128>(maps, tp, l, grid, stream); break;
     case 3: status = launch_tma_shape<192, 128>(maps, tp, l, grid, stream); break;
-    default: status = launch_tma_shape<192, 96>(maps, tp, l, grid, stream); break;
+    case 4: status = launch_tma_shape<192, 96>(maps, tp, l, grid, stream); break;
+    default: status = launch_tma_shape<64, 128>(maps, tp, l, grid, stream); break;
   }
   return status != 0 || plan.splits == 1 ? status : reduce_splits(q, workspace, plan.splits, stream);
 }

@@ -2,7 +2,7 @@
 // wgmma with both operands from shared memory, for products whose operands the Tensor Memory
 // Accelerator can read (a unit-stride dim, 16-byte aligned base and strides, at most one batch dim).
 //
-// Block BM x BN x 64 (128 x 256, 192 or 128; 192 x 128 or 96), one block per SM, persistent over its
+// Block BM x BN x 64 (128 x 256, 192 or 128; 192 x 128 or 96; 64 x 128), one block per SM, persistent over its
 // units (output tile, K split, batch matrix; block c takes units c, c + grid, ...; within a batch matrix
 // and split, tiles in tile_coords' grouped order):
 //   warp 0 (lane 0)   the producer: per K tile, waits for a free ring slot, then TMA-loads the A tile
@@ -55,15 +55,16 @@ constexpr int kStageRowBytes = 64 * 4;
 constexpr int kTmaSmemLimit = 232448;  // an H100's opt-in shared memory per block (227 KB)
 constexpr int kProducerRegs = 24;
 
-// The block of BM rows (128 or 192: a consumer warpgroup per 64) x BN columns (256, 192, 128 or 96).
+// The block of BM rows (64, 128 or 192: a consumer warpgroup per 64) x BN columns (256, 192, 128 or 96).
 template <int BM, int BN>
 struct TmaConfig {
   static constexpr int kConsumers = BM / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  // The block starts with 65536 / kThreads registers a thread (rounded down to 8): 168 or 128. The
-  // producer warpgroup keeps 24 and the consumers take the rest: 240 (at 232 the 256-wide consumers
-  // spilled) or 160. Asking for more than the producers give back would stall the consumers for good.
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  // The block starts with 65536 / kThreads registers a thread (rounded down to 8): 256, 168 or 128. The
+  // producer warpgroup keeps 24 and the consumers take up to the rest: 240 with one or two (at 232 the
+  // 256-wide consumers spilled), 160 with three. Asking for more than the producers give back would
+  // stall the consumers for good.
+  static constexpr int kConsumerRegs = kConsumers <= 2 ? 240 : 160;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register split");
   static constexpr int kABytes = BM * kTmaBK * 2;
   static constexpr int kBBytes = BN * kTmaBK * 2;
