@@ -68,8 +68,8 @@ long long matmul_bf16_workspace_bytes(int M, int N, int K, int batch, int a_row_
   const Params p = product_params(M, N, K, batch, a_row_stride, a_k_stride, b_k_stride, b_col_stride);
   const long long generic = bf16mm::partial_bytes(generic_plan(p, sms), M, N, batch);
   long long tma = 0;  // whether or not the product runs beside other work
-  for (const bool beside : {false, true}) {
-    if (bf16mm::tma_available()) {
+  if (bf16mm::tma_available()) {
+    for (const bool beside : {false, true}) {
       tma = std::max(tma, bf16mm::partial_bytes(bf16mm::tma_plan(p, sms, bf16mm::kMaxSplits, beside), M, N, batch));
     }
   }

@@ -80,16 +80,17 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // One K tile of an operand (ROWS rows from row0, the K tile from k0, batch matrix `batch`) into shared
-// memory at dst: one box [ROWS][k] when the operand is K-major, else ROWS / BOX boxes [k][BOX rows]
-// (rounded up), box_bytes apart.
+// memory at dst: one box [ROWS][k] when the operand is K-major, else ROWS / BOX boxes [k][BOX rows],
+// box_bytes apart.
 template <bool K_MAJOR, int ROWS, int BOX>
 __device__ __forceinline__ void load_operand_tile(uint32_t dst, const CUtensorMap& map, uint32_t bar, int k0, int row0,
                                                   int batch, int box_bytes) {
+  static_assert(ROWS % BOX == 0, "whole boxes");
   if constexpr (K_MAJOR) {
     tma_load(dst, map, bar, k0, row0, batch);
   } else {
 #pragma unroll
-    for (int i = 0; i < (ROWS + BOX - 1) / BOX; ++i) tma_load(dst + i * box_bytes, map, bar, row0 + BOX * i, k0, batch);
+    for (int i = 0; i < ROWS / BOX; ++i) tma_load(dst + i * box_bytes, map, bar, row0 + BOX * i, k0, batch);
   }
 }
 #endif
@@ -115,10 +116,10 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 // Tensor map of a matmul operand (both matmul kernels) whose element (i, o) of batch matrix b sits at
 // base[i + o * outer_stride + b * batch_stride] (elements of elem_bytes; i along the unit-stride dim,
 // batch_stride 0: one matrix for every b), in boxes of box_inner x box_outer, swizzled by the box row
-// (128 or 64 bytes), zeros read outside. The L2 promotion is 128 bytes, a box row, rather than 256 (H100: the bf16 LM head's
-// input gradient, K 50,257, 563 -> 403 us and its weight gradient 477 -> 418 us; the TF32 ones 1.171 ->
-// 1.010 and 0.945 -> 0.876 ms; the other products the same). False where TMA cannot address the operand
-// (16-byte alignment of the base and strides) or the driver refuses it.
+// (128 or 64 bytes), zeros read outside. The L2 promotion is 128 bytes, a box row, rather than 256
+// (H100: the bf16 LM head's input gradient, K 50,257, 563 -> 403 us and its weight gradient 477 -> 418
+// us; the TF32 ones 1.171 -> 1.010 and 0.945 -> 0.876 ms; the other products the same). False where
+// TMA cannot address the operand (16-byte alignment of the base and strides) or the driver refuses it.
 inline bool encode_operand(CUtensorMap* map, CUtensorMapDataType dtype, int elem_bytes, const void* base,
                            long long inner, long long outer, long long outer_stride, long long batch_stride,
                            long long batches, int box_inner, int box_outer) {

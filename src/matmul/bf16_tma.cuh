@@ -120,6 +120,14 @@ struct TmaMaps {
   CUtensorMap a, b, out;
 };
 
+// Tensor map of q's bf16 output seen as `rows` x `cols` matrices with rows q.ldc apart (q.batch of them),
+// in 4 KB boxes of box_cols columns (64: 128-byte rows, or 32).
+inline bool encode_output(CUtensorMap* map, const Params& q, int cols, int rows, int box_cols) {
+  const long long matrix = q.batch > 1 ? static_cast<long long>(rows) * q.ldc : 0;
+  return tma::encode_operand(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, q.out, cols, rows, q.ldc, matrix, q.batch,
+                             box_cols, 2048 / box_cols);
+}
+
 // Whether the epilogue of p (its plan's tiles BN wide, `splits` K splits) stores through TMA
 // (store_tile_tma), encoding the output's map if so, in boxes of 32 rows x 64 columns, or 64 x 32 where
 // BN is no multiple of 64: a bf16 output with no epilogue or + bias, whole 32-column pieces, no
@@ -129,10 +137,7 @@ inline bool tma_store_output(const Params& p, int bn, int splits, CUtensorMap* m
       p.ldc % 8 != 0) {
     return false;
   }
-  const long long matrix = static_cast<long long>(p.M) * p.ldc;
-  const int box_cols = bn % 64 == 0 ? 64 : 32;
-  return tma::encode_operand(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.out, p.N, p.M, p.ldc,
-                             p.batch > 1 ? matrix : 0, p.batch, box_cols, 2048 / box_cols);
+  return encode_output(map, p, p.N, p.M, bn % 64 == 0 ? 64 : 32);
 }
 
 template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN>
@@ -169,12 +174,8 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
     return kNotTaken;
   }
   int store = kStoreStaged;
-  if (transposed) {  // the output's map: inner dim its columns (q's rows), boxes of 32 rows x 64 columns
-    const long long matrix = q.batch > 1 ? static_cast<long long>(q.N) * q.ldc : 0;
-    if (!tma::encode_operand(&maps.out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, q.out, q.M, q.N, q.ldc, matrix, q.batch,
-                             64, 32)) {
-      return kNotTaken;
-    }
+  if (transposed) {  // the output's columns are q's rows; boxes of 32 rows x 64 columns
+    if (!encode_output(&maps.out, q, q.M, q.N, 64)) return kNotTaken;
     store = kStoreTransposed;
   } else if (tma_store_output(q, bn, plan.splits, &maps.out)) {
     store = kStoreTma;
