@@ -530,6 +530,48 @@ __device__ __forceinline__ void store_tile_tma_t(const Params& p, const float (&
     ++box;
   }
 }
+
+// A ring slot and the parity of its current use, stepped once a K tile by the producer and by each
+// consumer in the same order (no division by the stage count in the K loop: the consumers' loop issues
+// the products, and fc dW ran 31.4 -> 30.0 us without it; bf16_notes.md, fifteenth session).
+template <int S>
+struct RingPos {
+  int slot = 0, phase = 0;
+  __device__ __forceinline__ void step() {
+    if (++slot == S) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// One unit's k_tiles K tiles for consumer warpgroup cw: per K tile, wait for the slot's `full` barrier,
+// four wgmma.m64nBNk16 on it, and release the slot before it (one arrival per warp) once that slot's
+// products are done. bars: the `full` barriers, then the `empty` ones.
+template <bool A_KMAJOR, bool B_KMAJOR, int BN, int B_BOX, int S, int A_BYTES, int SLOT_BYTES>
+__device__ __forceinline__ void consume_k_tiles(float (&acc)[BN / 2], int cw, uint32_t base, uint32_t bars,
+                                                int k_tiles, RingPos<S>& pos, int lane) {
+  uint32_t held = 0;  // the `empty` barrier of the slot whose products are in flight
+  for (int kt = 0; kt < k_tiles; ++kt, pos.step()) {
+    mbar_wait(bars + 8 * pos.slot, pos.phase);
+    const uint32_t slot = base + pos.slot * SLOT_BYTES;
+    const uint64_t a_desc = tile_desc<A_KMAJOR>(slot + cw * kTmaBoxBytes);
+    const uint64_t b_desc = tile_desc<B_KMAJOR, B_BOX>(slot + A_BYTES);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < kTmaBK / 16; ++j) {
+      wgmma_bf16<BN, !A_KMAJOR, !B_KMAJOR>(acc, a_desc + j * kDescStep<A_KMAJOR>, b_desc + j * kDescStep<B_KMAJOR, B_BOX>,
+                                           kt > 0 || j > 0);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    if (kt > 0 && lane == 0) mbar_arrive(held);  // the previous K tile's products are done
+    held = bars + 8 * (S + pos.slot);
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  fence_registers(acc);
+  if (lane == 0) mbar_arrive(held);
+}
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -574,13 +616,13 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
   if (warp < 4) {  // the producer warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (threadIdx.x != 0) return;
-    int it = 0;
+    RingPos<S> pos;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
       const Unit w = unit_of(p, u, BM, BN);
       const int ba = tp.a_batched ? w.bi : 0, bb = tp.b_batched ? w.bi : 0;
-      for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
-        const int s = it % S, k0 = (w.kt0 + kt) * kTmaBK;
-        mbar_wait(empty(s), ((it / S) & 1) ^ 1);
+      for (int kt = 0; kt < w.k_tiles; ++kt, pos.step()) {
+        const int s = pos.slot, k0 = (w.kt0 + kt) * kTmaBK;
+        mbar_wait(empty(s), pos.phase ^ 1);
         mbar_expect_tx(full(s), Cfg::kSlotBytes);
         const uint32_t slot = base + s * Cfg::kSlotBytes;
         load_operand_tile<A_KMAJOR, BM, 64>(slot, a_map, full(s), k0, w.row0, ba, kTmaBoxBytes);
@@ -596,7 +638,9 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-  int it = 0, box = 0;
+  RingPos<S> pos;
+  int box = 0;
+  constexpr int kBBox = B_KMAJOR ? 64 : Cfg::kBBoxRows;  // a K-major B: one 128-byte-swizzled box
   // what the epilogue will read beside the products: the pre-activations, or an addend that is not out
   // itself (a residual; an accumulation into out keeps v6's batched reads: the LM head's float32
   // weight-gradient chunks ran 253 -> 262 us with this prefetch)
@@ -607,26 +651,8 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = unit_of(p, u, BM, BN);
     if (prefetch != nullptr) prefetch_tile<BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
-    for (int kt = 0; kt < w.k_tiles; ++kt, ++it) {
-      const int s = it % S;
-      mbar_wait(full(s), (it / S) & 1);
-      const uint32_t slot = base + s * Cfg::kSlotBytes;
-      const uint64_t a_desc = tile_desc<A_KMAJOR>(slot + cw * kTmaBoxBytes);
-      constexpr int kBBox = B_KMAJOR ? 64 : Cfg::kBBoxRows;  // a K-major B: one 128-byte-swizzled box
-      const uint64_t b_desc = tile_desc<B_KMAJOR, kBBox>(slot + Cfg::kABytes);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-      for (int j = 0; j < kTmaBK / 16; ++j) {
-        wgmma_bf16<BN, !A_KMAJOR, !B_KMAJOR>(acc, a_desc + j * kDescStep<A_KMAJOR>,
-                                             b_desc + j * kDescStep<B_KMAJOR, kBBox>, kt > 0 || j > 0);
-      }
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-      if (kt > 0 && lane == 0) mbar_arrive(empty((it - 1) % S));  // the previous K tile's products are done
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    fence_registers(acc);
-    if (lane == 0) mbar_arrive(empty((it - 1) % S));
+    consume_k_tiles<A_KMAJOR, B_KMAJOR, BN, kBBox, S, Cfg::kABytes, Cfg::kSlotBytes>(acc, cw, base, bars, w.k_tiles,
+                                                                                   pos, lane);
 
     // Epilogue: acc[4 j], acc[4 j + 1] are row wq * 16 + g of the warpgroup's 64, columns 8 j + 2 t, + 1;
     // acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further.
