@@ -534,9 +534,12 @@ __device__ __forceinline__ void store_tile_tma_t(const Params& p, const float (&
 // A ring slot and the parity of its current use, stepped once a K tile by the producer and by each
 // consumer in the same order: no division by the stage count in the K loops. The consumers' loop issues
 // the products, and `(it - 1) % S` between them cost GPT-2's fc weight gradient 31.4-31.9 us against
-// 29.9-31.0 without it on an H100 (bf16_notes.md, fifteenth session).
+// 29.9-31.0 without it on an H100 (bf16_notes.md, fifteenth session). The ring's barriers lie 8 bytes
+// apart from bars: slot s's `full` (its tiles have landed) at s, its `empty` (its products are done) at S + s.
 template <int S>
 struct RingPos {
+  static __device__ __forceinline__ uint32_t full(uint32_t bars, int s) { return bars + 8 * s; }
+  static __device__ __forceinline__ uint32_t empty(uint32_t bars, int s) { return bars + 8 * (S + s); }
   int slot = 0, phase = 0;
   __device__ __forceinline__ void step() {
     if (++slot == S) {
@@ -548,13 +551,13 @@ struct RingPos {
 
 // One unit's k_tiles K tiles for consumer warpgroup cw: per K tile, wait for the slot's `full` barrier,
 // four wgmma.m64nBNk16 on it, and release the slot before it (one arrival per warp) once that slot's
-// products are done. bars: the `full` barriers, then the `empty` ones.
+// products are done. bars: the ring's barriers (RingPos).
 template <bool A_KMAJOR, bool B_KMAJOR, int BN, int B_BOX, int S, int A_BYTES, int SLOT_BYTES>
 __device__ __forceinline__ void consume_k_tiles(float (&acc)[BN / 2], int cw, uint32_t base, uint32_t bars,
                                                 int k_tiles, RingPos<S>& pos, int lane) {
   uint32_t held = 0;  // the `empty` barrier of the slot whose products are in flight
   for (int kt = 0; kt < k_tiles; ++kt, pos.step()) {
-    mbar_wait(bars + 8 * pos.slot, pos.phase);
+    mbar_wait(RingPos<S>::full(bars, pos.slot), pos.phase);
     const uint32_t slot = base + pos.slot * SLOT_BYTES;
     const uint64_t a_desc = tile_desc<A_KMAJOR>(slot + cw * kTmaBoxBytes);
     const uint64_t b_desc = tile_desc<B_KMAJOR, B_BOX>(slot + A_BYTES);
@@ -567,7 +570,7 @@ __device__ __forceinline__ void consume_k_tiles(float (&acc)[BN / 2], int cw, ui
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
     if (kt > 0 && lane == 0) mbar_arrive(held);  // the previous K tile's products are done
-    held = bars + 8 * (S + pos.slot);
+    held = RingPos<S>::empty(bars, pos.slot);
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   fence_registers(acc);
@@ -595,16 +598,15 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
   const uint32_t base = (raw_addr + 1023) & ~1023u;
   const uint32_t staging = base + S * Cfg::kSlotBytes;  // one Cfg::kStageBytes buffer per consumer warpgroup
   const uint32_t bars = staging + Cfg::kConsumers * Cfg::kStageBytes;
-  const auto full = [&](int s) { return bars + 8 * s; };
-  const auto empty = [&](int s) { return bars + 8 * (S + s); };
+  using Ring = RingPos<S>;
   const Params& p = tp.p;
   const int units = p.batch * p.splits * p.tiles_m * p.tiles_n;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full(s), 1);
-      mbar_init(empty(s), 4 * Cfg::kConsumers);  // every consumer warp
+      mbar_init(Ring::full(bars, s), 1);
+      mbar_init(Ring::empty(bars, s), 4 * Cfg::kConsumers);  // every consumer warp
     }
     fence_barrier_init();
     prefetch_tensormap(a_map);
@@ -617,17 +619,18 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
   if (warp < 4) {  // the producer warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (threadIdx.x != 0) return;
-    RingPos<S> pos;
+    Ring pos;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
       const Unit w = unit_of(p, u, BM, BN);
       const int ba = tp.a_batched ? w.bi : 0, bb = tp.b_batched ? w.bi : 0;
       for (int kt = 0; kt < w.k_tiles; ++kt, pos.step()) {
         const int s = pos.slot, k0 = (w.kt0 + kt) * kTmaBK;
-        mbar_wait(empty(s), pos.phase ^ 1);
-        mbar_expect_tx(full(s), Cfg::kSlotBytes);
+        const uint32_t full = Ring::full(bars, s);
+        mbar_wait(Ring::empty(bars, s), pos.phase ^ 1);
+        mbar_expect_tx(full, Cfg::kSlotBytes);
         const uint32_t slot = base + s * Cfg::kSlotBytes;
-        load_operand_tile<A_KMAJOR, BM, 64>(slot, a_map, full(s), k0, w.row0, ba, kTmaBoxBytes);
-        load_operand_tile<B_KMAJOR, BN, Cfg::kBBoxRows>(slot + Cfg::kABytes, b_map, full(s), k0, w.col0, bb,
+        load_operand_tile<A_KMAJOR, BM, 64>(slot, a_map, full, k0, w.row0, ba, kTmaBoxBytes);
+        load_operand_tile<B_KMAJOR, BN, Cfg::kBBoxRows>(slot + Cfg::kABytes, b_map, full, k0, w.col0, bb,
                                                         Cfg::kBBoxRows * kTmaBK * 2);
       }
     }
@@ -639,7 +642,7 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-  RingPos<S> pos;
+  Ring pos;
   int box = 0;
   constexpr int kBBox = B_KMAJOR ? 64 : Cfg::kBBoxRows;  // a K-major B: one 128-byte-swizzled box
   // what the epilogue will read beside the products: the pre-activations, or an addend that is not out
