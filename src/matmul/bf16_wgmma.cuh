@@ -434,16 +434,45 @@ __device__ __forceinline__ void boxes_written(int bar_id) {
   warpgroup_sync(bar_id);
 }
 
+// stmatrix.x4 (TRANS: each 8 x 8 matrix stored transposed): lane l gives the shared address of row l % 8
+// of matrix l / 8 (of its column l % 8 with TRANS), and m[i] is the thread's pair of matrix i: row g,
+// columns 2 t and 2 t + 1, the layout of a wgmma accumulator's 8 x 8 blocks.
+template <bool TRANS>
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&m)[4]) {
+  if constexpr (TRANS) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(m[0]),
+                 "r"(m[1]), "r"(m[2]), "r"(m[3])
+                 : "memory");
+  } else {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(m[0]), "r"(m[1]),
+                 "r"(m[2]), "r"(m[3])
+                 : "memory");
+  }
+}
+
+// Where the byte at offset o of a TMA box (from a 1024-byte aligned start) lies under the swizzle of
+// SW-byte spans (128 or 64): its 16-byte chunk index XOR the 128-byte line's index mod SW / 16.
+template <int SW>
+__device__ __forceinline__ uint32_t swizzled(uint32_t o) {
+  return o ^ (((o >> 7) & (SW / 16 - 1)) << 4);
+}
+
+// Two float32 sums as a bf16 pair (the lower column in the low half).
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 // The epilogue of a bf16 output with no epilogue or + bias (no accumulation, no K splits) through TMA
 // stores, so that the warpgroup goes on to its next tile while its stores drain: per piece of BOXC
-// columns every thread writes its sums (+ bias) as bf16 pairs into the piece's boxes (4 KB each: 32 rows
-// x 64 columns with the 128-byte swizzle, the 16-byte chunk c of row r at chunk c ^ (r % 8); or, where
-// BN is no multiple of 64 (192 x 96), 64 rows x 32 columns with the 64-byte swizzle, chunk c ^ (r / 2 %
-// 4); a warp's writes conflict-free either way) in its warpgroup's staging, and one thread stores them
-// with cp.async.bulk.tensor. The staging holds NB boxes used in turn (box: the warpgroup's running
-// count of them); before a piece's boxes are written again the stores that read them must be done (one
-// bulk group a box: wait_group.read NB - boxes a piece). Without it the stores' drain (a wave's outputs
-// evicting dirty lines from L2) held the tensor cores idle: qkv fwd 29.1 us, 21.4 without any stores.
+// columns the warp writes its sums (+ bias) as bf16 with stmatrix, four 8 x 8 blocks an instruction,
+// into the piece's boxes (4 KB each: 32 rows x 64 columns with the 128-byte swizzle, or, where BN is no
+// multiple of 64 (192 x 96), 64 rows x 32 columns with the 64-byte swizzle) in its warpgroup's staging,
+// and one thread stores them with cp.async.bulk.tensor. The staging holds NB boxes used in turn (box:
+// the warpgroup's running count of them); before a piece's boxes are written again the stores that
+// read them must be done (one bulk group a box: wait_group.read NB - boxes a piece). Without it the
+// stores' drain (a wave's outputs evicting dirty lines from L2) held the tensor cores idle: qkv fwd
+// 29.1 us, 21.4 without any stores.
 template <int BN, int STAGE_BYTES>
 __device__ __forceinline__ void store_tile_tma(const Params& p, const float (&acc)[BN / 2], const CUtensorMap& out_map,
                                                uint32_t stage, int bar_id, int bi, int row0, int col0, int wq, int g,
@@ -452,30 +481,29 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const float (&ac
   constexpr int NB = STAGE_BYTES / 4096;
   static_assert(BN % BOXC == 0 && NB >= PER_PIECE, "whole pieces, a piece's boxes at a time");
   const bool issuer = threadIdx.x % 128 == 0;
-  const int r = wq * 16 + g, in_box = r % BOXR;  // the thread's row (and r + 8) of the warpgroup's 64
-  const uint32_t at = in_box * 2 * BOXC + 4 * t;
-  const int swizzle = in_box * 2 * BOXC / 128 % (BOXC / 8);  // the same for row r + 8
+  const int q = threadIdx.x % 32 / 8;
+  const int row = wq * 16 + 8 * (q % 2) + threadIdx.x % 8;  // the lane's stmatrix row of the warpgroup's 64
+  const uint32_t row_at = row % BOXR * 2 * BOXC + 16 * (q / 2);
   const __nv_bfloat16* bias = p.epilogue == kBias ? static_cast<const __nv_bfloat16*>(p.bias) : nullptr;
 #pragma unroll
   for (int piece = 0; piece < BN / BOXC; ++piece) {
     boxes_free<NB - PER_PIECE>(issuer, bar_id);
-    const uint32_t buf = stage + (box + r / BOXR) % NB * 4096 + at;
+    const uint32_t buf = stage + (box + row / BOXR) % NB * 4096;
 #pragma unroll
-    for (int j = 0; j < BOXC / 8; ++j) {
-      const int jj = BOXC / 8 * piece + j, c = col0 + BOXC * piece + 8 * j + 2 * t;
-      float b0 = 0.f, b1 = 0.f;
-      if (bias != nullptr) {
-        if (c < p.N) b0 = __bfloat162float(bias[c]);
-        if (c + 1 < p.N) b1 = __bfloat162float(bias[c + 1]);
+    for (int j = 0; j < BOXC / 8; j += 2) {
+      uint32_t m[4];  // matrix 2 h + e: rows 8 e.. of the warp's 16, columns 8 (j + h)..
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int jj = BOXC / 8 * piece + j + h, c = col0 + BOXC * piece + 8 * (j + h) + 2 * t;
+        float b0 = 0.f, b1 = 0.f;
+        if (bias != nullptr) {
+          if (c < p.N) b0 = __bfloat162float(bias[c]);
+          if (c + 1 < p.N) b1 = __bfloat162float(bias[c + 1]);
+        }
+        m[2 * h] = bf16_pair(acc[4 * jj] + b0, acc[4 * jj + 1] + b1);
+        m[2 * h + 1] = bf16_pair(acc[4 * jj + 2] + b0, acc[4 * jj + 3] + b1);
       }
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * jj] + b0, acc[4 * jj + 1] + b1);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * jj + 2] + b0, acc[4 * jj + 3] + b1);
-      const uint32_t chunk = (j ^ swizzle) << 4;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + chunk), "r"(*reinterpret_cast<const uint32_t*>(&lo))
-                   : "memory");
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + 16 * BOXC + chunk),
-                   "r"(*reinterpret_cast<const uint32_t*>(&hi))
-                   : "memory");
+      stmatrix_x4<false>(buf + swizzled<2 * BOXC>(row_at + 16 * j), m);
     }
     boxes_written(bar_id);
     if (issuer) {
@@ -492,34 +520,35 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const float (&ac
 
 // store_tile_tma for a product run as its transpose (launch_tma: C = A B with more rows than columns
 // as D = C^T = B^T A^T, whose 192-row tiles cut C's 3072 x 768 weight gradient into 128 where C's own
-// 128-row tiles make 96): D's rows are the output's columns. Per 32 columns of D every thread writes its
-// sums as bf16 into one box of 32 output rows x 64 output columns (D's 32 columns x the warpgroup's 64
-// rows, 4 KB, 128-byte swizzle: D's element (i, j) at byte 128 j + 16 ((i / 8) ^ (j % 8)) + 2 (i % 8), a
-// warp's 2-byte stores 16 words apart), and one thread stores it through the output's map (inner dim
-// the output's columns). NB boxes in turn, as store_tile_tma's.
+// 128-row tiles make 96): D's rows are the output's columns. Per 32 columns of D the warp writes its
+// sums as bf16 with stmatrix.trans into one box of 32 output rows x 64 output columns (D's 32 columns x
+// the warpgroup's 64 rows, 4 KB, 128-byte swizzle: D's element (i, j) at byte 128 j + 16 ((i / 8) ^
+// (j % 8)) + 2 (i % 8)), and one thread stores it through the output's map (inner dim the output's
+// columns). NB boxes in turn, as store_tile_tma's.
 template <int BN, int STAGE_BYTES>
 __device__ __forceinline__ void store_tile_tma_t(const Params& p, const float (&acc)[BN / 2], const CUtensorMap& out_map,
-                                                 uint32_t stage, int bar_id, int bi, int row0, int col0, int wq, int g,
-                                                 int t, int& box) {
+                                                 uint32_t stage, int bar_id, int bi, int row0, int col0, int wq,
+                                                 int& box) {
   constexpr int NB = STAGE_BYTES / 4096;
   static_assert(BN % 32 == 0 && NB >= 2, "whole 32-column pieces");
   const bool issuer = threadIdx.x % 128 == 0;
+  const int q = threadIdx.x % 32 / 8;
+  // the lane's stmatrix row: D column 8 (q / 2) + lane % 8 of a 16-column pair, D rows 8 (q % 2).. of the warp's 16
+  const uint32_t row_at = (8 * (q / 2) + threadIdx.x % 8) * 128 + 16 * (2 * wq + q % 2);
 #pragma unroll
   for (int piece = 0; piece < BN / 32; ++piece) {
     boxes_free<NB - 1>(issuer, bar_id);
     const uint32_t buf = stage + box % NB * 4096;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < 4; j += 2) {
+      uint32_t m[4];  // matrix 2 h + e: D rows 8 e.. of the warp's 16, D columns 8 (j + h)..
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {  // D's row wq * 16 + g + 8 e: chunk 2 wq + e, byte 2 g
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {  // D's column 8 (4 piece + j) + 2 t + k: the box's row 8 j + 2 t + k
-          const uint32_t dst = buf + (8 * j + 2 * t + k) * 128 + (((2 * wq + e) ^ (2 * t + k)) << 4) + 2 * g;
-          const __nv_bfloat16 v = __float2bfloat16_rn(acc[4 * (4 * piece + j) + 2 * e + k]);
-          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(dst), "h"(*reinterpret_cast<const unsigned short*>(&v))
-                       : "memory");
-        }
+      for (int h = 0; h < 2; ++h) {
+        const int jj = 4 * piece + j + h;
+        m[2 * h] = bf16_pair(acc[4 * jj], acc[4 * jj + 1]);
+        m[2 * h + 1] = bf16_pair(acc[4 * jj + 2], acc[4 * jj + 3]);
       }
+      stmatrix_x4<true>(buf + swizzled<128>(row_at + 8 * 128 * j), m);
     }
     boxes_written(bar_id);
     if (issuer) {
@@ -670,8 +699,8 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     }
     if constexpr (BM == 192) {  // launch_tma transposes only onto 192-row tiles
       if (tp.store == kStoreTransposed) {
-        store_tile_tma_t<BN, Cfg::kStageBytes>(p, acc, out_map, stage, 1 + cw, w.bi, w.row0 + cw * 64, w.col0, wq, g,
-                                               t, box);
+        store_tile_tma_t<BN, Cfg::kStageBytes>(p, acc, out_map, stage, 1 + cw, w.bi, w.row0 + cw * 64, w.col0, wq,
+                                               box);
         continue;
       }
     }
