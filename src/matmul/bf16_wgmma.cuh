@@ -18,8 +18,9 @@
 //                     every 8th row from it (bias, activation, pre-activation, accumulation, the
 //                     output's dtype, or a K split's partial sums), a 16-thread group per row. A bf16
 //                     output with no epilogue or + bias (nothing accumulated or split) goes through
-//                     store_tile_tma instead: bf16 boxes in the staging, TMA-stored by one thread
-//                     while the warpgroup starts its next unit.
+//                     store_tile_tma instead (bf16_tma_store.cuh): bf16 boxes written with stmatrix
+//                     into the staging, TMA-stored by one thread while the warpgroup starts its next
+//                     unit.
 // setmaxnreg gives the producer warpgroup's registers to the consumers (24 / 240 a thread with two
 // consumer warpgroups, 24 / 160 with three: at 232 the 256-wide consumers spilled).
 //
