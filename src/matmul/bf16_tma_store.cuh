@@ -74,8 +74,8 @@ __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
 // 29.1 us, 21.4 without any stores.
 template <int BN, int STAGE_BYTES>
 __device__ __forceinline__ void store_tile_tma(const Params& p, const float (&acc)[BN / 2], const CUtensorMap& out_map,
-                                               uint32_t stage, int bar_id, int bi, int row0, int col0, int wq, int g,
-                                               int t, int& box) {
+                                               uint32_t stage, int bar_id, int bi, int row0, int col0, int wq, int t,
+                                               int& box) {
   constexpr int BOXC = BN % 64 == 0 ? 64 : 32, BOXR = 2048 / BOXC, PER_PIECE = 64 / BOXR;
   constexpr int NB = STAGE_BYTES / 4096;
   static_assert(BN % BOXC == 0 && NB >= PER_PIECE, "whole pieces, a piece's boxes at a time");

@@ -549,7 +549,7 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     // acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further.
     const uint32_t stage = staging + cw * Cfg::kStageBytes;
     if (tp.store == kStoreTma) {
-      store_tile_tma<BN, Cfg::kStageBytes>(p, acc, out_map, stage, 1 + cw, w.bi, w.row0 + cw * 64, w.col0, wq, g, t,
+      store_tile_tma<BN, Cfg::kStageBytes>(p, acc, out_map, stage, 1 + cw, w.bi, w.row0 + cw * 64, w.col0, wq, t,
                                            box);
       continue;
     }
