@@ -108,7 +108,10 @@ def test_layouts(out_dtype, aligned: bool, a_t: bool, b_t: bool) -> None:
     check_product(operand(gen, (300, 1001), a_t, aligned), operand(gen, (1001, 517), b_t, aligned), out_dtype)
 
 
-TMA_SHAPES = 6  # bf16_tma.cuh's kTmaShapes: 128 x 256, 128 x 192, 128 x 128, 192 x 128, 192 x 96, 64 x 128
+# bf16_tma.cuh's kTmaShapes: 128 x 256, 128 x 192, 128 x 128, 192 x 128, 192 x 96, 64 x 128, and 64 x 96 in
+# 8-block clusters (bf16_cluster.cuh)
+TMA_SHAPES = 7
+CLUSTER_SHAPE = 6
 
 
 @pytest.mark.parametrize("shape", range(TMA_SHAPES))
@@ -123,6 +126,23 @@ def test_every_tma_shape(monkeypatch, shape: int, a_t: bool, b_t: bool) -> None:
     gen = torch.Generator(device="cuda").manual_seed(shape + 8 * a_t + 16 * b_t)
     check_product(operand(gen, (389, 264), a_t, True), operand(gen, (264, 296), b_t, True))
     check_product(operand(gen, (200, 4096), a_t, True), operand(gen, (4096, 392), b_t, True), torch.float32)
+
+
+@pytest.mark.parametrize("a_t", [False, True])
+@pytest.mark.parametrize("b_t", [False, True])
+def test_clustered_tiles(monkeypatch, a_t: bool, b_t: bool) -> None:
+    """The clustered 64 x 96 tiles (each A tile loaded in halves by the two blocks of its row, each B tile in
+    quarters by the four of its column, multicast): GPT-2's attention projection weight gradient as the
+    planner gives it to them, then with the shape forced: clusters whose tiles lie partly or wholly past
+    M and N, more clusters than fit on the GPU at once (a batch of 40: blocks take several units), a
+    broadcast batch, K splits with float32 partial sums."""
+    gen = torch.Generator(device="cuda").manual_seed(40 + a_t + 2 * b_t)
+    check_product(operand(gen, (768, 4096), a_t, True), operand(gen, (4096, 768), b_t, True))
+    monkeypatch.setenv("MINITORCH_BF16_TMA_SHAPE", str(CLUSTER_SHAPE))
+    check_product(operand(gen, (72, 520), a_t, True), operand(gen, (520, 200), b_t, True), pad=8)
+    check_product(operand(gen, (40, 256, 128), a_t, True), operand(gen, (40, 128, 192), b_t, True))
+    check_product(operand(gen, (300, 192), a_t, True), operand(gen, (3, 192, 104), b_t, True), torch.float32)
+    check_product(operand(gen, (136, 8192), a_t, True), operand(gen, (8192, 96), b_t, True), torch.float32)
 
 
 @pytest.mark.parametrize("beside", [False, True])

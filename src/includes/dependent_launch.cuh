@@ -56,23 +56,43 @@ inline bool dependent_launch_enabled() {
   return cached_attribute(cudaDevAttrComputeCapabilityMajor, cached, &major) == cudaSuccess && major >= 9;
 }
 
-// kernel<<<grid, block, smem_bytes, stream>>>(args...), as a dependent launch where enabled; returns
-// the launch status as the launchers do (0 when it was queued).
-template <class... Params, class... Args>
-int launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
-                             cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+// The launch configuration of a dependent launch (where enabled) in clusters of cluster_x blocks along x
+// (1: no clusters); `attributes` must outlive the configuration's use.
+inline cudaLaunchConfig_t dependent_config(dim3 grid, dim3 block, size_t smem_bytes, unsigned cluster_x,
+                                           cudaStream_t stream, cudaLaunchAttribute (&attributes)[2]) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = dependent_launch_enabled() ? 1 : 0;
+  config.attrs = attributes;
+  if (dependent_launch_enabled()) {
+    attributes[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_x > 1) {
+    attributes[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attributes[config.numAttrs++].val.clusterDim = {cluster_x, 1, 1};
+  }
+  return config;
+}
+
+// kernel<<<grid, block, smem_bytes, stream>>>(args...) in clusters of cluster_x blocks along x (1: none),
+// as a dependent launch where enabled; returns the launch status as the launchers do (0 when queued).
+template <class... Params, class... Args>
+int launch_dependent_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                                 unsigned cluster_x, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attributes[2];
+  const cudaLaunchConfig_t config = dependent_config(grid, block, smem_bytes, cluster_x, stream, attributes);
   cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);  // an error is the thread's last one
   return mt_launch_status();
+}
+
+// kernel<<<grid, block, smem_bytes, stream>>>(args...), as a dependent launch where enabled.
+template <class... Params, class... Args>
+int launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                     Args&&... args) {
+  return launch_dependent_in_clusters(kernel, grid, block, smem_bytes, 1, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace mt

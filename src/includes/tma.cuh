@@ -56,6 +56,37 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap& map, u
       : "memory");
 }
 
+// The same box written at dst into every block of the cluster in cta_mask (the same shared-memory offset
+// in each), its bytes counted on the barrier at offset bar in each of them.
+__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap& map, uint32_t bar, int c0, int c1,
+                                                   int c2, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
+      : "memory");
+}
+
+// This block's rank in its cluster.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// One arrival on the barrier at offset bar of the cluster's block `rank` (this block's own or another's).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+
+// Every thread of the cluster's blocks: what each wrote before (its barriers' initialization) is seen by
+// the others after.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 // Box (c0, c1, c2) of the tensor map from shared memory at src, as a bulk-async group of the thread's
 // once bulk_commit closes it; shared-memory writes before it need fence_async_shared and a barrier.
 __device__ __forceinline__ void tma_store(const CUtensorMap& map, uint32_t src, int c0, int c1, int c2) {
@@ -116,13 +147,13 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 // Tensor map of a matmul operand (both matmul kernels) whose element (i, o) of batch matrix b sits at
 // base[i + o * outer_stride + b * batch_stride] (elements of elem_bytes; i along the unit-stride dim,
 // batch_stride 0: one matrix for every b), in boxes of box_inner x box_outer, swizzled by the box row
-// (128 or 64 bytes), zeros read outside. The L2 promotion is 128 bytes, a box row, rather than 256
+// (128 or 64 bytes) or, with swizzle128, by 128 bytes whatever the row, zeros read outside. The L2 promotion is 128 bytes, a box row, rather than 256
 // (H100: the bf16 LM head's input gradient, K 50,257, 563 -> 403 us and its weight gradient 477 -> 418
 // us; the TF32 ones 1.171 -> 1.010 and 0.945 -> 0.876 ms; the other products the same). False where
 // TMA cannot address the operand (16-byte alignment of the base and strides) or the driver refuses it.
 inline bool encode_operand(CUtensorMap* map, CUtensorMapDataType dtype, int elem_bytes, const void* base,
                            long long inner, long long outer, long long outer_stride, long long batch_stride,
-                           long long batches, int box_inner, int box_outer) {
+                           long long batches, int box_inner, int box_outer, bool swizzle128 = false) {
   const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
   const long long per16 = 16 / elem_bytes;  // elements in 16 bytes
   if (fn == nullptr || !mt::is_aligned16(base) || outer_stride % per16 != 0 || batch_stride % per16 != 0) return false;
@@ -134,7 +165,7 @@ inline bool encode_operand(CUtensorMap* map, CUtensorMapDataType dtype, int elem
   const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_inner), static_cast<cuuint32_t>(box_outer), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return fn(map, dtype, 3, const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            box_inner * elem_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+            swizzle128 || box_inner * elem_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
             CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }

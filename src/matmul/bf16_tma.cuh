@@ -6,6 +6,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "../includes/device_info.cuh"
@@ -13,6 +14,7 @@
 #include "../includes/layout.cuh"
 #include "../includes/tma.cuh"
 #include "../includes/vec.cuh"
+#include "bf16_cluster.cuh"
 #include "bf16_common.cuh"
 #include "bf16_wgmma.cuh"
 
@@ -35,10 +37,14 @@ using tma::encode_tiled;
 // 768 x 768 x 4096 (GPT-2's attention projection weight gradient) take 15.1 us where 128 x 128 tiles in
 // 3 K splits take 17.3, 6.5 of it writing and adding the partial sums (bf16_notes.md, fourteenth
 // session); on fewer SMs each takes in its operands faster (~100 GB/s against ~85), hence its rate.
+// The last shape is not planned: 64 x 96 tiles in 8-block clusters sharing their operand tiles
+// (bf16_cluster.cuh) take a product the planner gives unsplit 64 x 128 tiles, where clusters fit.
 constexpr TileShape kTmaShapes[] = {{128, 256, kTmaBK, 1, 5.6e12}, {128, 192, kTmaBK, 1, 5.4e12},
                                     {128, 128, kTmaBK, 1, 4.8e12}, {192, 128, kTmaBK, 1, 5.2e12},
-                                    {192, 96, kTmaBK, 1, 5.0e12},  {64, 128, kTmaBK, 1, 4.0e12}};
-constexpr int kTmaShapeCount = 6, kTmaRowsShapes = 3;
+                                    {192, 96, kTmaBK, 1, 5.0e12},  {64, 128, kTmaBK, 1, 4.0e12},
+                                    {64, 96, kTmaBK, 1, 4.0e12}};
+constexpr int kTmaShapeCount = 7, kTmaPlannedShapes = 6, kTmaRowsShapes = 3;
+constexpr int kNarrowShape = 5, kClusterShape = 6;
 
 // One operand as TMA reads it: element (i, o) of batch matrix b at base[i + o * outer_stride +
 // b * batch_stride] (elements), i along the unit-stride dim; batch_stride 0: one matrix for every b.
@@ -48,9 +54,10 @@ struct Operand {
 };
 
 // Tensor map of op in boxes of box_inner (64: 128 bytes, or 32) x box_outer (tma::encode_operand).
-inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int box_outer, int box_inner = 64) {
+inline bool encode(CUtensorMap* map, const Operand& op, long long batches, int box_outer, int box_inner = 64,
+                   bool swizzle128 = false) {
   return tma::encode_operand(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, op.base, op.inner, op.outer, op.outer_stride,
-                             op.batch_stride, batches, box_inner, box_outer);
+                             op.batch_stride, batches, box_inner, box_outer, swizzle128);
 }
 
 // Whether TMA reads an operand whose element (i, o) sits at i * unit + o * other along the unit dim i:
@@ -111,13 +118,14 @@ inline Plan tma_plan(const Params& p, int sms, int max_splits, bool beside) {
     plan.shape = forced;
     return plan;
   }
-  const int shapes = p.M > p.N || beside ? kTmaRowsShapes : kTmaShapeCount;
+  const int shapes = p.M > p.N || beside ? kTmaRowsShapes : kTmaPlannedShapes;
   return plan_product(kTmaShapes, shapes, p.M, p.N, p.K, p.batch, sms, max_splits);
 }
 
-// The kernel's tensor maps of A, B and, where the epilogue stores through TMA, the output.
+// The kernel's tensor maps of A, B and, where the epilogue stores through TMA, the output; b2: a
+// clustered product's MN-major B columns 64..95 (bf16_cluster.cuh).
 struct TmaMaps {
-  CUtensorMap a, b, out;
+  CUtensorMap a, b, b2, out;
 };
 
 // Tensor map of q's bf16 output seen as `rows` x `cols` matrices with rows q.ldc apart (q.batch of them),
@@ -147,6 +155,59 @@ int launch_tma_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cuda
       dim3(static_cast<unsigned>(grid)), Cfg::kThreads, Cfg::kSmemBytes, stream, maps.a, maps.b, maps.out, tp);
 }
 
+// How many 8-block clusters of the clustered kernel fit on the current device at once (its blocks take an
+// SM each, a cluster's eight in one GPC), once per device; 0 where none do.
+inline int cluster_capacity() {
+  static std::atomic<int> cached[mt::kMaxDevicesCached] = {};  // 0 unknown, else clusters + 1
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= mt::kMaxDevicesCached) return 0;
+  if (cached[device].load() == 0) {
+    using Cfg = ClusterConfig;
+    const auto kernel = matmul_bf16_cluster_kernel<false, false>;
+    static std::atomic<unsigned long long> configured{0};
+    cudaLaunchAttribute attributes[2];
+    const cudaLaunchConfig_t config = mt::dependent_config(dim3(Cfg::kBlocks * 16), dim3(Cfg::kThreads),
+                                                           Cfg::kSmemBytes, Cfg::kBlocks, nullptr, attributes);
+    int clusters = 0;
+    if (mt::allow_shared_memory(kernel, Cfg::kSmemBytes, &configured) != cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+      clusters = 0;
+    }
+    cudaGetLastError();  // no clusters is an answer here, not an error for the next launch
+    cached[device].store(clusters + 1);
+  }
+  return cached[device].load() - 1;
+}
+
+template <bool A_KMAJOR, bool B_KMAJOR>
+int launch_cluster_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cudaStream_t stream) {
+  using Cfg = ClusterConfig;
+  constexpr auto kernel = matmul_bf16_cluster_kernel<A_KMAJOR, B_KMAJOR>;
+  static std::atomic<unsigned long long> configured{0};
+  MT_RETURN_IF_ERROR(mt::allow_shared_memory(kernel, Cfg::kSmemBytes, &configured));
+  return mt::launch_dependent_in_clusters(kernel, dim3(static_cast<unsigned>(grid)), dim3(Cfg::kThreads),
+                                          Cfg::kSmemBytes, Cfg::kBlocks, stream, maps.a, maps.b, maps.b2, maps.out,
+                                          tp);
+}
+
+// The clustered kernel on tp's product (its maps encoded for it: cluster_maps), a cluster per unit up
+// to the device's capacity.
+inline int launch_clustered(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& l, cudaStream_t stream) {
+  const int grid = ClusterConfig::kBlocks * static_cast<int>(std::min<long long>(cluster_units(tp.p), cluster_capacity()));
+  if (l.a_kmajor && l.b_kmajor) return launch_cluster_instance<true, true>(maps, tp, grid, stream);
+  if (l.a_kmajor) return launch_cluster_instance<true, false>(maps, tp, grid, stream);
+  if (l.b_kmajor) return launch_cluster_instance<false, true>(maps, tp, grid, stream);
+  return launch_cluster_instance<false, false>(maps, tp, grid, stream);
+}
+
+// The operand maps of the clustered kernel: A in half tiles (32 rows or k), B in quarters (24 rows, or 16
+// k of a 64-column box and of a kB2Cols-column one under the 128-byte swizzle).
+inline bool cluster_maps(const TmaLayout& l, long long batch, TmaMaps* maps) {
+  if (!encode(&maps->a, l.a, batch, 32)) return false;
+  if (l.b_kmajor) return encode(&maps->b, l.b, batch, 24);
+  return encode(&maps->b, l.b, batch, 16) && encode(&maps->b2, l.b, batch, 16, ClusterConfig::kB2Cols, true);
+}
+
 template <int BM, int BN>
 int launch_tma_shape(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& l, int grid, cudaStream_t stream) {
   if (l.a_kmajor && l.b_kmajor) return launch_tma_instance<true, true, BM, BN>(maps, tp, grid, stream);
@@ -169,8 +230,10 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
   TmaMaps maps{};
   // an MN-major B whose width is no multiple of 64 in 32-row boxes (TmaConfig::kBBoxRows)
   const bool narrow_b = !l.b_kmajor && bn % 64 != 0;
-  if (!encode(&maps.a, l.a, q.batch, l.a_kmajor ? bm : kTmaBK) ||
-      !encode(&maps.b, l.b, q.batch, l.b_kmajor ? bn : kTmaBK, narrow_b ? 32 : 64)) {
+  if (plan.shape == kClusterShape) {
+    if (!cluster_maps(l, q.batch, &maps)) return kNotTaken;
+  } else if (!encode(&maps.a, l.a, q.batch, l.a_kmajor ? bm : kTmaBK) ||
+             !encode(&maps.b, l.b, q.batch, l.b_kmajor ? bn : kTmaBK, narrow_b ? 32 : 64)) {
     return kNotTaken;
   }
   int store = kStoreStaged;
@@ -194,7 +257,8 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
     case 2: status = launch_tma_shape<128, 128>(maps, tp, l, grid, stream); break;
     case 3: status = launch_tma_shape<192, 128>(maps, tp, l, grid, stream); break;
     case 4: status = launch_tma_shape<192, 96>(maps, tp, l, grid, stream); break;
-    default: status = launch_tma_shape<64, 128>(maps, tp, l, grid, stream); break;
+    case 5: status = launch_tma_shape<64, 128>(maps, tp, l, grid, stream); break;
+    default: status = launch_clustered(maps, tp, l, stream); break;
   }
   return status != 0 || plan.splits == 1 ? status : reduce_splits(q, workspace, plan.splits, stream);
 }
@@ -250,6 +314,9 @@ inline int launch_tma(const Params& p, void* workspace, long long workspace_byte
   if (partial_bytes(plan, p.M, p.N, p.batch) > workspace_bytes || !mt::is_aligned16(workspace)) {
     plan = tma_plan(p, sms, 1, beside);
   }
+  const bool clusters = cluster_capacity() > 0;
+  if (plan.shape == kNarrowShape && plan.splits == 1 && clusters) plan.shape = kClusterShape;
+  if (plan.shape == kClusterShape && !clusters) plan.shape = kNarrowShape;  // forced where clusters cannot run
   return run_tma(p, l, plan, false, workspace, sms, stream);
 }
 

@@ -434,12 +434,22 @@ struct RingPos {
   }
 };
 
+// A consumer warp's release of a ring slot whose products are done: one arrival on the slot's `empty`
+// barrier, from lane 0.
+struct LocalRelease {
+  bool arrives;  // lane 0
+  __device__ __forceinline__ void operator()(uint32_t empty) const {
+    if (arrives) mbar_arrive(empty);
+  }
+};
+
 // One unit's k_tiles K tiles for consumer warpgroup cw: per K tile, wait for the slot's `full` barrier,
-// four wgmma.m64nBNk16 on it, and release the slot before it (one arrival per warp) once that slot's
+// four wgmma.m64nBNk16 on it, and release the slot before it (each warp: release(its `empty` barrier),
+// a LocalRelease, or bf16_cluster.cuh's release in every block that loads into it) once that slot's
 // products are done. bars: the ring's barriers (RingPos).
-template <bool A_KMAJOR, bool B_KMAJOR, int BN, int B_BOX, int S, int A_BYTES, int SLOT_BYTES>
+template <bool A_KMAJOR, bool B_KMAJOR, int BN, int B_BOX, int S, int A_BYTES, int SLOT_BYTES, class Release>
 __device__ __forceinline__ void consume_k_tiles(float (&acc)[BN / 2], int cw, uint32_t base, uint32_t bars,
-                                                int k_tiles, RingPos<S>& pos, int lane) {
+                                                int k_tiles, RingPos<S>& pos, const Release& release) {
   uint32_t held = 0;  // the `empty` barrier of the slot whose products are in flight
   for (int kt = 0; kt < k_tiles; ++kt, pos.step()) {
     mbar_wait(RingPos<S>::full(bars, pos.slot), pos.phase);
@@ -454,12 +464,43 @@ __device__ __forceinline__ void consume_k_tiles(float (&acc)[BN / 2], int cw, ui
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-    if (kt > 0 && lane == 0) mbar_arrive(held);  // the previous K tile's products are done
+    if (kt > 0) release(held);  // the previous K tile's products are done
     held = RingPos<S>::empty(bars, pos.slot);
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   fence_registers(acc);
-  if (lane == 0) mbar_arrive(held);
+  release(held);
+}
+
+// What the epilogue will read beside the products, which prefetch_tile asks L2 for as a tile starts:
+// the pre-activations, or an addend that is not out itself (a residual; an accumulation into out keeps
+// v6's batched reads: the LM head's float32 weight-gradient chunks ran 253 -> 262 us with this prefetch).
+__device__ __forceinline__ const void* epilogue_reads(const Params& p) {
+  return p.partials != nullptr                 ? nullptr
+         : backward_epilogue(p.epilogue)       ? p.pre_act
+         : p.accumulate && p.addend != p.out ? p.addend
+                                               : nullptr;
+}
+
+// The epilogue of consumer warpgroup cw's 64 rows of unit w, through its staging at `stage`: acc[4 j],
+// acc[4 j + 1] are row wq * 16 + g of the warpgroup's 64, columns 8 j + 2 t, + 1; acc[4 j + 2], acc[4 j + 3]
+// the same columns 8 rows further. TRANSPOSABLE: the tiles a transposed product runs on (launch_tma
+// transposes only onto 192-row tiles).
+template <bool TRANSPOSABLE, int BN, int STAGE_BYTES, int STAGE_ROWS>
+__device__ __forceinline__ void store_unit(const TmaParams& tp, const float (&acc)[BN / 2], const CUtensorMap& out_map,
+                                           uint32_t stage, int cw, const Unit& w, int wq, int g, int t, int& box) {
+  const Params& p = tp.p;
+  if (tp.store == kStoreTma) {
+    store_tile_tma<BN, STAGE_BYTES>(p, acc, out_map, stage, 1 + cw, w.bi, w.row0 + cw * 64, w.col0, wq, t, box);
+    return;
+  }
+  if constexpr (TRANSPOSABLE) {
+    if (tp.store == kStoreTransposed) {
+      store_tile_tma_t<BN, STAGE_BYTES>(p, acc, out_map, stage, 1 + cw, w.bi, w.row0 + cw * 64, w.col0, wq, box);
+      return;
+    }
+  }
+  store_tile<BN, STAGE_ROWS>(p, acc, stage, 1 + cw, w.split, w.bi, w.row0 + cw * 64, w.col0, wq, g, t);
 }
 #endif
 
@@ -532,35 +573,14 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
   Ring pos;
   int box = 0;
   constexpr int kBBox = B_KMAJOR ? 64 : Cfg::kBBoxRows;  // a K-major B: one 128-byte-swizzled box
-  // what the epilogue will read beside the products: the pre-activations, or an addend that is not out
-  // itself (a residual; an accumulation into out keeps v6's batched reads: the LM head's float32
-  // weight-gradient chunks ran 253 -> 262 us with this prefetch)
-  const void* prefetch = p.partials != nullptr                 ? nullptr
-                         : backward_epilogue(p.epilogue)       ? p.pre_act
-                         : p.accumulate && p.addend != p.out ? p.addend
-                                                               : nullptr;
+  const void* prefetch = epilogue_reads(p);
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = unit_of(p, u, BM, BN);
     if (prefetch != nullptr) prefetch_tile<BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
     consume_k_tiles<A_KMAJOR, B_KMAJOR, BN, kBBox, S, Cfg::kABytes, Cfg::kSlotBytes>(acc, cw, base, bars, w.k_tiles,
-                                                                                   pos, lane);
-
-    // Epilogue: acc[4 j], acc[4 j + 1] are row wq * 16 + g of the warpgroup's 64, columns 8 j + 2 t, + 1;
-    // acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further.
-    const uint32_t stage = staging + cw * Cfg::kStageBytes;
-    if (tp.store == kStoreTma) {
-      store_tile_tma<BN, Cfg::kStageBytes>(p, acc, out_map, stage, 1 + cw, w.bi, w.row0 + cw * 64, w.col0, wq, t,
-                                           box);
-      continue;
-    }
-    if constexpr (BM == 192) {  // launch_tma transposes only onto 192-row tiles
-      if (tp.store == kStoreTransposed) {
-        store_tile_tma_t<BN, Cfg::kStageBytes>(p, acc, out_map, stage, 1 + cw, w.bi, w.row0 + cw * 64, w.col0, wq,
-                                               box);
-        continue;
-      }
-    }
-    store_tile<BN, Cfg::kStageRows>(p, acc, stage, 1 + cw, w.split, w.bi, w.row0 + cw * 64, w.col0, wq, g, t);
+                                                                                   pos, LocalRelease{lane == 0});
+    store_unit<BM == 192, BN, Cfg::kStageBytes, Cfg::kStageRows>(tp, acc, out_map, staging + cw * Cfg::kStageBytes,
+                                                                 cw, w, wq, g, t, box);
   }
   if (tp.store != kStoreStaged && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
 #endif
