@@ -8,8 +8,8 @@
 //   - The four blocks of a column tile (ranks i, i + 2, i + 4, i + 6) share its B tile: each loads a
 //     quarter (K-major: 24 of its 96 rows; MN-major: 16 of its 64 k of both boxes) into all four.
 // A block's `full` barrier counts the whole K tile's bytes, whichever block loaded them; its `empty`
-// barrier counts the consumer warps of the five blocks its own loads reach (its partner's and its
-// column's four), each of which releases the slot in every block that loads into it. So each block reads
+// barrier counts the consumers of the five blocks its own loads reach (its partner's and its column's
+// four), each of which releases the slot in every block that loads into it. So each block reads
 // 7 KB a K tile from L2 where an unclustered 64 x 96 block reads 20: 96 tiles of 768 x 768 x 4096 took
 // 19.5-23 us without clusters against the 15.1 of 72 unclustered 64 x 128 tiles on an H100 (bf16_notes.md,
 // sixteenth session); cuBLAS runs this product the same way (`nvjet_sm90_tst_96x64_64x8_2x4`).
@@ -45,7 +45,7 @@ struct ClusterConfig {
   __host__ __device__ static constexpr int load_bytes(bool b_kmajor) { return kABytes + (b_kmajor ? BN : 64 + kB2Cols) * kTmaBK * 2; }
   static constexpr int kStageBytes = 64 * kStageRowBytes;
   static constexpr int kStages = 8;
-  static constexpr int kReleases = 4 * 5;  // `empty` arrivals: 4 consumer warps in each of 5 blocks
+  static constexpr int kReleases = 5;  // `empty` arrivals: one from each block its loads reach
   static constexpr int kSmemBytes = kStages * kSlotBytes + kStageBytes + 16 * kStages + 1024;
   static_assert(kSmemBytes <= kTmaSmemLimit, "ring and staging must fit");
 };
@@ -78,13 +78,18 @@ __host__ __device__ inline long long cluster_units(const Params& p) {
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// A consumer warp's release of a ring slot in the five blocks that load into it: lanes 0-3 arrive at the
-// blocks of its column (ranks i, i + 2, i + 4, i + 6, its own among them), lane 4 at its row partner.
+// The consumer warpgroup's release of a ring slot in the five blocks that load into it, one arrival each
+// (CUTLASS's sm90 TMA pipeline spreads them over the warpgroup the same way, once every warp's wait for
+// the products has returned): lane 0 of warp q at block q of its column (ranks i, i + 2, i + 4, i + 6, its
+// own among them), lane 1 of warp 0 at its row partner. Twenty arrivals, one per consumer warp and block,
+// took 13.8-13.9 us over 768 x 768 x 4096 against 13.3-13.4 for these five (H100, bf16_notes.md).
 struct ClusterRelease {
-  int lane, rank;
+  bool arrives;
+  int target;
+  __device__ __forceinline__ ClusterRelease(int lane, int wq, int rank)
+      : arrives(lane == 0 || (lane == 1 && wq == 0)), target(lane == 0 ? rank % 2 + 2 * wq : rank ^ 1) {}
   __device__ __forceinline__ void operator()(uint32_t empty) const {
-    if (lane < 4) tma::mbar_arrive_cluster(empty, rank % 2 + 2 * lane);
-    if (lane == 4) tma::mbar_arrive_cluster(empty, rank ^ 1);
+    if (arrives) tma::mbar_arrive_cluster(empty, target);
   }
 };
 #endif
@@ -169,7 +174,7 @@ __global__ void __launch_bounds__(ClusterConfig::kThreads, 1)
     const Unit w = cluster_unit_of(p, u, rank);
     if (prefetch != nullptr) prefetch_tile<Cfg::BN>(p, prefetch, w.bi, w.row0, w.col0);
     consume_k_tiles<A_KMAJOR, B_KMAJOR, Cfg::BN, 64, S, Cfg::kABytes, Cfg::kSlotBytes>(acc, 0, base, bars, w.k_tiles,
-                                                                                     pos, ClusterRelease{lane, rank});
+                                                                                     pos, ClusterRelease(lane, wq, rank));
     store_unit<false, Cfg::BN, Cfg::kStageBytes, 64>(tp, acc, out_map, staging, 0, w, wq, g, t, box);
   }
   if (tp.store != kStoreStaged && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
