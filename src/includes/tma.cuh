@@ -147,7 +147,9 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 // Tensor map of a matmul operand (both matmul kernels) whose element (i, o) of batch matrix b sits at
 // base[i + o * outer_stride + b * batch_stride] (elements of elem_bytes; i along the unit-stride dim,
 // batch_stride 0: one matrix for every b), in boxes of box_inner x box_outer, swizzled by the box row
-// (128 or 64 bytes) or, with swizzle128, by 128 bytes whatever the row, zeros read outside. The L2 promotion is 128 bytes, a box row, rather than 256
+// (128 or 64 bytes) or, with swizzle128, by 128 bytes whatever the row (a 64-byte box row then lands in
+// the first half of a 128-byte line, as an H100 showed), zeros read outside. The L2 promotion is 128
+// bytes, a box row, rather than 256
 // (H100: the bf16 LM head's input gradient, K 50,257, 563 -> 403 us and its weight gradient 477 -> 418
 // us; the TF32 ones 1.171 -> 1.010 and 0.945 -> 0.876 ms; the other products the same). False where
 // TMA cannot address the operand (16-byte alignment of the base and strides) or the driver refuses it.

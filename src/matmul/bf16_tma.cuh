@@ -193,7 +193,8 @@ int launch_cluster_instance(const TmaMaps& maps, const TmaParams& tp, int grid, 
 // The clustered kernel on tp's product (its maps encoded for it: cluster_maps), a cluster per unit up
 // to the device's capacity.
 inline int launch_clustered(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& l, cudaStream_t stream) {
-  const int grid = ClusterConfig::kBlocks * static_cast<int>(std::min<long long>(cluster_units(tp.p), cluster_capacity()));
+  const long long clusters = std::min<long long>(cluster_units(tp.p), cluster_capacity());
+  const int grid = ClusterConfig::kBlocks * static_cast<int>(clusters);
   if (l.a_kmajor && l.b_kmajor) return launch_cluster_instance<true, true>(maps, tp, grid, stream);
   if (l.a_kmajor) return launch_cluster_instance<true, false>(maps, tp, grid, stream);
   if (l.b_kmajor) return launch_cluster_instance<false, true>(maps, tp, grid, stream);
@@ -201,11 +202,11 @@ inline int launch_clustered(const TmaMaps& maps, const TmaParams& tp, const TmaL
 }
 
 // The operand maps of the clustered kernel: A in half tiles (32 rows or k), B in quarters (24 rows, or 16
-// k of a 64-column box and of a kB2Cols-column one under the 128-byte swizzle).
+// k of a 64-column box and of a 32-column one under the 128-byte swizzle).
 inline bool cluster_maps(const TmaLayout& l, long long batch, TmaMaps* maps) {
   if (!encode(&maps->a, l.a, batch, 32)) return false;
   if (l.b_kmajor) return encode(&maps->b, l.b, batch, 24);
-  return encode(&maps->b, l.b, batch, 16) && encode(&maps->b2, l.b, batch, 16, ClusterConfig::kB2Cols, true);
+  return encode(&maps->b, l.b, batch, 16) && encode(&maps->b2, l.b, batch, 16, 32, true);
 }
 
 template <int BM, int BN>

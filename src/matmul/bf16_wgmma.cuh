@@ -2,9 +2,10 @@
 // wgmma with both operands from shared memory, for products whose operands the Tensor Memory
 // Accelerator can read (a unit-stride dim, 16-byte aligned base and strides, at most one batch dim).
 //
-// Block BM x BN x 64 (128 x 256, 192 or 128; 192 x 128 or 96; 64 x 128), one block per SM, persistent over its
-// units (output tile, K split, batch matrix; block c takes units c, c + grid, ...; within a batch matrix
-// and split, tiles in tile_coords' grouped order):
+// Block BM x BN x 64 (128 x 256, 192 or 128; 192 x 128 or 96; 64 x 128; bf16_cluster.cuh runs 64 x 96
+// tiles in clusters of 8 through the same pieces), one block per SM, persistent over its units (output
+// tile, K split, batch matrix; block c takes units c, c + grid, ...; within a batch matrix and split,
+// tiles in tile_coords' grouped order):
 //   warp 0 (lane 0)   the producer: per K tile, waits for a free ring slot, then TMA-loads the A tile
 //                     (BM x 64) and the B tile (BN x 64) into it, the slot's `full` barrier counting
 //                     the bytes;
