@@ -109,7 +109,7 @@ def test_layouts(out_dtype, aligned: bool, a_t: bool, b_t: bool) -> None:
 
 
 # bf16_tma.cuh's kTmaShapes: 128 x 256, 128 x 192, 128 x 128, 192 x 128, 192 x 96, 64 x 128, and 64 x 96 in
-# 8-block clusters (bf16_cluster.cuh)
+# 8-block clusters (the 96-wide ones on bf16_cluster.cuh's kernel)
 TMA_SHAPES = 7
 CLUSTER_SHAPE = 6
 

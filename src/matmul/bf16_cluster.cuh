@@ -1,24 +1,26 @@
-// The Hopper kernel's clustered form (bf16_wgmma.cuh's pipeline, one consumer warpgroup), for products
-// with few tiles and a long K, such as GPT-2's attention projection weight gradient (768 x 768 x 4096):
-// 64 x 96 tiles whose blocks run in clusters of 8 and load each operand tile once for the blocks that
-// share it, with TMA multicast. A cluster covers 4 row tiles x 2 column tiles (256 x 192 of the output);
-// block rank r takes row tile r / 2 and column tile r % 2 of the cluster's.
-//   - The two blocks of a row tile (ranks 2 j, 2 j + 1) share its A tile: each TMA-loads half of every K
-//     tile's A (K-major: 32 of its 64 rows; MN-major: 32 of its 64 k) into both.
-//   - The four blocks of a column tile (ranks i, i + 2, i + 4, i + 6) share its B tile: each loads a
-//     quarter (K-major: 24 of its 96 rows; MN-major: 16 of its 64 k of both boxes) into all four.
-// A block's `full` barrier counts the whole K tile's bytes, whichever block loaded them; its `empty`
-// barrier counts the consumers of the five blocks its own loads reach (its partner's and its column's
-// four), each of which releases the slot in every block that loads into it. So each block reads
-// 7 KB a K tile from L2 where an unclustered 64 x 96 block reads 20: 96 tiles of 768 x 768 x 4096 took
-// 19.5-23 us without clusters against the 15.1 of 72 unclustered 64 x 128 tiles on an H100 (bf16_notes.md,
-// sixteenth session); cuBLAS runs this product the same way (`nvjet_sm90_tst_96x64_64x8_2x4`).
-//
-// Shared memory as bf16_wgmma.cuh's, with B always in 128-byte-swizzled boxes: an MN-major B as two
-// [64 k][64 columns] boxes (8 KB each, the second holding columns 64..95 in the first 64 bytes of its
-// 128-byte rows, loaded through a map of 32-column boxes under the 128-byte swizzle; loading 64 columns
-// there, half of them unused, took 14.1 us against 13.7-13.8), a K-major one as one [96 rows][64 k] box;
-// 8 ring slots of 24 KB.
+// The Hopper kernel for 96-wide tiles (bf16_wgmma.cuh's pipeline: its K loop, consume_k_tiles, and its
+// epilogues, store_unit), one consumer warpgroup per 64 rows, with B in 128-byte-swizzled boxes:
+//   - 192 x 96, one block at a time (Tile192x96): the planner's tiles for GPT-2's fc weight gradient
+//     (768 x 3072 x 4096, 128 tiles) and fc proj's as its transpose.
+//   - 64 x 96 in clusters of 8 (Clustered64x96), for products with few tiles and a long K such as the
+//     attention projection's weight gradient (768 x 768 x 4096): the blocks load each operand tile once
+//     for the blocks that share it, with TMA multicast. A cluster covers 4 row tiles x 2 column tiles
+//     (256 x 192 of the output); block rank r takes row tile r / 2 and column tile r % 2 of the cluster's.
+//     The two blocks of a row tile share its A tile, each TMA-loading half of every K tile's A (K-major:
+//     32 of its 64 rows; MN-major: 32 of its 64 k) into both; the four blocks of a column tile share its
+//     B tile, each loading a quarter (K-major: 24 of its 96 rows; MN-major: 16 of its 64 k of both boxes)
+//     into all four. A block's `full` barrier counts the whole K tile's bytes, whichever block loaded
+//     them; its `empty` barrier counts the consumers of the five blocks its own loads reach, each of which
+//     releases the slot in every block that loads into it. So each block reads 7 KB a K tile from L2
+//     where an unclustered 64 x 96 block reads 20: 96 tiles of 768 x 768 x 4096 took 19.5-23 us without
+//     clusters against the 15.1 of 72 unclustered 64 x 128 tiles on an H100 (bf16_notes.md, sixteenth
+//     session), 13.3 with them; cuBLAS runs this product the same way (`nvjet_sm90_tst_96x64_64x8_2x4`).
+// An MN-major B lies in two [64 k][64 columns] boxes (8 KB each, the second holding columns 64..95 in the
+// first 64 bytes of its 128-byte rows, loaded through a map of 32-column boxes under the 128-byte swizzle)
+// read by one m64n96 product a k16 step; a K-major one in one [96 rows][64 k] box. Where 192 x 96 tiles had
+// B in three 32-column boxes under the 64-byte swizzle (bf16_wgmma.cuh's kernel until the seventeenth
+// session), fc dW took 29.3-29.7 us and fc proj dW 29.4-29.6, against 29.0 and 28.9-29.1 here; loading 64
+// columns in the second box, half unused, took the clustered attn proj dW 14.1 us against 13.7-13.8.
 #pragma once
 
 #include <cuda.h>
@@ -33,25 +35,43 @@
 
 namespace bf16mm {
 
+// Tiles BM x 96 (BM 64 or 192: a consumer warpgroup per 64 rows) in clusters of ROW_TILES x COL_TILES
+// blocks: the COL_TILES blocks of a row share its A tile, each loading 1 / COL_TILES of it; the ROW_TILES
+// blocks of a column share its B tile, each loading 1 / ROW_TILES of it.
+template <int BM_, int ROW_TILES, int COL_TILES = 2>
 struct ClusterConfig {
-  static constexpr int kBlocks = 8, kRowTiles = 4, kColTiles = 2;
-  static constexpr int BM = 64, BN = 96;
-  static constexpr int kThreads = 256;  // the producer warpgroup and one consumer
+  static_assert(COL_TILES == 1 || COL_TILES == 2, "a row's blocks: one, or a pair");
+  static constexpr int BM = BM_, BN = 96;
+  static constexpr int kRowTiles = ROW_TILES, kColTiles = COL_TILES, kBlocks = kRowTiles * kColTiles;
+  static constexpr int kConsumers = BM / 64;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kConsumerRegs = TmaConfig<BM, BN>::kConsumerRegs;
   static constexpr int kABytes = BM * kTmaBK * 2;
   static constexpr int kBBytes = 2 * kTmaBoxBytes;
   static constexpr int kSlotBytes = kABytes + kBBytes;
   static constexpr int kLoadBytes = kABytes + BN * kTmaBK * 2;  // what lands in a slot per K tile
-  static constexpr int kStageBytes = 64 * kStageRowBytes;
-  static constexpr int kStages = 8;
-  static constexpr int kReleases = 5;  // `empty` arrivals: one from each block its loads reach
-  static constexpr int kSmemBytes = kStages * kSlotBytes + kStageBytes + 16 * kStages + 1024;
-  static_assert(kSmemBytes <= kTmaSmemLimit, "ring and staging must fit");
+  // a warpgroup's staging: 64 rows with one consumer, 32 with three (a fifth ring slot for 192 x 96)
+  static constexpr int kStageRows = kConsumers == 1 ? 64 : 32;
+  static constexpr int kStageBytes = kStageRows * kStageRowBytes;
+  static constexpr int kFit = (kTmaSmemLimit - kConsumers * kStageBytes - 1024 - 128) / kSlotBytes;
+  static constexpr int kStages = kFit < 8 ? kFit : 8;
+  // `empty` arrivals: one from each consumer warpgroup of every block its loads reach (its row partner
+  // and its column's ROW_TILES blocks, itself among them)
+  static constexpr int kReleases = kConsumers * (kColTiles - 1 + kRowTiles);
+  static constexpr int kSmemBytes = kStages * kSlotBytes + kConsumers * kStageBytes + 16 * kStages + 1024;
+  static_assert(kStages >= 4 && kSmemBytes <= kTmaSmemLimit, "ring and staging must fit");
+  // A's part a block loads: K-major, BM / COL_TILES of its rows; MN-major, 64 / COL_TILES of the k of each
+  // 64-row box. B's: K-major, 96 / ROW_TILES of its rows; MN-major, 64 / ROW_TILES of the k of both boxes.
+  static constexpr int kAPartRows = BM / kColTiles, kAPartK = kTmaBK / kColTiles;
+  static constexpr int kBPartRows = BN / kRowTiles, kBPartK = kTmaBK / kRowTiles;
 };
+using Clustered64x96 = ClusterConfig<64, 4, 2>;  // 8 blocks: 256 x 192 of the output
+using Tile192x96 = ClusterConfig<192, 1, 1>;     // a cluster of one block
 
-// Unit u of a clustered product (batch matrix, K split, then the cluster's 256 x 192 of the output) as
-// block `rank` of the cluster takes it; p.tiles_m and p.tiles_n count 64 x 96 tiles.
+// Unit u of a clustered product (batch matrix, K split, then the cluster's part of the output) as
+// block `rank` of the cluster takes it; p.tiles_m and p.tiles_n count BM x 96 tiles.
+template <class C>
 __device__ __forceinline__ Unit cluster_unit_of(const Params& p, int u, int rank) {
-  using C = ClusterConfig;
   const int groups_m = (p.tiles_m + C::kRowTiles - 1) / C::kRowTiles;
   const int groups_n = (p.tiles_n + C::kColTiles - 1) / C::kColTiles;
   const int per_batch = groups_m * groups_n;
@@ -68,24 +88,27 @@ __device__ __forceinline__ Unit cluster_unit_of(const Params& p, int u, int rank
   return w;
 }
 
-// Clustered units of a product (the launch's grid is 8 blocks a unit, at most).
+// Clustered units of a product (the launch's grid is C::kBlocks blocks a unit, at most).
+template <class C>
 __host__ __device__ inline long long cluster_units(const Params& p) {
-  using C = ClusterConfig;
   return static_cast<long long>(p.batch) * p.splits * ((p.tiles_m + C::kRowTiles - 1) / C::kRowTiles) *
          ((p.tiles_n + C::kColTiles - 1) / C::kColTiles);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The consumer warpgroup's release of a ring slot in the five blocks that load into it, one arrival each
+// A consumer warpgroup's release of a ring slot in the blocks that load into it, one arrival each
 // (CUTLASS's sm90 TMA pipeline spreads them over the warpgroup the same way, once every warp's wait for
-// the products has returned): lane 0 of warp q at block q of its column (ranks i, i + 2, i + 4, i + 6, its
-// own among them), lane 1 of warp 0 at its row partner. Twenty arrivals, one per consumer warp and block,
-// took 13.8-13.9 us over 768 x 768 x 4096 against 13.3-13.4 for these five (H100, bf16_notes.md).
+// the products has returned): lane 0 of warp q < ROW_TILES at block q of its column (ranks i, i + 2, ..,
+// its own among them), lane 1 of warp 0 at its row partner (in a one-block cluster: lane 0 of warp 0 at
+// itself). Twenty arrivals, one per consumer warp and
+// block, took 13.8-13.9 us over 768 x 768 x 4096 against 13.3-13.4 for these five (H100, bf16_notes.md).
+template <class C>
 struct ClusterRelease {
   bool arrives;
   int target;
   __device__ __forceinline__ ClusterRelease(int lane, int wq, int rank)
-      : arrives(lane == 0 || (lane == 1 && wq == 0)), target(lane == 0 ? rank % 2 + 2 * wq : rank ^ 1) {}
+      : arrives((lane == 0 && wq < C::kRowTiles) || (lane == 1 && wq == 0 && C::kColTiles == 2)),
+        target(lane == 0 ? rank % C::kColTiles + C::kColTiles * wq : rank ^ 1) {}
   __device__ __forceinline__ void operator()(uint32_t empty) const {
     if (arrives) tma::mbar_arrive_cluster(empty, target);
   }
@@ -93,29 +116,28 @@ struct ClusterRelease {
 #endif
 
 // b2_map: an MN-major B's columns 64..95 of a tile, in 32-column boxes (unused for a K-major B).
-template <bool A_KMAJOR, bool B_KMAJOR>
-__global__ void __launch_bounds__(ClusterConfig::kThreads, 1)
+template <class C, bool A_KMAJOR, bool B_KMAJOR>
+__global__ void __launch_bounds__(C::kThreads, 1)
     matmul_bf16_cluster_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                                const __grid_constant__ CUtensorMap b2_map, const __grid_constant__ CUtensorMap out_map,
                                const TmaParams tp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Cfg = ClusterConfig;
-  constexpr int S = Cfg::kStages;
+  constexpr int S = C::kStages;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (mt::shared_address(smem_raw) + 1023) & ~1023u;
-  const uint32_t staging = base + S * Cfg::kSlotBytes;
-  const uint32_t bars = staging + Cfg::kStageBytes;
+  const uint32_t staging = base + S * C::kSlotBytes;  // one C::kStageBytes buffer per consumer warpgroup
+  const uint32_t bars = staging + C::kConsumers * C::kStageBytes;
   using Ring = RingPos<S>;
   const Params& p = tp.p;
-  const int units = static_cast<int>(cluster_units(p));
+  const int units = static_cast<int>(cluster_units<C>(p));
   const int rank = static_cast<int>(tma::cluster_rank());
-  const int first = blockIdx.x / Cfg::kBlocks, step = gridDim.x / Cfg::kBlocks;
+  const int first = blockIdx.x / C::kBlocks, step = gridDim.x / C::kBlocks;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       tma::mbar_init(Ring::full(bars, s), 1);
-      tma::mbar_init(Ring::empty(bars, s), Cfg::kReleases);
+      tma::mbar_init(Ring::empty(bars, s), C::kReleases);
     }
     tma::fence_barrier_init();
     tma::prefetch_tensormap(a_map);
@@ -129,29 +151,38 @@ __global__ void __launch_bounds__(ClusterConfig::kThreads, 1)
   if (warp < 4) {  // the producer warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (threadIdx.x != 0) return;
-    const int half = rank % 2, quarter = rank / 2;
-    const uint16_t row_mask = 3u << (2 * quarter), col_mask = 0x55u << half;
+    const int half = rank % C::kColTiles, part = rank / C::kColTiles;
+    const uint16_t row_mask = static_cast<uint16_t>(((1u << C::kColTiles) - 1) << (C::kColTiles * part));
+    uint16_t col_mask = 0;
+    for (int q = 0; q < C::kRowTiles; ++q) col_mask |= static_cast<uint16_t>(1u << (half + C::kColTiles * q));
     Ring pos;
     for (int u = first; u < units; u += step) {
-      const Unit w = cluster_unit_of(p, u, rank);
+      const Unit w = cluster_unit_of<C>(p, u, rank);
       const int ba = tp.a_batched ? w.bi : 0, bb = tp.b_batched ? w.bi : 0;
       for (int kt = 0; kt < w.k_tiles; ++kt, pos.step()) {
         const int k0 = (w.kt0 + kt) * kTmaBK;
-        const uint32_t full = Ring::full(bars, pos.slot), slot = base + pos.slot * Cfg::kSlotBytes;
+        const uint32_t full = Ring::full(bars, pos.slot), slot = base + pos.slot * C::kSlotBytes;
         tma::mbar_wait(Ring::empty(bars, pos.slot), pos.phase ^ 1);
-        tma::mbar_expect_tx(full, Cfg::kLoadBytes);
-        if constexpr (A_KMAJOR) {  // rows 32 h.. of [64 rows][64 k]
-          tma::tma_load_multicast(slot + half * 4096, a_map, full, k0, w.row0 + 32 * half, ba, row_mask);
-        } else {  // k 32 h.. of [64 k][64 rows]
-          tma::tma_load_multicast(slot + half * 4096, a_map, full, w.row0, k0 + 32 * half, ba, row_mask);
+        tma::mbar_expect_tx(full, C::kLoadBytes);
+        if constexpr (A_KMAJOR) {  // rows kAPartRows h.. of [BM rows][64 k]
+          tma::tma_load_multicast(slot + half * C::kAPartRows * 128, a_map, full, k0, w.row0 + C::kAPartRows * half,
+                                  ba, row_mask);
+        } else {  // k kAPartK h.. of each [64 k][64 rows]
+#pragma unroll
+          for (int i = 0; i < C::kConsumers; ++i) {
+            tma::tma_load_multicast(slot + i * kTmaBoxBytes + half * C::kAPartK * 128, a_map, full, w.row0 + 64 * i,
+                                    k0 + C::kAPartK * half, ba, row_mask);
+          }
         }
-        const uint32_t b = slot + Cfg::kABytes;
-        if constexpr (B_KMAJOR) {  // rows 24 q.. of [96 rows][64 k]
-          tma::tma_load_multicast(b + quarter * 3072, b_map, full, k0, w.col0 + 24 * quarter, bb, col_mask);
-        } else {  // k 16 q.. of both boxes
-          tma::tma_load_multicast(b + quarter * 2048, b_map, full, w.col0, k0 + 16 * quarter, bb, col_mask);
-          tma::tma_load_multicast(b + kTmaBoxBytes + quarter * 2048, b2_map, full, w.col0 + 64, k0 + 16 * quarter, bb,
+        const uint32_t b = slot + C::kABytes;
+        if constexpr (B_KMAJOR) {  // rows kBPartRows q.. of [96 rows][64 k]
+          tma::tma_load_multicast(b + part * C::kBPartRows * 128, b_map, full, k0, w.col0 + C::kBPartRows * part, bb,
                                   col_mask);
+        } else {  // k kBPartK q.. of both boxes
+          const uint32_t at = part * C::kBPartK * 128;
+          const int k = k0 + C::kBPartK * part;
+          tma::tma_load_multicast(b + at, b_map, full, w.col0, k, bb, col_mask);
+          tma::tma_load_multicast(b + kTmaBoxBytes + at, b2_map, full, w.col0 + 64, k, bb, col_mask);
         }
       }
     }
@@ -160,21 +191,24 @@ __global__ void __launch_bounds__(ClusterConfig::kThreads, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(TmaConfig<Cfg::BM, Cfg::BN>::kConsumerRegs));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
+  // the warpgroup index broadcast from lane 0, as bf16_wgmma.cuh's kernel does
+  const int cw = C::kConsumers == 1 ? 0 : __shfl_sync(0xffffffffu, warp / 4, 0) - 1;
   const int wq = warp % 4, g = lane / 4, t = lane % 4;
-  float acc[Cfg::BN / 2];
+  float acc[C::BN / 2];
 #pragma unroll
-  for (int i = 0; i < Cfg::BN / 2; ++i) acc[i] = 0.f;
+  for (int i = 0; i < C::BN / 2; ++i) acc[i] = 0.f;
   Ring pos;
   int box = 0;
   const void* prefetch = epilogue_reads(p);
+  const ClusterRelease<C> release(lane, wq, rank);
   for (int u = first; u < units; u += step) {
-    const Unit w = cluster_unit_of(p, u, rank);
-    if (prefetch != nullptr) prefetch_tile<Cfg::BN>(p, prefetch, w.bi, w.row0, w.col0);
-    const ClusterRelease release(lane, wq, rank);
-    consume_k_tiles<A_KMAJOR, B_KMAJOR, Cfg::BN, 64, S, Cfg::kABytes, Cfg::kSlotBytes>(acc, 0, base, bars, w.k_tiles,
-                                                                                     pos, release);
-    store_unit<false, Cfg::BN, Cfg::kStageBytes, 64>(tp, acc, out_map, staging, 0, w, wq, g, t, box);
+    const Unit w = cluster_unit_of<C>(p, u, rank);
+    if (prefetch != nullptr) prefetch_tile<C::BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
+    consume_k_tiles<A_KMAJOR, B_KMAJOR, C::BN, S, C::kABytes, C::kSlotBytes>(acc, cw, base, bars, w.k_tiles, pos,
+                                                                           release);
+    store_unit<C::BM == 192, C::BN, C::kStageBytes, C::kStageRows>(tp, acc, out_map, staging + cw * C::kStageBytes, cw,
+                                                                  w, wq, g, t, box);
   }
   if (tp.store != kStoreStaged && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
 #endif

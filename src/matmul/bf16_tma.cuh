@@ -25,11 +25,12 @@ using tma::encode_tiled;
 // The planner's view of the tile shapes (bf16 wgmma on an H100: ~5.6 TFLOP/s per SM with 128 x 256
 // tiles, a little less with narrower ones, whose B tiles bring fewer products per byte). 192 columns
 // fit widths such as 768 and 2304 to 132 SMs in fewer waves than 256; 192 x 96 tiles cut 768 x 3072
-// (GPT-2's fc weight gradient) into 128 tiles where 128 x 192 makes 96, and their 36 KB K tiles in 5
-// ring slots keep more bytes in flight: 35.6 -> 32.7-33.7 us on an H100 (bf16_notes.md, v24). The
-// 128-row shapes come first (kTmaRowsShapes), and only they serve
+// (GPT-2's fc weight gradient) into 128 tiles where 128 x 192 makes 96, and their K tiles in 5 ring
+// slots keep more bytes in flight: 35.6 -> 32.7-33.7 us on an H100 (bf16_notes.md, v24). The 128-row
+// shapes come first (kTmaRowsShapes), and only they serve
 //   - products with more rows than columns: a 96-wide MN-major B read by M / 192 blocks at once loads
-//     slowly in its 32-row boxes (fc proj dW, 3072 x 768: 35.1 -> 40.6 us at 192 x 96);
+//     slowly (fc proj dW, 3072 x 768: 35.1 -> 40.6 us at 192 x 96 with B in 32-row boxes, 38.4 in
+//     bf16_cluster.cuh's; as its transpose, runs_transposed, 29.0);
 //   - products that run beside other work (a Linear's weight gradient on the side stream, beside its
 //     input gradient): 96 tiles leave that work 36 SMs, 128 leave it 4 (GPT-2's step on an H100, B 4
 //     9.93-10.00 -> 10.01-10.04 ms with the side stream's fc dW on 192 x 96).
@@ -37,14 +38,15 @@ using tma::encode_tiled;
 // 768 x 768 x 4096 (GPT-2's attention projection weight gradient) take 15.1 us where 128 x 128 tiles in
 // 3 K splits take 17.3, 6.5 of it writing and adding the partial sums (bf16_notes.md, fourteenth
 // session); on fewer SMs each takes in its operands faster (~100 GB/s against ~85), hence its rate.
-// The last shape is not planned: 64 x 96 tiles in 8-block clusters sharing their operand tiles
-// (bf16_cluster.cuh) take a product the planner gives unsplit 64 x 128 tiles, where clusters fit.
+// The 96-wide tiles run on bf16_cluster.cuh's kernel: 192 x 96 one block at a time, and the last shape,
+// not planned, 64 x 96 in 8-block clusters sharing their operand tiles, for a product the planner gives
+// unsplit 64 x 128 tiles, where clusters fit.
 constexpr TileShape kTmaShapes[] = {{128, 256, kTmaBK, 1, 5.6e12}, {128, 192, kTmaBK, 1, 5.4e12},
                                     {128, 128, kTmaBK, 1, 4.8e12}, {192, 128, kTmaBK, 1, 5.2e12},
                                     {192, 96, kTmaBK, 1, 5.0e12},  {64, 128, kTmaBK, 1, 4.0e12},
                                     {64, 96, kTmaBK, 1, 4.0e12}};
 constexpr int kTmaShapeCount = 7, kTmaPlannedShapes = 6, kTmaRowsShapes = 3;
-constexpr int kNarrowShape = 5, kClusterShape = 6;
+constexpr int kWideShape = 4, kNarrowShape = 5, kClusterShape = 6;
 
 // One operand as TMA reads it: element (i, o) of batch matrix b at base[i + o * outer_stride +
 // b * batch_stride] (elements), i along the unit-stride dim; batch_stride 0: one matrix for every b.
@@ -155,21 +157,21 @@ int launch_tma_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cuda
       dim3(static_cast<unsigned>(grid)), Cfg::kThreads, Cfg::kSmemBytes, stream, maps.a, maps.b, maps.out, tp);
 }
 
-// How many 8-block clusters of the clustered kernel fit on the current device at once (its blocks take an
-// SM each, a cluster's eight in one GPC), once per device; 0 where none do.
+// How many clusters of the clustered kernel C fit on the current device at once (its blocks take an SM
+// each, a cluster's in one GPC), once per device; 0 where none do.
+template <class C>
 inline int cluster_capacity() {
   static std::atomic<int> cached[mt::kMaxDevicesCached] = {};  // 0 unknown, else clusters + 1
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device >= mt::kMaxDevicesCached) return 0;
   if (cached[device].load() == 0) {
-    using Cfg = ClusterConfig;
-    const auto kernel = matmul_bf16_cluster_kernel<false, false>;
+    const auto kernel = matmul_bf16_cluster_kernel<C, false, false>;
     static std::atomic<unsigned long long> configured{0};
     cudaLaunchAttribute attributes[2];
-    const cudaLaunchConfig_t config = mt::dependent_config(dim3(Cfg::kBlocks * 16), dim3(Cfg::kThreads),
-                                                           Cfg::kSmemBytes, Cfg::kBlocks, nullptr, attributes);
+    const cudaLaunchConfig_t config = mt::dependent_config(dim3(C::kBlocks * 16), dim3(C::kThreads), C::kSmemBytes,
+                                                           C::kBlocks, nullptr, attributes);
     int clusters = 0;
-    if (mt::allow_shared_memory(kernel, Cfg::kSmemBytes, &configured) != cudaSuccess ||
+    if (mt::allow_shared_memory(kernel, C::kSmemBytes, &configured) != cudaSuccess ||
         cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
       clusters = 0;
     }
@@ -179,34 +181,45 @@ inline int cluster_capacity() {
   return cached[device].load() - 1;
 }
 
-template <bool A_KMAJOR, bool B_KMAJOR>
+template <class C, bool A_KMAJOR, bool B_KMAJOR>
 int launch_cluster_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cudaStream_t stream) {
-  using Cfg = ClusterConfig;
-  constexpr auto kernel = matmul_bf16_cluster_kernel<A_KMAJOR, B_KMAJOR>;
+  constexpr auto kernel = matmul_bf16_cluster_kernel<C, A_KMAJOR, B_KMAJOR>;
   static std::atomic<unsigned long long> configured{0};
-  MT_RETURN_IF_ERROR(mt::allow_shared_memory(kernel, Cfg::kSmemBytes, &configured));
-  return mt::launch_dependent_in_clusters(kernel, dim3(static_cast<unsigned>(grid)), dim3(Cfg::kThreads),
-                                          Cfg::kSmemBytes, Cfg::kBlocks, stream, maps.a, maps.b, maps.b2, maps.out,
-                                          tp);
+  MT_RETURN_IF_ERROR(mt::allow_shared_memory(kernel, C::kSmemBytes, &configured));
+  return mt::launch_dependent_in_clusters(kernel, dim3(static_cast<unsigned>(grid)), dim3(C::kThreads), C::kSmemBytes,
+                                          C::kBlocks, stream, maps.a, maps.b, maps.b2, maps.out, tp);
 }
 
-// The clustered kernel on tp's product (its maps encoded for it: cluster_maps), a cluster per unit up
-// to the device's capacity.
-inline int launch_clustered(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& l, cudaStream_t stream) {
-  const long long clusters = std::min<long long>(cluster_units(tp.p), cluster_capacity());
-  const int grid = ClusterConfig::kBlocks * static_cast<int>(clusters);
-  if (l.a_kmajor && l.b_kmajor) return launch_cluster_instance<true, true>(maps, tp, grid, stream);
-  if (l.a_kmajor) return launch_cluster_instance<true, false>(maps, tp, grid, stream);
-  if (l.b_kmajor) return launch_cluster_instance<false, true>(maps, tp, grid, stream);
-  return launch_cluster_instance<false, false>(maps, tp, grid, stream);
+// bf16_cluster.cuh's kernel C on tp's product (its maps encoded for it: cluster_maps), a cluster per unit
+// up to the device's capacity (`sms` blocks where a cluster is one block).
+template <class C>
+inline int launch_clustered(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& l, int sms,
+                            cudaStream_t stream) {
+  const int capacity = C::kBlocks == 1 ? sms : cluster_capacity<C>();
+  const long long clusters = std::min<long long>(cluster_units<C>(tp.p), capacity);
+  const int grid = C::kBlocks * static_cast<int>(clusters);
+  if (l.a_kmajor && l.b_kmajor) return launch_cluster_instance<C, true, true>(maps, tp, grid, stream);
+  if (l.a_kmajor) return launch_cluster_instance<C, true, false>(maps, tp, grid, stream);
+  if (l.b_kmajor) return launch_cluster_instance<C, false, true>(maps, tp, grid, stream);
+  return launch_cluster_instance<C, false, false>(maps, tp, grid, stream);
 }
 
-// The operand maps of the clustered kernel: A in half tiles (32 rows or k), B in quarters (24 rows, or 16
-// k of a 64-column box and of a 32-column one under the 128-byte swizzle).
+// The operand maps of bf16_cluster.cuh's kernel C: A and B in the parts its blocks load (ClusterConfig),
+// an MN-major B's columns 64..95 in 32-column boxes under the 128-byte swizzle.
+template <class C>
 inline bool cluster_maps(const TmaLayout& l, long long batch, TmaMaps* maps) {
-  if (!encode(&maps->a, l.a, batch, 32)) return false;
-  if (l.b_kmajor) return encode(&maps->b, l.b, batch, 24);
-  return encode(&maps->b, l.b, batch, 16) && encode(&maps->b2, l.b, batch, 16, 32, true);
+  if (!encode(&maps->a, l.a, batch, l.a_kmajor ? C::kAPartRows : C::kAPartK)) return false;
+  if (l.b_kmajor) return encode(&maps->b, l.b, batch, C::kBPartRows);
+  return encode(&maps->b, l.b, batch, C::kBPartK) && encode(&maps->b2, l.b, batch, C::kBPartK, 32, true);
+}
+
+// The plan with the planner's 64 x 128 tiles, unsplit, as 64 x 96 ones in clusters of 8 where they fit;
+// the clustered shape, forced where clusters cannot run, as 64 x 128.
+inline Plan clustered(Plan plan) {
+  const bool fit = cluster_capacity<Clustered64x96>() > 0;
+  if (plan.shape == kNarrowShape && plan.splits == 1 && fit && forced_tma_shape() < 0) plan.shape = kClusterShape;
+  if (plan.shape == kClusterShape && !fit) plan.shape = kNarrowShape;
+  return plan;
 }
 
 template <int BM, int BN>
@@ -229,12 +242,12 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
   const long long units = static_cast<long long>(q.batch) * plan.splits * ceil_div(q.M, bm) * ceil_div(q.N, bn);
   if (units > mt::kMaxInt) return kNotTaken;
   TmaMaps maps{};
-  // an MN-major B whose width is no multiple of 64 in 32-row boxes (TmaConfig::kBBoxRows)
-  const bool narrow_b = !l.b_kmajor && bn % 64 != 0;
   if (plan.shape == kClusterShape) {
-    if (!cluster_maps(l, q.batch, &maps)) return kNotTaken;
+    if (!cluster_maps<Clustered64x96>(l, q.batch, &maps)) return kNotTaken;
+  } else if (plan.shape == kWideShape) {
+    if (!cluster_maps<Tile192x96>(l, q.batch, &maps)) return kNotTaken;
   } else if (!encode(&maps.a, l.a, q.batch, l.a_kmajor ? bm : kTmaBK) ||
-             !encode(&maps.b, l.b, q.batch, l.b_kmajor ? bn : kTmaBK, narrow_b ? 32 : 64)) {
+             !encode(&maps.b, l.b, q.batch, l.b_kmajor ? bn : kTmaBK)) {
     return kNotTaken;
   }
   int store = kStoreStaged;
@@ -257,9 +270,9 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
     case 1: status = launch_tma_shape<128, 192>(maps, tp, l, grid, stream); break;
     case 2: status = launch_tma_shape<128, 128>(maps, tp, l, grid, stream); break;
     case 3: status = launch_tma_shape<192, 128>(maps, tp, l, grid, stream); break;
-    case 4: status = launch_tma_shape<192, 96>(maps, tp, l, grid, stream); break;
+    case 4: status = launch_clustered<Tile192x96>(maps, tp, l, sms, stream); break;
     case 5: status = launch_tma_shape<64, 128>(maps, tp, l, grid, stream); break;
-    default: status = launch_clustered(maps, tp, l, stream); break;
+    default: status = launch_clustered<Clustered64x96>(maps, tp, l, sms, stream); break;
   }
   return status != 0 || plan.splits == 1 ? status : reduce_splits(q, workspace, plan.splits, stream);
 }
@@ -315,10 +328,7 @@ inline int launch_tma(const Params& p, void* workspace, long long workspace_byte
   if (partial_bytes(plan, p.M, p.N, p.batch) > workspace_bytes || !mt::is_aligned16(workspace)) {
     plan = tma_plan(p, sms, 1, beside);
   }
-  const bool clusters = cluster_capacity() > 0;
-  if (plan.shape == kNarrowShape && plan.splits == 1 && clusters) plan.shape = kClusterShape;
-  if (plan.shape == kClusterShape && !clusters) plan.shape = kNarrowShape;  // forced where clusters cannot run
-  return run_tma(p, l, plan, false, workspace, sms, stream);
+  return run_tma(p, l, clustered(plan), false, workspace, sms, stream);
 }
 
 }  // namespace bf16mm

@@ -2,8 +2,8 @@
 // wgmma with both operands from shared memory, for products whose operands the Tensor Memory
 // Accelerator can read (a unit-stride dim, 16-byte aligned base and strides, at most one batch dim).
 //
-// Block BM x BN x 64 (128 x 256, 192 or 128; 192 x 128 or 96; 64 x 128; bf16_cluster.cuh runs 64 x 96
-// tiles in clusters of 8 through the same pieces), one block per SM, persistent over its units (output
+// Block BM x BN x 64 (128 x 256, 192 or 128; 192 x 128; 64 x 128; bf16_cluster.cuh runs the 96-wide tiles,
+// 192 x 96 and 64 x 96 in clusters of 8, through the same pieces), one block per SM, persistent over its units (output
 // tile, K split, batch matrix; block c takes units c, c + grid, ...; within a batch matrix and split,
 // tiles in tile_coords' grouped order):
 //   warp 0 (lane 0)   the producer: per K tile, waits for a free ring slot, then TMA-loads the A tile
@@ -32,9 +32,7 @@
 //                             stride offset); k16 step j starts 32 j bytes further;
 //   MN-major (rows contiguous): boxes [64 k][64 rows], 8 KB each, one per 64 rows (the descriptor's
 //                             leading offset, 8192), 8-k groups 1024 bytes apart (stride offset); k16
-//                             step j starts 2048 j bytes further. A 96-wide MN-major B takes boxes
-//                             [64 k][32 rows] with the 64-byte swizzle instead (4 KB each, 8-k groups
-//                             512 bytes apart, k16 step 1024 bytes), so that it loads exactly its rows.
+//                             step j starts 2048 j bytes further.
 // A consumer warpgroup's 64 rows of A start 8192 bytes into the A tile either way.
 #pragma once
 
@@ -58,7 +56,8 @@ constexpr int kStageRowBytes = 64 * 4;
 constexpr int kTmaSmemLimit = 232448;  // an H100's opt-in shared memory per block (227 KB)
 constexpr int kProducerRegs = 24;
 
-// The block of BM rows (64, 128 or 192: a consumer warpgroup per 64) x BN columns (256, 192, 128 or 96).
+// The block of BM rows (64, 128 or 192: a consumer warpgroup per 64) x BN columns (256, 192 or 128 here;
+// 96 in bf16_cluster.cuh's kernel, which takes its register split from here).
 template <int BM, int BN>
 struct TmaConfig {
   static constexpr int kConsumers = BM / 64;
@@ -71,13 +70,10 @@ struct TmaConfig {
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register split");
   static constexpr int kABytes = BM * kTmaBK * 2;
   static constexpr int kBBytes = BN * kTmaBK * 2;
-  // An MN-major B in boxes of 64 rows (128-byte swizzle), or of 32 (64-byte swizzle) where BN is no
-  // multiple of 64: a 96-wide B loads exactly its 96 rows, each box row 64-byte aligned at columns 96 c.
-  static constexpr int kBBoxRows = BN % 64 == 0 ? 64 : 32;
   static constexpr int kSlotBytes = kABytes + kBBytes;  // 1024-byte aligned slots
   static_assert(kSlotBytes % 1024 == 0, "slots must keep the swizzle atoms aligned");
   // Ring slots left beside staging of R rows a warpgroup, the barriers (at most 8 stages) and the
-  // alignment; 32-row staging where that buys the three consumer warpgroups a slot (192 x 96: 5 stages
+  // alignment; 32-row staging where that buys the three consumer warpgroups a slot (192 x 128: 5 stages
   // against 4). With two, the slot it would buy 128 x 192 tiles did not pay (bf16_notes.md, twelfth session).
   static constexpr int slots_beside(int rows) {
     return (kTmaSmemLimit - kConsumers * rows * kStageRowBytes - 1024 - 128) / kSlotBytes;
@@ -132,20 +128,18 @@ using tma::mbar_init;
 using tma::mbar_wait;
 using tma::prefetch_tensormap;
 
-// Descriptor of a swizzled tile at shared address addr. 128-byte swizzle (BOX 64): K-major, 8-row groups
-// 1024 bytes apart; MN-major, 8-k groups 1024 bytes apart, 64-row boxes 8192. 64-byte swizzle (BOX 32,
-// MN-major only): 8-k groups 512 bytes apart, 32-row boxes 4096.
-template <bool K_MAJOR, int BOX = 64>
+// Descriptor of a tile under the 128-byte swizzle at shared address addr: K-major, 8-row groups 1024
+// bytes apart; MN-major, 8-k groups 1024 bytes apart, 64-row boxes 8192.
+template <bool K_MAJOR>
 __device__ __forceinline__ uint64_t tile_desc(uint32_t addr) {
-  constexpr uint64_t leading = K_MAJOR ? 1 : (BOX * kTmaBK * 2) >> 4;
-  constexpr uint64_t stride = (8 * BOX * 2) >> 4;
-  constexpr uint64_t swizzle = BOX == 64 ? 1 : 2;
-  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | leading << 16 | stride << 32 | swizzle << 62;
+  constexpr uint64_t leading = K_MAJOR ? 1 : kTmaBoxBytes >> 4;
+  constexpr uint64_t stride = 1024 >> 4;
+  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | leading << 16 | stride << 32 | uint64_t{1} << 62;
 }
 
 // The descriptor's start-address step (16-byte units) from one k16 step to the next.
-template <bool K_MAJOR, int BOX = 64>
-constexpr uint64_t kDescStep = K_MAJOR ? 32 >> 4 : (16 * BOX * 2) >> 4;
+template <bool K_MAJOR>
+constexpr uint64_t kDescStep = K_MAJOR ? 32 >> 4 : (16 * 128) >> 4;
 
 // d (+)= a b for one m64nNk16 bf16 product with A and B from shared memory (TA, TB: MN-major), float32
 // sums; d is overwritten where accumulate is 0. Returns before the product is done.
@@ -448,7 +442,7 @@ struct LocalRelease {
 // four wgmma.m64nBNk16 on it, and release the slot before it (each warp: release(its `empty` barrier),
 // a LocalRelease, or bf16_cluster.cuh's release in every block that loads into it) once that slot's
 // products are done. bars: the ring's barriers (RingPos).
-template <bool A_KMAJOR, bool B_KMAJOR, int BN, int B_BOX, int S, int A_BYTES, int SLOT_BYTES, class Release>
+template <bool A_KMAJOR, bool B_KMAJOR, int BN, int S, int A_BYTES, int SLOT_BYTES, class Release>
 __device__ __forceinline__ void consume_k_tiles(float (&acc)[BN / 2], int cw, uint32_t base, uint32_t bars,
                                                 int k_tiles, RingPos<S>& pos, const Release& release) {
   uint32_t held = 0;  // the `empty` barrier of the slot whose products are in flight
@@ -456,11 +450,11 @@ __device__ __forceinline__ void consume_k_tiles(float (&acc)[BN / 2], int cw, ui
     mbar_wait(RingPos<S>::full(bars, pos.slot), pos.phase);
     const uint32_t slot = base + pos.slot * SLOT_BYTES;
     const uint64_t a_desc = tile_desc<A_KMAJOR>(slot + cw * kTmaBoxBytes);
-    const uint64_t b_desc = tile_desc<B_KMAJOR, B_BOX>(slot + A_BYTES);
+    const uint64_t b_desc = tile_desc<B_KMAJOR>(slot + A_BYTES);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int j = 0; j < kTmaBK / 16; ++j) {
-      wgmma_bf16<BN, !A_KMAJOR, !B_KMAJOR>(acc, a_desc + j * kDescStep<A_KMAJOR>, b_desc + j * kDescStep<B_KMAJOR, B_BOX>,
+      wgmma_bf16<BN, !A_KMAJOR, !B_KMAJOR>(acc, a_desc + j * kDescStep<A_KMAJOR>, b_desc + j * kDescStep<B_KMAJOR>,
                                            kt > 0 || j > 0);
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -518,6 +512,7 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     matmul_bf16_tma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                            const __grid_constant__ CUtensorMap out_map, const TmaParams tp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(BN % 64 == 0, "B in 64-row boxes: the 96-wide tiles run on bf16_cluster.cuh's kernel");
   using Cfg = TmaConfig<BM, BN>;
   constexpr int S = Cfg::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -557,8 +552,7 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
         mbar_expect_tx(full, Cfg::kSlotBytes);
         const uint32_t slot = base + s * Cfg::kSlotBytes;
         load_operand_tile<A_KMAJOR, BM, 64>(slot, a_map, full, k0, w.row0, ba, kTmaBoxBytes);
-        load_operand_tile<B_KMAJOR, BN, Cfg::kBBoxRows>(slot + Cfg::kABytes, b_map, full, k0, w.col0, bb,
-                                                        Cfg::kBBoxRows * kTmaBK * 2);
+        load_operand_tile<B_KMAJOR, BN, 64>(slot + Cfg::kABytes, b_map, full, k0, w.col0, bb, kTmaBoxBytes);
       }
     }
     return;
@@ -573,13 +567,12 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
   Ring pos;
   int box = 0;
-  constexpr int kBBox = B_KMAJOR ? 64 : Cfg::kBBoxRows;  // a K-major B: one 128-byte-swizzled box
   const void* prefetch = epilogue_reads(p);
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = unit_of(p, u, BM, BN);
     if (prefetch != nullptr) prefetch_tile<BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
-    consume_k_tiles<A_KMAJOR, B_KMAJOR, BN, kBBox, S, Cfg::kABytes, Cfg::kSlotBytes>(acc, cw, base, bars, w.k_tiles,
-                                                                                   pos, LocalRelease{lane == 0});
+    consume_k_tiles<A_KMAJOR, B_KMAJOR, BN, S, Cfg::kABytes, Cfg::kSlotBytes>(acc, cw, base, bars, w.k_tiles, pos,
+                                                                            LocalRelease{lane == 0});
     store_unit<BM == 192, BN, Cfg::kStageBytes, Cfg::kStageRows>(tp, acc, out_map, staging + cw * Cfg::kStageBytes,
                                                                  cw, w, wq, g, t, box);
   }
