@@ -53,12 +53,11 @@ struct ClusterConfig {
   // a warpgroup's staging: 64 rows with one consumer, 32 with three (a fifth ring slot for 192 x 96)
   static constexpr int kStageRows = kConsumers == 1 ? 64 : 32;
   static constexpr int kStageBytes = kStageRows * kStageRowBytes;
-  static constexpr int kFit = (kTmaSmemLimit - kConsumers * kStageBytes - 1024 - 128) / kSlotBytes;
-  static constexpr int kStages = kFit < 8 ? kFit : 8;
+  static constexpr int kStages = ring_stages(kConsumers, kStageBytes, kSlotBytes);
   // `empty` arrivals: one from each consumer warpgroup of every block its loads reach (its row partner
   // and its column's ROW_TILES blocks, itself among them)
   static constexpr int kReleases = kConsumers * (kColTiles - 1 + kRowTiles);
-  static constexpr int kSmemBytes = kStages * kSlotBytes + kConsumers * kStageBytes + 16 * kStages + 1024;
+  static constexpr int kSmemBytes = ring_smem_bytes(kStages, kSlotBytes, kConsumers, kStageBytes);
   static_assert(kStages >= 4 && kSmemBytes <= kTmaSmemLimit, "ring and staging must fit");
   // A's part a block loads: K-major, BM / COL_TILES of its rows; MN-major, 64 / COL_TILES of the k of each
   // 64-row box. B's: K-major, 96 / ROW_TILES of its rows; MN-major, 64 / ROW_TILES of the k of both boxes.
@@ -135,11 +134,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      tma::mbar_init(Ring::full(bars, s), 1);
-      tma::mbar_init(Ring::empty(bars, s), C::kReleases);
-    }
-    tma::fence_barrier_init();
+    Ring::init(bars, C::kReleases);
     tma::prefetch_tensormap(a_map);
     tma::prefetch_tensormap(b_map);
     if (!B_KMAJOR) tma::prefetch_tensormap(b2_map);

@@ -2,10 +2,10 @@
 // wgmma with both operands from shared memory, for products whose operands the Tensor Memory
 // Accelerator can read (a unit-stride dim, 16-byte aligned base and strides, at most one batch dim).
 //
-// Block BM x BN x 64 (128 x 256, 192 or 128; 192 x 128; 64 x 128; bf16_cluster.cuh runs the 96-wide tiles,
-// 192 x 96 and 64 x 96 in clusters of 8, through the same pieces), one block per SM, persistent over its units (output
-// tile, K split, batch matrix; block c takes units c, c + grid, ...; within a batch matrix and split,
-// tiles in tile_coords' grouped order):
+// Block BM x BN x 64 (128 x 256, 192 or 128; 192 x 128; 64 x 128; bf16_cluster.cuh runs the 96-wide
+// tiles, 192 x 96 and 64 x 96 in clusters of 8, through the same pieces), one block per SM, persistent
+// over its units (output tile, K split, batch matrix; block c takes units c, c + grid, ...; within a batch
+// matrix and split, tiles in tile_coords' grouped order):
 //   warp 0 (lane 0)   the producer: per K tile, waits for a free ring slot, then TMA-loads the A tile
 //                     (BM x 64) and the B tile (BN x 64) into it, the slot's `full` barrier counting
 //                     the bytes;
@@ -56,6 +56,19 @@ constexpr int kStageRowBytes = 64 * 4;
 constexpr int kTmaSmemLimit = 232448;  // an H100's opt-in shared memory per block (227 KB)
 constexpr int kProducerRegs = 24;
 
+// Ring slots of slot_bytes that fit in a block's shared memory beside `consumers` staging buffers of
+// stage_bytes, the barriers (at most 8 stages) and the 1024-byte alignment; and the slots a ring takes
+// (at most 8); and the dynamic shared memory of such a ring, its staging and its barriers (both kernels).
+constexpr int ring_slots(int consumers, int stage_bytes, int slot_bytes) {
+  return (kTmaSmemLimit - consumers * stage_bytes - 1024 - 128) / slot_bytes;
+}
+constexpr int ring_stages(int consumers, int stage_bytes, int slot_bytes) {
+  return ring_slots(consumers, stage_bytes, slot_bytes) < 8 ? ring_slots(consumers, stage_bytes, slot_bytes) : 8;
+}
+constexpr int ring_smem_bytes(int stages, int slot_bytes, int consumers, int stage_bytes) {
+  return stages * slot_bytes + consumers * stage_bytes + 16 * stages + 1024;
+}
+
 // The block of BM rows (64, 128 or 192: a consumer warpgroup per 64) x BN columns (256, 192 or 128 here;
 // 96 in bf16_cluster.cuh's kernel, which takes its register split from here).
 template <int BM, int BN>
@@ -72,16 +85,14 @@ struct TmaConfig {
   static constexpr int kBBytes = BN * kTmaBK * 2;
   static constexpr int kSlotBytes = kABytes + kBBytes;  // 1024-byte aligned slots
   static_assert(kSlotBytes % 1024 == 0, "slots must keep the swizzle atoms aligned");
-  // Ring slots left beside staging of R rows a warpgroup, the barriers (at most 8 stages) and the
-  // alignment; 32-row staging where that buys the three consumer warpgroups a slot (192 x 128: 5 stages
-  // against 4). With two, the slot it would buy 128 x 192 tiles did not pay (bf16_notes.md, twelfth session).
-  static constexpr int slots_beside(int rows) {
-    return (kTmaSmemLimit - kConsumers * rows * kStageRowBytes - 1024 - 128) / kSlotBytes;
-  }
+  // Ring slots left beside staging of R rows a warpgroup; 32-row staging where that buys the three
+  // consumer warpgroups a slot (192 x 128: 5 stages against 4). With two, the slot it would buy 128 x 192
+  // tiles did not pay (bf16_notes.md, twelfth session).
+  static constexpr int slots_beside(int rows) { return ring_slots(kConsumers, rows * kStageRowBytes, kSlotBytes); }
   static constexpr int kStageRows = kConsumers == 3 && slots_beside(32) > slots_beside(64) ? 32 : 64;
   static constexpr int kStageBytes = kStageRows * kStageRowBytes;
-  static constexpr int kStages = slots_beside(kStageRows) < 8 ? slots_beside(kStageRows) : 8;
-  static constexpr int kSmemBytes = kStages * kSlotBytes + kConsumers * kStageBytes + 16 * kStages + 1024;
+  static constexpr int kStages = ring_stages(kConsumers, kStageBytes, kSlotBytes);
+  static constexpr int kSmemBytes = ring_smem_bytes(kStages, kSlotBytes, kConsumers, kStageBytes);
   static_assert(kStages >= 3 && kSmemBytes <= kTmaSmemLimit, "ring and staging must fit");
 };
 
@@ -420,6 +431,15 @@ template <int S>
 struct RingPos {
   static __device__ __forceinline__ uint32_t full(uint32_t bars, int s) { return bars + 8 * s; }
   static __device__ __forceinline__ uint32_t empty(uint32_t bars, int s) { return bars + 8 * (S + s); }
+  // Every slot's barriers, by one thread: `full` takes the producer's arrival (and the slot's bytes),
+  // `empty` `releases` arrivals; then made visible to the TMA units.
+  static __device__ __forceinline__ void init(uint32_t bars, int releases) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full(bars, s), 1);
+      mbar_init(empty(bars, s), releases);
+    }
+    fence_barrier_init();
+  }
   int slot = 0, phase = 0;
   __device__ __forceinline__ void step() {
     if (++slot == S) {
@@ -526,11 +546,7 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      mbar_init(Ring::full(bars, s), 1);
-      mbar_init(Ring::empty(bars, s), 4 * Cfg::kConsumers);  // every consumer warp
-    }
-    fence_barrier_init();
+    Ring::init(bars, 4 * Cfg::kConsumers);  // every consumer warp releases
     prefetch_tensormap(a_map);
     prefetch_tensormap(b_map);
     if (tp.store != kStoreStaged) prefetch_tensormap(out_map);
