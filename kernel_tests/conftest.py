@@ -87,6 +87,7 @@ SMALL_CASES: Dict[str, Dict[str, Dict[str, List[Any]]]] = {
         "test_layouts": {}, "test_sizes": {"M": [2, 64, 131]}, "test_batch_broadcast": {},
         "test_epilogues": {"M": [100, 37]}, "test_accumulate": {"K": [100, 20000]}, "test_strided_and_misaligned": {},
         "test_bad_input_is_refused": {}, "test_clustered_tiles": {"b_t": [False]},
+        "test_transposed_products": {"shape": [6]},
     },
     "test_bf16_elementwise.py": {  # combine in bf16: maps, zips, mixed storage, dropout, reductions, GELU backward
         "test_map": {"name": ["gelu", "exp"]}, "test_zip_broadcast_and_permuted": {"name": ["add"]},

@@ -108,10 +108,12 @@ def test_layouts(out_dtype, aligned: bool, a_t: bool, b_t: bool) -> None:
     check_product(operand(gen, (300, 1001), a_t, aligned), operand(gen, (1001, 517), b_t, aligned), out_dtype)
 
 
-# bf16_tma.cuh's kTmaShapes: 128 x 256, 128 x 192, 128 x 128, 192 x 128, 192 x 96, 64 x 128, and 64 x 96 in
-# 8-block clusters (the 96-wide ones on bf16_cluster.cuh's kernel)
-TMA_SHAPES = 7
-CLUSTER_SHAPE = 6
+# bf16_tma.cuh's kTmaShapes: 128 x 256, 128 x 192, 128 x 128, 192 x 128, 192 x 96, 64 x 128, 192 x 192 in
+# two 96-row halves of a K-major B (forced on another B, the planner's shape runs), and 64 x 96 in 8-block
+# clusters (the last two and 192 x 96 on bf16_cluster.cuh's kernel)
+TMA_SHAPES = 8
+HALVES_SHAPE = 6
+CLUSTER_SHAPE = 7
 
 
 @pytest.mark.parametrize("shape", range(TMA_SHAPES))
@@ -171,18 +173,21 @@ def test_forward_epilogues_every_tma_shape(monkeypatch, shape: int, activation: 
         check_product(operand(gen, (3, 77, 64), False, True), operand(gen, (64, 200), False, True))
 
 
-@pytest.mark.parametrize("shape", [None, 3, 4])
+@pytest.mark.parametrize("shape", [None, 3, 4, HALVES_SHAPE])
 def test_transposed_products(monkeypatch, shape: Optional[int]) -> None:
-    """Products with more rows than columns and K at least the rows, no epilogue and a bf16 output run as
-    their transpose on 192-row tiles (bf16_tma.cuh's runs_transposed), stored back transposed: the fc
-    proj weight gradient of bench_matmul.py as the planner takes it, then with a 192-row shape forced,
-    sizes whose transpose makes more tiles (so that it is taken) in every operand layout, partial boxes
-    at every edge, padded output rows and a broadcast batch."""
+    """Products with more rows than columns, no epilogue and a bf16 output run as their transpose on
+    192-row tiles (bf16_tma.cuh's runs_transposed), stored back transposed: as the planner takes them, the
+    fc proj weight gradient of bench_matmul.py (K at least the rows, 192 x 96) and the qkv product with W
+    row-major or a transposed view (192 x 192); then with a 192-row shape forced, sizes whose transpose
+    makes more tiles (so that it is taken) in every operand layout, partial boxes at every edge, padded
+    output rows and a broadcast batch."""
     if shape is not None:
         monkeypatch.setenv("MINITORCH_BF16_TMA_SHAPE", str(shape))
     gen = torch.Generator(device="cuda").manual_seed(7 if shape is None else shape)
     check_product(operand(gen, (3072, 4096), True, True), operand(gen, (4096, 768), False, True))
     if shape is None:
+        for b_t in (False, True):
+            check_product(operand(gen, (4096, 768), False, True), operand(gen, (768, 2304), b_t, True))
         return
     for a_t in (False, True):
         for b_t in (False, True):

@@ -1,7 +1,12 @@
-// The Hopper kernel for 96-wide tiles (bf16_wgmma.cuh's pipeline: its K loop, consume_k_tiles, and its
-// epilogues, store_unit), one consumer warpgroup per 64 rows, with B in 128-byte-swizzled boxes:
-//   - 192 x 96, one block at a time (Tile192x96): the planner's tiles for GPT-2's fc weight gradient
-//     (768 x 3072 x 4096, 128 tiles) and fc proj's as its transpose.
+// The Hopper kernel for tiles whose consumer warpgroups issue m64n96 products (bf16_wgmma.cuh's pipeline:
+// its K loop, consume_k_tiles, and its epilogues, store_unit), with B in 128-byte-swizzled boxes:
+//   - 192 x 96, one block at a time (Tile192x96), a consumer warpgroup per 64 rows: the planner's tiles
+//     for GPT-2's fc weight gradient (768 x 3072 x 4096, 128 tiles) and fc proj's as its transpose.
+//   - 192 x 192, one block at a time (Tile192x192), a K-major B: a consumer warpgroup per 96-row half of
+//     B, three m64n96 products a k16 step on the whole A tile, 4 ring slots of 48 KB (the 96-column halves
+//     of an MN-major B would need two boxes each, 56 KB slots, 3 of them: GPT-2's qkv product 28.0 us
+//     against 26.2 as its transpose with 4; bf16_notes.md, eighteenth session). The planner's tiles for
+//     GPT-2's qkv product as its transpose (2304 x 4096 x 768, 264 tiles in two waves on 132 SMs).
 //   - 64 x 96 in clusters of 8 (Clustered64x96), for products with few tiles and a long K such as the
 //     attention projection's weight gradient (768 x 768 x 4096): the blocks load each operand tile once
 //     for the blocks that share it, with TMA multicast. A cluster covers 4 row tiles x 2 column tiles
@@ -35,23 +40,29 @@
 
 namespace bf16mm {
 
-// Tiles BM x 96 (BM 64 or 192: a consumer warpgroup per 64 rows) in clusters of ROW_TILES x COL_TILES
-// blocks: the COL_TILES blocks of a row share its A tile, each loading 1 / COL_TILES of it; the ROW_TILES
-// blocks of a column share its B tile, each loading 1 / ROW_TILES of it.
-template <int BM_, int ROW_TILES, int COL_TILES = 2>
+// Tiles BM x 96 HALVES in clusters of ROW_TILES x COL_TILES blocks: the COL_TILES blocks of a row share its
+// A tile, each loading 1 / COL_TILES of it; the ROW_TILES blocks of a column share its B tile, each
+// loading 1 / ROW_TILES of it. A consumer warpgroup per 64 rows where HALVES is 1 (BM 64 or 192); where
+// it is 2 (192 x 192, one block, a K-major B), one per 96-row half of B, each over all BM rows: BM / 64
+// m64n96 products a k16 step, on the same A tile and its half of B.
+template <int BM_, int ROW_TILES, int COL_TILES = 2, int HALVES = 1>
 struct ClusterConfig {
   static_assert(COL_TILES == 1 || COL_TILES == 2, "a row's blocks: one, or a pair");
-  static constexpr int BM = BM_, BN = 96;
+  static_assert(HALVES == 1 || (ROW_TILES == 1 && COL_TILES == 1), "192-wide tiles run one block a cluster");
+  static constexpr int BM = BM_, BN = 96 * HALVES, kHalves = HALVES;
   static constexpr int kRowTiles = ROW_TILES, kColTiles = COL_TILES, kBlocks = kRowTiles * kColTiles;
-  static constexpr int kConsumers = BM / 64;
+  static constexpr int kConsumers = HALVES == 1 ? BM / 64 : HALVES;
+  static constexpr int kRowBlocks = HALVES == 1 ? 1 : BM / 64;  // a consumer warpgroup's 64-row blocks
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kConsumerRegs = TmaConfig<BM, BN>::kConsumerRegs;
+  static constexpr int kConsumerRegs = consumer_regs(kConsumers);
   static constexpr int kABytes = BM * kTmaBK * 2;
-  static constexpr int kBBytes = 2 * kTmaBoxBytes;
+  // a 96-column B: MN-major, two boxes (the second padded); K-major (192-wide tiles' halves), 96 rows
+  static constexpr int kHalfBytes = HALVES == 1 ? 2 * kTmaBoxBytes : 96 * 128;
+  static constexpr int kBBytes = HALVES * kHalfBytes;
   static constexpr int kSlotBytes = kABytes + kBBytes;
   static constexpr int kLoadBytes = kABytes + BN * kTmaBK * 2;  // what lands in a slot per K tile
-  // a warpgroup's staging: 64 rows with one consumer, 32 with three (a fifth ring slot for 192 x 96)
-  static constexpr int kStageRows = kConsumers == 1 ? 64 : 32;
+  // a warpgroup's staging: 64 rows, or 32 with three consumers (a fifth ring slot for 192 x 96)
+  static constexpr int kStageRows = kConsumers == 3 ? 32 : 64;
   static constexpr int kStageBytes = kStageRows * kStageRowBytes;
   static constexpr int kStages = ring_stages(kConsumers, kStageBytes, kSlotBytes);
   // `empty` arrivals: one from each consumer warpgroup of every block its loads reach (its row partner
@@ -60,12 +71,14 @@ struct ClusterConfig {
   static constexpr int kSmemBytes = ring_smem_bytes(kStages, kSlotBytes, kConsumers, kStageBytes);
   static_assert(kStages >= 4 && kSmemBytes <= kTmaSmemLimit, "ring and staging must fit");
   // A's part a block loads: K-major, BM / COL_TILES of its rows; MN-major, 64 / COL_TILES of the k of each
-  // 64-row box. B's: K-major, 96 / ROW_TILES of its rows; MN-major, 64 / ROW_TILES of the k of both boxes.
+  // 64-row box. B's, of each half: K-major, 96 / ROW_TILES of its rows; MN-major, 64 / ROW_TILES of the k
+  // of both boxes.
   static constexpr int kAPartRows = BM / kColTiles, kAPartK = kTmaBK / kColTiles;
-  static constexpr int kBPartRows = BN / kRowTiles, kBPartK = kTmaBK / kRowTiles;
+  static constexpr int kBPartRows = 96 / kRowTiles, kBPartK = kTmaBK / kRowTiles;
 };
 using Clustered64x96 = ClusterConfig<64, 4, 2>;  // 8 blocks: 256 x 192 of the output
 using Tile192x96 = ClusterConfig<192, 1, 1>;     // a cluster of one block
+using Tile192x192 = ClusterConfig<192, 1, 1, 2>;  // K-major B only
 
 // Unit u of a clustered product (batch matrix, K split, then the cluster's part of the output) as
 // block `rank` of the cluster takes it; p.tiles_m and p.tiles_n count BM x 96 tiles.
@@ -121,6 +134,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
                                const __grid_constant__ CUtensorMap b2_map, const __grid_constant__ CUtensorMap out_map,
                                const TmaParams tp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(C::kHalves == 1 || B_KMAJOR, "192-wide tiles: B's halves start on swizzle atoms only K-major");
   constexpr int S = C::kStages;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (mt::shared_address(smem_raw) + 1023) & ~1023u;
@@ -164,20 +178,24 @@ __global__ void __launch_bounds__(C::kThreads, 1)
                                   ba, row_mask);
         } else {  // k kAPartK h.. of each [64 k][64 rows]
 #pragma unroll
-          for (int i = 0; i < C::kConsumers; ++i) {
+          for (int i = 0; i < C::BM / 64; ++i) {
             tma::tma_load_multicast(slot + i * kTmaBoxBytes + half * C::kAPartK * 128, a_map, full, w.row0 + 64 * i,
                                     k0 + C::kAPartK * half, ba, row_mask);
           }
         }
-        const uint32_t b = slot + C::kABytes;
-        if constexpr (B_KMAJOR) {  // rows kBPartRows q.. of [96 rows][64 k]
-          tma::tma_load_multicast(b + part * C::kBPartRows * 128, b_map, full, k0, w.col0 + C::kBPartRows * part, bb,
-                                  col_mask);
-        } else {  // k kBPartK q.. of both boxes
-          const uint32_t at = part * C::kBPartK * 128;
-          const int k = k0 + C::kBPartK * part;
-          tma::tma_load_multicast(b + at, b_map, full, w.col0, k, bb, col_mask);
-          tma::tma_load_multicast(b + kTmaBoxBytes + at, b2_map, full, w.col0 + 64, k, bb, col_mask);
+#pragma unroll
+        for (int h = 0; h < C::kHalves; ++h) {
+          const uint32_t b = slot + C::kABytes + h * C::kHalfBytes;
+          const int col = w.col0 + 96 * h;
+          if constexpr (B_KMAJOR) {  // rows kBPartRows q.. of [96 rows][64 k]
+            tma::tma_load_multicast(b + part * C::kBPartRows * 128, b_map, full, k0, col + C::kBPartRows * part, bb,
+                                    col_mask);
+          } else {  // k kBPartK q.. of both boxes
+            const uint32_t at = part * C::kBPartK * 128;
+            const int k = k0 + C::kBPartK * part;
+            tma::tma_load_multicast(b + at, b_map, full, col, k, bb, col_mask);
+            tma::tma_load_multicast(b + kTmaBoxBytes + at, b2_map, full, col + 64, k, bb, col_mask);
+          }
         }
       }
     }
@@ -187,23 +205,36 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-  // the warpgroup index broadcast from lane 0, as bf16_wgmma.cuh's kernel does
+  // the warpgroup index broadcast from lane 0, as bf16_wgmma.cuh's kernel does; its first row block and
+  // its half of B
   const int cw = C::kConsumers == 1 ? 0 : __shfl_sync(0xffffffffu, warp / 4, 0) - 1;
+  const int block0 = C::kHalves == 1 ? cw : 0, half = C::kHalves == 1 ? 0 : cw;
   const int wq = warp % 4, g = lane / 4, t = lane % 4;
-  float acc[C::BN / 2];
+  constexpr int RB = C::kRowBlocks;
+  float acc[RB][48];
 #pragma unroll
-  for (int i = 0; i < C::BN / 2; ++i) acc[i] = 0.f;
+  for (int i = 0; i < RB; ++i) {
+#pragma unroll
+    for (int j = 0; j < 48; ++j) acc[i][j] = 0.f;
+  }
   Ring pos;
   int box = 0;
   const void* prefetch = epilogue_reads(p);
   const ClusterRelease<C> release(lane, wq, rank);
   for (int u = first; u < units; u += step) {
     const Unit w = cluster_unit_of<C>(p, u, rank);
-    if (prefetch != nullptr) prefetch_tile<C::BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
-    consume_k_tiles<A_KMAJOR, B_KMAJOR, C::BN, S, C::kABytes, C::kSlotBytes>(acc, cw, base, bars, w.k_tiles, pos,
-                                                                           release);
-    store_unit<C::BM == 192, C::BN, C::kStageBytes, C::kStageRows>(tp, acc, out_map, staging + cw * C::kStageBytes, cw,
-                                                                  w, wq, g, t, box);
+    const int row0 = w.row0 + 64 * block0, col0 = w.col0 + 96 * half;
+    if (prefetch != nullptr) {
+#pragma unroll 1
+      for (int i = 0; i < RB; ++i) prefetch_tile<96>(p, prefetch, w.bi, row0 + 64 * i, col0);
+    }
+    const uint32_t a_at = block0 * kTmaBoxBytes, b_at = C::kABytes + half * C::kHalfBytes;
+    consume_k_tiles<A_KMAJOR, B_KMAJOR, 96, S, C::kSlotBytes>(acc, a_at, b_at, base, bars, w.k_tiles, pos, release);
+#pragma unroll
+    for (int i = 0; i < RB; ++i) {
+      store_unit<C::BM == 192, 96, C::kStageBytes, C::kStageRows>(tp, acc[i], out_map, staging + cw * C::kStageBytes,
+                                                                 1 + cw, w, row0 + 64 * i, col0, wq, g, t, box);
+    }
   }
   if (tp.store != kStoreStaged && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
 #endif

@@ -290,6 +290,7 @@ struct TileShape {
 struct Plan {
   int shape;  // index into the candidates
   int splits, k_tiles, k_tiles_per_split;
+  double cost;  // the estimated time (s)
 };
 
 // The shape and K split count with the least estimated time: waves of blocks times a block's time,
@@ -299,7 +300,7 @@ struct Plan {
 // the sizes and the GPU, so the workspace query and the launch agree on it.
 inline Plan plan_product(const TileShape* shapes, int n_shapes, int M, int N, int K, long long batch, int sms,
                          int max_splits) {
-  Plan best{0, 1, 0, 0};
+  Plan best{0, 1, 0, 0, 0.0};
   double best_cost = 1e300;
   for (int i = 0; i < n_shapes; ++i) {
     const TileShape& sh = shapes[i];
@@ -315,7 +316,7 @@ inline Plan plan_product(const TileShape* shapes, int n_shapes, int M, int N, in
       if (s > 1) cost += 8.0 * s * batch * M * N / 2.5e12 + 3e-6;
       if (cost < best_cost * 0.97) {
         best_cost = cost;
-        best = Plan{i, s, static_cast<int>(k_tiles), static_cast<int>(per_split)};
+        best = Plan{i, s, static_cast<int>(k_tiles), static_cast<int>(per_split), cost};
       }
     }
   }

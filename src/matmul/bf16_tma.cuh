@@ -38,15 +38,20 @@ using tma::encode_tiled;
 // 768 x 768 x 4096 (GPT-2's attention projection weight gradient) take 15.1 us where 128 x 128 tiles in
 // 3 K splits take 17.3, 6.5 of it writing and adding the partial sums (bf16_notes.md, fourteenth
 // session); on fewer SMs each takes in its operands faster (~100 GB/s against ~85), hence its rate.
-// The 96-wide tiles run on bf16_cluster.cuh's kernel: 192 x 96 one block at a time, and the last shape,
-// not planned, 64 x 96 in 8-block clusters sharing their operand tiles, for a product the planner gives
-// unsplit 64 x 128 tiles, where clusters fit.
+// 192 x 192 tiles (two consumer warpgroups, each over a 96-row half of a K-major B: the K loop at ~6.8
+// TFLOP/s per SM on an H100, against ~6.1 for 128 x 256, but a slower epilogue; bf16_notes.md, eighteenth
+// session) are planned only for a K-major B, and reached by a product with more rows than columns as its
+// transpose (runs_transposed). Their rate here is what the whole tile delivers: at 6.0e12 the LM head's
+// logits (4096 x 50257 x 768) took them, 485 -> 518 us. The 96-wide tiles and these run on
+// bf16_cluster.cuh's kernel: 192 x 96 and 192 x 192 one block at a time, and the last shape, not planned,
+// 64 x 96 in 8-block clusters sharing their operand tiles, for a product the planner gives unsplit 64 x
+// 128 tiles, where clusters fit.
 constexpr TileShape kTmaShapes[] = {{128, 256, kTmaBK, 1, 5.6e12}, {128, 192, kTmaBK, 1, 5.4e12},
                                     {128, 128, kTmaBK, 1, 4.8e12}, {192, 128, kTmaBK, 1, 5.2e12},
                                     {192, 96, kTmaBK, 1, 5.0e12},  {64, 128, kTmaBK, 1, 4.0e12},
-                                    {64, 96, kTmaBK, 1, 4.0e12}};
-constexpr int kTmaShapeCount = 7, kTmaPlannedShapes = 6, kTmaRowsShapes = 3;
-constexpr int kWideShape = 4, kNarrowShape = 5, kClusterShape = 6;
+                                    {192, 192, kTmaBK, 1, 5.5e12}, {64, 96, kTmaBK, 1, 4.0e12}};
+constexpr int kTmaShapeCount = 8, kTmaPlannedShapes = 7, kTmaRowsShapes = 3;
+constexpr int kWideShape = 4, kNarrowShape = 5, kHalvesShape = 6, kClusterShape = 7;
 
 // One operand as TMA reads it: element (i, o) of batch matrix b at base[i + o * outer_stride +
 // b * batch_stride] (elements), i along the unit-stride dim; batch_stride 0: one matrix for every b.
@@ -112,15 +117,18 @@ inline int forced_tma_shape() {
   return end != forced && *end == '\0' && i >= 0 && i < kTmaShapeCount ? static_cast<int>(i) : -1;
 }
 
-// beside: the product runs beside other work, which wants the SMs its tiles leave (above).
+// beside: the product runs beside other work, which wants the SMs its tiles leave (above). The 192 x 192
+// tiles read a K-major B only, so they are planned (or forced) only for such a product.
 inline Plan tma_plan(const Params& p, int sms, int max_splits, bool beside) {
+  TmaLayout l;
+  const bool halves = tma_layout(p, &l) && l.b_kmajor;
   const int forced = forced_tma_shape();
-  if (forced >= 0) {
+  if (forced >= 0 && (forced != kHalvesShape || halves)) {
     Plan plan = plan_product(kTmaShapes + forced, 1, p.M, p.N, p.K, p.batch, sms, max_splits);
     plan.shape = forced;
     return plan;
   }
-  const int shapes = p.M > p.N || beside ? kTmaRowsShapes : kTmaPlannedShapes;
+  const int shapes = p.M > p.N || beside ? kTmaRowsShapes : halves ? kTmaPlannedShapes : kHalvesShape;
   return plan_product(kTmaShapes, shapes, p.M, p.N, p.K, p.batch, sms, max_splits);
 }
 
@@ -165,7 +173,7 @@ inline int cluster_capacity() {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device >= mt::kMaxDevicesCached) return 0;
   if (cached[device].load() == 0) {
-    const auto kernel = matmul_bf16_cluster_kernel<C, false, false>;
+    const auto kernel = matmul_bf16_cluster_kernel<C, false, true>;  // an instance every C has
     static std::atomic<unsigned long long> configured{0};
     cudaLaunchAttribute attributes[2];
     const cudaLaunchConfig_t config = mt::dependent_config(dim3(C::kBlocks * 16), dim3(C::kThreads), C::kSmemBytes,
@@ -199,9 +207,12 @@ inline int launch_clustered(const TmaMaps& maps, const TmaParams& tp, const TmaL
   const long long clusters = std::min<long long>(cluster_units<C>(tp.p), capacity);
   const int grid = C::kBlocks * static_cast<int>(clusters);
   if (l.a_kmajor && l.b_kmajor) return launch_cluster_instance<C, true, true>(maps, tp, grid, stream);
-  if (l.a_kmajor) return launch_cluster_instance<C, true, false>(maps, tp, grid, stream);
   if (l.b_kmajor) return launch_cluster_instance<C, false, true>(maps, tp, grid, stream);
-  return launch_cluster_instance<C, false, false>(maps, tp, grid, stream);
+  if constexpr (C::kHalves == 1) {
+    if (l.a_kmajor) return launch_cluster_instance<C, true, false>(maps, tp, grid, stream);
+    return launch_cluster_instance<C, false, false>(maps, tp, grid, stream);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);  // tma_plan gives 192 x 192 tiles a K-major B only
 }
 
 // The operand maps of bf16_cluster.cuh's kernel C: A and B in the parts its blocks load (ClusterConfig),
@@ -246,6 +257,8 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
     if (!cluster_maps<Clustered64x96>(l, q.batch, &maps)) return kNotTaken;
   } else if (plan.shape == kWideShape) {
     if (!cluster_maps<Tile192x96>(l, q.batch, &maps)) return kNotTaken;
+  } else if (plan.shape == kHalvesShape) {
+    if (!cluster_maps<Tile192x192>(l, q.batch, &maps)) return kNotTaken;
   } else if (!encode(&maps.a, l.a, q.batch, l.a_kmajor ? bm : kTmaBK) ||
              !encode(&maps.b, l.b, q.batch, l.b_kmajor ? bn : kTmaBK)) {
     return kNotTaken;
@@ -254,7 +267,7 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
   if (transposed) {  // the output's columns are q's rows; boxes of 32 rows x 64 columns
     if (!encode_output(&maps.out, q, q.M, q.N, 64)) return kNotTaken;
     store = kStoreTransposed;
-  } else if (tma_store_output(q, bn, plan.splits, &maps.out)) {
+  } else if (tma_store_output(q, plan.shape == kHalvesShape ? 96 : bn, plan.splits, &maps.out)) {
     store = kStoreTma;
   }
   TmaParams tp{plan.splits > 1 ? partial_params(q, workspace) : q, l.a.batch_stride != 0, l.b.batch_stride != 0, store};
@@ -272,6 +285,7 @@ inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool t
     case 3: status = launch_tma_shape<192, 128>(maps, tp, l, grid, stream); break;
     case 4: status = launch_clustered<Tile192x96>(maps, tp, l, sms, stream); break;
     case 5: status = launch_tma_shape<64, 128>(maps, tp, l, grid, stream); break;
+    case 6: status = launch_clustered<Tile192x192>(maps, tp, l, sms, stream); break;
     default: status = launch_clustered<Clustered64x96>(maps, tp, l, sms, stream); break;
   }
   return status != 0 || plan.splits == 1 ? status : reduce_splits(q, workspace, plan.splits, stream);
@@ -296,22 +310,29 @@ inline long long plan_tiles(const Params& p, const Plan& plan) {
 
 // Whether p runs as its transpose t (plan and layout in *plan, *l), stored back transposed
 // (store_tile_tma_t): a product with more rows than columns, which the planner keeps off 192-row tiles
-// (tma_plan), and K at least its rows (a weight gradient's long K, where a wave of more tiles pays), with
-// no epilogue or accumulation into a bf16 output TMA can address, not beside other work, whose
-// transpose TMA reads and the planner gives 192-row tiles without K splits, in one wave of more tiles
-// than p's own plan makes. cuBLAS, column-major, runs such products this way: GPT-2's 3072 x 768 weight
-// gradient on the 192 x 96 tiles of 768 x 3072 (128 tiles where 128 x 192 makes 96; 35.1 -> 32.5 us on
-// an H100). Input gradients (4096 x 768, K 768-3072) keep their own plan.
+// (tma_plan), with no epilogue or accumulation into a bf16 output TMA can address, not beside other
+// work, whose transpose TMA reads and the planner gives 192-row tiles without K splits, where either
+//   - those are 192 x 192 (the transpose's B, p's A, K-major) and estimated faster than p's own plan:
+//     GPT-2's qkv product X W (4096 x 2304 x 768) in 264 tiles, two waves, where p's 128 x 192 tiles make
+//     384 in three (26.3-26.9 -> 25.6-26.3 us on an H100, cuBLAS 25.6-26.3: bf16_notes.md, eighteenth
+//     session); cuBLAS, column-major, runs it this way (`192x192_64x3_2x1_v_bz_coopB`);
+//   - or K is at least p's rows (a weight gradient's long K, where a wave of more tiles pays) and the
+//     transpose makes one wave of more tiles than p's own plan: GPT-2's 3072 x 768 weight gradient on the
+//     192 x 96 tiles of 768 x 3072 (128 tiles where 128 x 192 makes 96; 35.1 -> 32.5 us on an H100).
+// Input gradients (4096 x 768, K 768-3072) keep their own plan.
 inline bool runs_transposed(const Params& p, bool beside, int sms, Params* t, TmaLayout* l, Plan* plan) {
-  if (beside || p.M <= p.N || p.K < p.M || p.epilogue != kNone || p.accumulate || !p.out_bf16 || p.ldc % 8 != 0 ||
+  if (beside || p.M <= p.N || p.epilogue != kNone || p.accumulate || !p.out_bf16 || p.ldc % 8 != 0 ||
       !mt::is_aligned16(p.out)) {
     return false;
   }
   *t = transposed_product(p);
   if (!tma_layout(*t, l)) return false;
   *plan = tma_plan(*t, sms, 1, false);
+  if (kTmaShapes[plan->shape].bm != 192) return false;
+  const Plan own = tma_plan(p, sms, 1, false);
+  if (plan->shape == kHalvesShape) return forced_tma_shape() == kHalvesShape || plan->cost < 0.97 * own.cost;
   const long long tiles = plan_tiles(*t, *plan);
-  return kTmaShapes[plan->shape].bm == 192 && tiles <= sms && tiles > plan_tiles(p, tma_plan(p, sms, 1, false));
+  return p.K >= p.M && tiles <= sms && tiles > plan_tiles(p, own);
 }
 
 // Runs p on the TMA path, splitting K where the plan asks and `workspace_bytes` of `workspace` hold the

@@ -69,17 +69,20 @@ constexpr int ring_smem_bytes(int stages, int slot_bytes, int consumers, int sta
   return stages * slot_bytes + consumers * stage_bytes + 16 * stages + 1024;
 }
 
+// Registers a consumer thread takes with setmaxnreg when the block has `consumers` consumer warpgroups
+// and a producer one: the block starts with 65536 / 128 (consumers + 1) a thread (rounded down to 8):
+// 256, 168 or 128. The producer warpgroup keeps 24 and the consumers take up to the rest: 240 with one
+// or two (at 232 the 256-wide consumers spilled), 160 with three. Asking for more than the producers
+// give back would stall the consumers for good.
+constexpr int consumer_regs(int consumers) { return consumers <= 2 ? 240 : 160; }
+
 // The block of BM rows (64, 128 or 192: a consumer warpgroup per 64) x BN columns (256, 192 or 128 here;
 // 96 in bf16_cluster.cuh's kernel, which takes its register split from here).
 template <int BM, int BN>
 struct TmaConfig {
   static constexpr int kConsumers = BM / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  // The block starts with 65536 / kThreads registers a thread (rounded down to 8): 256, 168 or 128. The
-  // producer warpgroup keeps 24 and the consumers take up to the rest: 240 with one or two (at 232 the
-  // 256-wide consumers spilled), 160 with three. Asking for more than the producers give back would
-  // stall the consumers for good.
-  static constexpr int kConsumerRegs = kConsumers <= 2 ? 240 : 160;
+  static constexpr int kConsumerRegs = consumer_regs(kConsumers);
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register split");
   static constexpr int kABytes = BM * kTmaBK * 2;
   static constexpr int kBBytes = BN * kTmaBK * 2;
@@ -458,24 +461,28 @@ struct LocalRelease {
   }
 };
 
-// One unit's k_tiles K tiles for consumer warpgroup cw: per K tile, wait for the slot's `full` barrier,
-// four wgmma.m64nBNk16 on it, and release the slot before it (each warp: release(its `empty` barrier),
-// a LocalRelease, or bf16_cluster.cuh's release in every block that loads into it) once that slot's
-// products are done. bars: the ring's barriers (RingPos).
-template <bool A_KMAJOR, bool B_KMAJOR, int BN, int S, int A_BYTES, int SLOT_BYTES, class Release>
-__device__ __forceinline__ void consume_k_tiles(float (&acc)[BN / 2], int cw, uint32_t base, uint32_t bars,
-                                                int k_tiles, RingPos<S>& pos, const Release& release) {
+// One unit's k_tiles K tiles for a consumer warpgroup whose RB row blocks of 64 start a_at bytes into a
+// slot (8 KB apart) and whose B tile starts b_at bytes into it: per K tile, wait for the slot's `full`
+// barrier, four k16 steps of RB wgmma.m64nBNk16 on it (acc[i]: row block i), and release the slot before
+// it (each warp: release(its `empty` barrier), a LocalRelease, or bf16_cluster.cuh's release in every
+// block that loads into it) once that slot's products are done. bars: the ring's barriers (RingPos).
+template <bool A_KMAJOR, bool B_KMAJOR, int BN, int S, int SLOT_BYTES, int RB, class Release>
+__device__ __forceinline__ void consume_k_tiles(float (&acc)[RB][BN / 2], uint32_t a_at, uint32_t b_at, uint32_t base,
+                                                uint32_t bars, int k_tiles, RingPos<S>& pos, const Release& release) {
   uint32_t held = 0;  // the `empty` barrier of the slot whose products are in flight
   for (int kt = 0; kt < k_tiles; ++kt, pos.step()) {
     mbar_wait(RingPos<S>::full(bars, pos.slot), pos.phase);
     const uint32_t slot = base + pos.slot * SLOT_BYTES;
-    const uint64_t a_desc = tile_desc<A_KMAJOR>(slot + cw * kTmaBoxBytes);
-    const uint64_t b_desc = tile_desc<B_KMAJOR>(slot + A_BYTES);
+    const uint64_t a_desc = tile_desc<A_KMAJOR>(slot + a_at);
+    const uint64_t b_desc = tile_desc<B_KMAJOR>(slot + b_at);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int j = 0; j < kTmaBK / 16; ++j) {
-      wgmma_bf16<BN, !A_KMAJOR, !B_KMAJOR>(acc, a_desc + j * kDescStep<A_KMAJOR>, b_desc + j * kDescStep<B_KMAJOR>,
-                                           kt > 0 || j > 0);
+#pragma unroll
+      for (int i = 0; i < RB; ++i) {
+        wgmma_bf16<BN, !A_KMAJOR, !B_KMAJOR>(acc[i], a_desc + j * kDescStep<A_KMAJOR> + i * (kTmaBoxBytes >> 4),
+                                             b_desc + j * kDescStep<B_KMAJOR>, kt > 0 || j > 0);
+      }
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -483,7 +490,8 @@ __device__ __forceinline__ void consume_k_tiles(float (&acc)[BN / 2], int cw, ui
     held = RingPos<S>::empty(bars, pos.slot);
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  fence_registers(acc);
+#pragma unroll
+  for (int i = 0; i < RB; ++i) fence_registers(acc[i]);
   release(held);
 }
 
@@ -497,25 +505,26 @@ __device__ __forceinline__ const void* epilogue_reads(const Params& p) {
                                                : nullptr;
 }
 
-// The epilogue of consumer warpgroup cw's 64 rows of unit w, through its staging at `stage`: acc[4 j],
-// acc[4 j + 1] are row wq * 16 + g of the warpgroup's 64, columns 8 j + 2 t, + 1; acc[4 j + 2], acc[4 j + 3]
-// the same columns 8 rows further. TRANSPOSABLE: the tiles a transposed product runs on (launch_tma
-// transposes only onto 192-row tiles).
+// The epilogue of a consumer warpgroup's 64 rows of unit w from row0, BN columns from col0, through its
+// staging at `stage` and its barrier bar_id: acc[4 j], acc[4 j + 1] are row wq * 16 + g of the 64, columns
+// 8 j + 2 t, + 1; acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further. TRANSPOSABLE: the tiles a
+// transposed product runs on (launch_tma transposes only onto 192-row tiles).
 template <bool TRANSPOSABLE, int BN, int STAGE_BYTES, int STAGE_ROWS>
 __device__ __forceinline__ void store_unit(const TmaParams& tp, const float (&acc)[BN / 2], const CUtensorMap& out_map,
-                                           uint32_t stage, int cw, const Unit& w, int wq, int g, int t, int& box) {
+                                           uint32_t stage, int bar_id, const Unit& w, int row0, int col0, int wq, int g,
+                                           int t, int& box) {
   const Params& p = tp.p;
   if (tp.store == kStoreTma) {
-    store_tile_tma<BN, STAGE_BYTES>(p, acc, out_map, stage, 1 + cw, w.bi, w.row0 + cw * 64, w.col0, wq, t, box);
+    store_tile_tma<BN, STAGE_BYTES>(p, acc, out_map, stage, bar_id, w.bi, row0, col0, wq, t, box);
     return;
   }
   if constexpr (TRANSPOSABLE) {
     if (tp.store == kStoreTransposed) {
-      store_tile_tma_t<BN, STAGE_BYTES>(p, acc, out_map, stage, 1 + cw, w.bi, w.row0 + cw * 64, w.col0, wq, box);
+      store_tile_tma_t<BN, STAGE_BYTES>(p, acc, out_map, stage, bar_id, w.bi, row0, col0, wq, box);
       return;
     }
   }
-  store_tile<BN, STAGE_ROWS>(p, acc, stage, 1 + cw, w.split, w.bi, w.row0 + cw * 64, w.col0, wq, g, t);
+  store_tile<BN, STAGE_ROWS>(p, acc, stage, bar_id, w.split, w.bi, row0, col0, wq, g, t);
 }
 #endif
 
@@ -578,19 +587,19 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
   // The warpgroup index broadcast from lane 0, which ptxas then knows to be warp-uniform: the A tiles'
   // descriptors stay in uniform registers instead of being moved there (R2UR) before every product.
   const int cw = __shfl_sync(0xffffffffu, warp / 4, 0) - 1, wq = warp % 4, g = lane / 4, t = lane % 4;
-  float acc[BN / 2];
+  float acc[1][BN / 2];
 #pragma unroll
-  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  for (int i = 0; i < BN / 2; ++i) acc[0][i] = 0.f;
   Ring pos;
   int box = 0;
   const void* prefetch = epilogue_reads(p);
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = unit_of(p, u, BM, BN);
     if (prefetch != nullptr) prefetch_tile<BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
-    consume_k_tiles<A_KMAJOR, B_KMAJOR, BN, S, Cfg::kABytes, Cfg::kSlotBytes>(acc, cw, base, bars, w.k_tiles, pos,
-                                                                            LocalRelease{lane == 0});
-    store_unit<BM == 192, BN, Cfg::kStageBytes, Cfg::kStageRows>(tp, acc, out_map, staging + cw * Cfg::kStageBytes,
-                                                                 cw, w, wq, g, t, box);
+    consume_k_tiles<A_KMAJOR, B_KMAJOR, BN, S, Cfg::kSlotBytes>(acc, cw * kTmaBoxBytes, Cfg::kABytes, base, bars,
+                                                              w.k_tiles, pos, LocalRelease{lane == 0});
+    store_unit<BM == 192, BN, Cfg::kStageBytes, Cfg::kStageRows>(tp, acc[0], out_map, staging + cw * Cfg::kStageBytes,
+                                                                 1 + cw, w, w.row0 + cw * 64, w.col0, wq, g, t, box);
   }
   if (tp.store != kStoreStaged && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
 #endif
