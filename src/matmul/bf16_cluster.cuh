@@ -81,7 +81,7 @@ using Tile192x96 = ClusterConfig<192, 1, 1>;     // a cluster of one block
 using Tile192x192 = ClusterConfig<192, 1, 1, 2>;  // K-major B only
 
 // Unit u of a clustered product (batch matrix, K split, then the cluster's part of the output) as
-// block `rank` of the cluster takes it; p.tiles_m and p.tiles_n count BM x 96 tiles.
+// block `rank` of the cluster takes it; p.tiles_m and p.tiles_n count BM x BN tiles.
 template <class C>
 __device__ __forceinline__ Unit cluster_unit_of(const Params& p, int u, int rank) {
   const int groups_m = (p.tiles_m + C::kRowTiles - 1) / C::kRowTiles;
@@ -211,11 +211,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int block0 = C::kHalves == 1 ? cw : 0, half = C::kHalves == 1 ? 0 : cw;
   const int wq = warp % 4, g = lane / 4, t = lane % 4;
   constexpr int RB = C::kRowBlocks;
-  float acc[RB][48];
+  float acc[RB][96 / 2];  // row block i's m64n96 sums
 #pragma unroll
   for (int i = 0; i < RB; ++i) {
 #pragma unroll
-    for (int j = 0; j < 48; ++j) acc[i][j] = 0.f;
+    for (int j = 0; j < 96 / 2; ++j) acc[i][j] = 0.f;
   }
   Ring pos;
   int box = 0;

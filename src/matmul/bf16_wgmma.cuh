@@ -2,8 +2,9 @@
 // wgmma with both operands from shared memory, for products whose operands the Tensor Memory
 // Accelerator can read (a unit-stride dim, 16-byte aligned base and strides, at most one batch dim).
 //
-// Block BM x BN x 64 (128 x 256, 192 or 128; 192 x 128; 64 x 128; bf16_cluster.cuh runs the 96-wide
-// tiles, 192 x 96 and 64 x 96 in clusters of 8, through the same pieces), one block per SM, persistent
+// Block BM x BN x 64 (128 x 256, 192 or 128; 192 x 128; 64 x 128; bf16_cluster.cuh runs the tiles whose
+// products are m64n96 through the same pieces: 192 x 96, 192 x 192 in two 96-row halves of a K-major B,
+// and 64 x 96 in clusters of 8), one block per SM, persistent
 // over its units (output tile, K split, batch matrix; block c takes units c, c + grid, ...; within a batch
 // matrix and split, tiles in tile_coords' grouped order):
 //   warp 0 (lane 0)   the producer: per K tile, waits for a free ring slot, then TMA-loads the A tile
