@@ -111,9 +111,9 @@ __host__ __device__ inline long long cluster_units(const Params& p) {
 // A consumer warpgroup's release of a ring slot in the blocks that load into it, one arrival each
 // (CUTLASS's sm90 TMA pipeline spreads them over the warpgroup the same way, once every warp's wait for
 // the products has returned): lane 0 of warp q < ROW_TILES at block q of its column (ranks i, i + 2, ..,
-// its own among them), lane 1 of warp 0 at its row partner (in a one-block cluster: lane 0 of warp 0 at
-// itself). Twenty arrivals, one per consumer warp and
-// block, took 13.8-13.9 us over 768 x 768 x 4096 against 13.3-13.4 for these five (H100, bf16_notes.md).
+// its own among them), lane 1 of warp 0 at its row partner (in a one-block cluster: lane 0 of warp 0, a
+// local arrival). Twenty arrivals, one per consumer warp and block, took 13.8-13.9 us over 768 x 768 x
+// 4096 against 13.3-13.4 for these five (H100, bf16_notes.md).
 template <class C>
 struct ClusterRelease {
   bool arrives;
@@ -122,9 +122,25 @@ struct ClusterRelease {
       : arrives((lane == 0 && wq < C::kRowTiles) || (lane == 1 && wq == 0 && C::kColTiles == 2)),
         target(lane == 0 ? rank % C::kColTiles + C::kColTiles * wq : rank ^ 1) {}
   __device__ __forceinline__ void operator()(uint32_t empty) const {
-    if (arrives) tma::mbar_arrive_cluster(empty, target);
+    if constexpr (C::kBlocks == 1) {
+      if (arrives) tma::mbar_arrive(empty);
+    } else {
+      if (arrives) tma::mbar_arrive_cluster(empty, target);
+    }
   }
 };
+
+// A TMA load of part of an operand tile into the blocks of `mask` (multicast), or, in a one-block
+// cluster, into this block alone.
+template <class C>
+__device__ __forceinline__ void load_part(uint32_t dst, const CUtensorMap& map, uint32_t bar, int c0, int c1, int c2,
+                                          uint16_t mask) {
+  if constexpr (C::kBlocks == 1) {
+    tma::tma_load(dst, map, bar, c0, c1, c2);
+  } else {
+    tma::tma_load_multicast(dst, map, bar, c0, c1, c2, mask);
+  }
+}
 #endif
 
 // b2_map: an MN-major B's columns 64..95 of a tile, in 32-column boxes (unused for a K-major B).
@@ -174,13 +190,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         tma::mbar_wait(Ring::empty(bars, pos.slot), pos.phase ^ 1);
         tma::mbar_expect_tx(full, C::kLoadBytes);
         if constexpr (A_KMAJOR) {  // rows kAPartRows h.. of [BM rows][64 k]
-          tma::tma_load_multicast(slot + half * C::kAPartRows * 128, a_map, full, k0, w.row0 + C::kAPartRows * half,
-                                  ba, row_mask);
+          load_part<C>(slot + half * C::kAPartRows * 128, a_map, full, k0, w.row0 + C::kAPartRows * half, ba,
+                       row_mask);
         } else {  // k kAPartK h.. of each [64 k][64 rows]
 #pragma unroll
           for (int i = 0; i < C::BM / 64; ++i) {
-            tma::tma_load_multicast(slot + i * kTmaBoxBytes + half * C::kAPartK * 128, a_map, full, w.row0 + 64 * i,
-                                    k0 + C::kAPartK * half, ba, row_mask);
+            load_part<C>(slot + i * kTmaBoxBytes + half * C::kAPartK * 128, a_map, full, w.row0 + 64 * i,
+                         k0 + C::kAPartK * half, ba, row_mask);
           }
         }
 #pragma unroll
@@ -188,13 +204,12 @@ __global__ void __launch_bounds__(C::kThreads, 1)
           const uint32_t b = slot + C::kABytes + h * C::kHalfBytes;
           const int col = w.col0 + 96 * h;
           if constexpr (B_KMAJOR) {  // rows kBPartRows q.. of [96 rows][64 k]
-            tma::tma_load_multicast(b + part * C::kBPartRows * 128, b_map, full, k0, col + C::kBPartRows * part, bb,
-                                    col_mask);
+            load_part<C>(b + part * C::kBPartRows * 128, b_map, full, k0, col + C::kBPartRows * part, bb, col_mask);
           } else {  // k kBPartK q.. of both boxes
             const uint32_t at = part * C::kBPartK * 128;
             const int k = k0 + C::kBPartK * part;
-            tma::tma_load_multicast(b + at, b_map, full, col, k, bb, col_mask);
-            tma::tma_load_multicast(b + kTmaBoxBytes + at, b2_map, full, col + 64, k, bb, col_mask);
+            load_part<C>(b + at, b_map, full, col, k, bb, col_mask);
+            load_part<C>(b + kTmaBoxBytes + at, b2_map, full, col + 64, k, bb, col_mask);
           }
         }
       }
