@@ -68,9 +68,11 @@ long long matmul_bf16_workspace_bytes(int M, int N, int K, int batch, int a_row_
   const Params p = product_params(M, N, K, batch, a_row_stride, a_k_stride, b_k_stride, b_col_stride);
   const long long generic = bf16mm::partial_bytes(generic_plan(p, sms), M, N, batch);
   long long tma = 0;  // whether or not the product runs beside other work
-  if (bf16mm::tma_available()) {
+  bf16mm::TmaLayout l;
+  if (bf16mm::tma_available() && bf16mm::tma_layout(p, &l)) {
     for (const bool beside : {false, true}) {
-      tma = std::max(tma, bf16mm::partial_bytes(bf16mm::tma_plan(p, sms, bf16mm::kMaxSplits, beside), M, N, batch));
+      const bf16mm::Plan plan = bf16mm::tma_plan(p, l, sms, bf16mm::kMaxSplits, beside);
+      tma = std::max(tma, bf16mm::partial_bytes(plan, M, N, batch));
     }
   }
   return std::max(generic, tma);

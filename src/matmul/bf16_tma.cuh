@@ -117,18 +117,17 @@ inline int forced_tma_shape() {
   return end != forced && *end == '\0' && i >= 0 && i < kTmaShapeCount ? static_cast<int>(i) : -1;
 }
 
-// beside: the product runs beside other work, which wants the SMs its tiles leave (above). The 192 x 192
-// tiles read a K-major B only, so they are planned (or forced) only for such a product.
-inline Plan tma_plan(const Params& p, int sms, int max_splits, bool beside) {
-  TmaLayout l;
-  const bool halves = tma_layout(p, &l) && l.b_kmajor;
+// beside: the product runs beside other work, which wants the SMs its tiles leave (above); l: p's
+// operands as TMA reads them (tma_layout). The 192 x 192 tiles read a K-major B only, so they are planned
+// (or forced) only for such a product.
+inline Plan tma_plan(const Params& p, const TmaLayout& l, int sms, int max_splits, bool beside) {
   const int forced = forced_tma_shape();
-  if (forced >= 0 && (forced != kHalvesShape || halves)) {
+  if (forced >= 0 && (forced != kHalvesShape || l.b_kmajor)) {
     Plan plan = plan_product(kTmaShapes + forced, 1, p.M, p.N, p.K, p.batch, sms, max_splits);
     plan.shape = forced;
     return plan;
   }
-  const int shapes = p.M > p.N || beside ? kTmaRowsShapes : halves ? kTmaPlannedShapes : kHalvesShape;
+  const int shapes = p.M > p.N || beside ? kTmaRowsShapes : l.b_kmajor ? kTmaPlannedShapes : kHalvesShape;
   return plan_product(kTmaShapes, shapes, p.M, p.N, p.K, p.batch, sms, max_splits);
 }
 
@@ -198,23 +197,6 @@ int launch_cluster_instance(const TmaMaps& maps, const TmaParams& tp, int grid, 
                                           C::kBlocks, stream, maps.a, maps.b, maps.b2, maps.out, tp);
 }
 
-// bf16_cluster.cuh's kernel C on tp's product (its maps encoded for it: cluster_maps), a cluster per unit
-// up to the device's capacity (`sms` blocks where a cluster is one block).
-template <class C>
-inline int launch_clustered(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& l, int sms,
-                            cudaStream_t stream) {
-  const int capacity = C::kBlocks == 1 ? sms : cluster_capacity<C>();
-  const long long clusters = std::min<long long>(cluster_units<C>(tp.p), capacity);
-  const int grid = C::kBlocks * static_cast<int>(clusters);
-  if (l.a_kmajor && l.b_kmajor) return launch_cluster_instance<C, true, true>(maps, tp, grid, stream);
-  if (l.b_kmajor) return launch_cluster_instance<C, false, true>(maps, tp, grid, stream);
-  if constexpr (C::kHalves == 1) {
-    if (l.a_kmajor) return launch_cluster_instance<C, true, false>(maps, tp, grid, stream);
-    return launch_cluster_instance<C, false, false>(maps, tp, grid, stream);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);  // tma_plan gives 192 x 192 tiles a K-major B only
-}
-
 // The operand maps of bf16_cluster.cuh's kernel C: A and B in the parts its blocks load (ClusterConfig),
 // an MN-major B's columns 64..95 in 32-column boxes under the 128-byte swizzle.
 template <class C>
@@ -243,50 +225,84 @@ int launch_tma_shape(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& 
 
 constexpr int kNotTaken = -1;
 
-// Runs q (p, or its transpose) on the TMA path with `plan`, read through layout l, its K split through
-// `workspace` where the plan splits it; store: kStoreTransposed for a transpose, else the epilogue's
-// choice (tma_store_output). kNotTaken where a tensor map cannot be made: the caller runs the generic
-// kernel on p.
-inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool transposed, void* workspace, int sms,
-                   cudaStream_t stream) {
-  const int bm = kTmaShapes[plan.shape].bm, bn = kTmaShapes[plan.shape].bn;
-  const long long units = static_cast<long long>(q.batch) * plan.splits * ceil_div(q.M, bm) * ceil_div(q.N, bn);
-  if (units > mt::kMaxInt) return kNotTaken;
-  TmaMaps maps{};
-  if (plan.shape == kClusterShape) {
-    if (!cluster_maps<Clustered64x96>(l, q.batch, &maps)) return kNotTaken;
-  } else if (plan.shape == kWideShape) {
-    if (!cluster_maps<Tile192x96>(l, q.batch, &maps)) return kNotTaken;
-  } else if (plan.shape == kHalvesShape) {
-    if (!cluster_maps<Tile192x192>(l, q.batch, &maps)) return kNotTaken;
-  } else if (!encode(&maps.a, l.a, q.batch, l.a_kmajor ? bm : kTmaBK) ||
-             !encode(&maps.b, l.b, q.batch, l.b_kmajor ? bn : kTmaBK)) {
-    return kNotTaken;
-  }
+// The output map (where the epilogue stores through TMA) and kernel parameters of q under `plan`, whose
+// consumer warpgroups store pieces store_cols wide; store: kStoreTransposed for a transpose, else the
+// epilogue's choice (tma_store_output). False where TMA cannot address a transposed output.
+inline bool tma_params(const Params& q, const TmaLayout& l, const Plan& plan, int store_cols, bool transposed,
+                       void* workspace, TmaMaps* maps, TmaParams* tp) {
   int store = kStoreStaged;
   if (transposed) {  // the output's columns are q's rows; boxes of 32 rows x 64 columns
-    if (!encode_output(&maps.out, q, q.M, q.N, 64)) return kNotTaken;
+    if (!encode_output(&maps->out, q, q.M, q.N, 64)) return false;
     store = kStoreTransposed;
-  } else if (tma_store_output(q, plan.shape == kHalvesShape ? 96 : bn, plan.splits, &maps.out)) {
+  } else if (tma_store_output(q, store_cols, plan.splits, &maps->out)) {
     store = kStoreTma;
   }
-  TmaParams tp{plan.splits > 1 ? partial_params(q, workspace) : q, l.a.batch_stride != 0, l.b.batch_stride != 0, store};
-  tp.p.tiles_m = static_cast<int>(ceil_div(q.M, bm));
-  tp.p.tiles_n = static_cast<int>(ceil_div(q.N, bn));
-  tp.p.k_tiles = plan.k_tiles;
-  tp.p.splits = plan.splits;
-  tp.p.k_tiles_per_split = plan.k_tiles_per_split;
-  const int grid = static_cast<int>(std::min<long long>(units, sms));
+  const TileShape& s = kTmaShapes[plan.shape];
+  *tp = TmaParams{plan.splits > 1 ? partial_params(q, workspace) : q, l.a.batch_stride != 0, l.b.batch_stride != 0,
+                  store};
+  tp->p.tiles_m = static_cast<int>(ceil_div(q.M, s.bm));
+  tp->p.tiles_n = static_cast<int>(ceil_div(q.N, s.bn));
+  tp->p.k_tiles = plan.k_tiles;
+  tp->p.splits = plan.splits;
+  tp->p.k_tiles_per_split = plan.k_tiles_per_split;
+  return true;
+}
+
+// q (`units` units of work) on the TMA kernel's BM x BN tiles, a block per SM up to one per unit; the
+// arguments as run_tma's.
+template <int BM, int BN>
+inline int run_tiles(const Params& q, const TmaLayout& l, const Plan& plan, bool transposed, void* workspace,
+                     long long units, int sms, cudaStream_t stream) {
+  TmaMaps maps{};
+  TmaParams tp;
+  if (!encode(&maps.a, l.a, q.batch, l.a_kmajor ? BM : kTmaBK) ||
+      !encode(&maps.b, l.b, q.batch, l.b_kmajor ? BN : kTmaBK) ||
+      !tma_params(q, l, plan, BN, transposed, workspace, &maps, &tp)) {
+    return kNotTaken;
+  }
+  return launch_tma_shape<BM, BN>(maps, tp, l, static_cast<int>(std::min<long long>(units, sms)), stream);
+}
+
+// q on bf16_cluster.cuh's kernel C (its consumer warpgroups store 96-column pieces), a cluster per unit up
+// to the device's capacity (`sms` blocks where a cluster is one block); the arguments as run_tma's.
+template <class C>
+inline int run_clustered(const Params& q, const TmaLayout& l, const Plan& plan, bool transposed, void* workspace,
+                         int sms, cudaStream_t stream) {
+  TmaMaps maps{};
+  TmaParams tp;
+  if (!cluster_maps<C>(l, q.batch, &maps) || !tma_params(q, l, plan, 96, transposed, workspace, &maps, &tp)) {
+    return kNotTaken;
+  }
+  const int capacity = C::kBlocks == 1 ? sms : cluster_capacity<C>();
+  const long long clusters = std::min<long long>(cluster_units<C>(tp.p), capacity);
+  const int grid = C::kBlocks * static_cast<int>(clusters);
+  if (l.a_kmajor && l.b_kmajor) return launch_cluster_instance<C, true, true>(maps, tp, grid, stream);
+  if (l.b_kmajor) return launch_cluster_instance<C, false, true>(maps, tp, grid, stream);
+  if constexpr (C::kHalves == 1) {
+    if (l.a_kmajor) return launch_cluster_instance<C, true, false>(maps, tp, grid, stream);
+    return launch_cluster_instance<C, false, false>(maps, tp, grid, stream);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);  // tma_plan gives 192 x 192 tiles a K-major B only
+}
+
+// Runs q (p, or its transpose) on the TMA path with `plan`, read through layout l, its K split through
+// `workspace` where the plan splits it; transposed: q is p's transpose, its output stored back transposed
+// (store_tile_tma_t). kNotTaken where a tensor map cannot be made: the caller runs the generic kernel on p.
+inline int run_tma(const Params& q, const TmaLayout& l, const Plan& plan, bool transposed, void* workspace, int sms,
+                   cudaStream_t stream) {
+  const TileShape& s = kTmaShapes[plan.shape];
+  const long long units = static_cast<long long>(q.batch) * plan.splits * ceil_div(q.M, s.bm) * ceil_div(q.N, s.bn);
+  if (units > mt::kMaxInt) return kNotTaken;
   int status = 0;
   switch (plan.shape) {
-    case 0: status = launch_tma_shape<128, 256>(maps, tp, l, grid, stream); break;
-    case 1: status = launch_tma_shape<128, 192>(maps, tp, l, grid, stream); break;
-    case 2: status = launch_tma_shape<128, 128>(maps, tp, l, grid, stream); break;
-    case 3: status = launch_tma_shape<192, 128>(maps, tp, l, grid, stream); break;
-    case 4: status = launch_clustered<Tile192x96>(maps, tp, l, sms, stream); break;
-    case 5: status = launch_tma_shape<64, 128>(maps, tp, l, grid, stream); break;
-    case 6: status = launch_clustered<Tile192x192>(maps, tp, l, sms, stream); break;
-    default: status = launch_clustered<Clustered64x96>(maps, tp, l, sms, stream); break;
+    case 0: status = run_tiles<128, 256>(q, l, plan, transposed, workspace, units, sms, stream); break;
+    case 1: status = run_tiles<128, 192>(q, l, plan, transposed, workspace, units, sms, stream); break;
+    case 2: status = run_tiles<128, 128>(q, l, plan, transposed, workspace, units, sms, stream); break;
+    case 3: status = run_tiles<192, 128>(q, l, plan, transposed, workspace, units, sms, stream); break;
+    case 4: status = run_clustered<Tile192x96>(q, l, plan, transposed, workspace, sms, stream); break;
+    case 5: status = run_tiles<64, 128>(q, l, plan, transposed, workspace, units, sms, stream); break;
+    case 6: status = run_clustered<Tile192x192>(q, l, plan, transposed, workspace, sms, stream); break;
+    default: status = run_clustered<Clustered64x96>(q, l, plan, transposed, workspace, sms, stream); break;
   }
   return status != 0 || plan.splits == 1 ? status : reduce_splits(q, workspace, plan.splits, stream);
 }
@@ -308,10 +324,10 @@ inline long long plan_tiles(const Params& p, const Plan& plan) {
   return static_cast<long long>(p.batch) * ceil_div(p.M, s.bm) * ceil_div(p.N, s.bn);
 }
 
-// Whether p runs as its transpose t (plan and layout in *plan, *l), stored back transposed
-// (store_tile_tma_t): a product with more rows than columns, which the planner keeps off 192-row tiles
-// (tma_plan), with no epilogue or accumulation into a bf16 output TMA can address, not beside other
-// work, whose transpose TMA reads and the planner gives 192-row tiles without K splits, where either
+// Whether p (read through l) runs as its transpose t (plan in *plan; layout in *lt, l's operands traded),
+// stored back transposed (store_tile_tma_t): a product with more rows than columns, which the planner keeps
+// off 192-row tiles (tma_plan), with no epilogue or accumulation into a bf16 output TMA can address, not
+// beside other work, whose transpose the planner gives 192-row tiles without K splits, where either
 //   - those are 192 x 192 (the transpose's B, p's A, K-major) and estimated faster than p's own plan:
 //     GPT-2's qkv product X W (4096 x 2304 x 768) in 264 tiles, two waves, where p's 128 x 192 tiles make
 //     384 in three (26.3-26.9 -> 25.6-26.3 us on an H100, cuBLAS 25.6-26.3: bf16_notes.md, eighteenth
@@ -320,16 +336,17 @@ inline long long plan_tiles(const Params& p, const Plan& plan) {
 //     transpose makes one wave of more tiles than p's own plan: GPT-2's 3072 x 768 weight gradient on the
 //     192 x 96 tiles of 768 x 3072 (128 tiles where 128 x 192 makes 96; 35.1 -> 32.5 us on an H100).
 // Input gradients (4096 x 768, K 768-3072) keep their own plan.
-inline bool runs_transposed(const Params& p, bool beside, int sms, Params* t, TmaLayout* l, Plan* plan) {
+inline bool runs_transposed(const Params& p, const TmaLayout& l, bool beside, int sms, Params* t, TmaLayout* lt,
+                            Plan* plan) {
   if (beside || p.M <= p.N || p.epilogue != kNone || p.accumulate || !p.out_bf16 || p.ldc % 8 != 0 ||
       !mt::is_aligned16(p.out)) {
     return false;
   }
   *t = transposed_product(p);
-  if (!tma_layout(*t, l)) return false;
-  *plan = tma_plan(*t, sms, 1, false);
+  *lt = TmaLayout{l.b, l.a, l.b_kmajor, l.a_kmajor};
+  *plan = tma_plan(*t, *lt, sms, 1, false);
   if (kTmaShapes[plan->shape].bm != 192) return false;
-  const Plan own = tma_plan(p, sms, 1, false);
+  const Plan own = tma_plan(p, l, sms, 1, false);
   if (plan->shape == kHalvesShape) return forced_tma_shape() == kHalvesShape || plan->cost < 0.97 * own.cost;
   const long long tiles = plan_tiles(*t, *plan);
   return p.K >= p.M && tiles <= sms && tiles > plan_tiles(p, own);
@@ -340,14 +357,14 @@ inline bool runs_transposed(const Params& p, bool beside, int sms, Params* t, Tm
 // kNotTaken when the operands do not fit the path: the caller runs the generic kernel.
 inline int launch_tma(const Params& p, void* workspace, long long workspace_bytes, int sms, bool beside,
                       cudaStream_t stream) {
-  Params t;
-  TmaLayout l;
-  Plan plan;
-  if (runs_transposed(p, beside, sms, &t, &l, &plan)) return run_tma(t, l, plan, true, nullptr, sms, stream);
+  TmaLayout l, lt;
   if (!tma_layout(p, &l)) return kNotTaken;
-  plan = tma_plan(p, sms, kMaxSplits, beside);
+  Params t;
+  Plan plan;
+  if (runs_transposed(p, l, beside, sms, &t, &lt, &plan)) return run_tma(t, lt, plan, true, nullptr, sms, stream);
+  plan = tma_plan(p, l, sms, kMaxSplits, beside);
   if (partial_bytes(plan, p.M, p.N, p.batch) > workspace_bytes || !mt::is_aligned16(workspace)) {
-    plan = tma_plan(p, sms, 1, beside);
+    plan = tma_plan(p, l, sms, 1, beside);
   }
   return run_tma(p, l, clustered(plan), false, workspace, sms, stream);
 }
