@@ -66,13 +66,13 @@ long long matmul_bf16_workspace_bytes(int M, int N, int K, int batch, int a_row_
   int sms = 0;
   if (M <= 0 || N <= 0 || K <= 0 || batch <= 0 || mt::sm_count(&sms) != cudaSuccess) return 0;
   const Params p = product_params(M, N, K, batch, a_row_stride, a_k_stride, b_k_stride, b_col_stride);
-  const long long generic = bf16mm::partial_bytes(generic_plan(p, sms), M, N, batch, sms);
+  const long long generic = bf16mm::partial_bytes(generic_plan(p, sms), M, N, batch);
   long long tma = 0;  // whether or not the product runs beside other work
   bf16mm::TmaLayout l;
   if (bf16mm::tma_available() && bf16mm::tma_layout(p, &l)) {
     for (const bool beside : {false, true}) {
       const bf16mm::Plan plan = bf16mm::tma_plan(p, l, sms, bf16mm::kMaxSplits, beside);
-      tma = std::max(tma, bf16mm::partial_bytes(plan, M, N, batch, sms));
+      tma = std::max(tma, bf16mm::partial_bytes(plan, M, N, batch));
     }
   }
   return std::max(generic, tma);
@@ -135,7 +135,7 @@ int launch_matmul_bf16(void* out, int out_dtype, int ldc, const void* a, const v
     if (status != bf16mm::kNotTaken) return status;
   }
   Plan plan = generic_plan(p, sms);
-  if (bf16mm::partial_bytes(plan, M, N, batch, sms) > workspace_bytes || !mt::is_aligned16(workspace)) {
+  if (bf16mm::partial_bytes(plan, M, N, batch) > workspace_bytes || !mt::is_aligned16(workspace)) {
     plan = bf16mm::plan_product(bf16mm::kMmaShapes, 2, M, N, K, batch, sms, 1);
   }
   return bf16mm::launch_generic(p, plan, workspace, stream);

@@ -13,7 +13,6 @@ allocator."""
 from __future__ import annotations
 
 import ctypes
-import os
 from types import SimpleNamespace
 from typing import Any, Dict, Optional, Tuple
 
@@ -33,9 +32,7 @@ GRAD_EPILOGUES = {"gelu": 4, "relu": 5, "derivative": 8}  # activation_grad: x *
 OUT_DTYPES = {"float32": 0, "bfloat16": 1}
 _SINGLE = layout((1,), (0,))  # the batch layout of one product
 
-_workspace: Dict[tuple, int] = {}  # (M, N, K, batch, strides, knobs) -> the library's workspace bytes
-# Environment knobs the library's planner reads at each product (tests and measurements set them)
-PLAN_KNOBS = ("MINITORCH_BF16_TMA_SHAPE", "MINITORCH_BF16_STREAM_K")
+_workspace: Dict[tuple, int] = {}  # (M, N, K, batch, strides) -> the library's workspace bytes
 
 
 def _lib() -> ctypes.CDLL:
@@ -45,7 +42,7 @@ def _lib() -> ctypes.CDLL:
 def workspace_bytes(M: int, N: int, K: int, batch: int, strides: Tuple[int, int, int, int]) -> int:
     """Bytes of workspace the library uses for this product on the current device (0: none).
     strides: (A row, A k, B k, B column) in elements."""
-    key = (M, N, K, batch, strides, *(os.environ.get(knob) for knob in PLAN_KNOBS))
+    key = (M, N, K, batch, strides)
     found = _workspace.get(key)
     if found is None:
         found = remember(_workspace, key, int(_lib().matmul_bf16_workspace_bytes(M, N, K, batch, *strides)))

@@ -14,13 +14,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "../includes/cuda_check.cuh"
 #include "../includes/launch_utils.cuh"
 #include "../includes/layout.cuh"
-#include "stream_k.cuh"
 
 namespace bf16mm {
 
@@ -59,12 +57,8 @@ struct Params {
   float* partials;
   long long split_stride;
   // The work, set by the launcher: output tiles of one batch matrix, K tiles (of the kernel's depth)
-  // in all and per split; on the TMA kernel's 128-row tiles, units [0, dp_units) whole, then the later
-  // tiles' sk_iters K tiles in stream-K shares exchanging partial tiles through sk (matmul/stream_k.cuh).
+  // in all and per split.
   int tiles_m, tiles_n, k_tiles, splits, k_tiles_per_split;
-  int dp_units;
-  long long sk_iters;
-  tma::SkExchange sk;
 };
 
 // 0.5 (1 + tanh(u)) of GELU's tanh form, u = sqrt(2 / pi) (x + 0.044715 x^3), as the logistic
@@ -297,43 +291,17 @@ struct Plan {
   int shape;  // index into the candidates
   int splits, k_tiles, k_tiles_per_split;
   double cost;  // the estimated time (s)
-  int dp_tiles;        // with stream-K: the tiles run whole (whole waves), before the shared ones
-  long long sk_iters;  // the shared tiles' K tiles (0: no stream-K)
 };
-
-// Whether the planner considers stream-K for a product (kStreamKOff: never), or takes it wherever a
-// candidate's tiles allow it (kStreamKForced: MINITORCH_BF16_STREAM_K=1, for tests and measurements).
-enum StreamK : int { kStreamKOff = 0, kStreamKConsidered = 1, kStreamKForced = 2 };
-
-// The stream-K form of shape sh's unsplit plan `whole` for `tiles` tiles of k_tiles K tiles each: the
-// whole waves but the last run as they are; the rest's K tiles are dealt out in equal shares to the SMs
-// (at most one share per K tile), each finishing at most one tile with the parts the later shares leave
-// in the workspace (a tile's sums in float32, written once and read once, at ~100 GB/s an SM).
-inline Plan stream_k_plan(const Plan& whole, const TileShape& sh, long long tiles, long long k_tiles, int sms) {
-  const long long dp = tiles / sms > 0 ? (tiles / sms - 1) * sms : 0;
-  const long long iters = (tiles - dp) * k_tiles;
-  const long long grid = std::min<long long>(iters, sms);
-  const double k_tile_time = 2.0 * sh.bm * sh.bn * sh.bk / sh.sm_rate;
-  Plan plan = whole;
-  plan.dp_tiles = static_cast<int>(dp);
-  plan.sk_iters = iters;
-  plan.cost = dp / sms * (k_tiles * k_tile_time + 1.5e-6) + ceil_div(iters, grid) * k_tile_time + 3e-6 +
-              8.0 * sh.bm * sh.bn / 1e11;
-  return plan;
-}
 
 // The shape and K split count with the least estimated time: waves of blocks times a block's time,
 // plus a fixed cost per wave (pipeline fill and epilogue, ~1.5 us) and, for a split product, the
 // partial sums written and read once (~2.5 TB/s) and the reduction's launch (~3 us). A plan must win
-// by 3% to replace a simpler one (fewer splits, or an earlier candidate). stream_k: whether a shape
-// of tma::kSkRows rows, one block an SM, may run unsplit with stream-K (stream_k_plan) where its tiles
-// make a last wave that leaves SMs idle. The plan depends only on the sizes and the GPU, so the
-// workspace query and the launch agree on it.
+// by 3% to replace a simpler one (fewer splits, or an earlier candidate). The plan depends only on
+// the sizes and the GPU, so the workspace query and the launch agree on it.
 inline Plan plan_product(const TileShape* shapes, int n_shapes, int M, int N, int K, long long batch, int sms,
-                         int max_splits, StreamK stream_k = kStreamKOff) {
+                         int max_splits) {
   Plan best{0, 1, 0, 0, 0.0};
   double best_cost = 1e300;
-  bool forced = false;  // best is a forced stream-K plan
   for (int i = 0; i < n_shapes; ++i) {
     const TileShape& sh = shapes[i];
     const long long k_tiles = ceil_div(K, sh.bk);
@@ -346,26 +314,17 @@ inline Plan plan_product(const TileShape* shapes, int n_shapes, int M, int N, in
       const long long waves = ceil_div(tiles * s, static_cast<long long>(sms) * sh.per_sm);
       double cost = waves * (per_split * k_tile_time + 1.5e-6);
       if (s > 1) cost += 8.0 * s * batch * M * N / 2.5e12 + 3e-6;
-      const Plan plan{i, s, static_cast<int>(k_tiles), static_cast<int>(per_split), cost};
-      if (cost < best_cost * 0.97 && !forced) best_cost = cost, best = plan;
-      if (s > 1 || stream_k == kStreamKOff || sh.bm != tma::kSkRows || sh.per_sm != 1 || tiles % sms == 0 ||
-          tiles > mt::kMaxInt) {
-        continue;
-      }
-      const Plan shared = stream_k_plan(plan, sh, tiles, k_tiles, sms);
-      if (stream_k == kStreamKForced ? !forced : shared.cost < best_cost * 0.97) {
-        best_cost = shared.cost, best = shared;
-        forced = stream_k == kStreamKForced;
+      if (cost < best_cost * 0.97) {
+        best_cost = cost;
+        best = Plan{i, s, static_cast<int>(k_tiles), static_cast<int>(per_split), cost};
       }
     }
   }
   return best;
 }
 
-// Bytes of workspace a plan uses on `sms` SMs: its float32 partial products (K splits) or stream-K's
-// partial tiles and flags (0 for neither).
-inline long long partial_bytes(const Plan& plan, int M, int N, long long batch, int sms) {
-  if (plan.sk_iters > 0) return 4 * tma::stream_k_floats(sms);
+// Bytes of float32 partial products a plan writes (0 without K splits).
+inline long long partial_bytes(const Plan& plan, int M, int N, long long batch) {
   return plan.splits > 1 ? 4LL * plan.splits * batch * M * N : 0;
 }
 

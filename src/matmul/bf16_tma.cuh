@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 #include "../includes/device_info.cuh"
 #include "../includes/launch_utils.cuh"
@@ -118,29 +117,18 @@ inline int forced_tma_shape() {
   return end != forced && *end == '\0' && i >= 0 && i < kTmaShapeCount ? static_cast<int>(i) : -1;
 }
 
-// Stream-K for a product the planner may split (max_splits > 1: it has a workspace) and that does not
-// run beside other work: considered, or forced where MINITORCH_BF16_STREAM_K is 1 (a knob like the one
-// above: 0 turns it off).
-inline StreamK stream_k_mode(int max_splits, bool beside) {
-  if (max_splits <= 1 || beside) return kStreamKOff;
-  const char* knob = std::getenv("MINITORCH_BF16_STREAM_K");
-  if (knob == nullptr) return kStreamKConsidered;
-  return std::strcmp(knob, "1") == 0 ? kStreamKForced : std::strcmp(knob, "0") == 0 ? kStreamKOff : kStreamKConsidered;
-}
-
 // beside: the product runs beside other work, which wants the SMs its tiles leave (above); l: p's
 // operands as TMA reads them (tma_layout). The 192 x 192 tiles read a K-major B only, so they are planned
 // (or forced) only for such a product.
 inline Plan tma_plan(const Params& p, const TmaLayout& l, int sms, int max_splits, bool beside) {
   const int forced = forced_tma_shape();
-  const StreamK stream_k = stream_k_mode(max_splits, beside);
   if (forced >= 0 && (forced != kHalvesShape || l.b_kmajor)) {
-    Plan plan = plan_product(kTmaShapes + forced, 1, p.M, p.N, p.K, p.batch, sms, max_splits, stream_k);
+    Plan plan = plan_product(kTmaShapes + forced, 1, p.M, p.N, p.K, p.batch, sms, max_splits);
     plan.shape = forced;
     return plan;
   }
   const int shapes = p.M > p.N || beside ? kTmaRowsShapes : l.b_kmajor ? kTmaPlannedShapes : kHalvesShape;
-  return plan_product(kTmaShapes, shapes, p.M, p.N, p.K, p.batch, sms, max_splits, stream_k);
+  return plan_product(kTmaShapes, shapes, p.M, p.N, p.K, p.batch, sms, max_splits);
 }
 
 // The kernel's tensor maps of A, B and, where the epilogue stores through TMA, the output; b2: a
@@ -237,11 +225,11 @@ int launch_tma_shape(const TmaMaps& maps, const TmaParams& tp, const TmaLayout& 
 
 constexpr int kNotTaken = -1;
 
-// The output map (where the epilogue stores through TMA) and kernel parameters of q under `plan` on `sms`
-// SMs, whose consumer warpgroups store pieces store_cols wide; store: kStoreTransposed for a transpose,
-// else the epilogue's choice (tma_store_output). False where TMA cannot address a transposed output.
+// The output map (where the epilogue stores through TMA) and kernel parameters of q under `plan`, whose
+// consumer warpgroups store pieces store_cols wide; store: kStoreTransposed for a transpose, else the
+// epilogue's choice (tma_store_output). False where TMA cannot address a transposed output.
 inline bool tma_params(const Params& q, const TmaLayout& l, const Plan& plan, int store_cols, bool transposed,
-                       void* workspace, int sms, TmaMaps* maps, TmaParams* tp) {
+                       void* workspace, TmaMaps* maps, TmaParams* tp) {
   int store = kStoreStaged;
   if (transposed) {  // the output's columns are q's rows; boxes of 32 rows x 64 columns
     if (!encode_output(&maps->out, q, q.M, q.N, 64)) return false;
@@ -257,18 +245,11 @@ inline bool tma_params(const Params& q, const TmaLayout& l, const Plan& plan, in
   tp->p.k_tiles = plan.k_tiles;
   tp->p.splits = plan.splits;
   tp->p.k_tiles_per_split = plan.k_tiles_per_split;
-  tp->p.dp_units = plan.sk_iters > 0 ? plan.dp_tiles : q.batch * plan.splits * tp->p.tiles_m * tp->p.tiles_n;
-  tp->p.sk_iters = plan.sk_iters;
-  if (plan.sk_iters > 0) {  // the workspace: a partial tile per block, then the flags
-    float* parts = static_cast<float*>(workspace);
-    tp->p.sk = tma::SkExchange{parts, reinterpret_cast<unsigned long long*>(parts + sms * tma::kPartialFloats),
-                               tma::launch_token()};
-  }
   return true;
 }
 
-// q (`units` units of work) on the TMA kernel's BM x BN tiles, a block per SM up to one per unit (with
-// stream-K, per K tile shared); the arguments as run_tma's.
+// q (`units` units of work) on the TMA kernel's BM x BN tiles, a block per SM up to one per unit; the
+// arguments as run_tma's.
 template <int BM, int BN>
 inline int run_tiles(const Params& q, const TmaLayout& l, const Plan& plan, bool transposed, void* workspace,
                      long long units, int sms, cudaStream_t stream) {
@@ -276,11 +257,10 @@ inline int run_tiles(const Params& q, const TmaLayout& l, const Plan& plan, bool
   TmaParams tp;
   if (!encode(&maps.a, l.a, q.batch, l.a_kmajor ? BM : kTmaBK) ||
       !encode(&maps.b, l.b, q.batch, l.b_kmajor ? BN : kTmaBK) ||
-      !tma_params(q, l, plan, BN, transposed, workspace, sms, &maps, &tp)) {
+      !tma_params(q, l, plan, BN, transposed, workspace, &maps, &tp)) {
     return kNotTaken;
   }
-  const long long blocks = std::min<long long>(plan.sk_iters > 0 ? plan.dp_tiles + plan.sk_iters : units, sms);
-  return launch_tma_shape<BM, BN>(maps, tp, l, static_cast<int>(blocks), stream);
+  return launch_tma_shape<BM, BN>(maps, tp, l, static_cast<int>(std::min<long long>(units, sms)), stream);
 }
 
 // q on bf16_cluster.cuh's kernel C (its consumer warpgroups store 96-column pieces), a cluster per unit up
@@ -290,7 +270,7 @@ inline int run_clustered(const Params& q, const TmaLayout& l, const Plan& plan, 
                          int sms, cudaStream_t stream) {
   TmaMaps maps{};
   TmaParams tp;
-  if (!cluster_maps<C>(l, q.batch, &maps) || !tma_params(q, l, plan, 96, transposed, workspace, sms, &maps, &tp)) {
+  if (!cluster_maps<C>(l, q.batch, &maps) || !tma_params(q, l, plan, 96, transposed, workspace, &maps, &tp)) {
     return kNotTaken;
   }
   const int capacity = C::kBlocks == 1 ? sms : cluster_capacity<C>();
@@ -383,7 +363,7 @@ inline int launch_tma(const Params& p, void* workspace, long long workspace_byte
   Plan plan;
   if (runs_transposed(p, l, beside, sms, &t, &lt, &plan)) return run_tma(t, lt, plan, true, nullptr, sms, stream);
   plan = tma_plan(p, l, sms, kMaxSplits, beside);
-  if (partial_bytes(plan, p.M, p.N, p.batch, sms) > workspace_bytes || !mt::is_aligned16(workspace)) {
+  if (partial_bytes(plan, p.M, p.N, p.batch) > workspace_bytes || !mt::is_aligned16(workspace)) {
     plan = tma_plan(p, l, sms, 1, beside);
   }
   return run_tma(p, l, clustered(plan), false, workspace, sms, stream);

@@ -529,11 +529,6 @@ __device__ __forceinline__ void store_unit(const TmaParams& tp, const float (&ac
 }
 #endif
 
-// A block's stream-K share (matmul/stream_k.cuh), walked after its data-parallel units.
-__device__ __forceinline__ tma::Walk sk_walk(const Params& p) {
-  return tma::Walk{p.dp_units, tma::sk_begin(p, blockIdx.x), tma::sk_begin(p, blockIdx.x + 1)};
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MT_BF16_TMA_THREADS(BM) (128 * ((BM) / 64 + 1))
 #else
@@ -557,7 +552,7 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
   const uint32_t bars = staging + Cfg::kConsumers * Cfg::kStageBytes;
   using Ring = RingPos<S>;
   const Params& p = tp.p;
-  constexpr bool kStreamK = BM == tma::kSkRows;  // the tiles the planner may run with stream-K
+  const int units = p.batch * p.splits * p.tiles_m * p.tiles_n;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 
   if (threadIdx.x == 0) {
@@ -573,10 +568,11 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (threadIdx.x != 0) return;
     Ring pos;
-    const auto load = [&](const Unit& w, int kt0, int k_tiles) {  // K tiles [kt0, kt0 + k_tiles) of w's tile
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      const Unit w = unit_of(p, u, BM, BN);
       const int ba = tp.a_batched ? w.bi : 0, bb = tp.b_batched ? w.bi : 0;
-      for (int kt = 0; kt < k_tiles; ++kt, pos.step()) {
-        const int s = pos.slot, k0 = (kt0 + kt) * kTmaBK;
+      for (int kt = 0; kt < w.k_tiles; ++kt, pos.step()) {
+        const int s = pos.slot, k0 = (w.kt0 + kt) * kTmaBK;
         const uint32_t full = Ring::full(bars, s);
         mbar_wait(Ring::empty(bars, s), pos.phase ^ 1);
         mbar_expect_tx(full, Cfg::kSlotBytes);
@@ -584,14 +580,6 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
         load_operand_tile<A_KMAJOR, BM, 64>(slot, a_map, full, k0, w.row0, ba, kTmaBoxBytes);
         load_operand_tile<B_KMAJOR, BN, 64>(slot + Cfg::kABytes, b_map, full, k0, w.col0, bb, kTmaBoxBytes);
       }
-    };
-    for (int u = blockIdx.x; u < p.dp_units; u += gridDim.x) {
-      const Unit w = unit_of(p, u, BM, BN);
-      load(w, w.kt0, w.k_tiles);
-    }
-    if constexpr (kStreamK) {  // a walk apart from the loop above: the producer's 24 registers do not spill
-      tma::Segment sg;
-      for (tma::Walk wk = sk_walk(p); tma::next_segment(p, wk, sg);) load(unit_of(p, sg.tile, BM, BN), sg.kt0, sg.k_tiles);
     }
     return;
   }
@@ -606,38 +594,13 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
   Ring pos;
   int box = 0;
   const void* prefetch = epilogue_reads(p);
-  // k_tiles K tiles of unit w into acc, asking L2 for what w's epilogue reads unless a stream-K kTail
-  // (tail: no epilogue) runs them; then store(w), its epilogue.
-  const auto run = [&](float (&sums)[1][BN / 2], const Unit& w, int k_tiles, bool tail) {
-    if (prefetch != nullptr && !tail) prefetch_tile<BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
-    consume_k_tiles<A_KMAJOR, B_KMAJOR, BN, S, Cfg::kSlotBytes>(sums, cw * kTmaBoxBytes, Cfg::kABytes, base, bars,
-                                                              k_tiles, pos, LocalRelease{lane == 0});
-  };
-  const auto store = [&](const float (&sums)[1][BN / 2], const Unit& w) {
-    store_unit<BM == 192, BN, Cfg::kStageBytes, Cfg::kStageRows>(tp, sums[0], out_map, staging + cw * Cfg::kStageBytes,
-                                                                 1 + cw, w, w.row0 + cw * 64, w.col0, wq, g, t, box);
-  };
-  for (int u = blockIdx.x; u < p.dp_units; u += gridDim.x) {
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = unit_of(p, u, BM, BN);
-    run(acc, w, w.k_tiles, false);
-    store(acc, w);
-  }
-  if constexpr (kStreamK) {  // a kTail leaves its sums for its tile's head, which adds them before its epilogue
-    const int ct = threadIdx.x - 128, cwarp = warp - 4;  // consumer thread 0..255, consumer warp 0..7
-    tma::Segment sg;
-    for (tma::Walk wk = sk_walk(p); tma::next_segment(p, wk, sg);) {
-      const Unit w = unit_of(p, sg.tile, BM, BN);
-      float sums[1][BN / 2];  // a segment's own: the parts added to them never reach a product (C7515)
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) sums[0][i] = 0.f;
-      run(sums, w, sg.k_tiles, sg.role == tma::kTail);
-      if (sg.role == tma::kTail) {
-        tma::leave_part<BN>(p.sk, sums[0], ct, cwarp, lane);
-        continue;
-      }
-      if (sg.role == tma::kHead) tma::add_parts<BN>(p, p.sk, sg, sums[0], ct, cwarp, lane);
-      store(sums, w);
-    }
+    if (prefetch != nullptr) prefetch_tile<BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
+    consume_k_tiles<A_KMAJOR, B_KMAJOR, BN, S, Cfg::kSlotBytes>(acc, cw * kTmaBoxBytes, Cfg::kABytes, base, bars,
+                                                              w.k_tiles, pos, LocalRelease{lane == 0});
+    store_unit<BM == 192, BN, Cfg::kStageBytes, Cfg::kStageRows>(tp, acc[0], out_map, staging + cw * Cfg::kStageBytes,
+                                                                 1 + cw, w, w.row0 + cw * 64, w.col0, wq, g, t, box);
   }
   if (tp.store != kStoreStaged && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
 #endif

@@ -313,12 +313,39 @@ __global__ void __launch_bounds__(MT_TMA_THREADS, 1)
       if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
     }
 
-    // Stream-K: a kTail leaves its sums in its block's partial tile; a kHead adds the later blocks' parts.
+    // Stream-K: a kTail leaves its sums in its block's partial tile (float4 j of consumer thread ct at
+    // 4 (256 j + ct)) and raises its warp's flag; a kHead adds the later blocks' parts, warp by warp.
+    float4* const parts = reinterpret_cast<float4*>(tp.partials) + ct;
     if (sg.role == kTail) {
-      leave_part<BN>(tp.sk, acc, ct, cwarp, lane);
+      float4* mine = parts + static_cast<long long>(blockIdx.x) * (kBM * BN / 4);
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) __stcg(mine + 256 * j, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+      __threadfence();
+      __syncwarp();
+      if (lane == 0) atomicExch(tp.flags + 8 * blockIdx.x + cwarp, tp.token);
       continue;
     }
-    if (sg.role == kHead) add_parts<BN>(tp, tp.sk, sg, acc, ct, cwarp, lane);
+    if (sg.role == kHead) {
+      const long long first = static_cast<long long>(sg.tile - tp.dp_units) * tp.k_tiles;
+      const int last = sk_block(tp, first + tp.k_tiles - 1);
+      for (int c = blockIdx.x + 1; c <= last; ++c) {
+        if (lane == 0) {  // wait for the part, then clear its flag: a launch leaves every flag it raised at 0
+          unsigned long long* flag = tp.flags + 8 * c + cwarp;
+          unsigned long long raised = 0;
+          do {
+            asm volatile("ld.acquire.gpu.global.b64 %0, [%1];\n" : "=l"(raised) : "l"(flag) : "memory");
+          } while (raised != tp.token);
+          *flag = 0;
+        }
+        __syncwarp();
+        const float4* theirs = parts + static_cast<long long>(c) * (kBM * BN / 4);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const float4 v = __ldcg(theirs + 256 * j);
+          acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
+        }
+      }
+    }
 
     // Epilogue: fragment j holds rows tile_row (+ 8) and columns 8 j + 2 t, + 1 of the kernel's tile.
     // A whole tile stored as it is (no bias, activation or accumulation; the kernel's orientation;

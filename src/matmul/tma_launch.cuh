@@ -189,7 +189,9 @@ inline int launch(const MatmulParams& p, int precision, float* workspace, long l
   }
   if (pl.splits > 1) tp.p = partial_params(p, ws);
   if (pl.sk_iters > 0) {
-    tp.sk = SkExchange{ws, reinterpret_cast<unsigned long long*>(ws + sms * kPartialFloats), launch_token()};
+    tp.partials = ws;
+    tp.flags = reinterpret_cast<unsigned long long*>(ws + sms * kPartialFloats);
+    tp.token = launch_token();
   }
   const int status =
       precision == kHighest
