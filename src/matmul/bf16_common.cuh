@@ -285,10 +285,11 @@ __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int
 // ------------------------------------------------------------------------------------------------
 
 // A kernel configuration as the planner sees it: tile, K depth, blocks per SM and the SM's rate
-// (flop/s) when it runs them.
+// (flop/s) when it runs them; k_major_b: it reads a K-major B only.
 struct TileShape {
   int bm, bn, bk, per_sm;
   double sm_rate;
+  bool k_major_b = false;
 };
 
 struct Plan {
@@ -300,14 +301,16 @@ struct Plan {
 // The shape and K split count with the least estimated time: waves of blocks times a block's time,
 // plus a fixed cost per wave (pipeline fill and epilogue, ~1.5 us) and, for a split product, the
 // partial sums written and read once (~2.5 TB/s) and the reduction's launch (~3 us). A plan must win
-// by 3% to replace a simpler one (fewer splits, or an earlier candidate). The plan depends only on
-// the sizes and the GPU, so the workspace query and the launch agree on it.
+// by 3% to replace a simpler one (fewer splits, or an earlier candidate). Shapes that read a K-major B
+// only are skipped where B is MN-major (b_kmajor false). The plan depends only on the sizes, the layout
+// and the GPU, so the workspace query and the launch agree on it.
 inline Plan plan_product(const TileShape* shapes, int n_shapes, int M, int N, int K, long long batch, int sms,
-                         int max_splits) {
+                         int max_splits, bool b_kmajor = true) {
   Plan best{0, 1, 0, 0, 0.0};
   double best_cost = 1e300;
   for (int i = 0; i < n_shapes; ++i) {
     const TileShape& sh = shapes[i];
+    if (sh.k_major_b && !b_kmajor) continue;
     const long long k_tiles = ceil_div(K, sh.bk);
     const long long tiles = ceil_div(M, sh.bm) * ceil_div(N, sh.bn) * batch;
     const double k_tile_time = 2.0 * sh.bm * sh.bn * sh.bk * sh.per_sm / sh.sm_rate;

@@ -49,7 +49,7 @@ using tma::encode_tiled;
 constexpr TileShape kTmaShapes[] = {{128, 256, kTmaBK, 1, 5.6e12}, {128, 192, kTmaBK, 1, 5.4e12},
                                     {128, 128, kTmaBK, 1, 4.8e12}, {192, 128, kTmaBK, 1, 5.2e12},
                                     {192, 96, kTmaBK, 1, 5.0e12},  {64, 128, kTmaBK, 1, 4.0e12},
-                                    {192, 192, kTmaBK, 1, 5.5e12}, {64, 96, kTmaBK, 1, 4.0e12}};
+                                    {192, 192, kTmaBK, 1, 5.5e12, true}, {64, 96, kTmaBK, 1, 4.0e12}};
 constexpr int kTmaShapeCount = 8, kTmaPlannedShapes = 7, kTmaRowsShapes = 3;
 constexpr int kWideShape = 4, kNarrowShape = 5, kHalvesShape = 6, kClusterShape = 7;
 
@@ -118,17 +118,17 @@ inline int forced_tma_shape() {
 }
 
 // beside: the product runs beside other work, which wants the SMs its tiles leave (above); l: p's
-// operands as TMA reads them (tma_layout). The 192 x 192 tiles read a K-major B only, so they are planned
-// (or forced) only for such a product.
+// operands as TMA reads them (tma_layout). A shape that reads a K-major B only (192 x 192) is planned, or
+// forced, only for such a product.
 inline Plan tma_plan(const Params& p, const TmaLayout& l, int sms, int max_splits, bool beside) {
   const int forced = forced_tma_shape();
-  if (forced >= 0 && (forced != kHalvesShape || l.b_kmajor)) {
+  if (forced >= 0 && (!kTmaShapes[forced].k_major_b || l.b_kmajor)) {
     Plan plan = plan_product(kTmaShapes + forced, 1, p.M, p.N, p.K, p.batch, sms, max_splits);
     plan.shape = forced;
     return plan;
   }
-  const int shapes = p.M > p.N || beside ? kTmaRowsShapes : l.b_kmajor ? kTmaPlannedShapes : kHalvesShape;
-  return plan_product(kTmaShapes, shapes, p.M, p.N, p.K, p.batch, sms, max_splits);
+  const int shapes = p.M > p.N || beside ? kTmaRowsShapes : kTmaPlannedShapes;
+  return plan_product(kTmaShapes, shapes, p.M, p.N, p.K, p.batch, sms, max_splits, l.b_kmajor);
 }
 
 // The kernel's tensor maps of A, B and, where the epilogue stores through TMA, the output; b2: a

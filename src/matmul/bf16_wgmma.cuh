@@ -40,6 +40,7 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "../includes/dependent_launch.cuh"
@@ -64,7 +65,7 @@ constexpr int ring_slots(int consumers, int stage_bytes, int slot_bytes) {
   return (kTmaSmemLimit - consumers * stage_bytes - 1024 - 128) / slot_bytes;
 }
 constexpr int ring_stages(int consumers, int stage_bytes, int slot_bytes) {
-  return ring_slots(consumers, stage_bytes, slot_bytes) < 8 ? ring_slots(consumers, stage_bytes, slot_bytes) : 8;
+  return std::min(ring_slots(consumers, stage_bytes, slot_bytes), 8);
 }
 constexpr int ring_smem_bytes(int stages, int slot_bytes, int consumers, int stage_bytes) {
   return stages * slot_bytes + consumers * stage_bytes + 16 * stages + 1024;
