@@ -141,3 +141,19 @@ def test_panel_names_a_bad_kind_and_a_series_of_the_wrong_length() -> None:
         Panel(["a"], {"ms": [1.0]}, kind="pie")
     with pytest.raises(ValueError, match=r"series 'ms' has 1 values for 2 x entries"):
         Panel(["a", "b"], {"ms": [1.0]})
+
+
+def test_power_samples_drop_the_loop_edges_and_skip_cut_lines() -> None:
+    """bench_matmul_power.py: nvidia-smi's lines as numbers without the loop's first 4 and last 2 samples
+    or a line cut off by the stop; medians and extremes of what is left, and a clear error for none."""
+    from bench_matmul_power import parse_samples, summarize
+
+    clocks = [1980, 1700, 1600, 1550, 1500, 1515, 1485, 1530, 1500, 1200]
+    lines = [f"{c}, {680 + i}.5, {50 + i}" for i, c in enumerate(clocks)] + ["1500, 69", "[N/A], 1, 2"]
+    samples = parse_samples("\n".join(lines) + "\n")
+    assert [s[0] for s in samples] == [1500, 1515, 1485, 1530]
+    row = summarize("ours bf16", 211.5, samples)
+    assert row["clock_mhz"] == 1507.5 and row["clock_min"] == 1485 and row["power_w"] == 686.0
+    assert row["temp_c"] == 57 and row["samples"] == 4 and row["us"] == 211.5
+    with pytest.raises(RuntimeError, match="ours bf16: nvidia-smi gave no samples"):
+        summarize("ours bf16", 1.0, parse_samples("1500, 690, 50\n"))
