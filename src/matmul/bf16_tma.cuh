@@ -263,14 +263,15 @@ inline int run_tiles(const Params& q, const TmaLayout& l, const Plan& plan, bool
   return launch_tma_shape<BM, BN>(maps, tp, l, static_cast<int>(std::min<long long>(units, sms)), stream);
 }
 
-// q on bf16_cluster.cuh's kernel C (its consumer warpgroups store 96-column pieces), a cluster per unit up
-// to the device's capacity (`sms` blocks where a cluster is one block); the arguments as run_tma's.
+// q on bf16_cluster.cuh's kernel C (its consumer warpgroups store pieces of a half's columns, 96), a cluster
+// per unit up to the device's capacity (`sms` blocks where a cluster is one block); the arguments as run_tma's.
 template <class C>
 inline int run_clustered(const Params& q, const TmaLayout& l, const Plan& plan, bool transposed, void* workspace,
                          int sms, cudaStream_t stream) {
   TmaMaps maps{};
   TmaParams tp;
-  if (!cluster_maps<C>(l, q.batch, &maps) || !tma_params(q, l, plan, 96, transposed, workspace, &maps, &tp)) {
+  if (!cluster_maps<C>(l, q.batch, &maps) ||
+      !tma_params(q, l, plan, C::BN / C::kHalves, transposed, workspace, &maps, &tp)) {
     return kNotTaken;
   }
   const int capacity = C::kBlocks == 1 ? sms : cluster_capacity<C>();
