@@ -248,7 +248,7 @@ inline bool tma_params(const Params& q, const TmaLayout& l, const Plan& plan, in
   return true;
 }
 
-// q (`units` units of work) on the TMA kernel's BM x BN tiles, a block per SM up to one per unit; the
+// q (`units` units of work) on the TMA kernel's BM x BN tiles, a block per SM at most (wave_grid); the
 // arguments as run_tma's.
 template <int BM, int BN>
 inline int run_tiles(const Params& q, const TmaLayout& l, const Plan& plan, bool transposed, void* workspace,
@@ -260,11 +260,11 @@ inline int run_tiles(const Params& q, const TmaLayout& l, const Plan& plan, bool
       !tma_params(q, l, plan, BN, transposed, workspace, &maps, &tp)) {
     return kNotTaken;
   }
-  return launch_tma_shape<BM, BN>(maps, tp, l, static_cast<int>(std::min<long long>(units, sms)), stream);
+  return launch_tma_shape<BM, BN>(maps, tp, l, wave_grid(units, sms), stream);
 }
 
-// q on bf16_cluster.cuh's kernel C (its consumer warpgroups store pieces of a half's columns, 96), a cluster
-// per unit up to the device's capacity (`sms` blocks where a cluster is one block); the arguments as run_tma's.
+// q on bf16_cluster.cuh's kernel C (its consumer warpgroups store pieces of a half's columns, 96), as many
+// clusters as the device holds at most (`sms` where a cluster is one block; wave_grid); the arguments as run_tma's.
 template <class C>
 inline int run_clustered(const Params& q, const TmaLayout& l, const Plan& plan, bool transposed, void* workspace,
                          int sms, cudaStream_t stream) {
@@ -275,8 +275,7 @@ inline int run_clustered(const Params& q, const TmaLayout& l, const Plan& plan, 
     return kNotTaken;
   }
   const int capacity = C::kBlocks == 1 ? sms : cluster_capacity<C>();
-  const long long clusters = std::min<long long>(cluster_units<C>(tp.p), capacity);
-  const int grid = C::kBlocks * static_cast<int>(clusters);
+  const int grid = C::kBlocks * wave_grid(cluster_units<C>(tp.p), capacity);
   if (l.a_kmajor && l.b_kmajor) return launch_cluster_instance<C, true, true>(maps, tp, grid, stream);
   if (l.b_kmajor) return launch_cluster_instance<C, false, true>(maps, tp, grid, stream);
   if constexpr (C::kHalves == 1) {
