@@ -333,8 +333,7 @@ inline Plan plan_product(const TileShape* shapes, int n_shapes, int M, int N, in
 
 // Blocks (or clusters) for `units` units of a persistent kernel with room for `slots` at once: the fewest
 // that take as many waves as `slots` would, so that every block runs the same number of units, or one
-// fewer. The 512 tiles of 128 x 256 of a 4096^3 product run on 128 blocks, 4 units each, where 132 left 16
-// SMs a unit short: 172.2 -> 170.9 us on an H200, cuBLAS 170.9 (bf16_notes.md, twenty-first session).
+// fewer (bf16_tma.cuh's persistent_grid says where).
 inline int wave_grid(long long units, int slots) {
   if (units <= slots) return static_cast<int>(units);
   return static_cast<int>(ceil_div(units, ceil_div(units, std::max(slots, 1))));

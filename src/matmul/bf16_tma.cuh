@@ -248,7 +248,21 @@ inline bool tma_params(const Params& q, const TmaLayout& l, const Plan& plan, in
   return true;
 }
 
-// q (`units` units of work) on the TMA kernel's BM x BN tiles, a block per SM at most (wave_grid); the
+// Blocks (or clusters) for q's `units` units with room for `slots` at once. Where q's operands exceed L2, so
+// that its waves read them from DRAM, the fewest that take as many waves (wave_grid): then each wave is a
+// whole number of the tile order's columns (tile_coords), and the 512 tiles of 128 x 256 of a 4096^3 product
+// run on 128 blocks, 4 each, in waves of 16 x 8 tiles, where 132 blocks' waves straddled the groups of 16
+// tile rows: 172.2 -> 170.9 us on an H200, cuBLAS 170.9. Else one per unit up to `slots`: GPT-2's products,
+// whose operands L2 holds, gained nothing from wave_grid, and its step lost 0.03 ms (bf16_notes.md,
+// twenty-first session).
+inline int persistent_grid(const Params& q, long long units, int slots) {
+  const long long operands = 2LL * q.batch * (static_cast<long long>(q.M) + q.N) * q.K;
+  int l2 = 0;
+  if (mt::l2_cache_bytes(&l2) == cudaSuccess && operands > l2) return wave_grid(units, slots);
+  return static_cast<int>(std::min<long long>(units, slots));
+}
+
+// q (`units` units of work) on the TMA kernel's BM x BN tiles, a block per SM at most (persistent_grid); the
 // arguments as run_tma's.
 template <int BM, int BN>
 inline int run_tiles(const Params& q, const TmaLayout& l, const Plan& plan, bool transposed, void* workspace,
@@ -260,11 +274,12 @@ inline int run_tiles(const Params& q, const TmaLayout& l, const Plan& plan, bool
       !tma_params(q, l, plan, BN, transposed, workspace, &maps, &tp)) {
     return kNotTaken;
   }
-  return launch_tma_shape<BM, BN>(maps, tp, l, wave_grid(units, sms), stream);
+  return launch_tma_shape<BM, BN>(maps, tp, l, persistent_grid(q, units, sms), stream);
 }
 
 // q on bf16_cluster.cuh's kernel C (its consumer warpgroups store pieces of a half's columns, 96), as many
-// clusters as the device holds at most (`sms` where a cluster is one block; wave_grid); the arguments as run_tma's.
+// clusters as the device holds at most (`sms` where a cluster is one block; persistent_grid); the arguments as
+// run_tma's.
 template <class C>
 inline int run_clustered(const Params& q, const TmaLayout& l, const Plan& plan, bool transposed, void* workspace,
                          int sms, cudaStream_t stream) {
@@ -275,7 +290,7 @@ inline int run_clustered(const Params& q, const TmaLayout& l, const Plan& plan, 
     return kNotTaken;
   }
   const int capacity = C::kBlocks == 1 ? sms : cluster_capacity<C>();
-  const int grid = C::kBlocks * wave_grid(cluster_units<C>(tp.p), capacity);
+  const int grid = C::kBlocks * persistent_grid(q, cluster_units<C>(tp.p), capacity);
   if (l.a_kmajor && l.b_kmajor) return launch_cluster_instance<C, true, true>(maps, tp, grid, stream);
   if (l.b_kmajor) return launch_cluster_instance<C, false, true>(maps, tp, grid, stream);
   if constexpr (C::kHalves == 1) {
