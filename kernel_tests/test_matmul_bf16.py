@@ -173,14 +173,15 @@ def test_forward_epilogues_every_tma_shape(monkeypatch, shape: int, activation: 
         check_product(operand(gen, (3, 77, 64), False, True), operand(gen, (64, 200), False, True))
 
 
-@pytest.mark.parametrize("shape", [None, 3, 4, HALVES_SHAPE])
+@pytest.mark.parametrize("shape", [None, 1, 3, 4, HALVES_SHAPE])
 def test_transposed_products(monkeypatch, shape: Optional[int]) -> None:
     """Products with more rows than columns, no epilogue and a bf16 output run as their transpose on
-    192-row tiles (bf16_tma.cuh's runs_transposed), stored back transposed: as the planner takes them, the
-    fc proj weight gradient of bench_matmul.py (K at least the rows, 192 x 96) and the qkv product with W
-    row-major or a transposed view (192 x 192); then with a 192-row shape forced, sizes whose transpose
-    makes more tiles (so that it is taken) in every operand layout, partial boxes at every edge, padded
-    output rows and a broadcast batch."""
+    128- or 192-row tiles (bf16_tma.cuh's runs_transposed), stored back transposed: as the planner takes
+    them, the fc proj weight gradient of bench_matmul.py (K at least the rows, 192 x 96), the qkv product
+    with W row-major or a transposed view (192 x 192) and the qkv input gradient dY W^T (both operands
+    K-major, 128 x 192); then with a 128- or 192-row shape forced, sizes whose transpose makes more tiles
+    (so that it is taken) in every operand layout, partial boxes at every edge, padded output rows and a
+    broadcast batch."""
     if shape is not None:
         monkeypatch.setenv("MINITORCH_BF16_TMA_SHAPE", str(shape))
     gen = torch.Generator(device="cuda").manual_seed(7 if shape is None else shape)
@@ -188,10 +189,12 @@ def test_transposed_products(monkeypatch, shape: Optional[int]) -> None:
     if shape is None:
         for b_t in (False, True):
             check_product(operand(gen, (4096, 768), False, True), operand(gen, (768, 2304), b_t, True))
+        check_product(operand(gen, (4096, 2304), False, True), operand(gen, (2304, 768), True, True))
         return
+    M, K, N = (1000, 1100, 150) if shape == 1 else (770, 800, 88)  # the transpose makes more tiles
     for a_t in (False, True):
         for b_t in (False, True):
-            check_product(operand(gen, (770, 800), a_t, True), operand(gen, (800, 88), b_t, True), pad=8)
+            check_product(operand(gen, (M, K), a_t, True), operand(gen, (K, N), b_t, True), pad=8)
     check_product(operand(gen, (3, 300, 320), False, True), operand(gen, (320, 40), False, True))
 
 

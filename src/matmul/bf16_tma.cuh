@@ -342,15 +342,19 @@ inline long long plan_tiles(const Params& p, const Plan& plan) {
 // Whether p (read through l) runs as its transpose t (plan in *plan; layout in *lt, l's operands traded),
 // stored back transposed (store_tile_tma_t): a product with more rows than columns, which the planner keeps
 // off 192-row tiles (tma_plan), with no epilogue or accumulation into a bf16 output TMA can address, not
-// beside other work, whose transpose the planner gives 192-row tiles without K splits, where either
+// beside other work, whose transpose the planner gives 128- or 192-row tiles without K splits, where either
 //   - those are 192 x 192 (the transpose's B, p's A, K-major) and estimated faster than p's own plan:
 //     GPT-2's qkv product X W (4096 x 2304 x 768) in 264 tiles, two waves, where p's 128 x 192 tiles make
 //     384 in three (26.3-26.9 -> 25.6-26.3 us on an H100, cuBLAS 25.6-26.3: bf16_notes.md, eighteenth
 //     session); cuBLAS, column-major, runs it this way (`192x192_64x3_2x1_v_bz_coopB`);
-//   - or K is at least p's rows (a weight gradient's long K, where a wave of more tiles pays) and the
-//     transpose makes one wave of more tiles than p's own plan: GPT-2's 3072 x 768 weight gradient on the
-//     192 x 96 tiles of 768 x 3072 (128 tiles where 128 x 192 makes 96; 35.1 -> 32.5 us on an H100).
-// Input gradients (4096 x 768, K 768-3072) keep their own plan.
+//   - or the transpose makes one wave of more tiles than p's own plan, and either K is at least p's rows
+//     and those tiles have 192 rows (a weight gradient's long K: GPT-2's 3072 x 768 weight gradient on
+//     the 192 x 96 tiles of 768 x 3072, 128 tiles where 128 x 192 makes 96; 35.1 -> 32.5 us on an H100) or
+//     both operands are K-major, so that the transpose reads them as p does: GPT-2's input gradients dY W^T
+//     (4096 x 768, K 768-3072) on 132 tiles of 128 x 192 where p's make 128 (H200: qkv's 23.0-23.1 ->
+//     22.6-22.8 us, attn proj's 10.9-11.0 -> 10.6-10.7; bf16_notes.md, twentieth session). The LM head's
+//     input gradient (K 50257, the embedding MN-major) ran 401-410 -> 531-556 us on 128 x 192 tiles as
+//     its transpose: it keeps its own plan.
 inline bool runs_transposed(const Params& p, const TmaLayout& l, bool beside, int sms, Params* t, TmaLayout* lt,
                             Plan* plan) {
   if (beside || p.M <= p.N || p.epilogue != kNone || p.accumulate || !p.out_bf16 || p.ldc % 8 != 0 ||
@@ -360,11 +364,13 @@ inline bool runs_transposed(const Params& p, const TmaLayout& l, bool beside, in
   *t = transposed_product(p);
   *lt = TmaLayout{l.b, l.a, l.b_kmajor, l.a_kmajor};
   *plan = tma_plan(*t, *lt, sms, 1, false);
-  if (kTmaShapes[plan->shape].bm != 192) return false;
+  const int bm = kTmaShapes[plan->shape].bm;
+  if (bm < 128) return false;
   const Plan own = tma_plan(p, l, sms, 1, false);
   if (plan->shape == kHalvesShape) return forced_tma_shape() == kHalvesShape || plan->cost < 0.97 * own.cost;
   const long long tiles = plan_tiles(*t, *plan);
-  return p.K >= p.M && tiles <= sms && tiles > plan_tiles(p, own);
+  const bool long_k = p.K >= p.M && bm == 192, same_layouts = l.a_kmajor && l.b_kmajor;
+  return (long_k || same_layouts) && tiles <= sms && tiles > plan_tiles(p, own);
 }
 
 // Runs p on the TMA path, splitting K where the plan asks and `workspace_bytes` of `workspace` hold the

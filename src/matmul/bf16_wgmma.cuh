@@ -510,7 +510,7 @@ __device__ __forceinline__ const void* epilogue_reads(const Params& p) {
 // The epilogue of a consumer warpgroup's 64 rows of unit w from row0, BN columns from col0, through its
 // staging at `stage` and its barrier bar_id: acc[4 j], acc[4 j + 1] are row wq * 16 + g of the 64, columns
 // 8 j + 2 t, + 1; acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further. TRANSPOSABLE: the tiles a
-// transposed product runs on (launch_tma transposes only onto 192-row tiles).
+// transposed product runs on (launch_tma transposes only onto 128- and 192-row tiles).
 template <bool TRANSPOSABLE, int BN, int STAGE_BYTES, int STAGE_ROWS>
 __device__ __forceinline__ void store_unit(const TmaParams& tp, const float (&acc)[BN / 2], const CUtensorMap& out_map,
                                            uint32_t stage, int bar_id, const Unit& w, int row0, int col0, int wq, int g,
@@ -600,7 +600,7 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     if (prefetch != nullptr) prefetch_tile<BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
     consume_k_tiles<A_KMAJOR, B_KMAJOR, BN, S, Cfg::kSlotBytes>(acc, cw * kTmaBoxBytes, Cfg::kABytes, base, bars,
                                                               w.k_tiles, pos, LocalRelease{lane == 0});
-    store_unit<BM == 192, BN, Cfg::kStageBytes, Cfg::kStageRows>(tp, acc[0], out_map, staging + cw * Cfg::kStageBytes,
+    store_unit<BM >= 128, BN, Cfg::kStageBytes, Cfg::kStageRows>(tp, acc[0], out_map, staging + cw * Cfg::kStageBytes,
                                                                  1 + cw, w, w.row0 + cw * 64, w.col0, wq, g, t, box);
   }
   if (tp.store != kStoreStaged && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
