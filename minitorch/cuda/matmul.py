@@ -144,7 +144,8 @@ def linear_bw(
 
     dweight runs on a side stream beside dx (runtime.fork): the weight gradient's tiles rarely fill the
     GPU in whole waves (96 to 108 tiles of GPT-2's layers for 132 SMs), and dx's blocks take the SMs
-    its last wave leaves idle.  It is returned in flight (TensorData.in_flight), and d and x, which it
+    its last wave leaves idle.  Both launch as beside other work: dx keeps its own 128 tiles rather than
+    a transpose's 132, which would leave dweight no SM (GPT-2 B 4 lost 0.04 ms a step on an H200).  It is returned in flight (TensorData.in_flight), and d and x, which it
     reads, are marked read beside (TensorData.read_beside): nothing waits for it until something reads
     it or writes into d or x, so it also runs beside what backward does next (a transformer's
     attention, its LayerNorms, which read d as the residual's gradient).  Up to SIDE_UNSPLIT_ROWS rows
@@ -170,7 +171,7 @@ def linear_bw(
             matmul_bf16.launch(ptr(dx), "bfloat16", k, ptr(d), ptr(weight), rows, k, n,
                                (*d_rows, weight.strides[0], weight.strides[1]),
                                pre_act=None if x_pre is None else ptr(x_pre), activation_grad=x_activation,
-                               what=f"linear dx of {shapes}")  # fmt: skip
+                               beside=True, what=f"linear dx of {shapes}")  # fmt: skip
         if dbias is not None and n and rows:
             column_sums(ptr(dbias), ptr(d), n, rows, d.strides[0], bfloat16, d.strides[1])
         elif dbias is not None and n:

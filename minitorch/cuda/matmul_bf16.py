@@ -72,7 +72,8 @@ def launch(
     product that runs beside other work (a weight gradient on the side stream), which fills the SMs
     its few output tiles leave.  beside: the product runs beside other work on another stream, so its
     tile shapes are picked to leave SMs to that work rather than to finish soonest alone (on an H100 a
-    768 x 3072 weight gradient then takes 96 tiles of 128 x 192, not 128 of 192 x 96)."""
+    768 x 3072 weight gradient then takes 96 tiles of 128 x 192, not 128 of 192 x 96; a 4096 x 768
+    input gradient keeps 128 tiles rather than its transpose's 132)."""
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"{what}: out_dtype {out_dtype!r} is not one of {sorted(OUT_DTYPES)}")
     if activation not in EPILOGUES or activation == "bias":

@@ -354,7 +354,9 @@ inline long long plan_tiles(const Params& p, const Plan& plan) {
 //     (4096 x 768, K 768-3072) on 132 tiles of 128 x 192 where p's make 128 (H200: qkv's 23.0-23.1 ->
 //     22.6-22.8 us, attn proj's 10.9-11.0 -> 10.6-10.7; bf16_notes.md, twentieth session). The LM head's
 //     input gradient (K 50257, the embedding MN-major) ran 401-410 -> 531-556 us on 128 x 192 tiles as
-//     its transpose: it keeps its own plan.
+//     its transpose: it keeps its own plan. A Linear's input gradient in backward runs beside its weight
+//     gradient (minitorch/cuda/matmul.py), where 132 tiles left that no SM and GPT-2's step lost 0.04 ms:
+//     there it keeps its own 128 tiles.
 inline bool runs_transposed(const Params& p, const TmaLayout& l, bool beside, int sms, Params* t, TmaLayout* lt,
                             Plan* plan) {
   if (beside || p.M <= p.N || p.epilogue != kNone || p.accumulate || !p.out_bf16 || p.ldc % 8 != 0 ||
