@@ -145,12 +145,13 @@ def linear_bw(
     dweight runs on a side stream beside dx (runtime.fork): the weight gradient's tiles rarely fill the
     GPU in whole waves (96 to 108 tiles of GPT-2's layers for 132 SMs), and dx's blocks take the SMs
     its last wave leaves idle.  Both launch as beside other work: dx keeps its own 128 tiles rather than
-    a transpose's 132, which would leave dweight no SM (GPT-2 B 4 lost 0.04 ms a step on an H200).  It is returned in flight (TensorData.in_flight), and d and x, which it
-    reads, are marked read beside (TensorData.read_beside): nothing waits for it until something reads
-    it or writes into d or x, so it also runs beside what backward does next (a transformer's
-    attention, its LayerNorms, which read d as the residual's gradient).  Up to SIDE_UNSPLIT_ROWS rows
-    dweight's K is not split over blocks (the work beside it fills the SMs its few output tiles leave,
-    without split-K's partial sums and reduction pass), and the next read of d or x waits for it too.
+    a transpose's 132, which would leave dweight no SM (GPT-2 B 4 lost 0.04 ms a step on an H200).  It
+    is returned in flight (TensorData.in_flight), and d and x, which it reads, are marked read beside
+    (TensorData.read_beside): nothing waits for it until something reads it or writes into d or x, so
+    it also runs beside what backward does next (a transformer's attention, its LayerNorms, which read
+    d as the residual's gradient).  Up to SIDE_UNSPLIT_ROWS rows dweight's K is not split over blocks
+    (the work beside it fills the SMs its few output tiles leave, without split-K's partial sums and
+    reduction pass), and the next read of d or x waits for it too.
     dbias follows dx on the current stream: beside dweight it lengthened the side stream, which the
     next LayerNorm waits for (GPT-2 124M bf16 on an H100, three runs each way: B 4 10.04-10.08 ->
     9.91-9.97 ms; B 16 34.79-34.86 -> 34.45-34.50)."""
