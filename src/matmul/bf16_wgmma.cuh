@@ -509,24 +509,22 @@ __device__ __forceinline__ const void* epilogue_reads(const Params& p) {
 
 // The epilogue of a consumer warpgroup's 64 rows of unit w from row0, BN columns from col0, through its
 // staging at `stage` and its barrier bar_id: acc[4 j], acc[4 j + 1] are row wq * 16 + g of the 64, columns
-// 8 j + 2 t, + 1; acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further. TRANSPOSABLE: the tiles a
-// transposed product runs on (launch_tma transposes only onto 128- and 192-row tiles).
-template <bool TRANSPOSABLE, int BN, int STAGE_BYTES, int STAGE_ROWS>
+// 8 j + 2 t, + 1; acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further. STAGED: a kernel instance of
+// the staged epilogue (store_tile: every epilogue, dtype and split), else of the TMA stores (tp.store
+// kStoreTma, or kStoreTransposed where TRANSPOSABLE: the tiles a transposed product runs on, launch_tma
+// transposing only onto 128- and 192-row tiles). Apart, each instance holds only the code it runs.
+template <bool STAGED, bool TRANSPOSABLE, int BN, int STAGE_BYTES, int STAGE_ROWS>
 __device__ __forceinline__ void store_unit(const TmaParams& tp, const float (&acc)[BN / 2], const CUtensorMap& out_map,
                                            uint32_t stage, int bar_id, const Unit& w, int row0, int col0, int wq, int g,
                                            int t, int& box) {
   const Params& p = tp.p;
-  if (tp.store == kStoreTma) {
+  if constexpr (STAGED) {
+    store_tile<BN, STAGE_ROWS>(p, acc, stage, bar_id, w.split, w.bi, row0, col0, wq, g, t);
+  } else if (TRANSPOSABLE && tp.store == kStoreTransposed) {
+    store_tile_tma_t<BN, STAGE_BYTES>(p, acc, out_map, stage, bar_id, w.bi, row0, col0, wq, box);
+  } else {
     store_tile_tma<BN, STAGE_BYTES>(p, acc, out_map, stage, bar_id, w.bi, row0, col0, wq, t, box);
-    return;
   }
-  if constexpr (TRANSPOSABLE) {
-    if (tp.store == kStoreTransposed) {
-      store_tile_tma_t<BN, STAGE_BYTES>(p, acc, out_map, stage, bar_id, w.bi, row0, col0, wq, box);
-      return;
-    }
-  }
-  store_tile<BN, STAGE_ROWS>(p, acc, stage, bar_id, w.split, w.bi, row0, col0, wq, g, t);
 }
 #endif
 
@@ -538,7 +536,7 @@ __device__ __forceinline__ void store_unit(const TmaParams& tp, const float (&ac
 
 // The body exists only where the sm_90a instructions were compiled. Elsewhere the kernel declares a
 // 1-thread limit, which the host reads (cudaFuncGetAttributes) to know whether it can launch it.
-template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN>
+template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN, bool STAGED>
 __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     matmul_bf16_tma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                            const __grid_constant__ CUtensorMap out_map, const TmaParams tp) {
@@ -560,7 +558,7 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     Ring::init(bars, 4 * Cfg::kConsumers);  // every consumer warp releases
     prefetch_tensormap(a_map);
     prefetch_tensormap(b_map);
-    if (tp.store != kStoreStaged) prefetch_tensormap(out_map);
+    if (!STAGED) prefetch_tensormap(out_map);
   }
   __syncthreads();
   mt::join_prior_grids();  // launched as dependent: set up while the kernel before ends
@@ -600,10 +598,10 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     if (prefetch != nullptr) prefetch_tile<BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
     consume_k_tiles<A_KMAJOR, B_KMAJOR, BN, S, Cfg::kSlotBytes>(acc, cw * kTmaBoxBytes, Cfg::kABytes, base, bars,
                                                               w.k_tiles, pos, LocalRelease{lane == 0});
-    store_unit<BM >= 128, BN, Cfg::kStageBytes, Cfg::kStageRows>(tp, acc[0], out_map, staging + cw * Cfg::kStageBytes,
+    store_unit<STAGED, BM >= 128, BN, Cfg::kStageBytes, Cfg::kStageRows>(tp, acc[0], out_map, staging + cw * Cfg::kStageBytes,
                                                                  1 + cw, w, w.row0 + cw * 64, w.col0, wq, g, t, box);
   }
-  if (tp.store != kStoreStaged && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
+  if (!STAGED && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
 #endif
 }
 

@@ -1,0 +1,155 @@
+"""The bf16 products as a training step meets them: each launch timed alone, after other work.
+
+bench_matmul.py times a product back to back, so each launch finds its instructions in the SMs' caches and
+its neighbours' tails overlap it. Inside a step a product follows other kernels: its operands come from
+DRAM or L2 as the kernel before left them, and its SMs fetch its instructions afresh. Here every timed
+launch of each contender (minitorch's bf16 library, torch.matmul in bf16: cuBLAS) comes after
+  - "flushed": a 256 MB write that evicts L2;
+  - "after other": minitorch's float32 product of 2048^3 (another library's kernel on every SM), then
+    that write.
+CUDA events around the one launch, 40 launches a round, rounds of both contenders in turn; the median of a
+contender's launches over the rounds. The products are bench_matmul.py's GPT-2 124M ones (bf16 output)
+and each Linear's weight gradient as its backward writes it (d^T x into float32, which torch.mm gives with
+out_dtype).
+
+Usage: python benchmarks/bench_matmul_cold.py [--rounds R] [--launches L] [--out DIR]
+Writes DIR/bench_matmul_cold.json and DIR/bench_matmul_cold.png (default DIR:
+benchmarks/results/bench_matmul_cold): the ratio cuBLAS time / ours per product in both conditions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+
+from bench_matmul import C, T, contenders, load_libraries, make_operand, padded, shapes
+from common import Column, Panel, Table, out_option, write_results
+from minitorch.cuda import matmul_bf16
+from minitorch.cuda.layout import MtLayout
+
+CONDITIONS = ("flushed", "after other")
+CONTENDERS = ("ours bf16", "torch bf16")
+FLUSH_BYTES = 256 << 20
+OTHER = 2048  # the float32 product between launches: OTHER^3
+
+
+def weight_gradient_shapes() -> List[Tuple[str, Tuple[int, int, int]]]:
+    """(name, (M, K, N)) of each GPT-2 Linear's weight gradient d^T x: out features x T x in features."""
+    layers = {"qkv": (C, 3 * C), "attn proj": (C, C), "fc": (C, 4 * C), "fc proj": (4 * C, C)}
+    return [(f"{layer} dW f32", (cout, T, cin)) for layer, (cin, cout) in layers.items()]
+
+
+def float32_out(lib: Any, mkn: Tuple[int, int, int], gen: torch.Generator) -> Dict[str, Callable[[int], None]]:
+    """Both contenders on d^T x (d [K, M] and x [K, N] row-major, bf16) into a float32 [M, N]."""
+    M, K, N = mkn
+    a, b = make_operand((M, K), "t", gen, torch.bfloat16), make_operand((K, N), "n", gen, torch.bfloat16)
+    out = torch.empty(M, N, device="cuda")
+    strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+    ws_bytes = lib.matmul_bf16_workspace_bytes(M, N, K, 1, *strides)
+    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
+    single, stream = MtLayout(), torch.cuda.current_stream().cuda_stream
+
+    def ours(i: int) -> None:
+        code = lib.launch_matmul_bf16(
+            out.data_ptr(), matmul_bf16.OUT_DTYPES["float32"], N, a.data_ptr(), b.data_ptr(), M, N, K, *strides,
+            single, single, None, 0, None, 0, None, 0, ws.data_ptr(), ws_bytes, stream,
+        )  # fmt: skip
+        if code:
+            raise RuntimeError(lib.minitorch_error_string(code).decode())
+
+    return {"ours bf16": ours, "torch bf16": lambda i: torch.mm(a, b, out_dtype=torch.float32)}
+
+
+def bf16_out(lib: Any, mkn, la: str, lb: str, lo: str, gen: torch.Generator) -> Dict[str, Callable[[int], None]]:
+    """Both contenders on one of bench_matmul.py's products, one input set."""
+    M, K, N = mkn
+    inputs = [(make_operand((M, K), la, gen, torch.bfloat16), make_operand((K, N), lb, gen, torch.bfloat16))]
+    outs = [padded((M, N), torch.bfloat16) if lo == "p" else torch.empty(M, N, dtype=torch.bfloat16, device="cuda")]
+    torch_outs = [torch.empty(M, N, dtype=torch.bfloat16, device="cuda")] if lo == "p" else outs
+    return contenders(lib, "bf16", inputs, outs, torch_outs, mkn)
+
+
+class Launches:
+    """Times single launches after each condition's work."""
+
+    def __init__(self, libs: Dict[str, Any], count: int) -> None:
+        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        a, b = (torch.randn(OTHER, OTHER, generator=gen, device="cuda") for _ in range(2))
+        self.other = contenders(libs["fp32"], "fp32", [(a, b)], [torch.empty_like(a)], [], (OTHER,) * 3)["ours highest"]
+        self.events = [tuple(torch.cuda.Event(enable_timing=True) for _ in range(2)) for _ in range(count)]
+
+    def times(self, fn: Callable[[int], None], condition: str) -> List[float]:
+        """Microseconds of each of the launches of fn, each after the condition's work."""
+        for _ in range(3):
+            fn(0)
+        for start, end in self.events:
+            if condition == "after other":
+                self.other(0)
+            self.flush.zero_()
+            start.record()
+            fn(0)
+            end.record()
+        torch.cuda.synchronize()
+        return [1000.0 * start.elapsed_time(end) for start, end in self.events]
+
+
+def run_product(launches: Launches, name: str, mkn, fns: Dict[str, Callable[[int], None]], rounds: int
+                ) -> Dict[str, Any]:  # fmt: skip
+    """Both contenders in both conditions, rounds in turn: median us and the ratio torch / ours."""
+    samples: Dict[Tuple[str, str], List[float]] = {(v, c): [] for v in CONTENDERS for c in CONDITIONS}
+    for _ in range(rounds):
+        for v in CONTENDERS:
+            for c in CONDITIONS:
+                samples[(v, c)] += launches.times(fns[v], c)
+    row: Dict[str, Any] = {"shape": name, "M": mkn[0], "K": mkn[1], "N": mkn[2]}
+    for c in CONDITIONS:
+        ours, theirs = (statistics.median(samples[(v, c)]) for v in CONTENDERS)
+        row[c] = {"ours_us": ours, "torch_us": theirs, "ratio": theirs / ours}
+    return row
+
+
+def cells(c: str) -> Callable[[Dict[str, Any]], str]:
+    return lambda r: f"{r[c]['ours_us']:8.1f} {r[c]['torch_us']:8.1f} {r[c]['ratio']:6.3f}x"
+
+
+TABLE = Table(Column("product", 17, "shape", left=True), Column("M", 5, "M"), Column("K", 5, "K"), Column("N", 5, "N"),
+              *(Column(f"{c}: ours / torch us, ratio", 26, cells(c)) for c in CONDITIONS))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of both contenders in turn (default 2)")
+    parser.add_argument("--launches", type=int, default=40, help="timed launches a round (default 40)")
+    out_option(parser, "bench_matmul_cold")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA GPU visible to torch")
+    libs = load_libraries(["fp32", "bf16"])
+    launches = Launches(libs, args.launches)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    todo = [(name, mkn, lambda la=la, lb=lb, lo=lo, mkn=mkn: bf16_out(libs["bf16"], mkn, la, lb, lo, gen))
+            for name, mkn, la, lb, lo in shapes()]  # fmt: skip
+    todo += [(name, mkn, lambda mkn=mkn: float32_out(libs["bf16"], mkn, gen)) for name, mkn in weight_gradient_shapes()]
+    print(f"single launches on {torch.cuda.get_device_name()}, {args.rounds} x {args.launches} each")
+    TABLE.header()
+    results = []
+    for name, mkn, make in todo:
+        row = run_product(launches, name, mkn, make(), args.rounds)
+        results.append(row)
+        TABLE.row(row)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": args.rounds,
+            "launches": args.launches, "flush_bytes": FLUSH_BYTES, "other": f"float32 {OTHER}^3"}  # fmt: skip
+    panel = Panel([r["shape"] for r in results], {c: [r[c]["ratio"] for r in results] for c in CONDITIONS},
+                  ylabel="cuBLAS time / ours", rotation=45, ref=1.0, ref_label="cuBLAS",
+                  title="single launches after other work")  # fmt: skip
+    write_results(args.out, "bench_matmul_cold", {"meta": meta, "results": results}, [panel],
+                  title=f"bf16 products as a step meets them, {meta['device']}", size=(14, 5))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
