@@ -247,8 +247,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     consume_k_tiles<A_KMAJOR, B_KMAJOR, 96, S, C::kSlotBytes>(acc, a_at, b_at, base, bars, w.k_tiles, pos, release);
 #pragma unroll
     for (int i = 0; i < RB; ++i) {
-      store_unit<STAGED, C::BM == 192, 96, C::kStageBytes, C::kStageRows>(tp, acc[i], out_map, staging + cw * C::kStageBytes,
-                                                                 1 + cw, w, row0 + 64 * i, col0, wq, g, t, box);
+      store_unit<STAGED, C::BM == 192, 96, C::kStageBytes, C::kStageRows>(
+          tp, acc[i], out_map, staging + cw * C::kStageBytes, 1 + cw, w, row0 + 64 * i, col0, wq, g, t, box);
     }
   }
   if (!STAGED && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores

@@ -598,8 +598,8 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     if (prefetch != nullptr) prefetch_tile<BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
     consume_k_tiles<A_KMAJOR, B_KMAJOR, BN, S, Cfg::kSlotBytes>(acc, cw * kTmaBoxBytes, Cfg::kABytes, base, bars,
                                                               w.k_tiles, pos, LocalRelease{lane == 0});
-    store_unit<STAGED, BM >= 128, BN, Cfg::kStageBytes, Cfg::kStageRows>(tp, acc[0], out_map, staging + cw * Cfg::kStageBytes,
-                                                                 1 + cw, w, w.row0 + cw * 64, w.col0, wq, g, t, box);
+    store_unit<STAGED, BM >= 128, BN, Cfg::kStageBytes, Cfg::kStageRows>(
+        tp, acc[0], out_map, staging + cw * Cfg::kStageBytes, 1 + cw, w, w.row0 + cw * 64, w.col0, wq, g, t, box);
   }
   if (!STAGED && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
 #endif
