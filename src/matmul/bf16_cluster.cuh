@@ -144,7 +144,7 @@ __device__ __forceinline__ void load_part(uint32_t dst, const CUtensorMap& map, 
 #endif
 
 // b2_map: an MN-major B's columns 64..95 of a tile, in 32-column boxes (unused for a K-major B).
-template <class C, bool A_KMAJOR, bool B_KMAJOR, bool STAGED>
+template <class C, bool A_KMAJOR, bool B_KMAJOR, int KIND>
 __global__ void __launch_bounds__(C::kThreads, 1)
     matmul_bf16_cluster_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                                const __grid_constant__ CUtensorMap b2_map, const __grid_constant__ CUtensorMap out_map,
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     tma::prefetch_tensormap(a_map);
     tma::prefetch_tensormap(b_map);
     if (!B_KMAJOR) tma::prefetch_tensormap(b2_map);
-    if (!STAGED) tma::prefetch_tensormap(out_map);
+    if (KIND == kTmaStores) tma::prefetch_tensormap(out_map);
   }
   tma::cluster_sync();  // every block's barriers ready before any loads into or arrives on them
   mt::join_prior_grids();
@@ -247,11 +247,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     consume_k_tiles<A_KMAJOR, B_KMAJOR, 96, S, C::kSlotBytes>(acc, a_at, b_at, base, bars, w.k_tiles, pos, release);
 #pragma unroll
     for (int i = 0; i < RB; ++i) {
-      store_unit<STAGED, C::BM == 192, 96, C::kStageBytes, C::kStageRows>(
+      store_unit<KIND, C::BM == 192, 96, C::kStageBytes, C::kStageRows>(
           tp, acc[i], out_map, staging + cw * C::kStageBytes, 1 + cw, w, row0 + 64 * i, col0, wq, g, t, box);
     }
   }
-  if (!STAGED && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
+  if (KIND == kTmaStores && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
 #endif
 }
 

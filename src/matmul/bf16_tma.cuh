@@ -78,7 +78,8 @@ inline bool tma_available() {
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   if (device < mt::kMaxDevicesCached && cached[device] != 0) return cached[device] == 1;
   cudaFuncAttributes attr{};
-  const bool yes = cudaFuncGetAttributes(&attr, matmul_bf16_tma_kernel<true, true, 128, 256, true>) == cudaSuccess &&
+  const auto kernel = matmul_bf16_tma_kernel<true, true, 128, 256, kStagedAny>;
+  const bool yes = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
                    attr.maxThreadsPerBlock >= TmaConfig<128, 256>::kThreads && encode_tiled() != nullptr;
   cudaGetLastError();  // a missing image is an answer here, not an error for the next launch
   if (device < mt::kMaxDevicesCached) cached[device] = yes ? 1 : 2;
@@ -157,22 +158,27 @@ inline bool tma_store_output(const Params& p, int bn, int splits, CUtensorMap* m
   return encode_output(map, p, p.N, p.M, bn % 64 == 0 ? 64 : 32);
 }
 
-// The kernels' instances by epilogue: the staged one (store_tile) or the TMA stores', each holding only the
-// code it runs. As one instance (the store a runtime choice, twice the code), a product that followed another
-// kernel waited on its instruction fetches: GPT-2's attention projection, launched after another product
-// and an L2 flush, took 17.0-17.3 us against 13.5-13.6 apart (cuBLAS 13.3-13.5), and the training step (B 4)
-// 9.28-9.29 ms against 9.16-9.17 (H200; benchmarks/bench_matmul_cold.py, bf16_notes.md, twenty-second
-// session).
+template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN, int KIND>
+int launch_tma_kernel(const TmaMaps& maps, const TmaParams& tp, int grid, cudaStream_t stream) {
+  using Cfg = TmaConfig<BM, BN>;
+  return mt::launch_with_shared_memory<matmul_bf16_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN, KIND>, true>(
+      dim3(static_cast<unsigned>(grid)), Cfg::kThreads, Cfg::kSmemBytes, stream, maps.a, maps.b, maps.out, tp);
+}
+
+// The kernels' instance for a launch's epilogue (EpilogueKind), each holding only the code it runs. As one
+// instance (the store a runtime choice, twice the code), a product that followed another kernel waited on
+// its instruction fetches: GPT-2's attention projection, launched after another product and an L2 flush,
+// took 17.0-17.3 us against 13.5-13.6 apart (cuBLAS 13.3-13.5), and the training step (B 4) 9.28-9.29 ms
+// against 9.16-9.17. The plain sums apart from the other staged epilogues took the weight gradients into
+// float32 after another product 31.4 -> 29.0 us (qkv) and 19.2 -> 17.0 (attn proj), the step 9.24-9.25 ->
+// 9.21 ms (H200; benchmarks/bench_matmul_cold.py, bf16_notes.md, twenty-second session).
 template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN>
 int launch_tma_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cudaStream_t stream) {
-  using Cfg = TmaConfig<BM, BN>;
-  const dim3 blocks(static_cast<unsigned>(grid));
-  if (tp.store == kStoreStaged) {
-    return mt::launch_with_shared_memory<matmul_bf16_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN, true>, true>(
-        blocks, Cfg::kThreads, Cfg::kSmemBytes, stream, maps.a, maps.b, maps.out, tp);
+  switch (epilogue_kind(tp.store, tp.p.epilogue)) {
+    case kTmaStores: return launch_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN, kTmaStores>(maps, tp, grid, stream);
+    case kStagedPlain: return launch_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN, kStagedPlain>(maps, tp, grid, stream);
+    default: return launch_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN, kStagedAny>(maps, tp, grid, stream);
   }
-  return mt::launch_with_shared_memory<matmul_bf16_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN, false>, true>(
-      blocks, Cfg::kThreads, Cfg::kSmemBytes, stream, maps.a, maps.b, maps.out, tp);
 }
 
 // How many clusters of the clustered kernel C fit on the current device at once (its blocks take an SM
@@ -183,7 +189,7 @@ inline int cluster_capacity() {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device >= mt::kMaxDevicesCached) return 0;
   if (cached[device].load() == 0) {
-    const auto kernel = matmul_bf16_cluster_kernel<C, false, true, true>;  // an instance every C has
+    const auto kernel = matmul_bf16_cluster_kernel<C, false, true, kStagedAny>;  // an instance every C has
     static std::atomic<unsigned long long> configured{0};
     cudaLaunchAttribute attributes[2];
     const cudaLaunchConfig_t config = mt::dependent_config(dim3(C::kBlocks * 16), dim3(C::kThreads), C::kSmemBytes,
@@ -199,9 +205,9 @@ inline int cluster_capacity() {
   return cached[device].load() - 1;
 }
 
-template <class C, bool A_KMAJOR, bool B_KMAJOR, bool STAGED>
+template <class C, bool A_KMAJOR, bool B_KMAJOR, int KIND>
 int launch_cluster_kernel(const TmaMaps& maps, const TmaParams& tp, int grid, cudaStream_t stream) {
-  constexpr auto kernel = matmul_bf16_cluster_kernel<C, A_KMAJOR, B_KMAJOR, STAGED>;
+  constexpr auto kernel = matmul_bf16_cluster_kernel<C, A_KMAJOR, B_KMAJOR, KIND>;
   static std::atomic<unsigned long long> configured{0};
   MT_RETURN_IF_ERROR(mt::allow_shared_memory(kernel, C::kSmemBytes, &configured));
   return mt::launch_dependent_in_clusters(kernel, dim3(static_cast<unsigned>(grid)), dim3(C::kThreads), C::kSmemBytes,
@@ -211,8 +217,11 @@ int launch_cluster_kernel(const TmaMaps& maps, const TmaParams& tp, int grid, cu
 // The clustered kernel's instance by epilogue, as launch_tma_instance's.
 template <class C, bool A_KMAJOR, bool B_KMAJOR>
 int launch_cluster_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cudaStream_t stream) {
-  if (tp.store == kStoreStaged) return launch_cluster_kernel<C, A_KMAJOR, B_KMAJOR, true>(maps, tp, grid, stream);
-  return launch_cluster_kernel<C, A_KMAJOR, B_KMAJOR, false>(maps, tp, grid, stream);
+  switch (epilogue_kind(tp.store, tp.p.epilogue)) {
+    case kTmaStores: return launch_cluster_kernel<C, A_KMAJOR, B_KMAJOR, kTmaStores>(maps, tp, grid, stream);
+    case kStagedPlain: return launch_cluster_kernel<C, A_KMAJOR, B_KMAJOR, kStagedPlain>(maps, tp, grid, stream);
+    default: return launch_cluster_kernel<C, A_KMAJOR, B_KMAJOR, kStagedAny>(maps, tp, grid, stream);
+  }
 }
 
 // The operand maps of bf16_cluster.cuh's kernel C: A and B in the parts its blocks load (ClusterConfig),

@@ -106,6 +106,16 @@ struct TmaConfig {
 // output it transposes back into).
 enum TmaStore : int { kStoreStaged = 0, kStoreTma = 1, kStoreTransposed = 2 };
 
+// The kernels' instances by epilogue, a template argument so that each holds only the code its launches run
+// (epilogue_kind picks one for a launch): the TMA stores (store_tile_tma, store_tile_tma_t), the staged
+// stores of the plain sums (store_tile with no epilogue: either dtype, accumulation, a K split's partial
+// sums), or the staged stores of any epilogue.
+enum EpilogueKind : int { kTmaStores = 0, kStagedPlain = 1, kStagedAny = 2 };
+
+__host__ __device__ inline int epilogue_kind(int store, int epilogue) {
+  return store != kStoreStaged ? kTmaStores : epilogue == kNone ? kStagedPlain : kStagedAny;
+}
+
 // What the kernel needs beyond Params: whether each operand's tensor map has a batch dim (else every
 // batch matrix reads matrix 0: broadcast), and how the epilogue stores.
 struct TmaParams {
@@ -361,7 +371,7 @@ __device__ __forceinline__ void prefetch_tile(const Params& p, const void* from,
 // store_rows where the run is whole and 4-wide accesses fit the layout, else store_run per row. Only the
 // staging is unrolled over the accumulators (their indices must be constants). wq: the warp in the
 // warpgroup; g, t: lane / 4, lane % 4.
-template <int BN, int STAGE_ROWS>
+template <int BN, int STAGE_ROWS, bool EPILOGUES>
 __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[BN / 2], uint32_t stage, int bar_id,
                                            int split, int bi, int row0, int col0, int wq, int g, int t) {
   constexpr int NR = STAGE_ROWS / 8;  // a thread's rows per staged part
@@ -397,10 +407,14 @@ __device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[B
                                        rows, bias);
           continue;
         }
+        const long long first = row * p.ldc + c;
+        if constexpr (!EPILOGUES) {
+          store_rows_dtype<kNone, NR>(p, src, first, rows, bias);
+          continue;
+        }
         if (p.epilogue != kNone && !backward_epilogue(p.epilogue) && p.bias != nullptr) {
           load_vec<4>(p.bias, c, p.out_bf16 != 0, bias);
         }
-        const long long first = row * p.ldc + c;
         switch (p.epilogue) {
           case kNone: store_rows_dtype<kNone, NR>(p, src, first, rows, bias); break;
           case kBias: store_rows_dtype<kBias, NR>(p, src, first, rows, bias); break;
@@ -509,17 +523,16 @@ __device__ __forceinline__ const void* epilogue_reads(const Params& p) {
 
 // The epilogue of a consumer warpgroup's 64 rows of unit w from row0, BN columns from col0, through its
 // staging at `stage` and its barrier bar_id: acc[4 j], acc[4 j + 1] are row wq * 16 + g of the 64, columns
-// 8 j + 2 t, + 1; acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further. STAGED: a kernel instance of
-// the staged epilogue (store_tile: every epilogue, dtype and split), else of the TMA stores (tp.store
-// kStoreTma, or kStoreTransposed where TRANSPOSABLE: the tiles a transposed product runs on, launch_tma
-// transposing only onto 128- and 192-row tiles). Apart, each instance holds only the code it runs.
-template <bool STAGED, bool TRANSPOSABLE, int BN, int STAGE_BYTES, int STAGE_ROWS>
+// 8 j + 2 t, + 1; acc[4 j + 2], acc[4 j + 3] the same columns 8 rows further. KIND: the kernel instance's
+// EpilogueKind; with the TMA stores, tp.store kStoreTma, or kStoreTransposed where TRANSPOSABLE (the tiles a
+// transposed product runs on: launch_tma transposes only onto 128- and 192-row tiles).
+template <int KIND, bool TRANSPOSABLE, int BN, int STAGE_BYTES, int STAGE_ROWS>
 __device__ __forceinline__ void store_unit(const TmaParams& tp, const float (&acc)[BN / 2], const CUtensorMap& out_map,
                                            uint32_t stage, int bar_id, const Unit& w, int row0, int col0, int wq, int g,
                                            int t, int& box) {
   const Params& p = tp.p;
-  if constexpr (STAGED) {
-    store_tile<BN, STAGE_ROWS>(p, acc, stage, bar_id, w.split, w.bi, row0, col0, wq, g, t);
+  if constexpr (KIND != kTmaStores) {
+    store_tile<BN, STAGE_ROWS, KIND == kStagedAny>(p, acc, stage, bar_id, w.split, w.bi, row0, col0, wq, g, t);
   } else if (TRANSPOSABLE && tp.store == kStoreTransposed) {
     store_tile_tma_t<BN, STAGE_BYTES>(p, acc, out_map, stage, bar_id, w.bi, row0, col0, wq, box);
   } else {
@@ -536,7 +549,7 @@ __device__ __forceinline__ void store_unit(const TmaParams& tp, const float (&ac
 
 // The body exists only where the sm_90a instructions were compiled. Elsewhere the kernel declares a
 // 1-thread limit, which the host reads (cudaFuncGetAttributes) to know whether it can launch it.
-template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN, bool STAGED>
+template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN, int KIND>
 __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     matmul_bf16_tma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                            const __grid_constant__ CUtensorMap out_map, const TmaParams tp) {
@@ -558,7 +571,7 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     Ring::init(bars, 4 * Cfg::kConsumers);  // every consumer warp releases
     prefetch_tensormap(a_map);
     prefetch_tensormap(b_map);
-    if (!STAGED) prefetch_tensormap(out_map);
+    if (KIND == kTmaStores) prefetch_tensormap(out_map);
   }
   __syncthreads();
   mt::join_prior_grids();  // launched as dependent: set up while the kernel before ends
@@ -598,10 +611,10 @@ __global__ void __launch_bounds__(MT_BF16_TMA_THREADS(BM), 1)
     if (prefetch != nullptr) prefetch_tile<BN>(p, prefetch, w.bi, w.row0 + cw * 64, w.col0);
     consume_k_tiles<A_KMAJOR, B_KMAJOR, BN, S, Cfg::kSlotBytes>(acc, cw * kTmaBoxBytes, Cfg::kABytes, base, bars,
                                                               w.k_tiles, pos, LocalRelease{lane == 0});
-    store_unit<STAGED, BM >= 128, BN, Cfg::kStageBytes, Cfg::kStageRows>(
+    store_unit<KIND, BM >= 128, BN, Cfg::kStageBytes, Cfg::kStageRows>(
         tp, acc[0], out_map, staging + cw * Cfg::kStageBytes, 1 + cw, w, w.row0 + cw * 64, w.col0, wq, g, t, box);
   }
-  if (!STAGED && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
+  if (KIND == kTmaStores && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores
 #endif
 }
 
