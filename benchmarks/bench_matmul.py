@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -105,8 +105,24 @@ def make_operand(shape: Tuple[int, int], layout: str, gen: torch.Generator, dtyp
     return x.t() if layout.endswith("t") else x
 
 
-def contenders(lib: Any, dtype: str, inputs: List[Any], outs: List[Any], torch_outs: List[Any], mkn) -> Dict[str, Callable[[int], None]]:
-    """variant -> a call on input set i, writing outs[i] (ours) or torch_outs[i] (torch)."""
+def product_buffers(mkn, la: str, lb: str, lo: str, gen: torch.Generator, dtype: torch.dtype, sets: int,
+                    out_dtype: Optional[torch.dtype] = None) -> Tuple[List[Any], List[Any], List[Any]]:  # fmt: skip
+    """`sets` input sets of an M x K x N product in layouts la and lb (make_operand), ours' outputs (rows
+    padded where lo is "p") and torch's (torch.matmul wants a contiguous out=: its own where ours are
+    padded); the outputs in out_dtype, by default the inputs' dtype."""
+    M, K, N = mkn
+    od = out_dtype or dtype
+    inputs = [(make_operand((M, K), la, gen, dtype), make_operand((K, N), lb, gen, dtype)) for _ in range(sets)]
+    outs = [padded((M, N), od) if lo == "p" else torch.empty(M, N, dtype=od, device="cuda") for _ in range(sets)]
+    torch_outs = [torch.empty(M, N, dtype=od, device="cuda") for _ in range(sets)] if lo == "p" else outs
+    return inputs, outs, torch_outs
+
+
+def contenders(lib: Any, dtype: str, inputs: List[Any], outs: List[Any], torch_outs: List[Any], mkn,
+               out_dtype: str = "bfloat16") -> Dict[str, Callable[[int], None]]:  # fmt: skip
+    """variant -> a call on input set i, writing outs[i] (ours) or torch_outs[i] (torch). With bf16 inputs,
+    out_dtype is ours' output dtype; with "float32" torch's call is torch.mm(out_dtype=torch.float32) (a
+    weight gradient as a Linear's backward writes it), which allocates its output."""
     M, K, N = mkn
     a0, b0 = inputs[0]
     strides = (a0.stride(0), a0.stride(1), b0.stride(0), b0.stride(1))
@@ -130,7 +146,7 @@ def contenders(lib: Any, dtype: str, inputs: List[Any], outs: List[Any], torch_o
 
     def ours_bf16(i: int) -> None:
         check(lib.launch_matmul_bf16(
-            outs[i].data_ptr(), matmul_bf16.OUT_DTYPES["bfloat16"], outs[i].stride(0), inputs[i][0].data_ptr(),
+            outs[i].data_ptr(), matmul_bf16.OUT_DTYPES[out_dtype], outs[i].stride(0), inputs[i][0].data_ptr(),
             inputs[i][1].data_ptr(), M, N, K, *strides, single, single, None, 0, None, 0, None, 0, ws16.data_ptr(),
             ws_bytes, stream,
         ))  # fmt: skip
@@ -142,8 +158,11 @@ def contenders(lib: Any, dtype: str, inputs: List[Any], outs: List[Any], torch_o
 
         return call
 
+    def theirs_float32(i: int) -> None:
+        torch.mm(*inputs[i], out_dtype=torch.float32)
+
     if dtype == "bf16":
-        return {"ours bf16": ours_bf16, "torch bf16": theirs(False)}
+        return {"ours bf16": ours_bf16, "torch bf16": theirs(False) if out_dtype == "bfloat16" else theirs_float32}
     return {"ours highest": ours(0), "ours high": ours(1), "torch fp32": theirs(False), "torch tf32": theirs(True)}
 
 
@@ -155,10 +174,7 @@ def run_shape(libs: Dict[str, Any], name, mkn, la, lb, lo, reps: int) -> Dict[st
         tdtype = TORCH_DTYPES[dtype]
         gen = torch.Generator(device="cuda").manual_seed(0)
         sets = buffer_sets(tdtype.itemsize * (M * K + K * N + M * N), l2_multiple=2.0, most=8)
-        inputs = [(make_operand((M, K), la, gen, tdtype), make_operand((K, N), lb, gen, tdtype)) for _ in range(sets)]
-        outs = [padded((M, N), tdtype) if lo == "p" else torch.empty(M, N, dtype=tdtype, device="cuda") for _ in range(sets)]
-        # torch.matmul wants a contiguous out=: its own outputs where ours are padded
-        torch_outs = [torch.empty(M, N, dtype=tdtype, device="cuda") for _ in range(sets)] if lo == "p" else outs
+        inputs, outs, torch_outs = product_buffers(mkn, la, lb, lo, gen, tdtype, sets)
         a, b = inputs[0]
         ref = a.double() @ b.double()
         scale = float(ref.abs().max())

@@ -26,51 +26,21 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from bench_matmul import C, T, contenders, load_libraries, make_operand, padded, shapes
+from bench_matmul import C, T, contenders, load_libraries, product_buffers, shapes
 from common import Column, Panel, Table, out_option, write_results
-from minitorch.cuda import matmul_bf16
-from minitorch.cuda.layout import MtLayout
 
 CONDITIONS = ("flushed", "after other")
 CONTENDERS = ("ours bf16", "torch bf16")
 FLUSH_BYTES = 256 << 20
 OTHER = 2048  # the float32 product between launches: OTHER^3
+TORCH_OUT = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def weight_gradient_shapes() -> List[Tuple[str, Tuple[int, int, int]]]:
-    """(name, (M, K, N)) of each GPT-2 Linear's weight gradient d^T x: out features x T x in features."""
+def weight_gradient_shapes() -> List[Tuple[str, Tuple[int, int, int], str, str, str]]:
+    """bench_matmul.shapes()'s entries for each GPT-2 Linear's weight gradient d^T x as its backward runs it:
+    out features x T x in features, d [T, out] read transposed, x [T, in] row-major."""
     layers = {"qkv": (C, 3 * C), "attn proj": (C, C), "fc": (C, 4 * C), "fc proj": (4 * C, C)}
-    return [(f"{layer} dW f32", (cout, T, cin)) for layer, (cin, cout) in layers.items()]
-
-
-def float32_out(lib: Any, mkn: Tuple[int, int, int], gen: torch.Generator) -> Dict[str, Callable[[int], None]]:
-    """Both contenders on d^T x (d [K, M] and x [K, N] row-major, bf16) into a float32 [M, N]."""
-    M, K, N = mkn
-    a, b = make_operand((M, K), "t", gen, torch.bfloat16), make_operand((K, N), "n", gen, torch.bfloat16)
-    out = torch.empty(M, N, device="cuda")
-    strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
-    ws_bytes = lib.matmul_bf16_workspace_bytes(M, N, K, 1, *strides)
-    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
-    single, stream = MtLayout(), torch.cuda.current_stream().cuda_stream
-
-    def ours(i: int) -> None:
-        code = lib.launch_matmul_bf16(
-            out.data_ptr(), matmul_bf16.OUT_DTYPES["float32"], N, a.data_ptr(), b.data_ptr(), M, N, K, *strides,
-            single, single, None, 0, None, 0, None, 0, ws.data_ptr(), ws_bytes, stream,
-        )  # fmt: skip
-        if code:
-            raise RuntimeError(lib.minitorch_error_string(code).decode())
-
-    return {"ours bf16": ours, "torch bf16": lambda i: torch.mm(a, b, out_dtype=torch.float32)}
-
-
-def bf16_out(lib: Any, mkn, la: str, lb: str, lo: str, gen: torch.Generator) -> Dict[str, Callable[[int], None]]:
-    """Both contenders on one of bench_matmul.py's products, one input set."""
-    M, K, N = mkn
-    inputs = [(make_operand((M, K), la, gen, torch.bfloat16), make_operand((K, N), lb, gen, torch.bfloat16))]
-    outs = [padded((M, N), torch.bfloat16) if lo == "p" else torch.empty(M, N, dtype=torch.bfloat16, device="cuda")]
-    torch_outs = [torch.empty(M, N, dtype=torch.bfloat16, device="cuda")] if lo == "p" else outs
-    return contenders(lib, "bf16", inputs, outs, torch_outs, mkn)
+    return [(f"{layer} dW f32", (cout, T, cin), "t", "n", "n") for layer, (cin, cout) in layers.items()]
 
 
 class Launches:
@@ -132,14 +102,14 @@ def main() -> None:
     libs = load_libraries(["fp32", "bf16"])
     launches = Launches(libs, args.launches)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    todo = [(name, mkn, lambda la=la, lb=lb, lo=lo, mkn=mkn: bf16_out(libs["bf16"], mkn, la, lb, lo, gen))
-            for name, mkn, la, lb, lo in shapes()]  # fmt: skip
-    todo += [(name, mkn, lambda mkn=mkn: float32_out(libs["bf16"], mkn, gen)) for name, mkn in weight_gradient_shapes()]
+    todo = [(*s, "bfloat16") for s in shapes()] + [(*s, "float32") for s in weight_gradient_shapes()]
     print(f"single launches on {torch.cuda.get_device_name()}, {args.rounds} x {args.launches} each")
     TABLE.header()
     results = []
-    for name, mkn, make in todo:
-        row = run_product(launches, name, mkn, make(), args.rounds)
+    for name, mkn, la, lb, lo, out_dtype in todo:
+        inputs, outs, torch_outs = product_buffers(mkn, la, lb, lo, gen, torch.bfloat16, 1, TORCH_OUT[out_dtype])
+        fns = contenders(libs["bf16"], "bf16", inputs, outs, torch_outs, mkn, out_dtype)
+        row = run_product(launches, name, mkn, fns, args.rounds)
         results.append(row)
         TABLE.row(row)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": args.rounds,

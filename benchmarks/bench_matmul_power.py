@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List
 
 import torch
 
-from bench_matmul import contenders, load_libraries, make_operand
+from bench_matmul import contenders, load_libraries, product_buffers
 from common import Column, Panel, Table, buffer_sets, out_option, write_results
 
 QUERY = "clocks.sm,power.draw,temperature.gpu"
@@ -93,10 +93,8 @@ def main() -> None:
     lib = load_libraries(["bf16"])["bf16"]
     gen = torch.Generator(device="cuda").manual_seed(0)
     sets = buffer_sets(2 * (M * K + K * N + M * N), l2_multiple=2.0, most=8)
-    inputs = [(make_operand((M, K), "n", gen, torch.bfloat16), make_operand((K, N), "n", gen, torch.bfloat16))
-              for _ in range(sets)]  # fmt: skip
-    outs = [torch.empty(M, N, dtype=torch.bfloat16, device="cuda") for _ in range(sets)]
-    fns = contenders(lib, "bf16", inputs, outs, outs, (M, K, N))
+    inputs, outs, torch_outs = product_buffers((M, K, N), "n", "n", "n", gen, torch.bfloat16, sets)
+    fns = contenders(lib, "bf16", inputs, outs, torch_outs, (M, K, N))
     print(f"bf16 {M} x {K} x {N} on {torch.cuda.get_device_name()}, {args.seconds:.0f} s a loop")
     TABLE.header()
     rounds = []
