@@ -331,14 +331,6 @@ inline Plan plan_product(const TileShape* shapes, int n_shapes, int M, int N, in
   return best;
 }
 
-// Blocks (or clusters) for `units` units of a persistent kernel with room for `slots` at once: the fewest
-// that take as many waves as `slots` would, so that every block runs the same number of units, or one
-// fewer (bf16_tma.cuh's persistent_grid says where).
-inline int wave_grid(long long units, int slots) {
-  if (units <= slots) return static_cast<int>(units);
-  return static_cast<int>(ceil_div(units, ceil_div(units, std::max(slots, 1))));
-}
-
 // Bytes of float32 partial products a plan writes (0 without K splits).
 inline long long partial_bytes(const Plan& plan, int M, int N, long long batch) {
   return plan.splits > 1 ? 4LL * plan.splits * batch * M * N : 0;

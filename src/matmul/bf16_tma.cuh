@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <type_traits>
 
 #include "../includes/device_info.cuh"
 #include "../includes/launch_utils.cuh"
@@ -171,14 +172,23 @@ int launch_tma_kernel(const TmaMaps& maps, const TmaParams& tp, int grid, cudaSt
 // took 17.0-17.3 us against 13.5-13.6 apart (cuBLAS 13.3-13.5), and the training step (B 4) 9.28-9.29 ms
 // against 9.16-9.17. The plain sums apart from the other staged epilogues took the weight gradients into
 // float32 after another product 31.4 -> 29.0 us (qkv) and 19.2 -> 17.0 (attn proj), the step 9.24-9.25 ->
-// 9.21 ms (H200; benchmarks/bench_matmul_cold.py, bf16_notes.md, twenty-second session).
+// 9.21 ms (H200; benchmarks/bench_matmul_cold.py, bf16_notes.md, twenty-second session). `launch` takes the
+// kind as a std::integral_constant, for its kernel's template argument.
+template <class Launch>
+int with_epilogue_kind(const TmaParams& tp, Launch launch) {
+  switch (epilogue_kind(tp.store, tp.p.epilogue)) {
+    case kTmaStores: return launch(std::integral_constant<int, kTmaStores>{});
+    case kStagedPlain: return launch(std::integral_constant<int, kStagedPlain>{});
+    default: return launch(std::integral_constant<int, kStagedAny>{});
+  }
+}
+
+// The TMA kernel's instance for tp's epilogue.
 template <bool A_KMAJOR, bool B_KMAJOR, int BM, int BN>
 int launch_tma_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cudaStream_t stream) {
-  switch (epilogue_kind(tp.store, tp.p.epilogue)) {
-    case kTmaStores: return launch_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN, kTmaStores>(maps, tp, grid, stream);
-    case kStagedPlain: return launch_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN, kStagedPlain>(maps, tp, grid, stream);
-    default: return launch_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN, kStagedAny>(maps, tp, grid, stream);
-  }
+  return with_epilogue_kind(tp, [&](auto kind) {
+    return launch_tma_kernel<A_KMAJOR, B_KMAJOR, BM, BN, decltype(kind)::value>(maps, tp, grid, stream);
+  });
 }
 
 // How many clusters of the clustered kernel C fit on the current device at once (its blocks take an SM
@@ -214,14 +224,12 @@ int launch_cluster_kernel(const TmaMaps& maps, const TmaParams& tp, int grid, cu
                                           C::kBlocks, stream, maps.a, maps.b, maps.b2, maps.out, tp);
 }
 
-// The clustered kernel's instance by epilogue, as launch_tma_instance's.
+// The clustered kernel's instance for tp's epilogue.
 template <class C, bool A_KMAJOR, bool B_KMAJOR>
 int launch_cluster_instance(const TmaMaps& maps, const TmaParams& tp, int grid, cudaStream_t stream) {
-  switch (epilogue_kind(tp.store, tp.p.epilogue)) {
-    case kTmaStores: return launch_cluster_kernel<C, A_KMAJOR, B_KMAJOR, kTmaStores>(maps, tp, grid, stream);
-    case kStagedPlain: return launch_cluster_kernel<C, A_KMAJOR, B_KMAJOR, kStagedPlain>(maps, tp, grid, stream);
-    default: return launch_cluster_kernel<C, A_KMAJOR, B_KMAJOR, kStagedAny>(maps, tp, grid, stream);
-  }
+  return with_epilogue_kind(tp, [&](auto kind) {
+    return launch_cluster_kernel<C, A_KMAJOR, B_KMAJOR, decltype(kind)::value>(maps, tp, grid, stream);
+  });
 }
 
 // The operand maps of bf16_cluster.cuh's kernel C: A and B in the parts its blocks load (ClusterConfig),
@@ -275,18 +283,20 @@ inline bool tma_params(const Params& q, const TmaLayout& l, const Plan& plan, in
   return true;
 }
 
-// Blocks (or clusters) for q's `units` units with room for `slots` at once. Where q's operands exceed L2, so
-// that its waves read them from DRAM, the fewest that take as many waves (wave_grid): then each wave is a
-// whole number of the tile order's columns (tile_coords), and the 512 tiles of 128 x 256 of a 4096^3 product
-// run on 128 blocks, 4 each, in waves of 16 x 8 tiles, where 132 blocks' waves straddled the groups of 16
-// tile rows: 172.2 -> 170.9 us on an H200, cuBLAS 170.9. Else one per unit up to `slots`: GPT-2's products,
-// whose operands L2 holds, gained nothing from wave_grid, and its step lost 0.03 ms (bf16_notes.md,
-// twenty-first session).
+// Blocks (or clusters) for q's `units` units with room for `slots` at once. Where there are more units than
+// slots and q's operands exceed L2, so that its waves read them from DRAM, the fewest blocks that take as many
+// waves, every block running the same number of units or one fewer: then each wave is a whole number of the
+// tile order's columns (tile_coords), and the 512 tiles of 128 x 256 of a 4096^3 product run on 128 blocks, 4
+// each, in waves of 16 x 8 tiles, where 132 blocks' waves straddled the groups of 16 tile rows: 172.2 -> 170.9
+// us on an H200, cuBLAS 170.9. Else one per unit up to `slots`: GPT-2's products, whose operands L2 holds,
+// gained nothing from whole waves, and its step lost 0.03 ms (bf16_notes.md, twenty-first session).
 inline int persistent_grid(const Params& q, long long units, int slots) {
   const long long operands = 2LL * q.batch * (static_cast<long long>(q.M) + q.N) * q.K;
   int l2 = 0;
-  if (mt::l2_cache_bytes(&l2) == cudaSuccess && operands > l2) return wave_grid(units, slots);
-  return static_cast<int>(std::min<long long>(units, slots));
+  if (units <= slots || mt::l2_cache_bytes(&l2) != cudaSuccess || operands <= l2) {
+    return static_cast<int>(std::min<long long>(units, slots));
+  }
+  return static_cast<int>(ceil_div(units, ceil_div(units, std::max(slots, 1))));
 }
 
 // q (`units` units of work) on the TMA kernel's BM x BN tiles, a block per SM at most (persistent_grid); the

@@ -112,7 +112,7 @@ enum TmaStore : int { kStoreStaged = 0, kStoreTma = 1, kStoreTransposed = 2 };
 // sums), or the staged stores of any epilogue.
 enum EpilogueKind : int { kTmaStores = 0, kStagedPlain = 1, kStagedAny = 2 };
 
-__host__ __device__ inline int epilogue_kind(int store, int epilogue) {
+inline int epilogue_kind(int store, int epilogue) {
   return store != kStoreStaged ? kTmaStores : epilogue == kNone ? kStagedPlain : kStagedAny;
 }
 
