@@ -64,11 +64,18 @@ struct ClusterConfig {
   // a warpgroup's staging: 64 rows, or 32 with three consumers (a fifth ring slot for 192 x 96)
   static constexpr int kStageRows = kConsumers == 3 ? 32 : 64;
   static constexpr int kStageBytes = kStageRows * kStageRowBytes;
-  static constexpr int kStages = ring_stages(kConsumers, kStageBytes, kSlotBytes);
+  // The staging in the ring slot of a unit's last K tile, held until the epilogue has read it (the block's
+  // last unit's, for good), where that buys the ring a slot: 64 x 96 tiles, 9 slots of 24 KB against 8
+  // beside 16 KB of staging. GPT-2's attention projection's weight gradient (96 tiles, K 4096, its operands
+  // read from DRAM) 12.9-13.0 -> 12.5 us (H200, cuBLAS 12.7-12.9; bf16_notes.md, twenty-third session).
+  static constexpr bool kStagingInRing = kConsumers * kStageBytes <= kSlotBytes &&
+                                         ring_slots(0, 0, kSlotBytes) > ring_slots(kConsumers, kStageBytes, kSlotBytes);
+  static constexpr int kStages =
+      kStagingInRing ? ring_slots(0, 0, kSlotBytes) : ring_stages(kConsumers, kStageBytes, kSlotBytes);
   // `empty` arrivals: one from each consumer warpgroup of every block its loads reach (its row partner
   // and its column's ROW_TILES blocks, itself among them)
   static constexpr int kReleases = kConsumers * (kColTiles - 1 + kRowTiles);
-  static constexpr int kSmemBytes = ring_smem_bytes(kStages, kSlotBytes, kConsumers, kStageBytes);
+  static constexpr int kSmemBytes = ring_smem_bytes(kStages, kSlotBytes, kStagingInRing ? 0 : kConsumers, kStageBytes);
   static_assert(kStages >= 4 && kSmemBytes <= kTmaSmemLimit, "ring and staging must fit");
   // A's part a block loads: K-major, BM / COL_TILES of its rows; MN-major, 64 / COL_TILES of the k of each
   // 64-row box. B's, of each half: K-major, 96 / ROW_TILES of its rows; MN-major, 64 / ROW_TILES of the k
@@ -154,8 +161,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   constexpr int S = C::kStages;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (mt::shared_address(smem_raw) + 1023) & ~1023u;
-  const uint32_t staging = base + S * C::kSlotBytes;  // one C::kStageBytes buffer per consumer warpgroup
-  const uint32_t bars = staging + C::kConsumers * C::kStageBytes;
+  // one C::kStageBytes buffer per consumer warpgroup, here or in a ring slot (kStagingInRing)
+  const uint32_t staging = base + S * C::kSlotBytes;
+  const uint32_t bars = staging + (C::kStagingInRing ? 0 : C::kConsumers * C::kStageBytes);
   using Ring = RingPos<S>;
   const Params& p = tp.p;
   const int units = static_cast<int>(cluster_units<C>(p));
@@ -214,8 +222,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         }
       }
     }
-    // The other blocks' consumers arrive on this block's barriers until they have released every slot.
-    for (int i = 0; i < S; ++i, pos.step()) tma::mbar_wait(Ring::empty(bars, pos.slot), pos.phase ^ 1);
+    // The other blocks' consumers arrive on this block's barriers until they have released every slot (but
+    // the last K tile's, which holds the last unit's staging where kStagingInRing: never released).
+    for (int i = 0; i < S - (C::kStagingInRing ? 1 : 0); ++i, pos.step()) {
+      tma::mbar_wait(Ring::empty(bars, pos.slot), pos.phase ^ 1);
+    }
     return;
   }
 
@@ -244,11 +255,18 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       for (int i = 0; i < RB; ++i) prefetch_tile<96>(p, prefetch, w.bi, row0 + 64 * i, col0);
     }
     const uint32_t a_at = block0 * kTmaBoxBytes, b_at = C::kABytes + half * C::kHalfBytes;
-    consume_k_tiles<A_KMAJOR, B_KMAJOR, 96, S, C::kSlotBytes>(acc, a_at, b_at, base, bars, w.k_tiles, pos, release);
+    const uint32_t held = consume_k_tiles<A_KMAJOR, B_KMAJOR, 96, S, C::kSlotBytes, C::kStagingInRing>(
+        acc, a_at, b_at, base, bars, w.k_tiles, pos, release);
+    const uint32_t stage = (C::kStagingInRing ? base + (pos.slot + S - 1) % S * C::kSlotBytes : staging) +
+                           cw * C::kStageBytes;  // in the ring: the slot of the unit's last K tile
 #pragma unroll
     for (int i = 0; i < RB; ++i) {
-      store_unit<KIND, C::BM == 192, 96, C::kStageBytes, C::kStageRows>(
-          tp, acc[i], out_map, staging + cw * C::kStageBytes, 1 + cw, w, row0 + 64 * i, col0, wq, g, t, box);
+      store_unit<KIND, C::BM == 192, 96, C::kStageBytes, C::kStageRows>(tp, acc[i], out_map, stage, 1 + cw, w,
+                                                                          row0 + 64 * i, col0, wq, g, t, box);
+    }
+    if (C::kStagingInRing && u + step < units) {  // the slot takes the next unit's loads
+      staging_read(threadIdx.x % 128 == 0, 1 + cw);
+      release(held);
     }
   }
   if (KIND == kTmaStores && threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the staging outlives its stores

@@ -482,9 +482,12 @@ struct LocalRelease {
 // barrier, four k16 steps of RB wgmma.m64nBNk16 on it (acc[i]: row block i), and release the slot before
 // it (each warp: release(its `empty` barrier), a LocalRelease, or bf16_cluster.cuh's release in every
 // block that loads into it) once that slot's products are done. bars: the ring's barriers (RingPos).
-template <bool A_KMAJOR, bool B_KMAJOR, int BN, int S, int SLOT_BYTES, int RB, class Release>
-__device__ __forceinline__ void consume_k_tiles(float (&acc)[RB][BN / 2], uint32_t a_at, uint32_t b_at, uint32_t base,
-                                                uint32_t bars, int k_tiles, RingPos<S>& pos, const Release& release) {
+// KEEP_LAST: the last K tile's slot is not released but returned (its `empty` barrier), for the caller to
+// stage its epilogue in and release after (k_tiles >= 1); else the return value is of no use.
+template <bool A_KMAJOR, bool B_KMAJOR, int BN, int S, int SLOT_BYTES, bool KEEP_LAST = false, int RB, class Release>
+__device__ __forceinline__ uint32_t consume_k_tiles(float (&acc)[RB][BN / 2], uint32_t a_at, uint32_t b_at,
+                                                    uint32_t base, uint32_t bars, int k_tiles, RingPos<S>& pos,
+                                                    const Release& release) {
   uint32_t held = 0;  // the `empty` barrier of the slot whose products are in flight
   for (int kt = 0; kt < k_tiles; ++kt, pos.step()) {
     mbar_wait(RingPos<S>::full(bars, pos.slot), pos.phase);
@@ -508,7 +511,8 @@ __device__ __forceinline__ void consume_k_tiles(float (&acc)[RB][BN / 2], uint32
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
   for (int i = 0; i < RB; ++i) fence_registers(acc[i]);
-  release(held);
+  if (!KEEP_LAST) release(held);
+  return held;
 }
 
 // What the epilogue will read beside the products, which prefetch_tile asks L2 for as a tile starts:
