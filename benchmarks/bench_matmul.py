@@ -61,11 +61,15 @@ def load_libraries(dtypes: List[str]) -> Dict[str, Any]:
     return libs
 
 
+# GPT-2 124M's Linear layers: name -> (in features, out features)
+LAYERS = {"qkv": (C, 3 * C), "attn proj": (C, C), "fc": (C, 4 * C), "fc proj": (4 * C, C)}
+
+
 def shapes() -> List[Tuple[str, Tuple[int, int, int], str, str, str]]:
     """(name, (M, K, N), A layout, B layout, output layout); layout "n" = row-major, "t" = a transposed
     view, "p" = row-major in rows padded to 16 bytes, "pt" = a transposed view of that."""
     out = [("square 4096^3", (4096, 4096, 4096), "n", "n", "n")]
-    for layer, (cin, cout) in {"qkv": (C, 3 * C), "attn proj": (C, C), "fc": (C, 4 * C), "fc proj": (4 * C, C)}.items():
+    for layer, (cin, cout) in LAYERS.items():
         out.append((f"{layer} fwd", (T, cin, cout), "n", "n", "n"))
         out.append((f"{layer} dX", (T, cout, cin), "n", "t", "n"))  # dY @ W^T
         out.append((f"{layer} dW", (cin, T, cout), "t", "n", "n"))  # X^T @ dY

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from bench_matmul import C, T, contenders, load_libraries, product_buffers, shapes
+from bench_matmul import LAYERS, T, contenders, load_libraries, product_buffers, shapes
 from common import Column, Panel, Table, out_option, write_results
 
 CONDITIONS = ("flushed", "after other")
@@ -39,8 +39,7 @@ TORCH_OUT = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 def weight_gradient_shapes() -> List[Tuple[str, Tuple[int, int, int], str, str, str]]:
     """bench_matmul.shapes()'s entries for each GPT-2 Linear's weight gradient d^T x as its backward runs it:
     out features x T x in features, d [T, out] read transposed, x [T, in] row-major."""
-    layers = {"qkv": (C, 3 * C), "attn proj": (C, C), "fc": (C, 4 * C), "fc proj": (4 * C, C)}
-    return [(f"{layer} dW f32", (cout, T, cin), "t", "n", "n") for layer, (cin, cout) in layers.items()]
+    return [(f"{layer} dW f32", (cout, T, cin), "t", "n", "n") for layer, (cin, cout) in LAYERS.items()]
 
 
 class Launches:
