@@ -20,6 +20,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "../includes/ptx.cuh"
